@@ -1,0 +1,14 @@
+"""hicache_ref: a checked reference implementation of SGLang's HiCache controller.
+
+Packages, in the order data flows through them:
+- ``device``: the seam (CUDA or simulated streams and events);
+- ``pools``: device KV pools, host pools and their layouts, allocators, the CP layout;
+- ``controller``: ``HiCacheController`` (write -> ack -> evict -> load -> ack; CP; draft; storage);
+- ``storage``: the L3 tier (backends, fault injection);
+- ``invariants``: pydantic records and one checker per invariant id in ``specs/invariants.md``;
+- ``oracle``: a pure model of what a correct controller must do;
+- ``formal``: CrossHair contracts and a bounded model checker over the oracle;
+- ``harness``: adapters, Hypothesis state machines, traces and replay; ``cli``: campaigns.
+"""
+
+__version__ = "0.1.0"

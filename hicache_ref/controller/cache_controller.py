@@ -1,0 +1,435 @@
+"""HiCacheController: SGLang's hierarchical KV-cache controller, as a checked reference.
+
+Protocol, in the order data flows:
+- ``write(device_indices, node_id)`` allocates host slots and issues the D2H of all layers on
+  ``write_stream`` at once (fenced after the current stream), appending one ``HiCacheAck``;
+- the tree drains a FIFO prefix of completed acks (``ack_write_queue``) and unlocks those nodes;
+- ``evict_device`` / ``evict_host`` free pages that no pending transfer uses (INV-07, INV-08);
+- ``load(host_indices, node_id)`` allocates device pages and queues the op; ``start_loading()``
+  takes a producer slot and issues the H2D layer by layer on ``load_stream``, recording one event
+  per layer so the forward can start reading layer 0 while later layers still land;
+- the tree drains ``ack_load_queue`` and unpins the loaded nodes.
+CP shared KV (``cp_write.py``, ``cp_load.py``), draft pools (ride along every transfer) and the
+storage tier (``storage_mixin.py``) extend this core.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hicache_ref.controller.base import ControllerState, logger
+from hicache_ref.controller.cp_load import CpLoadMixin
+from hicache_ref.controller.cp_write import CpWriteMixin
+from hicache_ref.controller.inflight import InflightTracker
+from hicache_ref.controller.operations import (
+    CacheOperation,
+    DraftLayerCounterView,
+    HiCacheAck,
+    LayerDoneCounter,
+    LayerLoadingEvent,
+)
+from hicache_ref.controller.storage_mixin import StorageMixin
+from hicache_ref.device.protocol import DeviceModule
+from hicache_ref.errors import (
+    DraftPoolPairError,
+    HiCacheInputError,
+    InvariantViolation,
+    UnknownOptionError,
+)
+
+if TYPE_CHECKING:
+    from hicache_ref.invariants.models import HiCacheWriteFailure, HiCacheWriteResult
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+    from hicache_ref.pools.cp_layout import CpSharedKVLayout
+    from hicache_ref.pools.device_pool import KVCache
+    from hicache_ref.pools.host_pool import HostKVCache
+
+
+class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState):
+    """The controller; public methods keep the seed's names, arguments and behaviour."""
+
+    def __init__(
+        self,
+        token_to_kv_pool_allocator: PagedTokenToKVPoolAllocator,
+        mem_pool_host: HostKVCache,
+        page_size: int,
+        tp_group: object = None,
+        load_cache_event: threading.Event | None = None,
+        write_policy: str = "write_through_selective",
+        io_backend: str = "direct",
+        storage_backend: str | None = None,
+        prefetch_threshold: int = 256,
+        model_name: str | None = None,
+        storage_backend_extra_config: dict[str, Any] | None = None,
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        enable_storage_metrics: bool = False,
+        cp_shared_kv_layout: CpSharedKVLayout | None = None,
+        draft_mem_pool_host: HostKVCache | None = None,
+        draft_mem_pool_device: KVCache | None = None,
+        *,
+        device_module: DeviceModule | None = None,
+        num_counters: int = 5,
+        storage_executor: str = "thread",
+    ) -> None:
+        from hicache_ref.pools.device_pool import NSATokenToKVPool
+
+        self.tp_group = tp_group
+        self.load_cache_event = load_cache_event
+        self.mem_pool_device_allocator = token_to_kv_pool_allocator
+        self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
+        self.device_module = device_module or self.mem_pool_device.device_module
+        if page_size < 1 or page_size != mem_pool_host.page_size:
+            raise HiCacheInputError(
+                f"page_size={page_size} must be >= 1 and equal the host pool's page_size="
+                f"{mem_pool_host.page_size}"
+            )
+        self._validate_options(write_policy, io_backend, mem_pool_host.layout)
+        self.cp_shared_kv_layout = cp_shared_kv_layout
+        self.uses_cp_hicache = cp_shared_kv_layout is not None
+        if self.uses_cp_hicache and not isinstance(self.mem_pool_device, NSATokenToKVPool):
+            raise HiCacheInputError(
+                "CP shared KV HiCache requires an NSATokenToKVPool device pool, got "
+                f"{type(self.mem_pool_device).__name__}"
+            )
+        self.mem_pool_host = mem_pool_host
+        self.write_policy = write_policy
+        self.page_size = page_size
+        self.io_backend = io_backend
+        self.pp_rank = pp_rank
+        self.pp_size = pp_size
+        self.enable_storage_metrics = enable_storage_metrics
+        self.device = self.mem_pool_device.device
+        self.layer_num = self.mem_pool_device.layer_num
+
+        self.enable_storage = False
+        self.storage_backend = None
+        self.storage_backend_type = None
+        if storage_executor not in ("thread", "manual"):
+            raise UnknownOptionError(
+                f"unknown storage_executor {storage_executor!r}; legal values: thread, manual"
+            )
+        self.storage_executor = storage_executor
+        self.storage_stop_event = threading.Event()
+        self.stop_event = threading.Event()
+
+        self.layer_done_counter = LayerDoneCounter(
+            self.layer_num, self.device_module, num_counters=num_counters
+        )
+        self.mem_pool_device.register_layer_transfer_counter(self.layer_done_counter)
+        self.mem_pool_device.register_layer_backup_notifier(
+            lambda layer_id: self.on_layer_end(layer_id, source="target")
+        )
+
+        self.load_queue: list[CacheOperation] = []
+        self.write_queue: list[CacheOperation] = []
+        self.draft_load_queue: list[CacheOperation] = []
+        self.draft_write_queue: list[CacheOperation] = []
+        self.ack_load_queue: list[HiCacheAck] = []
+        self.ack_write_queue: list[HiCacheAck] = []
+        self.pending_layer_writes = {}
+        self._max_write_ack_node_id = -1
+        self.inflight = InflightTracker()
+
+        self.draft_mem_pool_device = None
+        self.draft_mem_pool_host = None
+        self.mem_pool_device_draft: KVCache | None = None
+        self.mem_pool_host_draft: HostKVCache | None = None
+        if draft_mem_pool_host is not None or draft_mem_pool_device is not None:
+            self.attach_draft_pool(draft_mem_pool_device, draft_mem_pool_host)
+
+        self.write_stream = self.device_module.Stream()
+        self.load_stream = self.device_module.Stream()
+
+        self._init_storage_state()
+        if storage_backend is not None:
+            try:
+                self.attach_storage_backend(
+                    storage_backend=storage_backend,
+                    prefetch_threshold=prefetch_threshold,
+                    model_name=model_name,
+                    storage_backend_extra_config=storage_backend_extra_config,
+                )
+            except ValueError as e:
+                raise UnknownOptionError(f"Failed to create storage backend: {e}") from e
+
+    # -- draft pools -------------------------------------------------------------------------------
+    def attach_draft_pool(
+        self, draft_mem_pool_device: KVCache | None, draft_mem_pool_host: HostKVCache | None
+    ) -> None:
+        """Attach a draft (speculative) pool pair; every later transfer carries it along."""
+        if draft_mem_pool_device is None and draft_mem_pool_host is None:
+            return
+        if draft_mem_pool_device is None or draft_mem_pool_host is None:
+            raise DraftPoolPairError(
+                "draft_mem_pool_device and draft_mem_pool_host must be provided together "
+                f"(got device={draft_mem_pool_device is not None}, "
+                f"host={draft_mem_pool_host is not None})"
+            )
+        if draft_mem_pool_host.page_size != self.page_size:
+            raise HiCacheInputError(
+                f"draft host pool page_size={draft_mem_pool_host.page_size} differs from "
+                f"page_size={self.page_size}"
+            )
+        if not self.uses_cp_hicache and draft_mem_pool_host.size < self.mem_pool_host.size:
+            raise HiCacheInputError(
+                f"non-CP draft transfers reuse the target host slots, so the draft host pool "
+                f"({draft_mem_pool_host.size} slots) must be at least as large as the target's "
+                f"({self.mem_pool_host.size})"
+            )
+        if draft_mem_pool_device.layer_num < 1:
+            raise HiCacheInputError("a draft device pool needs at least one layer")
+        if self.ack_load_queue or self.load_queue:
+            raise HiCacheInputError(
+                "attach_draft_pool while loads are queued or undrained (attach before serving)"
+            )
+        self.draft_mem_pool_device = draft_mem_pool_device
+        self.draft_mem_pool_host = draft_mem_pool_host
+        self.layer_done_counter.set_num_draft_layers(draft_mem_pool_device.layer_num)
+        draft_mem_pool_device.register_layer_transfer_counter(
+            DraftLayerCounterView(self.layer_done_counter, self.device_module)
+        )
+        draft_mem_pool_device.register_layer_backup_notifier(
+            lambda layer_id: self.on_layer_end(layer_id, source="draft")
+        )
+
+    def set_draft_kv_pool(self, draft_device_pool: KVCache, draft_host_pool: HostKVCache) -> None:
+        """Register draft KV pools so L2 ops piggyback draft transfers (alias of attach)."""
+        self.mem_pool_device_draft = draft_device_pool
+        self.mem_pool_host_draft = draft_host_pool
+        self.attach_draft_pool(draft_device_pool, draft_host_pool)
+        logger.info(
+            "HiCache draft KV registered: %s (host %d slots)",
+            type(draft_device_pool).__name__,
+            draft_host_pool.size,
+        )
+
+    def clear_draft_host_pool(self) -> None:
+        if self.draft_mem_pool_host is not None:
+            self.draft_mem_pool_host.clear()
+
+    # -- write (D2H) -------------------------------------------------------------------------------
+    def write(
+        self,
+        device_indices: torch.Tensor,
+        priority: int | None = None,
+        node_id: int = -1,
+    ) -> torch.Tensor | HiCacheWriteResult | HiCacheWriteFailure | None:
+        """Back up ``device_indices`` to host; returns host indices, or None if the host is full."""
+        if self.uses_cp_hicache:
+            return self._write_cp(device_indices, priority, node_id)
+        self._check_indices(device_indices, "device_indices", page_aligned=True)
+        # Verify the node has no undrained write ack: a second one would ack it twice (INV-02)
+        if node_id >= 0 and self.node_has_undrained_write_ack(node_id):
+            raise InvariantViolation(
+                "INV-02",
+                f"write(node_id={node_id}) while its previous write ack is undrained "
+                "(drain acks with writing_check before backing the node up again)",
+            )
+        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        if host_indices is None:
+            return None
+        self.write_queue.append(CacheOperation(host_indices, device_indices, node_id, priority))
+        if self.has_draft:
+            self.draft_write_queue.append(
+                CacheOperation(host_indices, device_indices, node_id, priority)
+            )
+        self.start_writing()
+        return host_indices
+
+    def start_writing(self) -> None:
+        """Issue every queued write as one fenced D2H on ``write_stream`` and append one ack."""
+        if not self.write_queue and not self.draft_write_queue:
+            return
+        op = CacheOperation.merge_ops(self.write_queue) if self.write_queue else None
+        draft_op = (
+            CacheOperation.merge_ops(self.draft_write_queue) if self.draft_write_queue else None
+        )
+        node_ids = (op or draft_op).node_ids  # type: ignore[union-attr]
+        host_indices = device_indices = draft_host = draft_device = None
+        if op is not None:
+            host_indices, device_indices = self.move_indices(op, self.mem_pool_host)
+        if draft_op is not None:
+            _, draft_host_pool = self._require_draft_pools()
+            draft_host, draft_device = self.move_indices(draft_op, draft_host_pool)
+        self.write_queue.clear()
+        self.draft_write_queue.clear()
+
+        start_event = self.device_module.Event()
+        finish_event = self.device_module.Event()
+        # Fence: the D2H must see every KV store already queued on the current stream (INV-12)
+        start_event.record()
+        with self.device_module.stream(self.write_stream):
+            start_event.wait(self.write_stream)
+            if host_indices is not None and device_indices is not None:
+                self.mem_pool_host.backup_from_device_all_layer(
+                    self.mem_pool_device, host_indices, device_indices, self.io_backend
+                )
+            if draft_host is not None and draft_device is not None:
+                draft_device_pool, draft_host_pool = self._require_draft_pools()
+                draft_host_pool.backup_from_device_all_layer(
+                    draft_device_pool, draft_host, draft_device, self.io_backend
+                )
+            finish_event.record()
+            for tensor in (host_indices, device_indices, draft_host, draft_device):
+                if tensor is not None and tensor.is_cuda:
+                    self.device_module.record_stream(tensor, self.write_stream)
+        self.inflight.add(
+            "write",
+            node_ids,
+            finish_event,
+            {
+                "host": self._pages(host_indices),
+                "device": self._pages(device_indices),
+                "draft_host": self._pages(draft_host),
+                "draft_device": self._pages(draft_device),
+            },
+        )
+        self._append_write_ack(HiCacheAck(start_event, finish_event, list(node_ids)))
+
+    # -- load (H2D) --------------------------------------------------------------------------------
+    def load(
+        self,
+        host_indices: torch.Tensor,
+        priority: int | None = None,
+        node_id: int = -1,
+    ) -> torch.Tensor | None:
+        """Allocate device pages for ``host_indices`` and queue the H2D (``start_loading`` runs it)."""
+        self._check_indices(host_indices, "host_indices", page_aligned=True)
+        device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
+        if device_indices is None:
+            return None
+        self.load_queue.append(CacheOperation(host_indices, device_indices, node_id, priority))
+        if self.has_draft and not self.uses_cp_hicache:
+            self.draft_load_queue.append(
+                CacheOperation(host_indices, device_indices, node_id, priority)
+            )
+        return device_indices
+
+    def start_loading(self) -> int:
+        """Issue every queued load layer by layer into a new producer slot; returns its id or -1."""
+        if not self.load_queue and not self.draft_load_queue:
+            return -1
+        producer_id = self.layer_done_counter.update_producer()
+        op = CacheOperation.merge_ops(self.load_queue) if self.load_queue else None
+        draft_op = (
+            CacheOperation.merge_ops(self.draft_load_queue) if self.draft_load_queue else None
+        )
+        node_ids = (op or draft_op).node_ids  # type: ignore[union-attr]
+        host_indices = device_indices = draft_host = draft_device = None
+        if op is not None:
+            host_indices, device_indices = self.move_indices(op, self.mem_pool_host)
+        if draft_op is not None:
+            _, draft_host_pool = self._require_draft_pools()
+            draft_host, draft_device = self.move_indices(draft_op, draft_host_pool)
+        self.load_queue.clear()
+        self.draft_load_queue.clear()
+
+        producer_event = self.layer_done_counter.events[producer_id]
+        # Fence: pages being reused may still be written by queued forward work (sglang#36738)
+        producer_event.start_event.record()
+        with self.device_module.stream(self.load_stream):
+            producer_event.start_event.wait(self.load_stream)
+            self._issue_load_layers(
+                producer_event, host_indices, device_indices, draft_host, draft_device
+            )
+            for tensor in (host_indices, device_indices, draft_host, draft_device):
+                if tensor is not None and tensor.is_cuda:
+                    self.device_module.record_stream(tensor, self.load_stream)
+        self.inflight.add(
+            "load",
+            node_ids,
+            producer_event.finish_event,
+            {
+                "host": self._pages(host_indices),
+                "device": self._pages(device_indices),
+                "draft_host": self._pages(draft_host),
+                "draft_device": self._pages(draft_device),
+            },
+        )
+        self._append_load_ack(
+            HiCacheAck(producer_event.start_event, producer_event.finish_event, list(node_ids))
+        )
+        return producer_id
+
+    def _issue_load_layers(
+        self,
+        producer_event: LayerLoadingEvent,
+        host_indices: torch.Tensor | None,
+        device_indices: torch.Tensor | None,
+        draft_host: torch.Tensor | None,
+        draft_device: torch.Tensor | None,
+    ) -> None:
+        """On the load stream: H2D layer by layer, one event per layer, then the finish event."""
+        draft_layers = self.draft_layer_num
+        for i in range(max(self.layer_num, draft_layers)):
+            if i < draft_layers:
+                if draft_host is not None and draft_device is not None and len(draft_host):
+                    draft_device_pool, draft_host_pool = self._require_draft_pools()
+                    draft_host_pool.load_to_device_per_layer(
+                        draft_device_pool, draft_host, draft_device, i, self.io_backend
+                    )
+                producer_event.complete_draft(i)
+            if i < self.layer_num:
+                if host_indices is not None and device_indices is not None and len(host_indices):
+                    self.mem_pool_host.load_to_device_per_layer(
+                        self.mem_pool_device, host_indices, device_indices, i, self.io_backend
+                    )
+                producer_event.complete(i)
+        # The ack finishes only after the last target AND draft layer landed (INV-04)
+        producer_event.finish_event.record()
+
+    # -- eviction ----------------------------------------------------------------------------------
+    def evict_device(self, device_indices: torch.Tensor) -> int:
+        """Free device pages; refused while a pending transfer still uses them (INV-08)."""
+        self._check_indices(device_indices, "device_indices", page_aligned=False)
+        self.inflight.check_not_in_flight(
+            "device", self._physical_pages(device_indices), "INV-08", "evict_device"
+        )
+        self.mem_pool_device_allocator.free(device_indices)
+        return len(device_indices)
+
+    def _physical_pages(self, device_indices: torch.Tensor) -> frozenset[int]:
+        """This rank's physical pages behind logical ``device_indices`` (transfers use these)."""
+        layout = self.cp_shared_kv_layout
+        if layout is None or device_indices.is_cuda or device_indices.numel() == 0:
+            return self._pages(device_indices)
+        owned = device_indices[layout.owned_by_this_rank(device_indices)]
+        return self._pages(layout.logical_locs_to_physical(owned))
+
+    def evict_host(self, host_indices: torch.Tensor, backup_only: bool = True) -> int:
+        """Free host slots; refused while a pending transfer still uses them (INV-07)."""
+        if not backup_only:
+            raise HiCacheInputError("evict_host supports backup_only=True only")
+        self._check_indices(host_indices, "host_indices", page_aligned=True)
+        self._check_no_pending_layer_write("host", host_indices, "evict_host")
+        self.inflight.check_not_in_flight("host", self._pages(host_indices), "INV-07", "evict_host")
+        self.mem_pool_host.free(host_indices)
+        return len(host_indices)
+
+    # -- reset -------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every queue and ack; copies already issued finish first, so none lands later."""
+        self.stop_event.set()
+        self.storage_stop_event.set()
+        # Let issued copies land before forgetting them: a copy landing after reset would write
+        # into slots the tree is about to reuse (INV-18).
+        self.write_stream.synchronize()
+        self.load_stream.synchronize()
+        self.write_queue.clear()
+        self.load_queue.clear()
+        self.draft_write_queue.clear()
+        self.draft_load_queue.clear()
+        self.ack_write_queue.clear()
+        self.ack_load_queue.clear()
+        self.pending_layer_writes.clear()
+        self.inflight.clear()
+        self.layer_done_counter.reset()
+        # TreeNode ids restart at 0 after a tree reset; the empty queue makes the gate exact.
+        self._max_write_ack_node_id = -1
+        self._reset_storage()
+        self.stop_event.clear()
+        self.storage_stop_event.clear()

@@ -1,0 +1,28 @@
+"""Our reference controller as an implementation under test (it supports everything)."""
+
+from __future__ import annotations
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+
+
+class ReferenceImplementation:
+    """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
+
+    name = "reference"
+    capabilities = CAPABILITIES - {"storage"}
+    controller_class: type[HiCacheController] = HiCacheController
+
+    def build_controller(self, request: BuildRequest) -> HiCacheController:
+        return self.controller_class(
+            request.allocator,
+            request.host_pool,
+            request.config.page_size,
+            io_backend=request.config.io_backend,
+            write_policy="write_through",
+            cp_shared_kv_layout=request.cp_layout,
+            draft_mem_pool_host=request.draft_host_pool,
+            draft_mem_pool_device=request.draft_device_pool,
+            device_module=request.device_module,
+            num_counters=request.config.num_counters,
+        )

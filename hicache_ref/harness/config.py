@@ -1,0 +1,78 @@
+"""One harness case's configuration: pool geometry, layout, backend, CP and draft shape.
+
+Every case of a state machine draws one ``HarnessConfig``; a trace's header stores it, so a
+trace rebuilds exactly the same world without Hypothesis.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+PoolKind = Literal["mha", "mla", "nsa"]
+Layout = Literal["layer_first", "page_first", "page_first_direct"]
+IoBackend = Literal["direct", "kernel"]
+AllocPolicy = Literal["fifo", "lifo", "random"]
+
+LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
+    "direct": ("layer_first", "page_first_direct"),
+    "kernel": ("layer_first", "page_first"),
+}
+
+
+class HarnessConfig(BaseModel):
+    """The world a case runs in. Sizes are in pages; every rank gets the same geometry."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    page_size: int = 4
+    layer_num: int = 2
+    draft_layer_num: int = 0
+    pool_kind: PoolKind = "mha"
+    layout: Layout = "layer_first"
+    io_backend: IoBackend = "direct"
+    cp_size: int = 0
+    """0: no CP layout; n >= 1: CP shared KV over n simulated ranks driven in lockstep."""
+    device_pages: int = 12
+    host_pages: int = 16
+    alloc_policy: AllocPolicy = "fifo"
+    num_counters: int = 5
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> HarnessConfig:
+        if self.page_size < 1 or self.layer_num < 1 or self.draft_layer_num < 0:
+            raise ValueError("page_size and layer_num must be >= 1, draft_layer_num >= 0")
+        if self.layout not in LEGAL_LAYOUTS[self.io_backend]:
+            raise ValueError(
+                f"layout {self.layout!r} cannot be used with io_backend {self.io_backend!r}; "
+                f"legal: {LEGAL_LAYOUTS[self.io_backend]}"
+            )
+        if not 0 <= self.cp_size <= 8:
+            raise ValueError(f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP)")
+        if self.cp_size >= 1 and self.pool_kind != "nsa":
+            raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
+        if self.device_pages < 2 * self.num_ranks or self.host_pages < 1:
+            raise ValueError("device_pages must be >= 2*cp_size and host_pages >= 1")
+        return self
+
+    @property
+    def uses_cp(self) -> bool:
+        return self.cp_size >= 1
+
+    @property
+    def num_ranks(self) -> int:
+        return max(1, self.cp_size)
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft_layer_num > 0
+
+    def describe(self) -> str:
+        draft = f" draft={self.draft_layer_num}L" if self.has_draft else ""
+        cp = f" cp={self.cp_size}" if self.uses_cp else ""
+        return (
+            f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
+            f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}"
+        )

@@ -1,0 +1,56 @@
+"""The byte oracle's alphabet: the value every KV row must hold, derived from who wrote it.
+
+A row's value is a pure function of (node content id, target or draft, layer, component,
+token position), so a row found anywhere tells where it came from, and a wrong row names the
+node, layer and position it was supposed to hold (INV-06). Pools use float64 in the harness so
+every value is exact; row element k adds k/1024, so a row shifted inside itself is caught too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HARNESS_DTYPE = torch.float64
+MAX_POSITIONS = 1 << 16
+
+
+def compute_row_value(uid: int, draft: bool, layer: int, component: int, position: int) -> float:
+    """The scalar a KV row starts from; never 0, so an untouched (zeroed) row is always wrong."""
+    assert 0 <= position < MAX_POSITIONS and 0 <= component < 8 and 0 <= layer < 64
+    base = ((uid * 64 + layer) * 8 + component) * MAX_POSITIONS + position + 1
+    return float(-base if draft else base)
+
+
+def expected_rows(
+    uid: int,
+    draft: bool,
+    layer: int,
+    component: int,
+    positions: torch.Tensor,
+    row_shape: tuple[int, ...],
+) -> torch.Tensor:
+    """Rows for ``positions`` (one per position) shaped ``(n, *row_shape)``."""
+    numel = 1
+    for dim in row_shape:
+        numel *= dim
+    sign = -1.0 if draft else 1.0
+    prefix = ((uid * 64 + layer) * 8 + component) * MAX_POSITIONS + 1
+    starts = sign * (positions.to(HARNESS_DTYPE) + float(prefix))
+    ramp = torch.arange(numel, dtype=HARNESS_DTYPE) / 1024.0
+    return (starts[:, None] + ramp[None, :]).reshape(len(starts), *row_shape)
+
+
+def describe_row(value: float) -> str:
+    """Decode a row's first element back into (uid, draft, layer, component, position)."""
+    if value == 0:
+        return "an untouched (zero) row"
+    draft = value < 0
+    base = int(abs(value)) - 1
+    position = base % MAX_POSITIONS
+    rest = base // MAX_POSITIONS
+    component = rest % 8
+    rest //= 8
+    layer = rest % 64
+    uid = rest // 64
+    kind = "draft" if draft else "target"
+    return f"node-content {uid} {kind} layer {layer} component {component} position {position}"

@@ -1,0 +1,243 @@
+"""The Hypothesis state machine: rules named after protocol verbs, all applied through a Session.
+
+Each case draws a configuration the implementation supports, then a program of rules. Rules pick
+nodes among the candidates the session offers (``@precondition`` keeps impossible rules out; no
+``assume``), and mirror nothing in bundles: the session holds the state, so invariants and
+preconditions can see it (testing_anchors E2/E3). ``noop`` is always valid, so swarm testing never
+leaves a case with nothing to do. After every step the session checks its invariants; teardown
+runs the quiescence checks. When a case fails, the machine writes the trace and prints one line
+that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from hicache_ref.harness.adapters.base import Implementation, supports
+from hicache_ref.harness.config import LEGAL_LAYOUTS, HarnessConfig, IoBackend, Layout, PoolKind
+from hicache_ref.harness.session import STREAMS, Session
+from hicache_ref.harness.trace import Step
+
+FAILURE_DIR_ENV = "HICACHE_FUZZ_OUT"
+DEFAULT_FAILURE_DIR = Path("fuzz/out")
+LAST_FAILURE: dict[str, str] = {}
+STATS_SINKS: list[Any] = []  # callables receiving each finished Session (campaign summaries)
+
+
+@st.composite
+def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset()) -> HarnessConfig:
+    """Configurations drawn per case, restricted to what the implementation supports."""
+    page_size = draw(st.sampled_from([1, 2, 4, 16]))
+    io_backend: IoBackend = draw(st.sampled_from(["direct", "kernel"]))
+    layout: Layout = draw(st.sampled_from(LEGAL_LAYOUTS[io_backend]))
+    cp_size = draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
+    pool_kind: PoolKind = "nsa" if cp_size else draw(st.sampled_from(["mha", "mla", "nsa"]))
+    layer_num = draw(st.integers(1, 3))
+    draft_layer_num = draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
+    ranks = max(1, cp_size)
+    config = HarnessConfig(
+        page_size=page_size,
+        layer_num=layer_num,
+        draft_layer_num=max(0, draft_layer_num),
+        pool_kind=pool_kind,
+        layout=layout,
+        io_backend=io_backend,
+        cp_size=cp_size,
+        device_pages=draw(st.integers(2 * ranks + 6, 2 * ranks + 40)),
+        host_pages=draw(st.integers(2, 24)),
+        alloc_policy=draw(st.sampled_from(["fifo", "lifo", "random"])),
+        num_counters=draw(st.sampled_from([2, 5])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+    if capabilities and not supports(capabilities, config):
+        return draw(st.nothing())
+    return config
+
+
+class HiCacheMachine(RuleBasedStateMachine):
+    """Drives one implementation through write, load, cancel and evict interleavings."""
+
+    implementation: Implementation
+    impl_name = "reference"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: Session | None = None
+
+    @property
+    def s(self) -> Session:
+        assert self.session is not None, "initialize() draws the configuration first"
+        return self.session
+
+    def _apply(self, rule_name: str, **args: Any) -> None:
+        try:
+            self.s.apply(Step(rule=rule_name, args=args))  # type: ignore[arg-type]
+        except Exception as exc:
+            self._report_failure(exc)
+            raise
+
+    def _report_failure(self, exc: BaseException) -> None:
+        """Write this case's trace and report the replay line.
+
+        Hypothesis shrinks by re-running failing cases; each run overwrites the same file, and
+        ``report`` is shown only for the final (shrunk) run, so exactly one line is printed.
+        """
+        if self.session is None or getattr(exc, "_hicache_reported", False):
+            return
+        out = Path(os.environ.get(FAILURE_DIR_ENV, str(DEFAULT_FAILURE_DIR)))
+        trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
+        path = trace.write(out / f"failure-{self.impl_name.replace(':', '-')}.jsonl")
+        LAST_FAILURE["path"] = str(path)
+        note(
+            f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
+            f"replay with: hicache-fuzz replay {path}"
+        )
+        exc._hicache_reported = True  # type: ignore[attr-defined]
+
+    def _pick(self, rule_name: str, pick: int) -> int:
+        candidates = self.s.candidates(rule_name)
+        return candidates[pick % len(candidates)]
+
+    def _has(self, rule_name: str) -> bool:
+        return self.session is not None and bool(self.session.candidates(rule_name))
+
+    @initialize(config=st.data())
+    def setup(self, config: st.DataObject) -> None:
+        drawn = config.draw(harness_configs(self.implementation.capabilities))
+        self.session = Session(drawn, self.implementation, self.impl_name)
+
+    @rule(tokens=st.integers(1, 40), early_reserve=st.booleans(), compute_now=st.booleans())
+    def prefill(self, tokens: int, early_reserve: bool, compute_now: bool) -> None:
+        """A request's prefill: new pages; with ``compute_now`` the forward runs every layer."""
+        self._apply("prefill", tokens=tokens, early_reserve=early_reserve and self.s.config.uses_cp)
+        while compute_now and self.s.tree.batch:
+            self._apply("forward_layer")
+
+    @precondition(lambda self: self.session is not None and bool(self.s.tree.batch))
+    @rule(all_layers=st.booleans())
+    def forward_layer(self, all_layers: bool) -> None:
+        self._apply("forward_layer")
+        while all_layers and self.s.tree.batch_layer > 0:
+            self._apply("forward_layer")
+
+    @precondition(lambda self: self._has("write"))
+    @rule(pick=st.integers(0, 63))
+    def write(self, pick: int) -> None:
+        self._apply("write", node=self._pick("write", pick))
+
+    @precondition(lambda self: self._has("write"))
+    @rule(pick=st.integers(0, 63))
+    def offload(self, pick: int) -> None:
+        """Compound: write -> host syncs the write stream -> drain -> evict_device (atomic steps)."""
+        node = self._pick("write", pick)
+        self._apply("write", node=node)
+        self._apply("synchronize", stream="write")
+        self._apply("drain_acks")
+        if node in self.s.candidates("evict_device"):
+            self._apply("evict_device", node=node)
+
+    @precondition(lambda self: self._has("load"))
+    @rule(pick=st.integers(0, 63), run_ops=st.integers(0, 6), drain=st.booleans())
+    def reload(self, pick: int, run_ops: int, drain: bool) -> None:
+        """Compound: load -> start_loading -> part of the H2D runs -> maybe drain (atomic steps)."""
+        self._apply("load", node=self._pick("load", pick))
+        if self.s.is_enabled(Step(rule="start_loading")):
+            self._apply("start_loading")
+        if run_ops:
+            self._apply("advance", stream="forward", n=run_ops)
+            self._apply("advance", stream="load", n=run_ops)
+        if drain:
+            self._apply("drain_acks")
+
+    @rule()
+    def start_writing(self) -> None:
+        self._apply("start_writing")
+
+    @precondition(lambda self: self._has("load"))
+    @rule(pick=st.integers(0, 63))
+    def load(self, pick: int) -> None:
+        self._apply("load", node=self._pick("load", pick))
+
+    @precondition(lambda self: self.session is not None and bool(self.s.tree.queued_loads))
+    @rule()
+    def start_loading(self) -> None:
+        self._apply("start_loading")
+
+    @precondition(lambda self: self._has("forward_read"))
+    @rule(pick=st.integers(0, 63), layer=st.integers(0, 3), draft=st.booleans())
+    def forward_read_layer(self, pick: int, layer: int, draft: bool) -> None:
+        node = self.s.tree.nodes[self._pick("forward_read", pick)]
+        draft = draft and self.s.config.has_draft
+        limit = min(
+            self.s.config.draft_layer_num if draft else self.s.config.layer_num, node.layers_stored
+        )
+        if limit > 0:
+            self._apply("forward_read", node=node.handle, layer=layer % limit, draft=draft)
+
+    @rule(stream=st.sampled_from(STREAMS), n=st.integers(1, 16))
+    def advance(self, stream: str, n: int) -> None:
+        self._apply("advance", stream=stream, n=n)
+
+    @rule()
+    def drain_acks(self) -> None:
+        self._apply("drain_acks")
+
+    @precondition(lambda self: self._has("cancel"))
+    @rule(pick=st.integers(0, 63))
+    def cancel_layer_write_state(self, pick: int) -> None:
+        self._apply("cancel", node=self._pick("cancel", pick))
+
+    @precondition(lambda self: self._has("evict_device"))
+    @rule(pick=st.integers(0, 63))
+    def evict_device(self, pick: int) -> None:
+        self._apply("evict_device", node=self._pick("evict_device", pick))
+
+    @precondition(lambda self: self._has("drop"))
+    @rule(pick=st.integers(0, 63))
+    def drop_request(self, pick: int) -> None:
+        self._apply("drop", node=self._pick("drop", pick))
+
+    @precondition(lambda self: self._has("evict_host"))
+    @rule(pick=st.integers(0, 63))
+    def evict_host(self, pick: int) -> None:
+        self._apply("evict_host", node=self._pick("evict_host", pick))
+
+    @rule(stream=st.sampled_from(STREAMS))
+    def synchronize(self, stream: str) -> None:
+        self._apply("synchronize", stream=stream)
+
+    @precondition(lambda self: self.session is not None and len(self.s.tree.nodes) >= 3)
+    @rule()
+    def reset(self) -> None:
+        self._apply("reset")
+
+    @rule()
+    def noop(self) -> None:
+        self._apply("noop")
+
+    def teardown(self) -> None:
+        if self.session is None:
+            return
+        try:
+            self.session.finish()
+        except Exception as exc:
+            self._report_failure(exc)
+            raise
+        finally:
+            for sink in STATS_SINKS:
+                sink(self.session)
+
+
+def machine_for(implementation: Implementation, name: str) -> type[HiCacheMachine]:
+    """A machine class bound to one implementation (for pytest and the CLI)."""
+    return type(
+        f"HiCacheMachine_{name.replace(':', '_').replace('-', '_')}",
+        (HiCacheMachine,),
+        {"implementation": implementation, "impl_name": name},
+    )

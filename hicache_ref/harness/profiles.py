@@ -1,0 +1,42 @@
+"""Hypothesis settings profiles: ``ci`` (bounded gate), ``dev`` and ``campaign`` (long runs).
+
+Select with ``HICACHE_PROFILE=ci|dev|campaign`` (pytest and the CLI both read it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+
+PROFILE_ENV = "HICACHE_PROFILE"
+
+PROFILES: dict[str, dict[str, object]] = {
+    "ci": {"max_examples": 60, "stateful_step_count": 40, "derandomize": True},
+    "dev": {"max_examples": 200, "stateful_step_count": 60},
+    "campaign": {"max_examples": 5000, "stateful_step_count": 120},
+}
+
+
+def make_settings(
+    profile: str | None = None, *, shrink: bool = True, **overrides: object
+) -> settings:
+    name = profile or os.environ.get(PROFILE_ENV, "ci")
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; legal: {', '.join(PROFILES)}")
+    values: dict[str, object] = dict(PROFILES[name])
+    values.update(overrides)
+    return settings(
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+            HealthCheck.data_too_large,
+        ],
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+        + ([Phase.shrink] if shrink else []),
+        print_blob=False,
+        report_multiple_bugs=False,
+        database=None,
+        **values,  # type: ignore[arg-type]
+    )

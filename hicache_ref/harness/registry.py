@@ -1,0 +1,68 @@
+"""Implementations by name: ``reference``, ``mutant:<name>`` (fuzz/mutants/<name>.py), and any
+registered adapter. A trace header names its implementation, so a replay rebuilds the same one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hicache_ref.errors import UnknownOptionError
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
+
+MUTANTS_DIR_ENV = "HICACHE_MUTANTS_DIR"
+
+_FACTORIES: dict[str, Callable[[], Implementation]] = {
+    "reference": ReferenceImplementation,
+}
+
+
+def register_implementation(name: str, factory: Callable[[], Implementation]) -> None:
+    _FACTORIES[name] = factory
+
+
+def mutants_dir() -> Path:
+    env = os.environ.get(MUTANTS_DIR_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in [Path.cwd(), *here.parents]:
+        candidate = parent / "fuzz" / "mutants"
+        if candidate.is_dir():
+            return candidate
+    return Path("fuzz/mutants")
+
+
+def load_mutant_module(name: str) -> Any:
+    path = mutants_dir() / f"{name}.py"
+    if not path.is_file():
+        known = ", ".join(sorted(list_mutants())) or "none found"
+        raise UnknownOptionError(f"no mutant {name!r} at {path}; known mutants: {known}")
+    spec = importlib.util.spec_from_file_location(f"hicache_mutant_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def list_mutants() -> list[str]:
+    directory = mutants_dir()
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.glob("*.py") if not p.stem.startswith("_"))
+
+
+def get_implementation(name: str) -> Implementation:
+    if name.startswith("mutant:"):
+        module = load_mutant_module(name.split(":", 1)[1])
+        impl: Implementation = module.implementation()
+        return impl
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        legal = ", ".join(sorted(_FACTORIES)) + ", mutant:<name>"
+        raise UnknownOptionError(f"unknown implementation {name!r}; legal: {legal}")
+    return factory()

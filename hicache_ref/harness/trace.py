@@ -1,0 +1,97 @@
+"""Versioned JSONL traces: a header line (config, implementation, seed) then one line per step.
+
+A trace replays without Hypothesis (``hicache-fuzz replay TRACE``), across Hypothesis versions,
+because a step names the rule and its concrete arguments (node *handles*: the k-th node the
+trace created), never a position in Hypothesis' choice sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.config import HarnessConfig
+
+TRACE_VERSION = "hicache-trace/1"
+
+RuleName = Literal[
+    "prefill",
+    "forward_layer",
+    "write",
+    "start_writing",
+    "load",
+    "start_loading",
+    "forward_read",
+    "advance",
+    "synchronize",
+    "drain_acks",
+    "cancel",
+    "evict_device",
+    "drop",
+    "evict_host",
+    "reset",
+    "noop",
+]
+StepArg = int | bool | str
+
+
+class Step(BaseModel):
+    """One rule application with concrete arguments."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: RuleName
+    args: dict[str, StepArg] = Field(default_factory=dict)
+
+    def render(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
+        return f"{self.rule}({inner})"
+
+
+class TraceHeader(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str = TRACE_VERSION
+    implementation: str = "reference"
+    config: HarnessConfig
+    note: str = ""
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    header: TraceHeader
+    steps: tuple[Step, ...]
+
+    def to_jsonl(self) -> str:
+        lines = [self.header.model_dump_json()]
+        lines += [step.model_dump_json() for step in self.steps]
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_jsonl())
+        return path
+
+    @staticmethod
+    def read(path: Path) -> Trace:
+        text = Path(path).read_text()
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            raise HiCacheInputError(f"trace {path} is empty (expected a header line and steps)")
+        header_data = json.loads(lines[0])
+        version = header_data.get("version")
+        if version != TRACE_VERSION:
+            raise HiCacheInputError(
+                f"trace {path} has version {version!r}; this hicache_ref reads {TRACE_VERSION!r}"
+            )
+        header = TraceHeader.model_validate(header_data)
+        steps = tuple(Step.model_validate_json(line) for line in lines[1:])
+        return Trace(header=header, steps=steps)
+
+    def with_steps(self, steps: tuple[Step, ...]) -> Trace:
+        return Trace(header=self.header, steps=steps)

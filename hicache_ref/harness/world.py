@@ -1,0 +1,144 @@
+"""Build the simulated world of one case: a SimDevice, and per CP rank the pools and controller.
+
+Every rank gets identical allocators (same policy, same seed), so the logical pages they hand out
+agree; each rank's device pool is physical (it holds only the pages that rank owns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hicache_ref.device.sim import SimDevice
+from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, Implementation
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.content import HARNESS_DTYPE
+
+MHA_HEADS, MHA_HEAD_DIM = 2, 2
+MLA_LORA, MLA_ROPE, NSA_INDEX_DIM = 3, 1, 2
+
+
+@dataclass
+class Rank:
+    """One simulated rank: its pools and the controller under test."""
+
+    rank: int
+    device_pool: Any
+    allocator: Any
+    host_pool: Any
+    draft_device_pool: Any | None
+    draft_host_pool: Any | None
+    cp_layout: Any | None
+    controller: ControllerLike
+
+
+@dataclass
+class World:
+    config: HarnessConfig
+    device: SimDevice
+    ranks: list[Rank]
+
+    @property
+    def forward_stream(self) -> Any:
+        return self.device.default_stream
+
+
+def make_device_pool(
+    config: HarnessConfig, layer_num: int, size_tokens: int, device: SimDevice
+) -> Any:
+    from hicache_ref.pools.device_pool import MHATokenToKVPool, MLATokenToKVPool, NSATokenToKVPool
+
+    if config.pool_kind == "mha":
+        return MHATokenToKVPool(
+            size_tokens, config.page_size, HARNESS_DTYPE, MHA_HEADS, MHA_HEAD_DIM, layer_num, device
+        )
+    if config.pool_kind == "mla":
+        return MLATokenToKVPool(
+            size_tokens, config.page_size, HARNESS_DTYPE, MLA_LORA, MLA_ROPE, layer_num, device
+        )
+    return NSATokenToKVPool(
+        size_tokens,
+        config.page_size,
+        HARNESS_DTYPE,
+        MLA_LORA,
+        MLA_ROPE,
+        layer_num,
+        device,
+        index_head_dim=NSA_INDEX_DIM,
+    )
+
+
+def physical_size_tokens(config: HarnessConfig) -> int:
+    """Tokens a rank's device pool must hold for ``device_pages`` logical pages."""
+    if not config.uses_cp:
+        return config.device_pages * config.page_size
+    # logical page p lives on physical page p // cp_size of its owner rank (page 0 reserved)
+    return (config.device_pages // config.cp_size + 1) * config.page_size
+
+
+def build_world(config: HarnessConfig, implementation: Implementation) -> World:
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+    from hicache_ref.pools.cp_layout import CpSharedKVLayout
+    from hicache_ref.pools.host_pool import make_host_pool
+
+    device = SimDevice(seed=config.seed)
+    ranks: list[Rank] = []
+    page = config.page_size
+    for rank in range(config.num_ranks):
+        device_pool = make_device_pool(
+            config, config.layer_num, physical_size_tokens(config), device
+        )
+        cp_layout = CpSharedKVLayout(config.cp_size, rank, page) if config.uses_cp else None
+        allocator = PagedTokenToKVPoolAllocator(
+            config.device_pages * page,
+            page,
+            HARNESS_DTYPE,
+            device.device,
+            device_pool,
+            alloc_policy=config.alloc_policy,
+            seed=config.seed,
+            cp_layout=cp_layout,
+        )
+        host_pool = make_host_pool(
+            device_pool,
+            layout=config.layout,
+            size_tokens=config.host_pages * page,
+            alloc_policy=config.alloc_policy,
+            seed=config.seed + 1,
+        )
+        draft_device_pool = draft_host_pool = None
+        if config.has_draft:
+            draft_device_pool = make_device_pool(
+                config, config.draft_layer_num, physical_size_tokens(config), device
+            )
+            draft_host_pool = make_host_pool(
+                draft_device_pool,
+                layout=config.layout,
+                size_tokens=config.host_pages * page,
+                alloc_policy=config.alloc_policy,
+                seed=config.seed + 2,
+            )
+        request = BuildRequest(
+            config=config,
+            rank=rank,
+            device_module=device,
+            allocator=allocator,
+            host_pool=host_pool,
+            cp_layout=cp_layout,
+            draft_device_pool=draft_device_pool,
+            draft_host_pool=draft_host_pool,
+        )
+        controller = implementation.build_controller(request)
+        ranks.append(
+            Rank(
+                rank,
+                device_pool,
+                allocator,
+                host_pool,
+                draft_device_pool,
+                draft_host_pool,
+                cp_layout,
+                controller,
+            )
+        )
+    return World(config, device, ranks)

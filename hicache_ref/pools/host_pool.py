@@ -1,0 +1,465 @@
+"""Host KV pools: the host copy of a device pool, its slot allocator, transfers and page I/O.
+
+Mirrors SGLang 0.5.10 ``memory_pool_host.py`` with these deliberate differences:
+
+- slots are handed out and freed in whole aligned pages, checked on every call (INV-01), and a
+  double free or a foreign slot is refused before anything changes (INV-05, INV-17; upstream 0.5.10
+  has no check at all, bug class 14);
+- one class serves every device pool kind: the host pool holds one buffer per component of its
+  device pool, so the NSA indexer sidecar is moved with the KV (sglang#17085);
+- ``get_data_page`` / ``set_from_flat_data_page`` use one layout-independent byte order, so a page
+  stored under one layout reads back under another (bug class 21);
+- transfers are stream work launched through ``device_module.launch`` (see ``transfer.py``);
+- the size is not forced above the device pool's (tests use tiny pools).
+
+Primitives in data-flow order: ``alloc`` -> ``backup_from_device_all_layer`` /
+``backup_from_device_per_layer`` (d2h) -> ``get_data_page`` (to storage) ->
+``set_from_flat_data_page`` (from storage) -> ``load_to_device_per_layer`` (h2d) -> ``free``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import threading
+from typing import Any, ClassVar
+
+import torch
+
+from hicache_ref.device.protocol import DeviceModule
+from hicache_ref.errors import (
+    DoubleFreeError,
+    ForeignSlotError,
+    HiCacheInputError,
+    PageAlignmentError,
+)
+from hicache_ref.pools.allocator import pages_to_token_locs
+from hicache_ref.pools.device_pool import (
+    KVCache,
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    NSATokenToKVPool,
+)
+from hicache_ref.pools.free_pages import PageFreeList
+from hicache_ref.pools.host_layout import (
+    HostLayout,
+    check_host_layout,
+    check_io_backend,
+    compute_host_buffer_shape,
+    host_page_rows,
+    host_row_index,
+)
+from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
+from hicache_ref.pools.page_math import compute_padded_len
+from hicache_ref.pools.transfer import Direction, check_copy_path, launch_transfer
+
+
+class HostKVCache:
+    """The host copy of ``device_pool``: one buffer per component, in ``layout``."""
+
+    device_pool_kind: ClassVar[type[KVCache] | None] = None
+    """The exact device pool class a subclass serves (``None``: any)."""
+
+    def __init__(
+        self,
+        device_pool: KVCache,
+        host_to_device_ratio: float = 2.0,
+        host_size: float = 0,
+        page_size: int | None = None,
+        layout: str = "layer_first",
+        pin_memory: bool | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        size_tokens: int | None = None,
+        alloc_policy: str = "fifo",
+        seed: int = 0,
+        copy_path: str = "auto",
+    ) -> None:
+        # Verify the exact device pool class: an MLA host pool on an NSA device pool would look
+        # like it drops the index_k sidecar (sglang#17085)
+        kind = self.device_pool_kind
+        if kind is not None and type(device_pool) is not kind:
+            raise HiCacheInputError(
+                f"{type(self).__name__} needs a {kind.__name__}, got {type(device_pool).__name__}; "
+                "use make_host_pool(device_pool, ...) to pick the matching host pool"
+            )
+        self.device_pool = device_pool
+        self.device_module: DeviceModule = device_pool.device_module
+        self.layout: HostLayout = check_host_layout(layout)
+        self.copy_path = check_copy_path(copy_path)
+        self.page_size = device_pool.page_size if page_size is None else page_size
+        # Verify positive pages
+        if self.page_size < 1:
+            raise HiCacheInputError(f"page_size must be >= 1, got {self.page_size}")
+        self.dtype = device_pool.dtype
+        self.layer_num = device_pool.layer_num
+        self.row_shapes = device_pool.component_row_shapes()
+        self.size_per_token = device_pool.get_size_per_token()
+        self.size = compute_padded_len(
+            self._requested_size(host_to_device_ratio, host_size, size_tokens), self.page_size
+        )
+        self.num_pages = self.size // self.page_size
+        self.device = torch.device(device)
+        self.pin_memory = self.device_module.pin_memory if pin_memory is None else pin_memory
+        # Verify pinning is possible (pinned memory needs a CUDA runtime)
+        if self.pin_memory and not torch.cuda.is_available():
+            raise HiCacheInputError(
+                "pin_memory=True needs CUDA; pass pin_memory=False on a CPU-only machine"
+            )
+        self.buffers: dict[str, torch.Tensor] = {
+            name: torch.zeros(
+                compute_host_buffer_shape(
+                    self.layout, self.size, self.layer_num, self.page_size, row_shape
+                ),
+                dtype=self.dtype,
+                device=self.device,
+                pin_memory=self.pin_memory,
+            )
+            for name, row_shape in self.row_shapes.items()
+        }
+        self.lock = threading.RLock()
+        self._free = PageFreeList(range(self.num_pages), alloc_policy=alloc_policy, seed=seed)
+        self.alloc_policy = self._free.alloc_policy
+
+    def _requested_size(
+        self, host_to_device_ratio: float, host_size: float, size_tokens: int | None
+    ) -> int:
+        """Tokens asked for: ``size_tokens``, else ``host_size`` GB, else ratio x device size."""
+        if size_tokens is not None:
+            requested = operator.index(size_tokens)
+        elif host_size > 0:
+            requested = int(host_size * 1e9) // self.size_per_token
+        else:
+            requested = int(self.device_pool.size * host_to_device_ratio)
+        # Verify a non-negative size
+        if requested < 0:
+            raise HiCacheInputError(f"host pool size must be >= 0 tokens, got {requested}")
+        return requested
+
+    def component_names(self) -> tuple[str, ...]:
+        """The components this pool holds (those of its device pool), in transfer order."""
+        return tuple(self.buffers)
+
+    # ------------------------------------------------------------------ slots
+    def available_size(self) -> int:
+        """Free host slots (tokens)."""
+        with self.lock:
+            return self._free.count() * self.page_size
+
+    def free_slot_count(self) -> int:
+        """Free host slots (tokens); with ``allocated_pages`` it accounts for every slot (INV-05)."""
+        return self.available_size()
+
+    def allocated_pages(self) -> set[int]:
+        """Host pages handed out and not freed yet."""
+        with self.lock:
+            free = set(self._free.sorted_pages())
+        return {page for page in range(self.num_pages) if page not in free}
+
+    def is_page_free(self, page: int) -> bool:
+        """Whether host page ``page`` is free."""
+        with self.lock:
+            return self._free.is_free(page)
+
+    def clear(self) -> None:
+        """Free every slot (the byte contents are kept); the handout order restarts."""
+        with self.lock:
+            self._free.reset()
+
+    def _check_need_size(self, need_size: int) -> int:
+        need_size = operator.index(need_size)
+        # Verify whole pages are asked for (INV-01)
+        if need_size < 0 or need_size % self.page_size != 0:
+            raise PageAlignmentError(
+                f"INV-01: host alloc(need_size={need_size}) must ask for a non-negative multiple of "
+                f"page_size={self.page_size}; round up with compute_padded_len"
+            )
+        return need_size // self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Slots of ``need_size // page_size`` whole pages (by policy), or ``None`` when short."""
+        num_pages = self._check_need_size(need_size)
+        with self.lock:
+            pages = self._free.take(num_pages)
+        return None if pages is None else pages_to_token_locs(pages, self.page_size)
+
+    def alloc_contiguous_preferred(self, need_size: int) -> torch.Tensor | None:
+        """Like ``alloc``, but the lowest run of consecutive free pages when one exists."""
+        num_pages = self._check_need_size(need_size)
+        with self.lock:
+            run = self._free.find_free_run(num_pages) if num_pages > 0 else None
+            if run is None:
+                pages = self._free.take(num_pages)
+            else:
+                self._free.take_specific(run)
+                pages = run
+        return None if pages is None else pages_to_token_locs(pages, self.page_size)
+
+    def free(self, indices: torch.Tensor) -> int:
+        """Free whole pages of slots; returns the number of slots freed.
+
+        Everything is checked before anything is freed (INV-01, INV-05), so a refused free
+        changes nothing (INV-17).
+        """
+        check_index_tensor(indices, "host indices")
+        # Host-side bookkeeping: a CUDA index tensor is copied to the host here (one sync, as upstream)
+        slots = indices.to(device="cpu", dtype=torch.int64)
+        validate_page_aligned_token_indices(slots, self.page_size, "host indices to free")
+        pages = [int(first) // self.page_size for first in slots[:: self.page_size].tolist()]
+        with self.lock:
+            self._check_pages_to_free(pages)
+            self._free.push(pages)
+        return int(indices.numel())
+
+    def _check_pages_to_free(self, pages: list[int]) -> None:
+        seen: set[int] = set()
+        for page in pages:
+            # Verify the page belongs to this pool (INV-05)
+            if not 0 <= page < self.num_pages:
+                raise ForeignSlotError(
+                    f"INV-05: host free got page {page} (slots {page * self.page_size}.."
+                    f"{page * self.page_size + self.page_size - 1}), outside this pool's pages "
+                    f"[0, {self.num_pages})"
+                )
+            # Verify the page is held, and listed once (INV-05)
+            if self._free.is_free(page) or page in seen:
+                raise DoubleFreeError(
+                    f"INV-05: host free got page {page} (slots {page * self.page_size}.."
+                    f"{page * self.page_size + self.page_size - 1}), which is free already or "
+                    "listed twice; free each allocation exactly once"
+                )
+            seen.add(page)
+
+    # ------------------------------------------------------------------ transfers
+    def _check_device_pool(self, device_pool: KVCache) -> None:
+        # Verify the device pool has this host pool's geometry (every component, same rows)
+        if (
+            device_pool.component_row_shapes() != self.row_shapes
+            or device_pool.layer_num != self.layer_num
+            or device_pool.dtype != self.dtype
+        ):
+            raise HiCacheInputError(
+                f"device pool {type(device_pool).__name__} (components "
+                f"{device_pool.component_row_shapes()}, layers {device_pool.layer_num}, "
+                f"{device_pool.dtype}) does not match this host pool (components {self.row_shapes}, "
+                f"layers {self.layer_num}, {self.dtype})"
+            )
+
+    def _launch(
+        self,
+        device_pool: KVCache,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_ids: list[int],
+        direction: Direction,
+        io_backend: str,
+        label: str,
+    ) -> None:
+        backend = check_io_backend(io_backend, self.layout)
+        self._check_device_pool(device_pool)
+        launch_transfer(
+            device_module=self.device_module,
+            device_pool=device_pool,
+            host_buffers=self.buffers,
+            layout=self.layout,
+            page_size=self.page_size,
+            host_size=self.size,
+            direction=direction,
+            io_backend=backend,
+            layer_ids=layer_ids,
+            host_indices=host_indices,
+            device_indices=device_indices,
+            copy_path=self.copy_path,
+            label=label,
+        )
+
+    def backup_from_device_all_layer(
+        self,
+        device_pool: KVCache,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        """Launch the d2h of every layer and component: ``host[h[i]] = device[d[i]]``."""
+        layer_ids = list(range(self.layer_num))
+        self._launch(
+            device_pool,
+            host_indices,
+            device_indices,
+            layer_ids,
+            "d2h",
+            io_backend,
+            "d2h all layers",
+        )
+
+    def backup_from_device_per_layer(
+        self,
+        device_pool: KVCache,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+    ) -> None:
+        """Launch the d2h of one local layer, every component (the fork's per-layer write-back)."""
+        layer = device_pool.check_layer_id(layer_id)
+        self._launch(
+            device_pool,
+            host_indices,
+            device_indices,
+            [layer],
+            "d2h",
+            io_backend,
+            f"d2h layer {layer}",
+        )
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: KVCache,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+    ) -> None:
+        """Launch the h2d of one local layer, every component: ``device[d[i]] = host[h[i]]``."""
+        layer = device_pool.check_layer_id(layer_id)
+        self._launch(
+            device_pool,
+            host_indices,
+            device_indices,
+            [layer],
+            "h2d",
+            io_backend,
+            f"h2d layer {layer}",
+        )
+
+    # ------------------------------------------------------------------ storage pages
+    def _check_page_start(self, index: int | torch.Tensor) -> int:
+        start = int(index)
+        # Verify a page start inside the pool (INV-01)
+        if start % self.page_size != 0:
+            raise PageAlignmentError(
+                f"INV-01: page index {start} is not a page start; use a multiple of page_size={self.page_size}"
+            )
+        if not 0 <= start < self.size:
+            raise HiCacheInputError(
+                f"page index {start} is outside this host pool's slots [0, {self.size})"
+            )
+        return start
+
+    def get_flat_page_numel(self) -> int:
+        """Elements in one flat page: every layer and component of ``page_size`` tokens."""
+        per_token = sum(math.prod(shape) for shape in self.row_shapes.values())
+        return per_token * self.layer_num * self.page_size
+
+    def get_data_page(self, index: int | torch.Tensor, flat: bool = True) -> torch.Tensor:
+        """A copy of the page starting at slot ``index``, all layers and components.
+
+        ``flat=True``: 1-D, component by component, each ``(layer, token, *row)`` in order: the
+        same bytes for every layout. ``flat=False``: ``(components, L, page, *row)``, only when all
+        components share one row shape (not NSA).
+        """
+        start = self._check_page_start(index)
+        with self.lock:
+            pages = [
+                host_page_rows(self.layout, self.buffers[name], start, self.page_size)
+                for name in self.buffers
+            ]
+            if flat:
+                return torch.cat([page.reshape(-1) for page in pages]).cpu()
+            if len(set(self.row_shapes.values())) != 1:
+                raise HiCacheInputError(
+                    f"get_data_page(flat=False) needs one row shape for all components, got "
+                    f"{self.row_shapes}; use flat=True"
+                )
+            return torch.stack(pages).cpu()
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """A zero flat page of the right size and dtype (a landing buffer for storage reads)."""
+        return torch.zeros(self.get_flat_page_numel(), dtype=self.dtype)
+
+    def set_from_flat_data_page(self, index: int | torch.Tensor, data_page: torch.Tensor) -> None:
+        """Write a flat page (``get_data_page`` order) into the page starting at slot ``index``."""
+        start = self._check_page_start(index)
+        # Verify the page has the flat size and dtype of this pool
+        if data_page.numel() != self.get_flat_page_numel() or data_page.dtype != self.dtype:
+            raise HiCacheInputError(
+                f"a flat data page must have {self.get_flat_page_numel()} elements of {self.dtype}, "
+                f"got {data_page.numel()} of {data_page.dtype}"
+            )
+        flat = data_page.reshape(-1)
+        offset = 0
+        with self.lock:
+            for buffer in self.buffers.values():
+                page = host_page_rows(self.layout, buffer, start, self.page_size)
+                page.copy_(flat[offset : offset + page.numel()].view(page.shape))
+                offset += page.numel()
+
+    # ------------------------------------------------------------------ harness access
+    def _host_key(
+        self, component: str, layer_id: int, host_indices: torch.Tensor
+    ) -> tuple[torch.Tensor | int, ...]:
+        if component not in self.buffers:
+            raise HiCacheInputError(
+                f"unknown component {component!r}; this pool has {self.component_names()}"
+            )
+        layer = self.device_pool.check_layer_id(layer_id)
+        check_index_tensor(host_indices, "host_indices")
+        slots = host_indices.to(device="cpu", dtype=torch.int64)
+        if slots.numel() > 0 and (int(slots.min()) < 0 or int(slots.max()) >= self.size):
+            raise HiCacheInputError(f"host_indices must lie in [0, {self.size})")
+        return host_row_index(self.layout, layer, slots, self.page_size)
+
+    def read_rows(self, component: str, layer_id: int, host_indices: torch.Tensor) -> torch.Tensor:
+        """A CPU copy of rows ``(n, *row)`` (synchronous; for tests and checkers only)."""
+        key = self._host_key(component, layer_id, host_indices)
+        return self.buffers[component][key].cpu()
+
+    def write_rows(
+        self, component: str, layer_id: int, host_indices: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Overwrite rows synchronously (for tests and checkers only)."""
+        key = self._host_key(component, layer_id, host_indices)
+        self.buffers[component][key] = values.to(device=self.device, dtype=self.dtype)
+
+
+class MHATokenToKVPoolHost(HostKVCache):
+    """Host pool of an ``MHATokenToKVPool`` (components ``k``, ``v``)."""
+
+    device_pool_kind = MHATokenToKVPool
+
+    @property
+    def k_buffer(self) -> torch.Tensor:
+        return self.buffers["k"]
+
+    @property
+    def v_buffer(self) -> torch.Tensor:
+        return self.buffers["v"]
+
+
+class MLATokenToKVPoolHost(HostKVCache):
+    """Host pool of an ``MLATokenToKVPool`` (component ``kv``); refuses an NSA pool (sglang#17085)."""
+
+    device_pool_kind: ClassVar[type[KVCache] | None] = MLATokenToKVPool
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.buffers["kv"]
+
+
+class NSATokenToKVPoolHost(MLATokenToKVPoolHost):
+    """Host pool of an ``NSATokenToKVPool`` (components ``kv`` and the sidecar ``index_k``)."""
+
+    device_pool_kind = NSATokenToKVPool
+
+    @property
+    def index_k_buffer(self) -> torch.Tensor:
+        return self.buffers["index_k"]
+
+
+def make_host_pool(device_pool: KVCache, **kwargs: Any) -> HostKVCache:
+    """The host pool class matching ``device_pool``'s exact type (keyword arguments as
+    ``HostKVCache``)."""
+    for host_class in (MHATokenToKVPoolHost, MLATokenToKVPoolHost, NSATokenToKVPoolHost):
+        if type(device_pool) is host_class.device_pool_kind:
+            return host_class(device_pool, **kwargs)
+    return HostKVCache(device_pool, **kwargs)

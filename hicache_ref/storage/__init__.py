@@ -1,0 +1,65 @@
+"""The L3 storage tier: page keys, the backend interface, backends and fault injection.
+
+Primitives, in the order data flows through them:
+
+- ``compute_page_hashes`` / ``get_hash_str``: chained content keys of whole pages;
+- ``StorageOperation`` (backup) and ``PrefetchOperation`` (prefetch into a bounce buffer, with the
+  INV-19 release ledger), queued on ``BoundedQueue``s;
+- ``HiCacheStorage``: ``batch_set`` -> ``batch_exists`` -> ``batch_get``, keyed by
+  ``compute_storage_key`` (content key + rank split + layout-independent format tag);
+- backends: ``MemoryStorage``, ``FileStorage``, and ``FaultInjectingStorage`` around either;
+- ``StorageBackendFactory``: names -> backends, for ``attach_storage_backend``.
+
+The controller side (threads, attach/detach, reset) is ``hicache_ref.controller.storage_mixin``.
+"""
+
+from hicache_ref.storage.backend import (
+    FLAT_PAGE_FORMAT_VERSION,
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    compute_format_tag,
+    compute_storage_key,
+)
+from hicache_ref.storage.factory import BackendBuilder, StorageBackendFactory
+from hicache_ref.storage.fault_injection import FaultInjectingStorage, InjectedFault
+from hicache_ref.storage.file_backend import FileStorage
+from hicache_ref.storage.hashing import Token, compute_page_hashes, get_hash_str
+from hicache_ref.storage.memory_backend import MemoryStorage
+from hicache_ref.storage.operations import (
+    PrefetchOperation,
+    PrefetchSplit,
+    ReleasedRange,
+    StorageOperation,
+    compute_prefetch_split,
+    is_valid_prefetch_split,
+)
+from hicache_ref.storage.protocols import StorageHostPool
+from hicache_ref.storage.queues import BoundedQueue, StorageQueueOverflow
+
+__all__ = [
+    "FLAT_PAGE_FORMAT_VERSION",
+    "BackendBuilder",
+    "BoundedQueue",
+    "FaultInjectingStorage",
+    "FileStorage",
+    "HiCacheStorage",
+    "HiCacheStorageConfig",
+    "HiCacheStorageExtraInfo",
+    "InjectedFault",
+    "MemoryStorage",
+    "PrefetchOperation",
+    "PrefetchSplit",
+    "ReleasedRange",
+    "StorageBackendFactory",
+    "StorageHostPool",
+    "StorageOperation",
+    "StorageQueueOverflow",
+    "Token",
+    "compute_format_tag",
+    "compute_page_hashes",
+    "compute_prefetch_split",
+    "compute_storage_key",
+    "get_hash_str",
+    "is_valid_prefetch_split",
+]

@@ -1,0 +1,205 @@
+"""The L3 storage interface: a key -> flat-page store with SGLang's ``HiCacheStorage`` API.
+
+A backend stores whole pages under their chained content keys (``hashing.py``). The key a backend
+really uses is ``compute_storage_key(key, config, format_tag)``: the content key, the model, the
+rank split and a *format tag*. The tag names the flat page format (dtype and element count of
+``get_dummy_flat_data_page()``), never the host layout: the flat format is layout-independent, so
+pages written under one layout read back under another, while a pool with a different page
+geometry gets different keys instead of garbage (bug class 21).
+
+Calls, in the order data flows: ``register_mem_pool_host`` -> ``batch_set`` (backup) ->
+``batch_exists`` (prefetch hit query: length of the leading run of hits) -> ``batch_get``
+(prefetch transfer) -> ``clear`` / ``close``.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.storage.protocols import StorageHostPool
+
+FLAT_PAGE_FORMAT_VERSION = "kvflat1"
+"""Version of the flat page byte format that ``get_data_page`` produces."""
+
+_UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class HiCacheStorageConfig:
+    """Who is storing: rank split, model and backend options (SGLang's ``HiCacheStorageConfig``)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    is_mla_model: bool = False
+    enable_storage_metrics: bool = False
+    is_page_first_layout: bool = False
+    model_name: str | None = None
+    tp_lcm_size: int | None = None
+    should_split_heads: bool = False
+    extra_config: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HiCacheStorageExtraInfo:
+    """Per-call hints for a backend.
+
+    ``prefix_keys`` defaults to ``None``: SGLang 0.5.10 defaulted it to ``(None,)``, a truthy
+    tuple that made every default-constructed hint look like it carried a prefix (bug class 20).
+    It is a tuple so no backend or caller can extend the controller's list in place.
+    """
+
+    prefix_keys: tuple[str, ...] | None = None
+    extra_info: Mapping[str, object] | None = None
+
+
+def compute_format_tag(mem_pool_host: StorageHostPool | None) -> str:
+    """The layout-independent tag of a pool's flat page format (bug class 21)."""
+    if mem_pool_host is None:
+        return FLAT_PAGE_FORMAT_VERSION
+    page = mem_pool_host.get_dummy_flat_data_page()
+    dtype_name = str(page.dtype).removeprefix("torch.")
+    return f"{FLAT_PAGE_FORMAT_VERSION}-{dtype_name}x{page.numel()}"
+
+
+def compute_storage_key(key: str, config: HiCacheStorageConfig, format_tag: str) -> str:
+    """The key a backend stores a page under: content key, model, rank split, format tag.
+
+    MLA ranks hold identical KV, so their keys omit the TP split; the pipeline split appears only
+    when pipeline parallelism is on (as in SGLang's file backend).
+    """
+    parts = [key, config.model_name or "model"]
+    if not config.is_mla_model:
+        parts.append(f"tp{config.tp_rank}of{config.tp_size}")
+    if config.pp_size > 1:
+        parts.append(f"pp{config.pp_rank}of{config.pp_size}")
+    parts.append(format_tag)
+    return _UNSAFE_KEY_CHARS.sub("-", "_".join(parts))
+
+
+def copy_page_bytes(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Copy ``source``'s bytes into ``target`` (same byte size) and return ``target``."""
+    source_bytes = source.contiguous().view(torch.uint8).reshape(-1)
+    target_bytes = target.view(torch.uint8).reshape(-1)
+    if source_bytes.numel() != target_bytes.numel():
+        raise OSError(
+            f"stored page has {source_bytes.numel()} bytes but the target holds "
+            f"{target_bytes.numel()} (page format mismatch)"
+        )
+    target_bytes.copy_(source_bytes)
+    return target
+
+
+class HiCacheStorage(ABC):
+    """A page store keyed by content hash (SGLang's ``HiCacheStorage``).
+
+    ``batch_get`` returns one entry per key, ``None`` where the page is missing or unreadable;
+    ``batch_set`` reports all-or-nothing success (pages before the first failure may be stored);
+    ``batch_exists`` returns the length of the leading run of keys that exist.
+    """
+
+    def __init__(self, config: HiCacheStorageConfig | None = None) -> None:
+        self.config = config if config is not None else HiCacheStorageConfig()
+        self.mem_pool_host: StorageHostPool | None = None
+        self.format_tag = compute_format_tag(None)
+
+    def register_mem_pool_host(self, mem_pool_host: StorageHostPool) -> None:
+        """Remember the host pool: its flat page format becomes part of every key."""
+        self.mem_pool_host = mem_pool_host
+        self.format_tag = compute_format_tag(mem_pool_host)
+
+    def _storage_key(self, key: str) -> str:
+        return compute_storage_key(key, self.config, self.format_tag)
+
+    def _require_target(self, key: str, target_location: torch.Tensor | None) -> torch.Tensor:
+        """The tensor to read a page into: the caller's, else a fresh flat page of the pool."""
+        if target_location is not None:
+            return target_location
+        if self.mem_pool_host is None:
+            raise HiCacheInputError(
+                f"get({key!r}) needs a target_location to learn the page format "
+                "(pass one, or call register_mem_pool_host first)"
+            )
+        return self.mem_pool_host.get_dummy_flat_data_page()
+
+    @abstractmethod
+    def get(
+        self,
+        key: str,
+        target_location: torch.Tensor | None = None,
+        target_sizes: int | None = None,
+    ) -> torch.Tensor | None:
+        """The page stored under ``key`` (written into ``target_location`` if given), or None."""
+
+    def batch_get(
+        self,
+        keys: Sequence[str],
+        target_locations: Sequence[torch.Tensor] | None = None,
+        target_sizes: Sequence[int] | None = None,
+    ) -> list[torch.Tensor | None]:
+        """``get`` for each key, in order."""
+        if target_locations is not None and len(target_locations) != len(keys):
+            raise HiCacheInputError(
+                f"batch_get got {len(keys)} keys but {len(target_locations)} target_locations "
+                "(pass one target per key, or None)"
+            )
+        return [
+            self.get(key, None if target_locations is None else target_locations[i])
+            for i, key in enumerate(keys)
+        ]
+
+    @abstractmethod
+    def set(
+        self,
+        key: str,
+        value: torch.Tensor | None = None,
+        target_location: torch.Tensor | None = None,
+        target_sizes: int | None = None,
+    ) -> bool:
+        """Store ``value`` under ``key``; an existing key is kept (first writer wins)."""
+
+    def batch_set(
+        self,
+        keys: Sequence[str],
+        values: Sequence[torch.Tensor] | None = None,
+        target_locations: Sequence[torch.Tensor] | None = None,
+        target_sizes: Sequence[int] | None = None,
+    ) -> bool:
+        """``set`` each key in order, stopping at the first failure; True iff all succeeded."""
+        if values is None or len(values) != len(keys):
+            raise HiCacheInputError(
+                f"batch_set got {len(keys)} keys but "
+                f"{'no' if values is None else len(values)} values (pass one flat page per key)"
+            )
+        return all(self.set(key, value) for key, value in zip(keys, values, strict=True))
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a page is stored under ``key``."""
+
+    def batch_exists(
+        self, keys: Sequence[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        """Length of the leading run of ``keys`` that exist (a chain stops at its first miss)."""
+        for i, key in enumerate(keys):
+            if not self.exists(key):
+                return i
+        return len(keys)
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Drop every stored page."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing to close
+        """Release backend resources; the default holds none."""
+
+    def get_stats(self) -> Mapping[str, int] | None:
+        """Backend counters, if the backend keeps any."""
+        return None
