@@ -133,7 +133,8 @@ class Session:
         if rule == "synchronize":
             return args.get("stream") in STREAMS
         if rule == "prefill":
-            return int(args.get("tokens", 0)) >= 1
+            handle = int(args.get("handle", self.tree.next_handle))
+            return int(args.get("tokens", 0)) >= 1 and handle not in self.tree.nodes
         return rule in ("start_writing", "drain_acks", "reset", "noop")
 
     # -- applying steps ------------------------------------------------------------------------
@@ -145,6 +146,10 @@ class Session:
             self._candidates.clear()
 
     def _apply(self, step: Step) -> str:
+        if step.rule == "prefill" and "handle" not in step.args:
+            # Name the node in the step itself, so deleting earlier steps (ddmin) keeps every
+            # later reference to it valid.
+            step = Step(rule="prefill", args={**step.args, "handle": self.tree.next_handle})
         self.steps.append(step)
         self.stats.steps += 1
         if not self.is_enabled(step):
@@ -160,7 +165,9 @@ class Session:
     def _dispatch(self, step: Step) -> str:
         t, a = self.tree, step.args
         handlers: dict[str, Callable[[], str]] = {
-            "prefill": lambda: t.prefill(int(a["tokens"]), bool(a.get("early_reserve", False))),
+            "prefill": lambda: t.prefill(
+                int(a["tokens"]), bool(a.get("early_reserve", False)), int(a["handle"])
+            ),
             "forward_layer": t.forward_layer,
             "write": lambda: t.write_backup(int(a["node"])),
             "start_writing": self._start_writing,

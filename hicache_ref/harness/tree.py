@@ -111,8 +111,10 @@ class TreeDriver:
         return kinds
 
     # -- prefill and the forward pass ----------------------------------------------------------
-    def prefill(self, num_tokens: int, early_reserve: bool) -> str:
+    def prefill(self, num_tokens: int, early_reserve: bool, handle: int | None = None) -> str:
         """Allocate a new node's pages; its KV is stored layer by layer by ``forward_layer``."""
+        handle = self.next_handle if handle is None else handle
+        self.next_handle = max(self.next_handle, handle) + 1  # consumed even when refused
         page = self.config.page_size
         logical_len = num_tokens if self.config.uses_cp else -(-num_tokens // page) * page
         padded_len = -(-logical_len // page) * page
@@ -131,8 +133,6 @@ class TreeDriver:
                 raise InvariantViolation(
                     "INV-14", "CP ranks' allocators handed out different logical pages"
                 )
-        handle = self.next_handle
-        self.next_handle += 1
         node = Node(
             handle=handle,
             node_id=self.next_node_id,
@@ -367,10 +367,28 @@ class TreeDriver:
         if any(r is None for r in results) or any(not torch.equal(r, results[0]) for r in results):
             raise InvariantViolation("INV-14", "CP ranks disagree on a load_cp allocation")
         node.value = results[0]
+        if self.config.uses_cp:
+            self._check_owner_replay(node)
         node.loading = True
         self.ongoing_load[node.node_id] = handle
         self.queued_loads.append(handle)
         return f"load node {handle} -> {results[0].numel()} locs"
+
+    def _check_owner_replay(self, node: Node) -> None:
+        """The fresh pages repeat the owner pattern recorded at write time (INV-03)."""
+        assert node.value is not None
+        page = self.config.page_size
+        first_locs = node.value[::page]  # one loc per page: visible spans start page-aligned
+        layout = self.world.ranks[0].cp_layout
+        assert layout is not None
+        got = layout.owner_for_logical_pages(first_locs // page).tolist()
+        want = node.cp_meta[0].page_owners.tolist()
+        if [int(x) for x in got] != [int(x) for x in want]:
+            raise InvariantViolation(
+                "INV-03",
+                f"load_cp of node {node.handle} got pages owned by ranks {got}, but the write "
+                f"recorded owners {want} (each rank would load into pages it does not own)",
+            )
 
     def start_loading(self) -> str:
         ids = [controller.start_loading() for controller in self._controllers()]

@@ -1,0 +1,40 @@
+"""Minimal traces of real findings, replayed forever.
+
+fuzz/corpus/*.jsonl: findings against the reference (each note says what was found and fixed);
+they must pass now. fuzz/corpus/mutants/<name>.jsonl: each mutant's minimal failing program; it
+must still fail on that mutant with an invariant violation and pass on the reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hicache_ref.harness.replay import replay
+from hicache_ref.harness.trace import Trace
+
+CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus"
+FINDINGS = sorted(CORPUS.glob("*.jsonl"))
+MUTANT_TRACES = sorted((CORPUS / "mutants").glob("*.jsonl"))
+
+
+def test_corpus_is_present() -> None:
+    assert FINDINGS and MUTANT_TRACES
+
+
+@pytest.mark.parametrize("path", FINDINGS, ids=lambda p: p.stem)
+def test_finding_stays_fixed(path: Path) -> None:
+    trace = Trace.read(path)
+    assert trace.header.note, "every corpus trace says what it found"
+    result = replay(trace)
+    assert not result.failed, f"{path.name} regressed: {result.error}"
+
+
+@pytest.mark.parametrize("path", MUTANT_TRACES, ids=lambda p: p.stem)
+def test_mutant_trace_still_fails_on_its_mutant(path: Path) -> None:
+    trace = Trace.read(path)
+    assert trace.header.implementation == f"mutant:{path.stem}"
+    on_mutant = replay(trace)
+    assert on_mutant.failed and on_mutant.signature().startswith("INV-"), on_mutant.error
+    assert not replay(trace, implementation="reference").failed
