@@ -1,0 +1,165 @@
+"""State-machine steps per second: our HiCache machine vs a trivial machine with as many rules.
+
+The trivial machine is the ceiling Hypothesis itself sets on this machine (rule selection,
+preconditions, drawing arguments); our machine adds the controller, SimDevice, the tree driver
+and the per-step invariant checks. Both run in the same process, interleaved, with the same
+settings (no shrinking, fixed seeds), and the script reports the median over rounds.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_machine_steps.py --rounds 5 --append benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from hicache_ref.harness import machine as machine_module
+from hicache_ref.harness.adapters import ReferenceImplementation
+from hicache_ref.harness.machine import HiCacheMachine, machine_for
+from hicache_ref.harness.session import Session
+
+STEPS = {"n": 0}
+
+
+def _count_rules(cls: type) -> int:
+    return sum(1 for v in vars(cls).values() if hasattr(v, "hypothesis_stateful_rule"))
+
+
+def make_trivial_machine(n_rules: int) -> type[RuleBasedStateMachine]:
+    """A machine with ``n_rules`` rules that each draw an int and bump a counter."""
+    body: dict[str, object] = {}
+
+    @initialize(x=st.integers(0, 10))
+    def setup(self: RuleBasedStateMachine, x: int) -> None:
+        self.value = x  # type: ignore[attr-defined]
+
+    body["setup"] = setup
+    for i in range(n_rules):
+
+        def step(self: RuleBasedStateMachine, pick: int) -> None:
+            STEPS["n"] += 1
+            self.value = (self.value + pick) % 97  # type: ignore[attr-defined]
+
+        step.__name__ = f"rule_{i}"
+        body[step.__name__] = rule(pick=st.integers(0, 63))(step)
+    return type("TrivialMachine", (RuleBasedStateMachine,), body)
+
+
+def bench_settings(examples: int, steps: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def run_trivial(machine: type[RuleBasedStateMachine], examples: int, steps: int, seed: int) -> float:
+    STEPS["n"] = 0
+    start = time.perf_counter()
+    run_state_machine_as_test(hypothesis_seed(seed)(machine), settings=bench_settings(examples, steps))
+    return STEPS["n"] / (time.perf_counter() - start)
+
+
+def run_ours(examples: int, steps: int, seed: int) -> tuple[float, float, float]:
+    """(rule steps/s, protocol steps/s, share of time inside Session.apply).
+
+    A rule step is one Hypothesis rule call (what the trivial machine counts); compound rules
+    (offload, reload, prefill with compute_now) apply several protocol steps each.
+    """
+    counted = {"steps": 0, "rules": 0}
+    inside = {"s": 0.0}
+    original_apply = Session.apply
+
+    def timed_apply(self: Session, step: object) -> str:
+        t0 = time.perf_counter()
+        try:
+            return original_apply(self, step)  # type: ignore[arg-type]
+        finally:
+            inside["s"] += time.perf_counter() - t0
+            counted["steps"] += 1
+
+    Session.apply = timed_apply  # type: ignore[method-assign]
+    try:
+        base = machine_for(ReferenceImplementation(), "reference")
+
+        class Counted(base):  # type: ignore[valid-type,misc]
+            @invariant()
+            def count_rule(self) -> None:
+                counted["rules"] += 1
+
+        start = time.perf_counter()
+        run_state_machine_as_test(hypothesis_seed(seed)(Counted), settings=bench_settings(examples, steps))
+        elapsed = time.perf_counter() - start
+    finally:
+        Session.apply = original_apply  # type: ignore[method-assign]
+    return counted["rules"] / elapsed, counted["steps"] / elapsed, inside["s"] / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--examples", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--append", type=Path)
+    args = parser.parse_args()
+    os.environ.setdefault(machine_module.FAILURE_DIR_ENV, "/tmp/hicache-bench-out")
+    n_rules = _count_rules(HiCacheMachine)
+    trivial = make_trivial_machine(n_rules)
+    trivial_rates, our_rates, protocol_rates, shares = [], [], [], []
+    for r in range(args.rounds):
+        trivial_rates.append(run_trivial(trivial, args.examples, args.steps, seed=r))
+        rate, protocol_rate, share = run_ours(args.examples, args.steps, seed=r)
+        our_rates.append(rate)
+        protocol_rates.append(protocol_rate)
+        shares.append(share)
+    t_med, o_med = statistics.median(trivial_rates), statistics.median(our_rates)
+    lines = [
+        "",
+        f"## State-machine steps per second (bench_machine_steps.py), {time.strftime('%Y-%m-%d')}",
+        "",
+        f"Command: `PYTHONPATH=. .venv/bin/python benchmarks/bench_machine_steps.py --rounds {args.rounds} "
+        f"--examples {args.examples} --steps {args.steps}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, load average {os.getloadavg()[0]:.1f} at the end  ",
+        f"Both machines have {n_rules} rules; generate phase only; medians over {args.rounds} rounds "
+        "(same seeds, interleaved).",
+        "",
+        "| machine | steps/s (median) | rounds |",
+        "|---|---:|---|",
+        f"| trivial (Hypothesis ceiling) | {t_med:,.0f} | {', '.join(f'{x:,.0f}' for x in trivial_rates)} |",
+        f"| HiCacheMachine, reference, SimDevice (rule steps) | {o_med:,.0f} | {', '.join(f'{x:,.0f}' for x in our_rates)} |",
+        f"| HiCacheMachine, protocol steps (Session.apply) | {statistics.median(protocol_rates):,.0f} | "
+        f"{', '.join(f'{x:,.0f}' for x in protocol_rates)} |",
+        "",
+        f"Ratio (rule steps): {o_med / t_med:.2f} of the ceiling (target >= 0.5). Time inside Session.apply "
+        f"(controller + SimDevice + tree + per-step checks): {statistics.median(shares):.0%} of the run; "
+        "the rest is Hypothesis generating the program.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.append:
+        with args.append.open("a") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
