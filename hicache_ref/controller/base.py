@@ -188,16 +188,25 @@ class ControllerState:
     def start_writing(self) -> None:
         """Issue queued writes (defined by HiCacheController)."""
 
-    def _check_no_pending_layer_write(self, pool: str, indices: torch.Tensor, action: str) -> None:
-        pages = self._pages(indices)
+    def _check_no_pending_layer_write(
+        self, pool: str, indices: torch.Tensor, action: str, *, pages: frozenset[int] | None = None
+    ) -> None:
+        """Refuse freeing slots a pending per-layer write still copies (INV-15, INV-08)."""
+        pages = self._pages(indices) if pages is None else pages
         if not pages:
             return
         for node_id, state in self.pending_layer_writes.items():
-            held = state.host_indices if pool == "host" else state.draft_host_indices
+            if pool == "device":
+                held, inv_id = state.physical_device_indices, "INV-08"
+            elif pool == "host":
+                held, inv_id = state.host_indices, "INV-15"
+            else:
+                held, inv_id = state.draft_host_indices, "INV-15"
             if held is not None and self._pages(held) & pages:
+                unit = "pages" if pool == "device" else "slots"
                 raise InvariantViolation(
-                    "INV-15",
-                    f"{action} frees {pool} slots of node {node_id} whose per-layer write is "
+                    inv_id,
+                    f"{action} frees {pool} {unit} of node {node_id} whose per-layer write is "
                     "still pending (cancel_layer_write_state(node_id) first)",
                 )
 

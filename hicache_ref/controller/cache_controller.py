@@ -116,6 +116,12 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.storage_stop_event = threading.Event()
         self.stop_event = threading.Event()
 
+        if (draft_mem_pool_host is None) != (draft_mem_pool_device is None):
+            raise DraftPoolPairError(
+                "draft_mem_pool_device and draft_mem_pool_host must be provided together "
+                f"(got device={draft_mem_pool_device is not None}, "
+                f"host={draft_mem_pool_host is not None})"
+            )
         self.layer_done_counter = LayerDoneCounter(
             self.layer_num, self.device_module, num_counters=num_counters
         )
@@ -298,6 +304,11 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         node_id: int = -1,
     ) -> torch.Tensor | None:
         """Allocate device pages for ``host_indices`` and queue the H2D (``start_loading`` runs it)."""
+        if self.uses_cp_hicache:
+            raise HiCacheInputError(
+                "load() on a CP controller would copy into logical locations of a physical pool; "
+                "use load_cp(nodes) to replay the owner pattern"
+            )
         self._check_indices(host_indices, "host_indices", page_aligned=True)
         device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
         if device_indices is None:
@@ -313,6 +324,15 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         """Issue every queued load layer by layer into a new producer slot; returns its id or -1."""
         if not self.load_queue and not self.draft_load_queue:
             return -1
+        # Verify a producer slot is free: every undrained load ack holds one (INV-10)
+        if len(self.ack_load_queue) >= self.layer_done_counter.num_counters:
+            raise InvariantViolation(
+                "INV-10",
+                f"start_loading with {len(self.ack_load_queue)} undrained load acks and "
+                f"num_counters={self.layer_done_counter.num_counters}: a slot would be reused while "
+                "its ack is undrained (drain with loading_check first; upstream's "
+                "has_free_load_back_slot)",
+            )
         producer_id = self.layer_done_counter.update_producer()
         op = CacheOperation.merge_ops(self.load_queue) if self.load_queue else None
         draft_op = (
@@ -386,9 +406,9 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
     def evict_device(self, device_indices: torch.Tensor) -> int:
         """Free device pages; refused while a pending transfer still uses them (INV-08)."""
         self._check_indices(device_indices, "device_indices", page_aligned=False)
-        self.inflight.check_not_in_flight(
-            "device", self._physical_pages(device_indices), "INV-08", "evict_device"
-        )
+        physical = self._physical_pages(device_indices)
+        self._check_no_pending_layer_write("device", device_indices, "evict_device", pages=physical)
+        self.inflight.check_not_in_flight("device", physical, "INV-08", "evict_device")
         self.mem_pool_device_allocator.free(device_indices)
         return len(device_indices)
 

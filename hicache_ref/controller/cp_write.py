@@ -138,6 +138,16 @@ class CpWriteMixin(ControllerState):
 
     def submit_write_cp_all_layer(self, reservation: HiCacheWriteReservation) -> None:
         """Back up a reservation with one all-layer D2H (the fallback path)."""
+        node_id = reservation.node_id
+        # Refuse a second backup before any copy is issued (INV-02, INV-17)
+        if node_id >= 0 and (
+            self.node_has_undrained_write_ack(node_id) or node_id in self.pending_layer_writes
+        ):
+            raise InvariantViolation(
+                "INV-02",
+                f"submit_write_cp_all_layer for node {node_id} while its previous write is "
+                "pending or its ack undrained (drain it with writing_check first)",
+            )
         if len(reservation.physical_device_indices) == 0:
             # A zero-owned rank still acks, so every rank's ack rows stay identical (INV-14)
             self._append_completed_write_ack(reservation.node_id)
@@ -338,6 +348,14 @@ class CpWriteMixin(ControllerState):
         submit_draft: bool = True,
     ) -> None:
         """Submit one layer of a reservation; the ack follows the last target/draft layer."""
+        draft_layers = self.draft_layer_num if reservation.draft_host_indices is not None else 0
+        total_layers = max(self.layer_num, draft_layers)
+        if not 0 <= layer_id < total_layers:
+            # Refuse before registering any state, so a refusal leaves nothing pending (INV-17)
+            raise LayerRangeError(
+                f"layer_id={layer_id} is outside the CP backup layer range [0, {total_layers}) "
+                f"for node_id={reservation.node_id}"
+            )
         state = self._get_or_create_layer_write_state(reservation)
         self._submit_write_cp_layer_states(
             [state], layer_id, submit_target=submit_target, submit_draft=submit_draft

@@ -1,0 +1,12 @@
+"""Formal checks of the oracle: bounded model checking and CrossHair contracts.
+
+- ``bounded.explore(config, max_depth)``: breadth-first over every enabled op, symmetry-reduced
+  (``canonical``), every invariant in every reachable state; returns the shortest violating
+  trace as an op tuple that replays with ``oracle.run_ops``. CLI: ``python -m
+  hicache_ref.formal.bounded --nodes 2 --layers 2 --pages 2 --cp 2 --draft 1 --max-depth 9``.
+- CrossHair checks the ``pre:``/``post:`` contracts of the oracle's pure functions and of
+  ``pools/page_math.py`` (``.ci/crosshair.sh``, ``tests/formal/test_crosshair.py``).
+
+Import from the submodules (``hicache_ref.formal.bounded``); this package imports nothing so
+``python -m hicache_ref.formal.bounded`` runs without a double import.
+"""

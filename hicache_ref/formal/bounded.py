@@ -18,13 +18,13 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hicache_ref.formal.canonical import canonicalize, node_groups
 from hicache_ref.oracle.config import OracleConfig, make_variant
 from hicache_ref.oracle.invariants import check_invariants
 from hicache_ref.oracle.ops import Op
-from hicache_ref.oracle.state import OracleState, Violation, initial_state
+from hicache_ref.oracle.state import OracleState, Violation, evolve, initial_state
 from hicache_ref.oracle.step import all_ops, enabled_ops, step
 
 
@@ -88,9 +88,9 @@ def explore(
     root = start if start is not None else initial_state(config)
     root_canon = canon(root)
     parents: dict[OracleState, tuple[OracleState, Op] | None] = {root_canon: None}
-    found = check_invariants(root)
-    if found:
-        return _result(config, parents, 0, 0, began, True, tuple(found), ())
+    initial_violations = tuple(check_invariants(root))
+    if initial_violations:
+        return _result(config, parents, 0, 0, began, True, initial_violations, ())
     frontier = [root_canon]
     transitions = 0
     depth = 0
@@ -110,7 +110,9 @@ def explore(
                 if violations:
                     trace, final = _concrete_trace(root, canonical, parents, canon, universe)
                     found = tuple(check_invariants(final))
-                    return _result(config, parents, transitions, depth + 1, began, False, found, trace)
+                    return _result(
+                        config, parents, transitions, depth + 1, began, False, found, trace
+                    )
                 following.append(canonical)
                 if max_states is not None and len(parents) >= max_states:
                     return _result(config, parents, transitions, depth + 1, began, False, (), ())
@@ -177,7 +179,7 @@ def _same_class(left: OracleState, right: OracleState) -> bool:
     if not left.faults and not right.faults:
         return left == right
     ids = sorted(v.inv_id for v in left.faults) == sorted(v.inv_id for v in right.faults)
-    return ids and replace(left, faults=()) == replace(right, faults=())
+    return ids and evolve(left, faults=()) == evolve(right, faults=())
 
 
 def build_config(args: argparse.Namespace) -> OracleConfig:
@@ -204,14 +206,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--draft", type=int, default=0, help="draft layers (0 = no draft pool)")
     parser.add_argument("--pages", type=int, default=2, help="device pages")
-    parser.add_argument("--host-pages", type=int, default=0, help="host pages per rank (default: --pages)")
+    parser.add_argument(
+        "--host-pages", type=int, default=0, help="host pages per rank (default: --pages)"
+    )
     parser.add_argument("--page-size", type=int, default=2)
-    parser.add_argument("--tokens", type=int, nargs="*", help="tokens per node (default: one page each)")
+    parser.add_argument(
+        "--tokens", type=int, nargs="*", help="tokens per node (default: one page each)"
+    )
     parser.add_argument("--cp", type=int, default=0, help="CP ranks (0 = plain controller)")
     parser.add_argument("--counters", type=int, default=5, help="producer slots (num_counters)")
     parser.add_argument("--max-depth", type=int, default=10)
     parser.add_argument("--max-states", type=int, default=None)
-    parser.add_argument("--variant", action="append", default=[], help="planted bug flag (repeatable)")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="planted bug flag (repeatable)"
+    )
     parser.add_argument("--no-symmetry", action="store_true")
     parser.add_argument("--no-reset", action="store_true")
     args = parser.parse_args(argv)

@@ -13,9 +13,8 @@ label-free, so a violation in a representative is a violation in every state of 
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Iterator
-from dataclasses import replace
 
 from hicache_ref.oracle.config import OracleConfig
 from hicache_ref.oracle.geometry import FREE, GARBAGE, holder_node
@@ -32,9 +31,11 @@ from hicache_ref.oracle.state import (
     StoreKv,
     StreamOp,
     WaitEvent,
+    evolve,
 )
 
-PageMap = dict[int, int]
+PageMap = tuple[int, ...]
+"""``map[old_page] = new_page``."""
 
 
 def node_groups(config: OracleConfig) -> tuple[tuple[int, ...], ...]:
@@ -105,8 +106,8 @@ def canonicalize(state: OracleState, groups: tuple[tuple[int, ...], ...]) -> Ora
     """
     if state.faults:
         # Fault messages keep their labels; the rest of the state is canonicalized as usual.
-        canonical = canonicalize(replace(state, faults=()), groups)
-        return replace(canonical, faults=state.faults)
+        canonical = canonicalize(evolve(state, faults=()), groups)
+        return evolve(canonical, faults=state.faults)
     candidates = [relabel(state, perm) for perm in _candidate_perms(state, groups)]
     if len(candidates) == 1:
         return candidates[0]
@@ -125,9 +126,11 @@ def relabel(state: OracleState, perm: tuple[int, ...]) -> OracleState:
         nodes[perm[old]] = record
     device_map = _device_page_map(state, nodes)
     host_maps = _host_page_maps(state, nodes)
-    same_nodes = all(old == new for old, new in enumerate(perm))
-    if same_nodes and _is_identity(device_map) and all(
-        _is_identity(m) for per_pool in host_maps for m in per_pool
+    same_nodes = _is_identity(perm)
+    if (
+        same_nodes
+        and _is_identity(device_map)
+        and all(_is_identity(m) for per_pool in host_maps for m in per_pool)
     ):
         return state
     tag_table = _tag_table(perm, config)
@@ -172,13 +175,18 @@ def relabel(state: OracleState, perm: tuple[int, ...]) -> OracleState:
     )
 
 
-def _is_identity(mapping: PageMap) -> bool:
-    return all(old == new for old, new in mapping.items())
+def _is_identity(mapping: tuple[int, ...]) -> bool:
+    return mapping == _identity(len(mapping))
+
+
+@functools.cache
+def _identity(size: int) -> tuple[int, ...]:
+    return tuple(range(size))
 
 
 def _tag_table(perm: tuple[int, ...], config: OracleConfig) -> tuple[int, ...] | None:
     """``table[old_tag] = new_tag`` for a node renaming, or None for the identity."""
-    if all(old == new for old, new in enumerate(perm)):
+    if _is_identity(perm):
         return None
     stride = config.token_stride
     table = [GARBAGE]
@@ -191,53 +199,62 @@ def _pool(config: OracleConfig, channel: int) -> int:
     return 1 if channel >= config.layer_num else 0
 
 
-def _device_mentions(state: OracleState, nodes: list[NodeState]) -> Iterator[int]:
-    for record in nodes:
-        yield from record.device_pages
-    for queue in state.streams:
-        for op in queue:
-            if isinstance(op, StoreKv | ReadKv):
-                yield from op.pages
-            elif isinstance(op, CopyPages):
-                yield from (d for _, _, d in op.pairs)
+def _first_mentions(order: list[int], size: int) -> PageMap:
+    """``map[old] = new``: pages in order of first mention, then the unmentioned ones."""
+    order = list(dict.fromkeys(order))
+    if len(order) < size:
+        seen = set(order)
+        order += [p for p in range(size) if p not in seen]
+    mapping = [0] * size
+    for new, old in enumerate(order):
+        mapping[old] = new
+    return tuple(mapping)
 
 
 def _device_page_map(state: OracleState, nodes: list[NodeState]) -> PageMap:
     config = state.config
-    classes: dict[int, list[int]] = {}
+    order = [p for record in nodes for p in record.device_pages]
+    for queue in state.streams:
+        for op in queue:
+            if isinstance(op, StoreKv | ReadKv):
+                order.extend(op.pages)
+            elif isinstance(op, CopyPages):
+                order.extend(d for _, _, d in op.pairs)
+    if config.num_ranks == 1 and not config.page_owner_table:
+        return _first_mentions(order, config.device_pages)
+    # Pages keep their owner rank: relabel inside each class, in order of first mention
+    ranked = _first_mentions(order, config.device_pages)
+    labels: dict[int, list[int]] = {}
     for page in range(config.device_pages):
-        classes.setdefault(config.page_owner(page), []).append(page)
-    order = list(dict.fromkeys(_device_mentions(state, nodes)))
-    seen = set(order)
-    order += [p for p in range(config.device_pages) if p not in seen]
-    labels = {c: list(pages) for c, pages in classes.items()}
-    return {page: labels[config.page_owner(page)].pop(0) for page in order}
+        labels.setdefault(config.page_owner(page), []).append(page)
+    mapping = [0] * config.device_pages
+    for old in sorted(range(config.device_pages), key=lambda p: ranked[p]):
+        mapping[old] = labels[config.page_owner(old)].pop(0)
+    return tuple(mapping)
 
 
 def _host_page_maps(state: OracleState, nodes: list[NodeState]) -> list[list[PageMap]]:
     config = state.config
-    maps: list[list[PageMap]] = []
-    for pool, per_rank in enumerate(state.host_holders):
-        pool_maps: list[PageMap] = []
-        for rank, holders in enumerate(per_rank):
-            order: list[int] = []
-            for record in nodes:
-                spans = record.host_pages if pool == 0 else record.draft_host_pages
-                if spans:
-                    order.extend(spans[rank])
-            for queue in state.streams:
-                for op in queue:
-                    if isinstance(op, CopyPages) and _pool(config, op.channel) == pool:
-                        order.extend(h for r, h, _ in op.pairs if r == rank)
-            order = list(dict.fromkeys(order))
-            seen = set(order)
-            order += [p for p in range(len(holders)) if p not in seen]
-            pool_maps.append({old: new for new, old in enumerate(order)})
-        maps.append(pool_maps)
-    return maps
+    orders: list[list[list[int]]] = [[[] for _ in per_rank] for per_rank in state.host_holders]
+    for record in nodes:
+        for pool, spans in enumerate((record.host_pages, record.draft_host_pages)):
+            for rank, pages in enumerate(spans):
+                orders[pool][rank].extend(pages)
+    for queue in state.streams:
+        for op in queue:
+            if isinstance(op, CopyPages):
+                per_rank = orders[_pool(config, op.channel)]
+                for rank, host_page, _ in op.pairs:
+                    per_rank[rank].append(host_page)
+    return [
+        [_first_mentions(orders[pool][rank], len(holders)) for rank, holders in enumerate(per_rank)]
+        for pool, per_rank in enumerate(state.host_holders)
+    ]
 
 
-def _relabel_node(record: NodeState, device_map: PageMap, host_maps: list[list[PageMap]]) -> NodeState:
+def _relabel_node(
+    record: NodeState, device_map: PageMap, host_maps: list[list[PageMap]]
+) -> NodeState:
     if record.lifecycle in ("absent", "gone"):
         return record
     return NodeState(
@@ -259,7 +276,11 @@ def _relabel_node(record: NodeState, device_map: PageMap, host_maps: list[list[P
     )
 
 
-def _permute_holders(holders: tuple[int, ...], mapping: PageMap, perm: tuple[int, ...]) -> tuple[int, ...]:
+def _permute_holders(
+    holders: tuple[int, ...], mapping: PageMap, perm: tuple[int, ...]
+) -> tuple[int, ...]:
+    if _is_identity(mapping) and _is_identity(perm):
+        return holders
     out = [FREE] * len(holders)
     for old, holder in enumerate(holders):
         out[mapping[old]] = _relabel_holder(holder, perm)
@@ -278,7 +299,7 @@ def _permute_tags(
 ) -> tuple[int, ...]:
     if not _is_identity(mapping):
         out = list(tags)
-        for old, new in mapping.items():
+        for old, new in enumerate(mapping):
             if old != new:
                 start, source = new * page_size, old * page_size
                 out[start : start + page_size] = tags[source : source + page_size]

@@ -64,7 +64,7 @@ class ProtocolVariant:
 PLANTED_BUGS: dict[str, str] = {
     "free_host_before_write_ack": "INV-07",
     "duplicate_write_ack": "INV-02",
-    "load_ack_before_last_layer": "INV-09",
+    "load_ack_before_last_layer": "INV-04",
     "skip_owner_replay": "INV-03",
     "no_fence_before_d2h": "INV-12",
     "skip_draft_layers": "INV-04",

@@ -336,7 +336,7 @@ def check_cancel_quiesces(state: OracleState) -> list[Violation]:
         if any(node in a.node_ids for q in state.write_acks for a in q):
             found.append(_v("INV-15", f"write ack appended for node {node} after its cancel"))
         if has_pending_copy(state.streams, node, None, "d2h"):
-            found.append(_v("INV-15", f"D2H for node {node} queued after its cancel"))
+            found.append(_v("INV-15", f"a D2H for node {node} is still queued after its cancel"))
         if any(p.node == node for p in state.pending_layer_writes):
             found.append(_v("INV-15", f"node {node} keeps a pending layer write after its cancel"))
     return found

@@ -9,8 +9,6 @@ transfer the oracle did not predict (INV-06); slots that are not whole pages bre
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hicache_ref.oracle.config import LOAD, WRITE
 from hicache_ref.oracle.geometry import compute_channel, compute_pages_of_slots
 from hicache_ref.oracle.ops import CopyLanded
@@ -20,6 +18,7 @@ from hicache_ref.oracle.state import (
     OracleState,
     RecordEvent,
     WaitEvent,
+    evolve,
     replace_at,
     with_fault,
 )
@@ -66,10 +65,10 @@ def _land_one(
     copy = queue[position]
     assert isinstance(copy, CopyPages)
     mine = tuple(p for p in copy.pairs if p[0] == op.rank)
-    state, seen = run_copy(state, replace(copy, pairs=mine))
-    rest = replace(copy, pairs=tuple(p for p in copy.pairs if p[0] != op.rank))
+    state, seen = run_copy(state, evolve(copy, pairs=mine))
+    rest = evolve(copy, pairs=tuple(p for p in copy.pairs if p[0] != op.rank))
     streams = replace_at(state.streams, index, replace_at(queue, position, rest))
-    state = _settle(replace(state, streams=streams), index)
+    state = _settle(evolve(state, streams=streams), index)
     return state, (*observations, *seen)
 
 
@@ -112,7 +111,7 @@ def _settle(state: OracleState, index: int) -> OracleState:
         head = state.streams[index][0]
         if isinstance(head, CopyPages) and not head.pairs:
             queue = state.streams[index][1:]
-            state = replace(state, streams=replace_at(state.streams, index, queue))
+            state = evolve(state, streams=replace_at(state.streams, index, queue))
         elif isinstance(head, RecordEvent):
             state, _ = execute_head(state, index)
         else:

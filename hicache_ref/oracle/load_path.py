@@ -10,8 +10,6 @@ layer's event of the node's producer slot before reading (INV-11).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hicache_ref.oracle.config import FORWARD, LOAD
 from hicache_ref.oracle.geometry import (
     alloc_balanced,
@@ -30,6 +28,7 @@ from hicache_ref.oracle.state import (
     OracleState,
     PagePair,
     ReadKv,
+    evolve,
     with_fault,
     with_node,
 )
@@ -64,7 +63,7 @@ def process_load(state: OracleState, op: Load) -> Step:
         q if config.variant.zero_owned_rank_drops_load and rank not in owners else (*q, op.node)
         for rank, q in enumerate(state.load_queue)
     )
-    pinned = replace(
+    pinned = evolve(
         record,
         lifecycle="load_queued",
         device_pages=pages,
@@ -72,7 +71,7 @@ def process_load(state: OracleState, op: Load) -> Step:
         reads_issued=(),
         lock_ref=record.lock_ref + 1,
     )
-    state = replace(state, device_holders=holders, load_queue=queue)
+    state = evolve(state, device_holders=holders, load_queue=queue)
     return with_node(state, op.node, pinned), (Observation("load", op.node, pages=(pages,)),)
 
 
@@ -127,7 +126,7 @@ def process_start_loading(state: OracleState) -> Step:
         (*acked, Ack(queue, ("lfin", slot, -1), slot)) if queue else acked
         for acked, queue in zip(state.load_acks, state.load_queue, strict=True)
     )
-    state = replace(
+    state = evolve(
         state,
         streams=streams,
         load_acks=acks,
@@ -136,7 +135,7 @@ def process_start_loading(state: OracleState) -> Step:
     )
     for node in nodes:
         record = state.nodes[node]
-        state = with_node(state, node, replace(record, lifecycle="load_in_flight", load_slot=slot))
+        state = with_node(state, node, evolve(record, lifecycle="load_in_flight", load_slot=slot))
     return state, (Observation("start_loading", values=(slot,)),)
 
 
@@ -155,7 +154,7 @@ def process_drain_load_acks(state: OracleState) -> Step:
     drained = state.load_acks[0][:count]
     for ack in drained:
         state = check_drained_ack(state, ack, "h2d")
-    state = replace(state, load_acks=tuple(queue[count:] for queue in state.load_acks))
+    state = evolve(state, load_acks=tuple(queue[count:] for queue in state.load_acks))
     released: list[int] = []
     for ack in drained:
         for node in ack.node_ids:
@@ -170,7 +169,7 @@ def process_drain_load_acks(state: OracleState) -> Step:
                     f"(lifecycle {record.lifecycle})",
                 )
                 continue
-            loaded = replace(record, lifecycle="loaded", lock_ref=record.lock_ref - 1)
+            loaded = evolve(record, lifecycle="loaded", lock_ref=record.lock_ref - 1)
             state = with_node(state, node, loaded)
     return state, (Observation("drained_load", values=tuple(released)),)
 
@@ -185,5 +184,5 @@ def process_forward_read(state: OracleState, op: ForwardRead) -> Step:
         streams = enqueue_wait(streams, FORWARD, ("lload", record.load_slot, op.layer))
     streams = enqueue(streams, FORWARD, ReadKv(op.node, channel, record.device_pages))
     reads = (*record.reads_issued, channel)
-    state = with_node(state, op.node, replace(record, reads_issued=reads))
-    return replace(state, streams=streams), ()
+    state = with_node(state, op.node, evolve(record, reads_issued=reads))
+    return evolve(state, streams=streams), ()

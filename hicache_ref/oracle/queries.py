@@ -68,7 +68,9 @@ def get_device_page_owner(state: OracleState, page: int) -> SlotOwner:
     return _owner(state.device_holders[page])
 
 
-def get_host_page_owner(state: OracleState, page: int, pool: Pool = "target", rank: int = 0) -> SlotOwner:
+def get_host_page_owner(
+    state: OracleState, page: int, pool: Pool = "target", rank: int = 0
+) -> SlotOwner:
     """Holder of host page ``page`` of ``pool`` on ``rank``."""
     return _owner(state.host_holders[0 if pool == "target" else 1][rank][page])
 
@@ -102,7 +104,9 @@ def get_load_ack_rows(state: OracleState, rank: int = 0) -> tuple[tuple[int, ...
     return tuple(ack.node_ids for ack in state.load_acks[rank])
 
 
-def get_host_pages(state: OracleState, node: int, pool: Pool = "target") -> tuple[tuple[int, ...], ...]:
+def get_host_pages(
+    state: OracleState, node: int, pool: Pool = "target"
+) -> tuple[tuple[int, ...], ...]:
     """Node ``node``'s host pages per rank (empty without a host copy)."""
     record = state.nodes[node]
     return record.host_pages if pool == "target" else record.draft_host_pages

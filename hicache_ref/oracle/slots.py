@@ -8,8 +8,6 @@ interchangeable with every other of its class (the bounded checker's symmetry re
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.oracle.geometry import (
     FREE,
@@ -25,6 +23,7 @@ from hicache_ref.oracle.state import (
     OracleState,
     ReadKv,
     StoreKv,
+    evolve,
     replace_at,
     with_fault,
 )
@@ -78,7 +77,7 @@ def assign_host_pages(state: OracleState, pool: int, pages: RankPages, holder: i
         set_holders(state.host_holders[pool][rank], pages[rank], holder)
         for rank in range(len(pages))
     )
-    return replace(state, host_holders=replace_at(state.host_holders, pool, per_rank))
+    return evolve(state, host_holders=replace_at(state.host_holders, pool, per_rank))
 
 
 def check_device_pages(state: OracleState, pages: tuple[int, ...], count: int) -> None:
@@ -126,7 +125,7 @@ def free_device_pages(state: OracleState, node: int) -> OracleState:
     holders = set_holders(state.device_holders, pages, FREE)
     slots = tuple(s for p in pages for s in compute_page_slots(p, state.config.page_size))
     tags = tuple(_wipe(per_channel, slots) for per_channel in state.device_tags)
-    return replace(state, device_holders=holders, device_tags=tags)
+    return evolve(state, device_holders=holders, device_tags=tags)
 
 
 def free_host_pages(state: OracleState, node: int) -> OracleState:
@@ -189,7 +188,7 @@ def _wipe_host(state: OracleState, pool: int, rank: int, pages: tuple[int, ...])
     for channel in channels:
         per_rank = replace_at(host_tags[channel], rank, _wipe(host_tags[channel][rank], slots))
         host_tags = replace_at(host_tags, channel, per_rank)
-    return replace(state, host_tags=host_tags)
+    return evolve(state, host_tags=host_tags)
 
 
 def _device_pages_in_use(state: OracleState, pages: set[int]) -> set[int]:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.oracle.config import FORWARD, STREAMS, OracleConfig
@@ -42,7 +41,7 @@ from hicache_ref.oracle.ops import (
     SubmitLayer,
     Write,
 )
-from hicache_ref.oracle.state import Observation, OracleState, ReadKv, StoreKv
+from hicache_ref.oracle.state import Observation, OracleState, ReadKv, StoreKv, evolve
 from hicache_ref.oracle.streams import execute_head, is_head_ready, settle_records
 from hicache_ref.oracle.tree import (
     process_evict_device,
@@ -90,7 +89,7 @@ def step(state: OracleState, op: Op) -> Step:
     if state.config.settle_records:
         new_state = settle_records(new_state)
     if new_state.fresh_epoch and not isinstance(op, Reset | Noop) and new_state != state:
-        new_state = replace(new_state, fresh_epoch=False)
+        new_state = evolve(new_state, fresh_epoch=False)
     return new_state, observations
 
 

@@ -13,8 +13,6 @@ to host, an H2D host tags to device, a read observes them.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hicache_ref.oracle.config import FORWARD, LOAD, WRITE
 from hicache_ref.oracle.geometry import compute_token_tag
 from hicache_ref.oracle.state import (
@@ -27,6 +25,7 @@ from hicache_ref.oracle.state import (
     StoreKv,
     StreamOp,
     WaitEvent,
+    evolve,
     replace_at,
     with_fault,
 )
@@ -127,7 +126,7 @@ def execute_head(state: OracleState, index: int) -> tuple[OracleState, tuple[Obs
         raise OracleDeadlock(f"stream {index} has no runnable head op: {streams[index][:1]}")
     head = streams[index][0]
     rest = (*streams[:index], streams[index][1:], *streams[index + 1 :])
-    state = replace(state, streams=rest)
+    state = evolve(state, streams=rest)
     if isinstance(head, RecordEvent):
         return _run_record(state, head), ()
     if isinstance(head, StoreKv):
@@ -142,7 +141,7 @@ def _run_record(state: OracleState, record: RecordEvent) -> OracleState:
     """The record ran: every wait bound to it is satisfied and leaves its stream."""
     bound = WaitEvent(record.event, record.seq)
     streams = tuple(tuple(op for op in queue if op != bound) for queue in state.streams)
-    return replace(state, streams=streams)
+    return evolve(state, streams=streams)
 
 
 def _run_store(state: OracleState, store: StoreKv) -> OracleState:
@@ -155,7 +154,7 @@ def _run_store(state: OracleState, store: StoreKv) -> OracleState:
             if token < config.node_tokens[store.node]:
                 tags[page * ps + offset] = compute_token_tag(store.node, token, config.token_stride)
     device_tags = replace_at(state.device_tags, store.channel, tuple(tags))
-    return replace(state, device_tags=device_tags)
+    return evolve(state, device_tags=device_tags)
 
 
 def _run_read(state: OracleState, read: ReadKv) -> tuple[OracleState, tuple[Observation, ...]]:
@@ -212,7 +211,7 @@ def run_copy(state: OracleState, copy: CopyPages) -> tuple[OracleState, tuple[Ob
                     device_page * ps + offset
                 ]
         host_channel = tuple(tuple(per_rank) for per_rank in ranks)
-        state = replace(state, host_tags=replace_at(state.host_tags, channel, host_channel))
+        state = evolve(state, host_tags=replace_at(state.host_tags, channel, host_channel))
     else:
         tags = list(state.device_tags[channel])
         for rank, host_page, device_page in copy.pairs:
@@ -220,7 +219,7 @@ def run_copy(state: OracleState, copy: CopyPages) -> tuple[OracleState, tuple[Ob
                 tags[device_page * ps + offset] = state.host_tags[channel][rank][
                     host_page * ps + offset
                 ]
-        state = replace(state, device_tags=replace_at(state.device_tags, channel, tuple(tags)))
+        state = evolve(state, device_tags=replace_at(state.device_tags, channel, tuple(tags)))
     moved = tuple(page for pair in copy.pairs for page in pair)
     return state, (Observation(f"copy_{copy.direction}", -1, values=(channel, *moved)),)
 

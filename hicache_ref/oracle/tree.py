@@ -6,8 +6,6 @@ does between controller calls. The frees go through ``slots`` so the INV-05/07/0
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hicache_ref.oracle.config import FORWARD
 from hicache_ref.oracle.geometry import alloc_balanced, compute_channel, set_holders
 from hicache_ref.oracle.ops import Insert, Store
@@ -18,6 +16,7 @@ from hicache_ref.oracle.state import (
     Observation,
     OracleState,
     StoreKv,
+    evolve,
     initial_state,
     with_node,
 )
@@ -38,7 +37,7 @@ def process_insert(state: OracleState, op: Insert) -> Step:
     if pages is None:
         return state, (Observation("insert_failure", op.node, reason="device_capacity"),)
     holders = set_holders(state.device_holders, pages, op.node)
-    state = replace(state, device_holders=holders)
+    state = evolve(state, device_holders=holders)
     inserted = NodeState(lifecycle="device_only", device_pages=pages)
     return with_node(state, op.node, inserted), (Observation("insert", op.node, pages=(pages,)),)
 
@@ -50,8 +49,8 @@ def process_store(state: OracleState, op: Store) -> Step:
     channel = compute_channel(config.layer_num, op.pool == "draft", op.layer)
     streams = enqueue(state.streams, FORWARD, StoreKv(op.node, channel, record.device_pages))
     issued = tuple(sorted({*record.stores_issued, channel}))
-    state = replace(state, streams=streams)
-    return with_node(state, op.node, replace(record, stores_issued=issued)), ()
+    state = evolve(state, streams=streams)
+    return with_node(state, op.node, evolve(record, stores_issued=issued)), ()
 
 
 def process_evict_device(state: OracleState, node: int) -> Step:
@@ -59,7 +58,7 @@ def process_evict_device(state: OracleState, node: int) -> Step:
     record = state.nodes[node]
     state = free_device_pages(state, node)
     lifecycle: Lifecycle = "gone" if record.lifecycle == "device_only" else "host_only"
-    evicted = replace(
+    evicted = evolve(
         record, lifecycle=lifecycle, device_pages=(), stores_issued=(), reads_issued=()
     )
     return with_node(state, node, evicted), (Observation("evict_device", node),)
@@ -73,7 +72,7 @@ def process_evict_host(state: OracleState, node: int) -> Step:
         evicted = NodeState(lifecycle="gone")
     else:
         # Only reachable with the free_host_before_write_ack planted bug
-        evicted = replace(
+        evicted = evolve(
             record, lifecycle="device_only", host_pages=(), draft_host_pages=(), page_owners=()
         )
     return with_node(state, node, evicted), (Observation("evict_host", node),)
@@ -82,7 +81,7 @@ def process_evict_host(state: OracleState, node: int) -> Step:
 def process_reset(state: OracleState) -> Step:
     """``reset()`` once the device is idle: every pool, queue, ack and counter starts over."""
     state, observations = synchronize_all(state)
-    fresh = replace(initial_state(state.config), faults=state.faults)
+    fresh = evolve(initial_state(state.config), faults=state.faults)
     if state.config.variant.reset_keeps_acks:
-        fresh = replace(fresh, write_acks=state.write_acks, load_acks=state.load_acks)
+        fresh = evolve(fresh, write_acks=state.write_acks, load_acks=state.load_acks)
     return fresh, (*observations, Observation("reset"))

@@ -10,8 +10,6 @@ layer was submitted (INV-04).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hicache_ref.oracle.config import FORWARD, WRITE, OracleConfig
 from hicache_ref.oracle.geometry import (
     compute_drainable_prefix,
@@ -34,6 +32,7 @@ from hicache_ref.oracle.state import (
     Observation,
     OracleState,
     PagePair,
+    evolve,
     replace_at,
     with_fault,
     with_node,
@@ -74,21 +73,25 @@ def node_has_undrained_write_ack(state: OracleState, node: int) -> bool:
     return any(node in ack.node_ids for queue in state.write_acks for ack in queue)
 
 
-def is_layer_write_done(config: OracleConfig, pending: LayerWriteState) -> bool:
-    """Every target layer and, with a draft pool, every draft layer was submitted (INV-04).
+def is_layer_write_done(
+    layer_num: int, draft_layer_num: int, target_done: tuple[int, ...], draft_done: tuple[int, ...]
+) -> bool:
+    """Every target layer and every draft layer of a per-layer write was submitted (INV-04).
 
-    pre: all(0 <= l < config.layer_num for l in pending.target_done)
-    post: __return__ == (len(set(pending.target_done)) == config.layer_num and len(set(pending.draft_done)) >= config.draft_layer_num)
+    pre: layer_num >= 1 and draft_layer_num >= 0
+    pre: all(0 <= layer < layer_num for layer in target_done)
+    pre: all(0 <= layer < draft_layer_num for layer in draft_done)
+    post: __return__ == (set(target_done) == set(range(layer_num)) and set(draft_done) == set(range(draft_layer_num)))
     """
-    target_done = len(set(pending.target_done)) == config.layer_num
-    draft_done = len(set(pending.draft_done)) >= config.draft_layer_num
-    return target_done and draft_done
+    return len(set(target_done)) == layer_num and len(set(draft_done)) == draft_layer_num
 
 
 def _step_thinks_done(config: OracleConfig, pending: LayerWriteState) -> bool:
     if config.variant.skip_draft_layers:
         return len(set(pending.target_done)) == config.layer_num
-    return is_layer_write_done(config, pending)
+    return is_layer_write_done(
+        config.layer_num, config.draft_layer_num, pending.target_done, pending.draft_done
+    )
 
 
 def _reserve(
@@ -113,7 +116,7 @@ def _reserve(
     state = assign_host_pages(state, 0, target, reserved_holder(node))
     if config.has_draft:
         state = assign_host_pages(state, 1, draft, reserved_holder(node))
-    updated = replace(
+    updated = evolve(
         record,
         lifecycle="backup_in_flight",
         host_pages=target,
@@ -139,12 +142,15 @@ def _pairs_for(state: OracleState, node: int, channel: int) -> tuple[PagePair, .
 def _append_write_ack(state: OracleState, node: int, times: int) -> OracleState:
     ack = Ack((node,), ("wfin", node, -1))
     acks = tuple(queue + (ack,) * times for queue in state.write_acks)
-    return replace(state, write_acks=acks)
+    return evolve(state, write_acks=acks)
 
 
 def process_write(state: OracleState, op: Write) -> Step:
     """``write``: reserve host pages, fence, D2H of every channel, finish record, ack."""
     config = state.config
+    # Verify a CP write (``_write_cp`` -> ``reserve_write_cp``) is not a second ack (INV-02)
+    if config.uses_cp and node_has_undrained_write_ack(state, op.node):
+        return state, (Observation("write_failure", op.node, reason="undrained_ack"),)
     reserved = _reserve(state, op.node, op.host_pages, op.draft_host_pages)
     if isinstance(reserved, Observation):
         return state, (reserved,)
@@ -153,7 +159,7 @@ def process_write(state: OracleState, op: Write) -> Step:
     streams = enqueue_record(state.streams, FORWARD, ("fence", node, -1))
     if not config.variant.no_fence_before_d2h:
         streams = enqueue_wait(streams, WRITE, ("fence", node, -1))
-    state = replace(state, streams=streams)
+    state = evolve(state, streams=streams)
     copies = tuple(
         CopyPages("d2h", channel, (node,), _pairs_for(state, node, channel))
         for channel in range(config.num_channels)
@@ -162,9 +168,9 @@ def process_write(state: OracleState, op: Write) -> Step:
     streams = enqueue_record(streams, WRITE, ("wfin", node, -1))
     record = state.nodes[node]
     state = with_node(
-        replace(state, streams=streams),
+        evolve(state, streams=streams),
         node,
-        replace(record, backup_channels=tuple(range(config.num_channels))),
+        evolve(record, backup_channels=tuple(range(config.num_channels))),
     )
     state = _append_write_ack(state, node, 2 if config.variant.duplicate_write_ack else 1)
     return state, _result(node, target, draft)
@@ -181,7 +187,7 @@ def process_reserve_write_cp(state: OracleState, op: ReserveWriteCp) -> Step:
     state, target, draft = reserved
     streams = enqueue_record(state.streams, FORWARD, ("wstart", op.node, -1))
     pending = (*state.pending_layer_writes, LayerWriteState(op.node))
-    state = replace(state, streams=streams, pending_layer_writes=pending)
+    state = evolve(state, streams=streams, pending_layer_writes=pending)
     return state, _result(op.node, target, draft)
 
 
@@ -209,18 +215,18 @@ def submit_layer_states(
         for node in active:
             streams = enqueue_wait(streams, WRITE, ("wstart", node, -1))
         streams = enqueue_wait(streams, WRITE, ("wlayer", layer, -1))
-    state = replace(state, streams=streams)
+    state = evolve(state, streams=streams)
     for group, channel in ((targets, layer), (drafts, config.layer_num + layer)):
         if group:
             pairs = tuple(pair for n in group for pair in _pairs_for(state, n, channel))
             copy = CopyPages("d2h", channel, group, pairs)
-            state = replace(state, streams=enqueue(state.streams, WRITE, copy))
+            state = evolve(state, streams=enqueue(state.streams, WRITE, copy))
             for node in group:
                 record = state.nodes[node]
                 channels = tuple(sorted({*record.backup_channels, channel}))
-                state = with_node(state, node, replace(record, backup_channels=channels))
+                state = with_node(state, node, evolve(record, backup_channels=channels))
     updated = tuple(
-        replace(
+        evolve(
             p,
             target_done=tuple(sorted({*p.target_done, layer}))
             if p.node in targets
@@ -229,14 +235,14 @@ def submit_layer_states(
         )
         for p in state.pending_layer_writes
     )
-    state = replace(state, pending_layer_writes=updated)
+    state = evolve(state, pending_layer_writes=updated)
     finals = tuple(p.node for p in updated if p.node in active and _step_thinks_done(config, p))
     for node in finals:
         streams = enqueue_record(state.streams, WRITE, ("wfin", node, -1))
-        state = replace(state, streams=streams)
+        state = evolve(state, streams=streams)
         state = _append_write_ack(state, node, 1)
     remaining = tuple(p for p in state.pending_layer_writes if p.node not in finals)
-    return replace(state, pending_layer_writes=remaining), ()
+    return evolve(state, pending_layer_writes=remaining), ()
 
 
 def process_on_layer_end(state: OracleState, layer: int, source: str) -> Step:
@@ -252,13 +258,13 @@ def process_cancel_layer_write(state: OracleState, node: int) -> Step:
     variant = state.config.variant
     if not variant.cancel_keeps_layer_state:
         remaining = tuple(p for p in state.pending_layer_writes if p.node != node)
-        state = replace(state, pending_layer_writes=remaining)
+        state = evolve(state, pending_layer_writes=remaining)
     observations: tuple[Observation, ...] = ()
     if not variant.cancel_without_sync:
         state, observations = synchronize_stream(state, WRITE)
     state = free_host_pages(state, node)
     record = state.nodes[node]
-    rolled_back = replace(
+    rolled_back = evolve(
         record,
         lifecycle="device_only",
         host_pages=(),
@@ -269,7 +275,7 @@ def process_cancel_layer_write(state: OracleState, node: int) -> Step:
     )
     state = with_node(state, node, rolled_back)
     cancelled = tuple(sorted({*state.cancelled, node}))
-    return replace(state, cancelled=cancelled), (*observations, Observation("cancelled", node))
+    return evolve(state, cancelled=cancelled), (*observations, Observation("cancelled", node))
 
 
 def process_drain_write_acks(state: OracleState) -> Step:
@@ -287,7 +293,7 @@ def process_drain_write_acks(state: OracleState) -> Step:
     drained = state.write_acks[0][:count]
     for ack in drained:
         state = check_drained_ack(state, ack, "d2h")
-    state = replace(state, write_acks=tuple(queue[count:] for queue in state.write_acks))
+    state = evolve(state, write_acks=tuple(queue[count:] for queue in state.write_acks))
     released: list[int] = []
     for ack in drained:
         for node in ack.node_ids:
@@ -334,6 +340,6 @@ def _finish_backup(state: OracleState, node: int) -> OracleState:
                 for rank, pages in enumerate(per_rank)
             )
             host_holders = replace_at(host_holders, pool, owned)
-    state = replace(state, host_holders=host_holders)
-    done = replace(record, lifecycle="backed_up", backup_channels=(), lock_ref=record.lock_ref - 1)
+    state = evolve(state, host_holders=host_holders)
+    done = evolve(record, lifecycle="backed_up", backup_channels=(), lock_ref=record.lock_ref - 1)
     return with_node(state, node, done)

@@ -50,7 +50,9 @@ class RowStore(Protocol):
 
     def component_names(self) -> tuple[str, ...]: ...
 
-    def read_rows(self, component: str, layer_id: int, indices: torch.Tensor, /) -> torch.Tensor: ...
+    def read_rows(
+        self, component: str, layer_id: int, indices: torch.Tensor, /
+    ) -> torch.Tensor: ...
 
 
 def make_device_pool(
@@ -107,6 +109,7 @@ def build_rig(
     host_pages: int = 16,
     draft_host_pages: int | None = None,
     alloc_policy: str = "fifo",
+    host_alloc_policy: str = "random",
     seed: int = 0,
     num_counters: int = 5,
     cp_layout: CpSharedKVLayout | None = None,
@@ -132,16 +135,28 @@ def build_rig(
         cp_layout=cp_layout,
     )
     host_pool = make_host_pool(
-        device_pool, layout=layout, size_tokens=host_pages * page_size, seed=seed + 1
+        device_pool,
+        layout=layout,
+        size_tokens=host_pages * page_size,
+        alloc_policy=host_alloc_policy,
+        seed=seed + 1,
     )
     draft_device_pool = draft_host_pool = None
     if draft_layer_num is not None:
         draft_device_pool = make_device_pool(
-            kind, device, size_tokens=physical_tokens, page_size=page_size, layer_num=draft_layer_num
+            kind,
+            device,
+            size_tokens=physical_tokens,
+            page_size=page_size,
+            layer_num=draft_layer_num,
         )
         pages = host_pages if draft_host_pages is None else draft_host_pages
         draft_host_pool = make_host_pool(
-            draft_device_pool, layout=layout, size_tokens=pages * page_size, seed=seed + 2
+            draft_device_pool,
+            layout=layout,
+            size_tokens=pages * page_size,
+            alloc_policy=host_alloc_policy,
+            seed=seed + 2,
         )
     at_construction = attach == "constructor"
     controller = controller_class(
@@ -245,19 +260,14 @@ def assert_rows(
 def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, where: str) -> None:
     """Bitwise equality; on a mismatch name the first bad row and what it holds instead."""
     assert actual.shape == expected.shape, f"{where}: shape {actual.shape} != {expected.shape}"
-    same = (actual.reshape(len(actual), -1) == expected.reshape(len(expected), -1)).all(dim=1)
-    if bool(same.all()):
+    if actual.numel() == 0 or bool(torch.equal(actual, expected)):
         return
-    row = int((~same).nonzero()[0, 0])
-    got = float(actual.reshape(len(actual), -1)[row, 0])
-    want = float(expected.reshape(len(expected), -1)[row, 0])
+    flat_actual, flat_expected = actual.flatten(1), expected.flatten(1)
+    row = int((flat_actual != flat_expected).any(dim=1).nonzero()[0, 0])
+    got, want = float(flat_actual[row, 0]), float(flat_expected[row, 0])
     raise AssertionError(
         f"{where}: row {row} holds {describe_row(got)}, expected {describe_row(want)}"
     )
-
-
-def rows_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    return bool(torch.equal(actual, expected))
 
 
 # -- streams and acks ------------------------------------------------------------------------------

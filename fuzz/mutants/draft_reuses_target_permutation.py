@@ -1,0 +1,33 @@
+"""Mutant: the CP per-layer draft D2H pairs the draft host indices with the target's device order.
+
+Re-creates bug class 17 as the seed has it (specs/upstream_findings.md): ``move_indices`` sorts
+the target and the draft host indices separately (direct backend, ``layer_first``), and the seed
+reused the target-permuted device indices for the draft copy. When the draft host pool handed
+out its pages in a different order from the target's, draft rows land in the host slots of other
+tokens. Must be caught by INV-06 (byte equality of the draft host copy); the harness sees the
+swapped rows when the ack drains (INV-09).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.harness.adapters.mutant import MutantImplementation
+
+NAME = "draft_reuses_target_permutation"
+INVARIANT = "INV-06"
+BUG = "bug class 17 (seed _get_or_create_layer_write_state reused the target permutation)"
+
+
+class Controller(HiCacheController):
+    def _get_or_create_layer_write_state(self, reservation: Any) -> Any:
+        state = super()._get_or_create_layer_write_state(reservation)
+        if state.draft_host_indices is not None:
+            # MUTATION: the draft copy reads device locs in the target host indices' order
+            state.draft_physical_device_indices = state.physical_device_indices
+        return state
+
+
+def implementation() -> MutantImplementation:
+    return MutantImplementation(Controller, NAME)

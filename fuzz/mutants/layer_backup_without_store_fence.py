@@ -1,0 +1,56 @@
+"""Mutant: a per-layer CP D2H does not wait on the layer event recorded after the KV store.
+
+Re-creates bug class 11 on the CP per-layer write-back (the seed's "store/copy ordering race"
+comment; vLLM#45704, vLLM#31341: a DMA launched without an event from the compute stream).
+``_submit_write_cp_layer_states`` records the layer event on the forward stream but the write
+stream never waits on it; only the reservation's start event still orders the copy, and for an
+early reservation (made before the forward stored any layer) that is too early. The host copy
+of the layer then holds pre-store bytes. Must be caught by INV-12; the harness sees wrong host
+bytes when the ack drains (INV-09) or at quiescence (INV-06).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.device.sim import SimEvent
+from hicache_ref.harness.adapters.mutant import MutantImplementation
+
+NAME = "layer_backup_without_store_fence"
+INVARIANT = "INV-12"
+BUG = "bug class 11 (seed store/copy ordering race); vLLM#45704, vLLM#31341"
+
+
+class _UnfencedEvent(SimEvent):
+    def wait(self, stream: Any = None) -> None:
+        return  # MUTATION: the write stream never waits for the layer's store
+
+
+class _UnfencedDevice:
+    """Forwards everything, but hands out events whose ``wait`` does nothing."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def Event(self, enable_timing: bool = False) -> SimEvent:
+        return _UnfencedEvent(self._inner, enable_timing)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Controller(HiCacheController):
+    def _submit_write_cp_layer_states(
+        self, states: list[Any], layer_id: int, **kwargs: bool
+    ) -> None:
+        device_module = self.device_module
+        self.device_module = _UnfencedDevice(device_module)
+        try:
+            super()._submit_write_cp_layer_states(states, layer_id, **kwargs)
+        finally:
+            self.device_module = device_module
+
+
+def implementation() -> MutantImplementation:
+    return MutantImplementation(Controller, NAME)

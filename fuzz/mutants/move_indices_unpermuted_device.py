@@ -1,0 +1,38 @@
+"""Mutant: ``move_indices`` sorts the host indices but leaves the device indices in op order.
+
+Re-creates bug class 17 (host/device index permutation mismatch): the ``direct`` backend with a
+``layer_first`` host layout sorts host indices so contiguous runs merge, and must permute the
+device indices with the same order. Without the permutation, token i's KV lands in the host
+slot of another token whenever the allocator handed out host pages out of order (or several
+ops were merged). Must be caught by INV-06 (byte equality); the harness sees swapped rows when
+the ack drains (INV-09) or at quiescence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.controller.operations import CacheOperation
+from hicache_ref.harness.adapters.mutant import MutantImplementation
+
+NAME = "move_indices_unpermuted_device"
+INVARIANT = "INV-06"
+BUG = "bug class 17 (move_indices sorts host indices with a permutation the device side misses)"
+
+
+class Controller(HiCacheController):
+    def move_indices(
+        self, op: CacheOperation, mem_pool_host: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        host_indices, device_indices = super().move_indices(op, mem_pool_host)
+        pool = mem_pool_host or self.mem_pool_host
+        if self.io_backend == "direct" and pool.layout == "layer_first":
+            return host_indices, op.device_indices.cpu()  # MUTATION: device order not permuted
+        return host_indices, device_indices
+
+
+def implementation() -> MutantImplementation:
+    return MutantImplementation(Controller, NAME)

@@ -1,0 +1,42 @@
+"""Mutant: the H2D does not wait on the fence from the forward stream.
+
+Re-creates sglang#36738: under overlap scheduling a finished request's pages are freed while
+the already-launched forward work still writes them, and the H2D on the load stream was not
+ordered after that work. ``start_loading`` records the producer's start event but the load
+stream never waits on it, so a load into reused pages can land before a queued store of the
+page's previous owner, which then overwrites the loaded KV. Must be caught by INV-08 (no device
+page reused while queued forward work uses it); the harness sees the overwritten device bytes
+at a forward read (INV-11), at the load ack (INV-09) or at quiescence (INV-06).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.device.sim import SimEvent
+from hicache_ref.harness.adapters.base import CAPABILITIES
+from hicache_ref.harness.adapters.mutant import MutantImplementation
+
+NAME = "skip_load_fence"
+INVARIANT = "INV-08"
+BUG = "sglang#36738 (H2D into reused pages not ordered after queued forward work); bug class 10"
+
+
+class _UnfencedEvent(SimEvent):
+    def wait(self, stream: Any = None) -> None:
+        return  # MUTATION: the load stream never waits for queued forward work
+
+
+class Controller(HiCacheController):
+    def start_loading(self) -> int:
+        if self.load_queue or self.draft_load_queue:
+            counter = self.layer_done_counter
+            slot = counter.events[(counter.producer_index + 1) % counter.num_counters]
+            slot.start_event = _UnfencedEvent(self.device_module)  # type: ignore[arg-type]
+        return super().start_loading()
+
+
+def implementation() -> MutantImplementation:
+    # the fence is the same on the CP path; single-rank worlds find the reuse faster
+    return MutantImplementation(Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"})

@@ -1,0 +1,56 @@
+"""Mutant: the all-layer D2H does not wait on the fence from the forward stream.
+
+Re-creates bug class 11 on the all-layer write path (sglang#38463: a D2H forked from the
+schedule stream with no ordering against the KV it copies; vLLM#45704: a store launched with
+no event from the compute stream). ``start_writing`` records the fence on the current stream
+but the write stream never waits on it, so the D2H can copy a layer before the forward stream
+stored it and the host copy holds stale bytes. Must be caught by INV-12 (store before backup);
+the harness sees it as wrong host bytes when the write ack drains (INV-09) or at quiescence
+(INV-06).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.device.sim import SimEvent
+from hicache_ref.harness.adapters.base import CAPABILITIES
+from hicache_ref.harness.adapters.mutant import MutantImplementation
+
+NAME = "skip_write_fence"
+INVARIANT = "INV-12"
+BUG = "bug class 11; sglang#38463, vLLM#45704 (D2H not ordered after the KV store)"
+
+
+class _UnfencedEvent(SimEvent):
+    def wait(self, stream: Any = None) -> None:
+        return  # MUTATION: the write stream never waits for the fence
+
+
+class _UnfencedDevice:
+    """Forwards everything, but hands out events whose ``wait`` does nothing."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def Event(self, enable_timing: bool = False) -> SimEvent:
+        return _UnfencedEvent(self._inner, enable_timing)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Controller(HiCacheController):
+    def start_writing(self) -> None:
+        device_module = self.device_module
+        self.device_module = _UnfencedDevice(device_module)
+        try:
+            super().start_writing()
+        finally:
+            self.device_module = device_module
+
+
+def implementation() -> MutantImplementation:
+    # CP backups go through the per-layer path; this bug lives on the all-layer path
+    return MutantImplementation(Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"})

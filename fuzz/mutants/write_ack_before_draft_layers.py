@@ -1,0 +1,28 @@
+"""Mutant: a per-layer write state counts as done once every target layer was submitted.
+
+Re-creates bug class 5 (the seed's ``_layer_write_state_done`` that forgets the draft layers
+beyond the target's count; #16964 family): with more draft than target layers the ack would be
+appended while draft layer ``layer_num`` was never copied. Must be caught by INV-04: the
+reference's ``_append_layer_write_ack`` checks every target and draft layer before the ack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.harness.adapters.mutant import MutantImplementation
+
+NAME = "write_ack_before_draft_layers"
+INVARIANT = "INV-04"
+BUG = "bug class 5 (seed _layer_write_state_done); sglang#16964 -> #17338, #21125"
+
+
+class Controller(HiCacheController):
+    def _layer_write_state_done(self, state: Any) -> bool:
+        # MUTATION: the draft layers are not consulted
+        return bool(state.completed_target_layers.issuperset(range(self.layer_num)))
+
+
+def implementation() -> MutantImplementation:
+    return MutantImplementation(Controller, NAME)

@@ -1,0 +1,190 @@
+"""Byte round trips through the controller: write -> ack -> evict -> load -> the same bytes (INV-06).
+
+Every legal (io_backend, layout) pair x pool kind (MHA, MLA, NSA with its index sidecar) x page
+size, with draft pools whose layer count is smaller and larger than the target's, and under CP
+with 1, 2 and 4 simulated ranks sharing one device. The CUDA twins at the bottom run a subset on
+``CudaDevice`` with real streams; on a CPU-only machine they are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from hicache_ref.device import CudaDevice, DeviceModule, SimDevice, cuda_available
+from hicache_ref.invariants.models import HiCacheWriteReservation
+
+from .rig import ATTACH_MODES, LEGAL_PAIRS, POOL_KINDS, TARGET_LAYERS, build_cp_rigs, build_rig
+from .round_trips import (
+    CP_WRITE_PATHS,
+    HeldWriteController,
+    assert_cp_round_trip,
+    assert_write_evict_load_round_trip,
+)
+
+PAGE_SIZES = [1, 4, 16]
+SMALLER_AND_LARGER_DRAFT = [TARGET_LAYERS - 2, TARGET_LAYERS + 2]
+
+
+# -- one rank ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kind", POOL_KINDS)
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_write_then_load_round_trips_every_layer(
+    io_backend: str, layout: str, kind: str, page_size: int
+) -> None:
+    rig = build_rig(
+        SimDevice(seed=page_size),
+        kind=kind,
+        layout=layout,
+        io_backend=io_backend,
+        page_size=page_size,
+        controller_class=HeldWriteController,
+    )
+    assert_write_evict_load_round_trip(rig, merged=False)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kind", POOL_KINDS)
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_writes_merged_by_start_writing_round_trip_with_one_ack(
+    io_backend: str, layout: str, kind: str, page_size: int
+) -> None:
+    rig = build_rig(
+        SimDevice(seed=page_size + 1),
+        kind=kind,
+        layout=layout,
+        io_backend=io_backend,
+        page_size=page_size,
+        controller_class=HeldWriteController,
+    )
+    assert_write_evict_load_round_trip(rig, merged=True)
+
+
+@pytest.mark.parametrize("attach", ATTACH_MODES)
+@pytest.mark.parametrize("draft_layer_num", SMALLER_AND_LARGER_DRAFT)
+@pytest.mark.parametrize("kind", POOL_KINDS)
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_draft_rows_round_trip_with_the_target(
+    io_backend: str, layout: str, kind: str, draft_layer_num: int, attach: str
+) -> None:
+    rig = build_rig(
+        SimDevice(seed=draft_layer_num),
+        kind=kind,
+        layout=layout,
+        io_backend=io_backend,
+        draft_layer_num=draft_layer_num,
+        attach=attach,
+        controller_class=HeldWriteController,
+    )
+    assert rig.controller.has_draft
+    assert rig.controller.draft_layer_num == draft_layer_num
+    assert_write_evict_load_round_trip(rig, merged=True)
+
+
+# -- CP ranks ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", CP_WRITE_PATHS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("cp_size", [1, 2, 4])
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_cp_ranks_round_trip_their_owned_pages(
+    io_backend: str, layout: str, cp_size: int, page_size: int, path: str
+) -> None:
+    rigs = build_cp_rigs(
+        SimDevice(seed=cp_size),
+        cp_size,
+        page_size=page_size,
+        layout=layout,
+        io_backend=io_backend,
+        device_pages=32,
+    )
+    assert_cp_round_trip(rigs, path=path)
+
+
+@pytest.mark.parametrize("path", CP_WRITE_PATHS)
+@pytest.mark.parametrize("draft_layer_num", SMALLER_AND_LARGER_DRAFT)
+@pytest.mark.parametrize("cp_size", [1, 2, 4])
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_cp_ranks_round_trip_draft_rows_too(
+    io_backend: str, layout: str, cp_size: int, draft_layer_num: int, path: str
+) -> None:
+    rigs = build_cp_rigs(
+        SimDevice(seed=cp_size),
+        cp_size,
+        page_size=4,
+        layout=layout,
+        io_backend=io_backend,
+        device_pages=32,
+        draft_layer_num=draft_layer_num,
+        attach=ATTACH_MODES[cp_size % len(ATTACH_MODES)],
+    )
+    assert_cp_round_trip(rigs, path=path)
+
+
+def test_one_page_node_on_four_ranks_acks_on_the_three_zero_owned_ranks() -> None:
+    # a one-page node is owned by one rank; the other three still ack it (INV-14)
+    rigs = build_cp_rigs(SimDevice(), 4, page_size=4, device_pages=32, draft_layer_num=5)
+    value = rigs[0].allocator.alloc(4)
+    assert value is not None
+    for rig in rigs[1:]:
+        assert rig.allocator.alloc(4) is not None
+    owners = []
+    for rig in rigs:
+        reservation = rig.controller.reserve_write_cp(value, node_id=3)
+        assert isinstance(reservation, HiCacheWriteReservation)
+        owners.append(len(reservation.host_indices) > 0)
+        rig.controller.submit_write_cp_per_layer(reservation)
+    assert sorted(owners) == [False, False, False, True]
+    for rig in rigs:
+        assert [list(a.node_ids) for a in rig.controller.ack_write_queue] == [[3]]
+
+
+# -- the same round trips on a GPU -------------------------------------------------------------------
+requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture
+def cuda() -> Iterator[DeviceModule]:
+    device = CudaDevice()
+    yield device
+    device.synchronize()
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("kind", POOL_KINDS)
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_write_then_load_round_trips_on_the_gpu(
+    cuda: DeviceModule, io_backend: str, layout: str, kind: str
+) -> None:
+    rig = build_rig(
+        cuda,
+        kind=kind,
+        layout=layout,
+        io_backend=io_backend,
+        page_size=4,
+        draft_layer_num=TARGET_LAYERS + 2,
+        controller_class=HeldWriteController,
+    )
+    assert_write_evict_load_round_trip(rig, merged=True)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("path", CP_WRITE_PATHS)
+@pytest.mark.parametrize("cp_size", [1, 4])
+@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
+def test_cp_ranks_round_trip_on_the_gpu(
+    cuda: DeviceModule, io_backend: str, layout: str, cp_size: int, path: str
+) -> None:
+    rigs = build_cp_rigs(
+        cuda,
+        cp_size,
+        page_size=4,
+        layout=layout,
+        io_backend=io_backend,
+        device_pages=32,
+        draft_layer_num=TARGET_LAYERS - 2,
+    )
+    assert_cp_round_trip(rigs, path=path)
