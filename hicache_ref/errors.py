@@ -17,6 +17,8 @@ class HiCacheInputError(ValueError):
 class PageAlignmentError(HiCacheInputError):
     """Indices that are not whole, aligned pages (INV-01)."""
 
+    inv_id = "INV-01"
+
 
 class LayerRangeError(HiCacheInputError):
     """A layer id outside ``[0, layer_num)``."""
@@ -33,9 +35,13 @@ class DraftPoolPairError(HiCacheInputError):
 class DoubleFreeError(HiCacheInputError):
     """Freeing a slot or page that is free already (INV-05)."""
 
+    inv_id = "INV-05"
+
 
 class ForeignSlotError(HiCacheInputError):
     """Freeing a slot or page that this pool never handed out (INV-05)."""
+
+    inv_id = "INV-05"
 
 
 class MissingCpMetadataError(HiCacheInputError):

@@ -1,9 +1,12 @@
 """Mutant: a per-layer write state counts as done once every target layer was submitted.
 
-Re-creates bug class 5 (the seed's ``_layer_write_state_done`` that forgets the draft layers
-beyond the target's count; #16964 family): with more draft than target layers the ack would be
-appended while draft layer ``layer_num`` was never copied. Must be caught by INV-04: the
-reference's ``_append_layer_write_ack`` checks every target and draft layer before the ack.
+Re-creates bug class 5 (draft layers incomplete when the write ack is appended; the
+#16964 -> #17338, #21125 family of stale draft KV): ``_layer_write_state_done`` forgets the draft
+layers, so with more draft than target layers the node's ack is due while draft layer
+``layer_num`` was never copied. Must be caught by INV-04: the reference's
+``_append_layer_write_ack`` verifies every target and draft layer before appending the ack, and
+refuses (``fuzz/mutants/draft_layer_counted_with_target.py`` defeats that check and is caught
+by the bytes instead).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class CpWriteMixin(ControllerState):
         if node_id >= 0 and (
             self.node_has_undrained_write_ack(node_id) or node_id in self.pending_layer_writes
         ):
-            logger.warning("reserve_write_cp refused: node %d has an undrained write", node_id)
+            logger.debug("reserve_write_cp refused: node %d has an undrained write", node_id)
             return HiCacheWriteFailure(required_host_slots=0, reason="undrained_ack")
 
         page_size = self.page_size

@@ -76,8 +76,12 @@ def explore(
     symmetry: bool = True,
     include_reset: bool = True,
     max_states: int | None = None,
+    on_level: Callable[[int, int, int], None] | None = None,
 ) -> BoundedResult:
-    """Breadth-first search to ``max_depth`` ops; stops at the first violating state."""
+    """Breadth-first search to ``max_depth`` ops; stops at the first violating state.
+
+    ``on_level(depth, frontier, states)`` is called after each completed level (progress).
+    """
     began = time.perf_counter()
     universe = all_ops(config, include_reset=include_reset)
     groups = node_groups(config)
@@ -118,6 +122,8 @@ def explore(
                     return _result(config, parents, transitions, depth + 1, began, False, (), ())
         frontier = following
         depth += 1
+        if on_level is not None:
+            on_level(depth, len(frontier), len(parents))
     return _result(config, parents, transitions, depth, began, not frontier, (), ())
 
 
@@ -222,13 +228,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-symmetry", action="store_true")
     parser.add_argument("--no-reset", action="store_true")
+    parser.add_argument("--progress", action="store_true", help="one line per level on stderr")
     args = parser.parse_args(argv)
+
+    def report(depth: int, frontier: int, states: int) -> None:
+        print(f"depth {depth}: frontier {frontier}, states {states}", file=sys.stderr, flush=True)
+
     result = explore(
         build_config(args),
         args.max_depth,
         symmetry=not args.no_symmetry,
         include_reset=not args.no_reset,
         max_states=args.max_states,
+        on_level=report if args.progress else None,
     )
     print(result.summary())
     return 0 if result.ok else 1

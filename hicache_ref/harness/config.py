@@ -37,6 +37,9 @@ class HarnessConfig(BaseModel):
     device_pages: int = 12
     host_pages: int = 16
     alloc_policy: AllocPolicy = "fifo"
+    draft_alloc_policy: AllocPolicy = "fifo"
+    draft_host_pages: int = 0
+    """Draft host pool size under CP (0: same as host_pages). Non-CP drafts reuse target slots."""
     num_counters: int = 5
     seed: int = 0
 

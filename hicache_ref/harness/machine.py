@@ -52,6 +52,8 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         device_pages=draw(st.integers(2 * ranks + 6, 2 * ranks + 40)),
         host_pages=draw(st.integers(2, 24)),
         alloc_policy=draw(st.sampled_from(["fifo", "lifo", "random"])),
+        draft_alloc_policy=draw(st.sampled_from(["fifo", "lifo", "random"])),
+        draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
         num_counters=draw(st.sampled_from([2, 5])),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -69,6 +71,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.session: Session | None = None
+        self.failed = False
 
     @property
     def s(self) -> Session:
@@ -79,6 +82,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         try:
             self.s.apply(Step(rule=rule_name, args=args))  # type: ignore[arg-type]
         except Exception as exc:
+            self.failed = True  # teardown must not replace this error with a consequence
             self._report_failure(exc)
             raise
 
@@ -188,6 +192,20 @@ class HiCacheMachine(RuleBasedStateMachine):
     def drain_acks(self) -> None:
         self._apply("drain_acks")
 
+    @precondition(
+        lambda self: (
+            self._has("probe_evict_host")
+            or self._has("probe_evict_device")
+            or self._has("probe_rewrite")
+        )
+    )
+    @rule(kind=st.sampled_from(["evict_host", "evict_device", "rewrite"]), pick=st.integers(0, 63))
+    def probe_misuse(self, kind: str, pick: int) -> None:
+        """Try an unsafe call on a node whose copy is in flight; the controller must refuse."""
+        rule_name = f"probe_{kind}"
+        if self._has(rule_name):
+            self._apply(rule_name, node=self._pick(rule_name, pick))
+
     @precondition(lambda self: self._has("cancel"))
     @rule(pick=st.integers(0, 63))
     def cancel_layer_write_state(self, pick: int) -> None:
@@ -222,7 +240,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         self._apply("noop")
 
     def teardown(self) -> None:
-        if self.session is None:
+        if self.session is None or self.failed:
             return
         try:
             self.session.finish()

@@ -90,6 +90,16 @@ class Session:
                     and (not n.loading or n.producer_id is not None)
                 )
             )
+        if rule == "probe_evict_host":
+            return [h for h in t.handles(lambda n: n.backup == "in_flight") if t.write_in_flight(h)]
+        if rule == "probe_evict_device":
+            return [
+                h
+                for h in t.handles(lambda n: n.on_device)
+                if t.write_in_flight(h) or t.load_in_flight(h)
+            ]
+        if rule == "probe_rewrite":
+            return t.handles(lambda n: n.backup == "in_flight" and n.on_device)
         if rule == "cancel":
             return [
                 h
@@ -115,6 +125,10 @@ class Session:
         rule, args = step.rule, step.args
         if rule == "forward_layer":
             return bool(self.tree.batch)
+        if rule.startswith("probe_"):
+            return "guards" in self.implementation.capabilities and int(
+                args.get("node", -1)
+            ) in self.candidates(rule)
         if rule in ("write", "load", "cancel", "evict_device", "drop", "evict_host"):
             return int(args.get("node", -1)) in self.candidates(rule)
         if rule == "forward_read":
@@ -184,6 +198,9 @@ class Session:
             "drop": lambda: t.drop(int(a["node"])),
             "evict_host": lambda: t.evict_host(int(a["node"])),
             "reset": t.reset,
+            "probe_evict_host": lambda: t.probe("evict_host", int(a["node"])),
+            "probe_evict_device": lambda: t.probe("evict_device", int(a["node"])),
+            "probe_rewrite": lambda: t.probe("rewrite", int(a["node"])),
             "noop": lambda: "noop",
         }
         return handlers[step.rule]()

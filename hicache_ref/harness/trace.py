@@ -35,6 +35,9 @@ RuleName = Literal[
     "evict_host",
     "reset",
     "noop",
+    "probe_evict_host",
+    "probe_evict_device",
+    "probe_rewrite",
 ]
 StepArg = int | bool | str
 

@@ -394,6 +394,18 @@ class TreeDriver:
         ids = [controller.start_loading() for controller in self._controllers()]
         if len(set(ids)) != 1:
             raise InvariantViolation("INV-14", f"ranks took different producer slots {ids}")
+        # Verify the slot is not still held by a load whose ack is undrained (INV-10)
+        busy = sorted(
+            n.handle
+            for n in self.nodes.values()
+            if n.loading and n.producer_id == ids[0] and n.handle not in self.queued_loads
+        )
+        if busy:
+            raise InvariantViolation(
+                "INV-10",
+                f"start_loading handed out producer slot {ids[0]}, still held by the undrained "
+                f"load of node(s) {busy} (a consumer of that slot would wait on the wrong events)",
+            )
         for handle in self.queued_loads:
             if handle in self.nodes:
                 self.nodes[handle].producer_id = ids[0]
@@ -429,6 +441,95 @@ class TreeDriver:
             else:
                 controller.evict_host(node.host_value[rank_index])
         return f"evict_host node {handle}"
+
+    # -- misuse probes --------------------------------------------------------------------------
+    def write_in_flight(self, handle: int, rank: int | None = None) -> bool:
+        """Whether the node's backup copy may still run on ``rank`` (any rank when None)."""
+        node = self.nodes[handle]
+        ranks = range(len(self.world.ranks)) if rank is None else (rank,)
+        for r in ranks:
+            controller = self.world.ranks[r].controller
+            if node.node_id in getattr(controller, "pending_layer_writes", {}):
+                return True
+            for ack in controller.ack_write_queue:
+                if node.node_id in ack.node_ids and not ack.finish_event.query():
+                    return True
+        return False
+
+    def load_in_flight(self, handle: int, rank: int | None = None) -> bool:
+        node = self.nodes[handle]
+        if not node.loading or node.producer_id is None:
+            return False
+        ranks = range(len(self.world.ranks)) if rank is None else (rank,)
+        return any(
+            node.node_id in ack.node_ids and not ack.finish_event.query()
+            for r in ranks
+            for ack in self.world.ranks[r].controller.ack_load_queue
+        )
+
+    def probe(self, kind: str, handle: int) -> str:
+        """Ask the controller to do something unsafe; it must refuse and change nothing.
+
+        The tree never does these on its own, so without probes a controller that lost its
+        guard would pass every case (the mutants in fuzz/mutants/*ignores* / *during* show it).
+        """
+        node = self.nodes[handle]
+        expected = {
+            "evict_host": ("INV-07", "INV-15"),
+            "evict_device": ("INV-08",),
+            "rewrite": ("INV-02",),
+        }[kind]
+        for rank_index, controller in enumerate(self._controllers()):
+            if not self._rank_uses_slots(kind, node, rank_index):
+                continue  # this rank copies nothing for the node: there is nothing to protect
+            busy = self.write_in_flight(handle, rank_index) or (
+                kind == "evict_device" and self.load_in_flight(handle, rank_index)
+            )
+            if kind != "rewrite" and not busy:
+                continue  # this rank's copy already landed: freeing would be legitimate here
+            try:
+                outcome = self._probe_call(kind, node, rank_index, controller)
+            except InvariantViolation as refusal:
+                if refusal.inv_id not in expected:
+                    raise
+                continue
+            if outcome == "refused":
+                continue
+            raise InvariantViolation(
+                expected[0],
+                f"rank {rank_index} accepted {kind} of node {handle} while its copy is still in "
+                f"flight (it must refuse with {'/'.join(expected)} and change nothing)",
+            )
+        return f"probe {kind} node {handle}: refused"
+
+    def _rank_uses_slots(self, kind: str, node: Node, rank_index: int) -> bool:
+        if not self.config.uses_cp or kind == "rewrite":
+            return True
+        if kind == "evict_host":
+            meta = node.cp_meta[rank_index]
+            return meta is not None and len(meta.host_indices) > 0
+        assert node.value is not None
+        return bool(len(self._owned_positions(rank_index, node, node.value)))
+
+    def _probe_call(self, kind: str, node: Node, rank_index: int, controller: Any) -> str:
+        from hicache_ref.invariants.models import HiCacheWriteFailure
+
+        if kind == "evict_host":
+            if self.config.uses_cp:
+                controller.evict_cp_host(node.cp_meta[rank_index])
+            else:
+                controller.evict_host(node.host_value[rank_index])
+        elif kind == "evict_device":
+            controller.evict_device(node.value)
+        elif self.config.uses_cp:
+            result = controller.reserve_write_cp(node.value, node_id=node.node_id)
+            if isinstance(result, HiCacheWriteFailure) and result.reason == "undrained_ack":
+                return "refused"
+            if not isinstance(result, HiCacheWriteFailure):
+                controller.evict_cp_host(result.metadata)  # undo, then report the acceptance
+        else:
+            controller.write(node.value, node_id=node.node_id)
+        return "accepted"
 
     # -- reset ---------------------------------------------------------------------------------
     def reset(self) -> str:

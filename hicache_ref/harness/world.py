@@ -111,11 +111,12 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
             draft_device_pool = make_device_pool(
                 config, config.draft_layer_num, physical_size_tokens(config), device
             )
+            draft_pages = config.draft_host_pages if config.uses_cp else 0
             draft_host_pool = make_host_pool(
                 draft_device_pool,
                 layout=config.layout,
-                size_tokens=config.host_pages * page,
-                alloc_policy=config.alloc_policy,
+                size_tokens=(draft_pages or config.host_pages) * page,
+                alloc_policy=config.draft_alloc_policy,
                 seed=config.seed + 2,
             )
         request = BuildRequest(

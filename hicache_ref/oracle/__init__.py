@@ -27,8 +27,8 @@ Primitives, in the order data flows through them:
 Plus ``Advance(stream)``, ``CopyLanded(...)`` (a harness reports an executed copy),
 ``Reset()`` and ``Noop()``. ``check_invariants(state)`` returns every ``Violation`` (INV-02..18
 where expressible); ``ProtocolVariant`` flags plant one bug each (``PLANTED_BUGS``).
-Query functions (``get_*``) answer what a harness compares: slot owners, predicted and expected
-tags, ack rows, lifecycles and locks.
+Query functions (``get_*``) answer what a harness compares: slot owners and their in-flight
+users, predicted and expected tags, ack rows, lifecycles and locks.
 """
 
 from hicache_ref.oracle.config import (
@@ -65,14 +65,17 @@ from hicache_ref.oracle.ops import (
     Write,
 )
 from hicache_ref.oracle.queries import (
+    InFlightUse,
     ResidentTag,
     SlotOwner,
     decode_tag,
     get_device_page_owner,
+    get_device_page_users,
     get_device_pages,
     get_device_tag,
     get_expected_resident_tags,
     get_host_page_owner,
+    get_host_page_users,
     get_host_pages,
     get_host_tag,
     get_lifecycle,
@@ -111,6 +114,7 @@ __all__ = [
     "EvictDevice",
     "EvictHost",
     "ForwardRead",
+    "InFlightUse",
     "Insert",
     "Lifecycle",
     "Load",
@@ -140,10 +144,12 @@ __all__ = [
     "decode_tag",
     "enabled_ops",
     "get_device_page_owner",
+    "get_device_page_users",
     "get_device_pages",
     "get_device_tag",
     "get_expected_resident_tags",
     "get_host_page_owner",
+    "get_host_page_users",
     "get_host_pages",
     "get_host_tag",
     "get_lifecycle",

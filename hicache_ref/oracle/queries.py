@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hicache_ref.oracle.config import OracleConfig, Pool
+from hicache_ref.oracle.config import STREAMS, OracleConfig, Pool
 from hicache_ref.oracle.geometry import (
     FREE,
     compute_channel,
@@ -23,7 +23,7 @@ from hicache_ref.oracle.invariants import (
     _settled_device_channels,
     _settled_host_channels,
 )
-from hicache_ref.oracle.state import Lifecycle, OracleState
+from hicache_ref.oracle.state import CopyPages, Lifecycle, OracleState, ReadKv, StoreKv
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,44 @@ def get_host_tag(
 def decode_tag(config: OracleConfig, tag: int) -> tuple[int, int] | None:
     """``(node, token)`` whose KV a tag stands for, or None for garbage."""
     return decode_token_tag(tag, config.token_stride)
+
+
+@dataclass(frozen=True)
+class InFlightUse:
+    """A queued op that still reads or writes a page: its stream, kind and nodes."""
+
+    stream: str
+    kind: str
+    nodes: tuple[int, ...]
+
+
+def get_device_page_users(state: OracleState, page: int) -> tuple[InFlightUse, ...]:
+    """Queued stores, reads and copies that still use logical device page ``page`` (INV-08)."""
+    uses: list[InFlightUse] = []
+    for name, queue in zip(STREAMS, state.streams, strict=True):
+        for op in queue:
+            if isinstance(op, StoreKv | ReadKv) and page in op.pages:
+                uses.append(InFlightUse(name, type(op).__name__, (op.node,)))
+            elif isinstance(op, CopyPages) and any(d == page for _, _, d in op.pairs):
+                uses.append(InFlightUse(name, f"copy_{op.direction}", op.nodes))
+    return tuple(uses)
+
+
+def get_host_page_users(
+    state: OracleState, page: int, pool: Pool = "target", rank: int = 0
+) -> tuple[InFlightUse, ...]:
+    """Queued copies that still read or write host page ``page`` of ``pool`` on ``rank`` (INV-07)."""
+    draft = pool == "draft"
+    uses: list[InFlightUse] = []
+    for name, queue in zip(STREAMS, state.streams, strict=True):
+        for op in queue:
+            if (
+                isinstance(op, CopyPages)
+                and (op.channel >= state.config.layer_num) == draft
+                and any(r == rank and h == page for r, h, _ in op.pairs)
+            ):
+                uses.append(InFlightUse(name, f"copy_{op.direction}", op.nodes))
+    return tuple(uses)
 
 
 def get_write_ack_rows(state: OracleState, rank: int = 0) -> tuple[tuple[int, ...], ...]:

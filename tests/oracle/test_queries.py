@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from hicache_ref.oracle import (
     EvictDevice,
+    InFlightUse,
     Insert,
     Store,
     Write,
     decode_tag,
     get_device_page_owner,
+    get_device_page_users,
     get_device_pages,
     get_device_tag,
     get_expected_resident_tags,
     get_host_page_owner,
+    get_host_page_users,
     get_host_pages,
     get_lifecycle,
     run_ops,
@@ -52,3 +55,11 @@ def test_expected_tags_cover_only_settled_copies_and_skip_padding() -> None:
     assert get_lifecycle(state, 0) == "host_only" and get_device_pages(state, 0) == ()
     assert {e.rank for e in get_expected_resident_tags(state)} == {0}
     assert decode_tag(config, get_device_tag(state, 0, 0)) is None  # freed and wiped
+
+
+def test_in_flight_users_name_the_queued_copy() -> None:
+    config = world(layers=1, tokens=(2,), device_pages=2, host_pages=2)
+    state, _ = play(config, [Insert(0), Store(0, 0), Write(0)])
+    assert [u.kind for u in get_device_page_users(state, 0)] == ["StoreKv", "copy_d2h"]
+    assert get_host_page_users(state, 0) == (InFlightUse("write", "copy_d2h", (0,)),)
+    assert get_host_page_users(backed_up(config, 0), 0) == ()

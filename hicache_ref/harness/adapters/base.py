@@ -32,6 +32,7 @@ CAPABILITIES = frozenset(
         "pool:mha",
         "pool:mla",
         "pool:nsa",
+        "guards",  # refuses unsafe calls (free in flight, second backup) with the invariant id
     }
 )
 

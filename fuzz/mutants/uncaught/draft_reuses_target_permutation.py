@@ -1,4 +1,4 @@
-"""Mutant: the CP per-layer draft D2H pairs the draft host indices with the target's device order.
+"""Uncaught mutant: the CP per-layer draft D2H reuses the target's device permutation.
 
 Re-creates bug class 17 as the seed has it (specs/upstream_findings.md): ``move_indices`` sorts
 the target and the draft host indices separately (direct backend, ``layer_first``), and the seed
@@ -6,6 +6,13 @@ reused the target-permuted device indices for the draft copy. When the draft hos
 out its pages in a different order from the target's, draft rows land in the host slots of other
 tokens. Must be caught by INV-06 (byte equality of the draft host copy); the harness sees the
 swapped rows when the ack drains (INV-09).
+
+Why the harness does not catch it (60 s, ~1000 cases): the draft host pool mirrors the target
+pool's allocation sequence (same page counts, same frees, lowest free run first), so the two
+hand out pages in the same relative order and the two sort permutations agree; they differ only
+after a random-policy fallback on a fragmented pool, which the campaign rarely reaches. Fix in
+the harness: draw the draft host pool's allocation policy (or size) independently of the
+target's, so its page order diverges.
 """
 
 from __future__ import annotations
