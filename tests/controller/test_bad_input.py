@@ -419,7 +419,8 @@ def test_cp_verbs_on_a_controller_without_cp_are_refused() -> None:
 
 
 def test_plain_load_on_a_cp_controller_is_refused() -> None:
-    # CP ranks hold physical pages: load() would H2D into logical locs; load_cp is the verb
+    # CP ranks hold physical pages: load() would H2D into logical locs without owner replay
+    # (INV-03); load_cp is the verb
     rig = build_rig(
         SimDevice(), kind="nsa", cp_layout=CpSharedKVLayout(2, 1, PAGE), device_pages=16
     )
