@@ -162,7 +162,7 @@ def _record_failure(
     shutil.copyfile(last, kept)
     record["trace"] = str(kept)
     if do_minimize:
-        small = minimize(Trace.read(kept), max_replays=300)
+        small = minimize(Trace.read(kept), max_replays=1000)
         small_path = small.write(out_dir / f"failure-{stamp}-min.jsonl")
         record["trace"] = str(small_path)
         record["steps"] = str(len(small.steps))

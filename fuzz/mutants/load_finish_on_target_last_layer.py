@@ -16,6 +16,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.operations import LayerLoadingEvent
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.config import HarnessConfig
 
 NAME = "load_finish_on_target_last_layer"
 INVARIANT = "INV-04"
@@ -51,6 +52,13 @@ class Controller(HiCacheController):
                     producer_event.finish_event.record()
 
 
+def _focus(config: HarnessConfig) -> HarnessConfig:
+    # the bug needs a draft pool with more layers than the target
+    return config.model_copy(update={"draft_layer_num": config.layer_num + 1})
+
+
 def implementation() -> MutantImplementation:
     # the issue order is the same on the CP path; single-rank worlds find it faster
-    return MutantImplementation(Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"})
+    return MutantImplementation(
+        Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"}, refine_config=_focus
+    )

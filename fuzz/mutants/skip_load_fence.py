@@ -17,6 +17,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.device.sim import SimEvent
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.config import HarnessConfig
 
 NAME = "skip_load_fence"
 INVARIANT = "INV-08"
@@ -37,6 +38,13 @@ class Controller(HiCacheController):
         return super().start_loading()
 
 
+def _focus(config: HarnessConfig) -> HarnessConfig:
+    # the bug needs a page freed with its store still queued, then reused at once by a load
+    return config.model_copy(update={"alloc_policy": "lifo", "settle_records": True})
+
+
 def implementation() -> MutantImplementation:
     # the fence is the same on the CP path; single-rank worlds find the reuse faster
-    return MutantImplementation(Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"})
+    return MutantImplementation(
+        Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"}, refine_config=_focus
+    )

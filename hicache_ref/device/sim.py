@@ -141,6 +141,7 @@ class SimEvent:
         op = self._device._new_op(target, "record", "event.record")
         self._latest = op
         target._enqueue(op)
+        self._device._settle()
 
     def wait(self, stream: StreamT | None = None) -> None:
         target = self._device._resolve(stream)
@@ -150,6 +151,7 @@ class SimEvent:
         op = self._device._new_op(target, "wait", "event.wait")
         op.waits_for = bound
         target._enqueue(op)
+        self._device._settle()
 
     def query(self) -> bool:
         return self._latest is None or self._latest.done
@@ -171,8 +173,12 @@ class SimDevice:
 
     name = "sim"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, *, settle_records: bool = False) -> None:
         self.device = torch.device("cpu")
+        self.settle_records = settle_records
+        """When True, event records and satisfied waits run as soon as they reach the head of
+        their stream (a GPU completes them with the work ahead); copies and kernels still run
+        only when advanced. The oracle models this schedule (``OracleConfig.settle_records``)."""
         self.pin_memory = False
         self.seed = seed
         self._rng = random.Random(seed)
@@ -276,7 +282,22 @@ class SimDevice:
         self._seq += 1
         return _SimOp(seq=self._seq, stream=stream, kind=kind, label=label)
 
-    def _execute(self, stream: SimStream) -> None:
+    def _settle(self) -> None:
+        if not self.settle_records:
+            return
+        progressed = True
+        while progressed:
+            progressed = False
+            for stream in self._streams:
+                while (
+                    stream._queue
+                    and stream._queue[0].kind in ("record", "wait")
+                    and (stream.head_is_runnable())
+                ):
+                    self._execute(stream, settle=False)
+                    progressed = True
+
+    def _execute(self, stream: SimStream, *, settle: bool = True) -> None:
         op = stream._queue.popleft()
         if op.fn is not None:
             op.fn()
@@ -293,6 +314,8 @@ class SimDevice:
             self.log.append(entry)
         for hook in self.on_execute:
             hook(entry)
+        if settle:
+            self._settle()
 
     def _run_to(self, target: _SimOp) -> None:
         """Execute the minimum work needed for ``target`` to be done (what a host sync does)."""

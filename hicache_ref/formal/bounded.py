@@ -229,6 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-symmetry", action="store_true")
     parser.add_argument("--no-reset", action="store_true")
     parser.add_argument("--progress", action="store_true", help="one line per level on stderr")
+    parser.add_argument(
+        "--trace-out",
+        default="fuzz/out/bounded-counterexample.jsonl",
+        help="where a violation's shortest trace is written as a harness trace",
+    )
+    parser.add_argument(
+        "--impl", default="reference", help="implementation the written trace replays on"
+    )
     args = parser.parse_args(argv)
 
     def report(depth: int, frontier: int, states: int) -> None:
@@ -243,6 +251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_level=report if args.progress else None,
     )
     print(result.summary())
+    if not result.ok:
+        from pathlib import Path
+
+        from hicache_ref.harness.from_oracle import trace_for_ops
+
+        note = "; ".join(f"{v.inv_id}: {v.message}" for v in result.violations)[:500]
+        trace = trace_for_ops(result.trace, result.config, implementation=args.impl, note=note)
+        path = trace.write(Path(args.trace_out))
+        print(f"replay on a controller: hicache-fuzz replay {path} [--impl mutant:<name>]")
     return 0 if result.ok else 1
 
 

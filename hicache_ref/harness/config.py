@@ -41,6 +41,8 @@ class HarnessConfig(BaseModel):
     draft_host_pages: int = 0
     """Draft host pool size under CP (0: same as host_pages). Non-CP drafts reuse target slots."""
     num_counters: int = 5
+    settle_records: bool = False
+    """Event records and satisfied waits complete on reaching their stream's head (GPU-like)."""
     seed: int = 0
 
     @model_validator(mode="after")

@@ -55,11 +55,18 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         draft_alloc_policy=draw(st.sampled_from(["fifo", "lifo", "random"])),
         draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
         num_counters=draw(st.sampled_from([2, 5])),
+        settle_records=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
     return config
+
+
+def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
+    config = data.draw(harness_configs(implementation.capabilities))
+    refine = getattr(implementation, "refine_config", None)
+    return refine(config) if refine is not None else config
 
 
 class HiCacheMachine(RuleBasedStateMachine):
@@ -113,7 +120,7 @@ class HiCacheMachine(RuleBasedStateMachine):
 
     @initialize(config=st.data())
     def setup(self, config: st.DataObject) -> None:
-        drawn = config.draw(harness_configs(self.implementation.capabilities))
+        drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name)
 
     @rule(tokens=st.integers(1, 40), early_reserve=st.booleans(), compute_now=st.booleans())

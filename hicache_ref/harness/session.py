@@ -138,6 +138,21 @@ class Session:
             layer, draft = int(args.get("layer", 0)), bool(args.get("draft", False))
             limit = self.config.draft_layer_num if draft else self.config.layer_num
             return 0 <= layer < min(limit, node.layers_stored)
+        if rule in ("store_layer", "reserve", "submit_layer"):
+            node = self.tree.node(int(args.get("node", -1)))
+            if node is None or not node.on_device:
+                return False
+            if rule == "reserve":
+                return self.config.uses_cp and node.backup == "none" and not node.loading
+            if rule == "submit_layer":
+                return bool(node.reservations) and node.backup == "in_flight"
+            draft = bool(args.get("draft", False))
+            limit = self.config.draft_layer_num if draft else self.config.layer_num
+            return 0 <= int(args.get("layer", -1)) < limit and not node.loading
+        if rule == "layer_end":
+            draft = bool(args.get("draft", False))
+            limit = self.config.draft_layer_num if draft else self.config.layer_num
+            return 0 <= int(args.get("layer", -1)) < limit
         if rule == "start_loading":
             return bool(self.tree.queued_loads) and (
                 len(self._acks("ack_load_queue")) < self.config.num_counters
@@ -149,7 +164,7 @@ class Session:
         if rule == "prefill":
             handle = int(args.get("handle", self.tree.next_handle))
             return int(args.get("tokens", 0)) >= 1 and handle not in self.tree.nodes
-        return rule in ("start_writing", "drain_acks", "reset", "noop")
+        return rule in ("start_writing", "drain_acks", "drain_write", "drain_load", "reset", "noop")
 
     # -- applying steps ------------------------------------------------------------------------
     def apply(self, step: Step) -> str:
@@ -180,8 +195,19 @@ class Session:
         t, a = self.tree, step.args
         handlers: dict[str, Callable[[], str]] = {
             "prefill": lambda: t.prefill(
-                int(a["tokens"]), bool(a.get("early_reserve", False)), int(a["handle"])
+                int(a["tokens"]),
+                bool(a.get("early_reserve", False)),
+                int(a["handle"]),
+                batch=bool(a.get("batch", True)),
             ),
+            "store_layer": lambda: t.store_layer(int(a["node"]), int(a["layer"]), bool(a["draft"])),
+            "layer_end": lambda: t.layer_end(int(a["layer"]), bool(a["draft"])),
+            "reserve": lambda: t.reserve(int(a["node"])),
+            "submit_layer": lambda: t.submit_layer(
+                int(a["node"]), int(a["layer"]), bool(a["draft"])
+            ),
+            "drain_write": t.writing_check,
+            "drain_load": t.loading_check,
             "forward_layer": t.forward_layer,
             "write": lambda: t.write_backup(int(a["node"])),
             "start_writing": self._start_writing,
@@ -315,6 +341,16 @@ class Session:
         # The forward finishes computing every node (early-reserved backups ack only then)
         while t.batch:
             t.forward_layer()
+        # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
+        pending = [h for h in t.nodes if t.has_pending_layer_write(h)]
+        for handle in pending:
+            for draft, layer_num in t._layer_kinds():
+                for layer in range(layer_num):
+                    t.store_layer(handle, layer, draft)
+        if pending:
+            for draft, layer_num in t._layer_kinds():
+                for layer in range(layer_num):
+                    t.layer_end(layer, draft)
         if t.queued_loads:
             while len(self._acks("ack_load_queue")) >= self.config.num_counters:
                 self.world.device.run_until_idle()

@@ -38,6 +38,12 @@ RuleName = Literal[
     "probe_evict_host",
     "probe_evict_device",
     "probe_rewrite",
+    "store_layer",
+    "layer_end",
+    "reserve",
+    "submit_layer",
+    "drain_write",
+    "drain_load",
 ]
 StepArg = int | bool | str
 

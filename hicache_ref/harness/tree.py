@@ -111,7 +111,9 @@ class TreeDriver:
         return kinds
 
     # -- prefill and the forward pass ----------------------------------------------------------
-    def prefill(self, num_tokens: int, early_reserve: bool, handle: int | None = None) -> str:
+    def prefill(
+        self, num_tokens: int, early_reserve: bool, handle: int | None = None, batch: bool = True
+    ) -> str:
         """Allocate a new node's pages; its KV is stored layer by layer by ``forward_layer``."""
         handle = self.next_handle if handle is None else handle
         self.next_handle = max(self.next_handle, handle) + 1  # consumed even when refused
@@ -143,7 +145,8 @@ class TreeDriver:
         node.host_value = [None] * len(self.world.ranks)
         node.cp_meta = [None] * len(self.world.ranks)
         self.nodes[handle] = node
-        self.batch.append(handle)
+        if batch:  # else the node's layers are stored one by one with store_layer
+            self.batch.append(handle)
         if early_reserve and self.config.uses_cp:
             outcome = self._reserve_cp(node, catch_up=False)
             return f"node {handle} ({logical_len} tokens); {outcome}"
@@ -175,6 +178,34 @@ class TreeDriver:
         if self.batch_layer == self.total_layers:
             self.batch, self.batch_layer = [], 0
         return f"stored layer {layer} of nodes {[n.handle for n in batch]}"
+
+    def store_layer(self, handle: int, layer: int, draft: bool) -> str:
+        """Queue one layer's KV store of one node (fine-grained; oracle traces use it)."""
+        node = self.nodes[handle]
+        for rank in range(len(self.world.ranks)):
+            self._enqueue_store(rank, node, draft, layer)
+        if not draft or self.config.draft_layer_num >= self.config.layer_num:
+            node.layers_stored = max(node.layers_stored, layer + 1)
+        return f"stored {'draft' if draft else 'target'} layer {layer} of node {handle}"
+
+    def layer_end(self, layer: int, draft: bool) -> str:
+        """The device pools' layer-end hooks for ``layer`` (drives pending per-layer writes)."""
+        for rank in range(len(self.world.ranks)):
+            pool, _ = self._pools(rank, draft)
+            pool.notify_layer_end(layer)
+        return f"layer_end {layer} ({'draft' if draft else 'target'})"
+
+    def reserve(self, handle: int) -> str:
+        """Early CP reservation of an existing node (catch_up_all_layers=False)."""
+        return self._reserve_cp(self.nodes[handle], catch_up=False)
+
+    def submit_layer(self, handle: int, layer: int, draft: bool) -> str:
+        node = self.nodes[handle]
+        for controller, reservation in zip(self._controllers(), node.reservations, strict=True):
+            controller.submit_write_cp_layer(
+                reservation, layer, submit_target=not draft, submit_draft=draft
+            )
+        return f"submit {'draft' if draft else 'target'} layer {layer} of node {handle}"
 
     def _enqueue_store(self, rank: int, node: Node, draft: bool, layer: int) -> None:
         assert node.value is not None
@@ -435,6 +466,10 @@ class TreeDriver:
 
     def evict_host(self, handle: int) -> str:
         node = self.nodes.pop(handle)
+        if handle in self.batch:
+            self.batch.remove(handle)
+            if not self.batch:
+                self.batch_layer = 0
         for rank_index, controller in enumerate(self._controllers()):
             if self.config.uses_cp:
                 controller.evict_cp_host(node.cp_meta[rank_index])

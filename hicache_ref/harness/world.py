@@ -81,7 +81,7 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
     from hicache_ref.pools.host_pool import make_host_pool
 
-    device = SimDevice(seed=config.seed)
+    device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
     page = config.page_size
     for rank in range(config.num_ranks):

@@ -100,6 +100,7 @@ from hicache_ref.oracle.step import (
     step,
     why_disabled,
 )
+from hicache_ref.oracle.write_path import node_has_undrained_write_ack
 
 __all__ = [
     "PLANTED_BUGS",
@@ -160,6 +161,7 @@ __all__ = [
     "is_enabled",
     "is_quiescent",
     "make_variant",
+    "node_has_undrained_write_ack",
     "run_ops",
     "step",
     "why_disabled",

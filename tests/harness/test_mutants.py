@@ -17,7 +17,7 @@ from hicache_ref.harness.replay import replay
 from hicache_ref.harness.trace import Trace
 
 MUTANTS = list_mutants()
-SHORT_PROGRAM_STEPS_MAX = 20
+SHORT_PROGRAM_STEPS_MAX = 25
 
 
 def test_the_catalogue_is_not_empty() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.config import HarnessConfig
 
 NAME = "draft_reuses_target_permutation"
 INVARIANT = "INV-06"
@@ -36,5 +37,22 @@ class Controller(HiCacheController):
         return state
 
 
+def _focus(config: HarnessConfig) -> HarnessConfig:
+    # CP per-layer write with a draft, direct/layer_first (the path that sorts host indices),
+    # and target/draft host pools handing out pages in different orders
+    return config.model_copy(
+        update={
+            "cp_size": max(1, config.cp_size),
+            "pool_kind": "nsa",
+            "draft_layer_num": max(1, config.draft_layer_num),
+            "io_backend": "direct",
+            "layout": "layer_first",
+            "alloc_policy": "random",
+            "draft_alloc_policy": "lifo",
+            "draft_host_pages": max(4, config.draft_host_pages),
+        }
+    )
+
+
 def implementation() -> MutantImplementation:
-    return MutantImplementation(Controller, NAME)
+    return MutantImplementation(Controller, NAME, refine_config=_focus)

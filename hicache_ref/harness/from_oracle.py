@@ -1,0 +1,112 @@
+"""Replay an oracle trace on a controller: translate oracle ops into harness steps.
+
+The bounded model checker (``hicache_ref.formal.bounded``) returns the shortest op trace that
+breaks an invariant of a (planted) protocol variant. ``steps_for_ops`` turns it into a harness
+trace, so the same program runs against a real implementation through the tree driver: a
+controller that carries the planted bug must fail it, and the reference must pass it.
+
+The translation is exact for every tree/controller call; ``Advance(stream)`` becomes one
+``advance(stream, 1)`` of the simulated device, whose ops are finer-grained than the oracle's,
+so a translated trace is a valid program with the same calls but possibly a gentler schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.trace import Step, StepArg, Trace, TraceHeader
+from hicache_ref.oracle import ops as o
+from hicache_ref.oracle.config import OracleConfig
+
+
+def harness_config_for(config: OracleConfig, *, seed: int = 0) -> HarnessConfig:
+    """The simulated world matching an oracle world (one extra device page: page 0 is reserved)."""
+    return HarnessConfig(
+        page_size=config.page_size,
+        layer_num=config.layer_num,
+        draft_layer_num=config.draft_layer_num,
+        pool_kind="nsa" if config.uses_cp else "mha",
+        layout="layer_first",
+        io_backend="direct",
+        cp_size=config.cp_size,
+        device_pages=max(config.device_pages + 1, 2 * config.num_ranks),
+        host_pages=config.host_pages,
+        draft_host_pages=config.draft_host_pages if config.uses_cp and config.has_draft else 0,
+        num_counters=max(2, config.num_counters),
+        settle_records=config.settle_records,
+        seed=seed,
+    )
+
+
+def steps_for_ops(ops: Sequence[o.Op], config: OracleConfig) -> tuple[Step, ...]:
+    steps: list[Step] = []
+    backed: set[int] = set()  # nodes with a backup (evict_device keeps them; else they drop)
+    for op in ops:
+        steps.extend(_translate(op, config, backed))
+    return tuple(steps)
+
+
+def _translate(op: o.Op, config: OracleConfig, backed: set[int]) -> list[Step]:
+    args: dict[str, StepArg]
+    if isinstance(op, o.Insert):
+        tokens = config.node_tokens[op.node]
+        args = {"tokens": tokens, "early_reserve": False, "handle": op.node, "batch": False}
+        return [Step(rule="prefill", args=args)]
+    if isinstance(op, o.Store):
+        args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
+        return [Step(rule="store_layer", args=args)]
+    if isinstance(op, o.Write):
+        backed.add(op.node)
+        args = {"node": op.node}
+        return [Step(rule="write", args=args)]
+    if isinstance(op, o.ReserveWriteCp):
+        backed.add(op.node)
+        args = {"node": op.node}
+        return [Step(rule="reserve", args=args)]
+    if isinstance(op, o.SubmitLayer):
+        args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
+        return [Step(rule="submit_layer", args=args)]
+    if isinstance(op, o.OnLayerEnd):
+        args = {"layer": op.layer, "draft": op.source == "draft"}
+        return [Step(rule="layer_end", args=args)]
+    if isinstance(op, o.CancelLayerWrite):
+        backed.discard(op.node)
+        args = {"node": op.node}
+        return [Step(rule="cancel", args=args)]
+    if isinstance(op, o.DrainWriteAcks):
+        return [Step(rule="drain_write")]
+    if isinstance(op, o.DrainLoadAcks):
+        return [Step(rule="drain_load")]
+    if isinstance(op, o.EvictDevice):
+        rule = "evict_device" if op.node in backed else "drop"
+        args = {"node": op.node}
+        return [Step(rule=rule, args=args)]  # type: ignore[arg-type]
+    if isinstance(op, o.EvictHost):
+        backed.discard(op.node)
+        args = {"node": op.node}
+        return [Step(rule="evict_host", args=args)]
+    if isinstance(op, o.Load):
+        args = {"node": op.node}
+        return [Step(rule="load", args=args)]
+    if isinstance(op, o.StartLoading):
+        return [Step(rule="start_loading")]
+    if isinstance(op, o.ForwardRead):
+        args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
+        return [Step(rule="forward_read", args=args)]
+    if isinstance(op, o.Advance):
+        args = {"stream": op.stream, "n": 1}
+        return [Step(rule="advance", args=args)]
+    if isinstance(op, o.Reset):
+        backed.clear()
+        return [Step(rule="reset")]
+    return [Step(rule="noop")]  # Noop, and CopyLanded (a harness report, not a call)
+
+
+def trace_for_ops(
+    ops: Sequence[o.Op], config: OracleConfig, *, implementation: str, note: str = ""
+) -> Trace:
+    header = TraceHeader(
+        implementation=implementation, config=harness_config_for(config), note=note
+    )
+    return Trace(header=header, steps=steps_for_ops(ops, config))
