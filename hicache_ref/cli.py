@@ -193,6 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out_dir=Path(args.out),
         stop_on_failure=not args.keep_going,
         progress=not args.no_progress,
+        shrink=args.hypothesis_shrink,
     )
     print(report.render())
     if args.json:
@@ -267,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--json", help="write a machine-readable report here")
     run.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument(
+        "--hypothesis-shrink",
+        action="store_true",
+        help="also let Hypothesis shrink failures (can take minutes; ddmin always runs after)",
+    )
     run.set_defaults(func=cmd_run)
     rep = sub.add_parser("replay", help="replay a trace without Hypothesis")
     rep.add_argument("trace")

@@ -334,6 +334,9 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
                 "has_free_load_back_slot)",
             )
         producer_id = self.layer_done_counter.update_producer()
+        # The slot's events are about to be re-recorded: forget transfers that finished on them
+        # now, or the tracker would see the old load "in flight" again (a false INV-08).
+        self.inflight.prune()
         op = CacheOperation.merge_ops(self.load_queue) if self.load_queue else None
         draft_op = (
             CacheOperation.merge_ops(self.draft_load_queue) if self.draft_load_queue else None

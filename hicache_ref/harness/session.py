@@ -380,10 +380,19 @@ class Session:
             raise InvariantViolation("INV-15", "a pending layer write outlived its node's backup")
 
 
+_PAGES_CACHE: dict[int, tuple[Any, int, list[int]]] = {}
+_PAGES_CACHE_BOUND = 4096
+
+
 def _pages(indices: Any, page: int) -> list[int]:
-    if indices.numel() == 0:
-        return []
-    pages: list[int] = torch.unique(indices // page).tolist()
+    """The pages an index tensor covers (cached per tensor: node tensors never change)."""
+    hit = _PAGES_CACHE.get(id(indices))
+    if hit is not None and hit[0] is indices and hit[1] == page:
+        return hit[2]
+    pages: list[int] = torch.unique(indices // page).tolist() if indices.numel() else []
+    if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
+        _PAGES_CACHE.clear()
+    _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique
     return pages
 
 
