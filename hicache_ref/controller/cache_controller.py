@@ -116,12 +116,8 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.storage_stop_event = threading.Event()
         self.stop_event = threading.Event()
 
-        if (draft_mem_pool_host is None) != (draft_mem_pool_device is None):
-            raise DraftPoolPairError(
-                "draft_mem_pool_device and draft_mem_pool_host must be provided together "
-                f"(got device={draft_mem_pool_device is not None}, "
-                f"host={draft_mem_pool_host is not None})"
-            )
+        # Refuse a lone draft pool before registering any hook on the device pool
+        _check_draft_pair(draft_mem_pool_device, draft_mem_pool_host)
         self.layer_done_counter = LayerDoneCounter(
             self.layer_num, self.device_module, num_counters=num_counters
         )
@@ -169,12 +165,8 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         """Attach a draft (speculative) pool pair; every later transfer carries it along."""
         if draft_mem_pool_device is None and draft_mem_pool_host is None:
             return
-        if draft_mem_pool_device is None or draft_mem_pool_host is None:
-            raise DraftPoolPairError(
-                "draft_mem_pool_device and draft_mem_pool_host must be provided together "
-                f"(got device={draft_mem_pool_device is not None}, "
-                f"host={draft_mem_pool_host is not None})"
-            )
+        _check_draft_pair(draft_mem_pool_device, draft_mem_pool_host)
+        assert draft_mem_pool_device is not None and draft_mem_pool_host is not None
         if draft_mem_pool_host.page_size != self.page_size:
             raise HiCacheInputError(
                 f"draft host pool page_size={draft_mem_pool_host.page_size} differs from "
@@ -456,3 +448,12 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self._reset_storage()
         self.stop_event.clear()
         self.storage_stop_event.clear()
+
+
+def _check_draft_pair(device_pool: object, host_pool: object) -> None:
+    """A draft device pool and its host pool come together or not at all."""
+    if (device_pool is None) != (host_pool is None):
+        raise DraftPoolPairError(
+            "draft_mem_pool_device and draft_mem_pool_host must be provided together "
+            f"(got device={device_pool is not None}, host={host_pool is not None})"
+        )
