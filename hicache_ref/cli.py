@@ -25,7 +25,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from hicache_ref.harness import machine as machine_module
 from hicache_ref.harness.machine import machine_for
 from hicache_ref.harness.profiles import make_settings
-from hicache_ref.harness.registry import get_implementation, list_mutants
+from hicache_ref.harness.adapters.registry import get_implementation, list_mutants
 from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Trace

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hicache_ref.harness.registry import get_implementation
+from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, Trace
 

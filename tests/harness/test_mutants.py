@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.cli import run_campaign
-from hicache_ref.harness.registry import list_mutants, load_mutant_module
+from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_module
 from hicache_ref.harness.replay import replay
 from hicache_ref.harness.trace import Trace
 
