@@ -1,209 +1,159 @@
-"""``hicache-fuzz``: run campaigns, replay and minimize traces, and check the mutant catalogue.
+"""hicache-fuzz: run campaigns, gate an implementation, replay and minimize traces, and check
+the mutant catalogue.
 
-hicache-fuzz run                      # default campaign: reference controller, SimDevice
+hicache-fuzz run                      # default campaign: reference controller, SimDevice, 60 s
 hicache-fuzz run --impl mutant:extra_write_ack --seconds 30 --json report.json
+hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m --known all
 hicache-fuzz replay fuzz/out/failure-reference.jsonl
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
 hicache-fuzz mutants                  # every seeded mutant must be caught
+
+Exit status: 0 when nothing (new) failed, 1 when a campaign, gate or replay failed, 2 on a bad
+argument, a bad file or a setup problem: one line on stderr naming it and the fix. The gate
+counts failures explained by the known findings it is given (--known; see
+hicache_ref/harness/known_findings.py) and fails only on a new one, printing one
+``hicache-fuzz replay <trace>`` line for each.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import time
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from hypothesis import seed as hypothesis_seed
-from hypothesis.stateful import run_state_machine_as_test
-
-from hicache_ref.harness import machine as machine_module
-from hicache_ref.harness.machine import machine_for
-from hicache_ref.harness.profiles import make_settings
-from hicache_ref.harness.adapters.registry import get_implementation, list_mutants
+from hicache_ref.campaign import CampaignReport, run_campaign
+from hicache_ref.cli_inputs import (
+    UsageError,
+    check_out_dir,
+    check_output_file,
+    check_positive_seconds,
+    parse_duration,
+    read_trace_file,
+    use_sglang_src,
+)
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness import catalogue
+from hicache_ref.harness.adapters.base import unsupported_reasons
+from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.known_findings import (
+    KNOWN_FINDINGS,
+    KnownFinding,
+    get_known_findings,
+)
+from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
-from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Trace
 
+__all__ = ["CampaignReport", "main", "run_campaign"]
 
-@dataclass
-class CampaignReport:
-    implementation: str
-    profile: str
-    seed: int
-    seconds: float = 0.0
-    rounds: int = 0
-    cases: int = 0
-    steps: int = 0
-    skipped_steps: int = 0
-    invariant_checks: int = 0
-    rules: Counter[str] = field(default_factory=Counter)
-    configs: Counter[str] = field(default_factory=Counter)
-    failures: list[dict[str, str]] = field(default_factory=list)
-
-    def absorb(self, session: Session) -> None:
-        self.cases += 1
-        self.steps += session.stats.steps
-        self.skipped_steps += session.stats.skipped
-        self.invariant_checks += session.stats.invariant_checks
-        self.rules.update(session.stats.rules)
-        self.configs[session.config.describe().split(" alloc=")[0]] += 1
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "implementation": self.implementation,
-            "profile": self.profile,
-            "seed": self.seed,
-            "seconds": round(self.seconds, 2),
-            "rounds": self.rounds,
-            "cases": self.cases,
-            "steps": self.steps,
-            "skipped_steps": self.skipped_steps,
-            "invariant_checks": self.invariant_checks,
-            "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else 0.0,
-            "rules": dict(sorted(self.rules.items())),
-            "distinct_configs": len(self.configs),
-            "failures": self.failures,
-        }
-
-    def render(self) -> str:
-        lines = [
-            f"hicache-fuzz: {self.implementation} on SimDevice, profile {self.profile}, seed {self.seed}",
-            f"  {self.cases} cases, {self.steps} steps ({self.skipped_steps} skipped) in "
-            f"{self.seconds:.1f}s = {self.steps / max(self.seconds, 1e-9):.0f} steps/s; "
-            f"{self.invariant_checks} invariant checks; {len(self.configs)} distinct configs",
-            "  rules hit: " + ", ".join(f"{k}={v}" for k, v in sorted(self.rules.items())),
-        ]
-        if self.failures:
-            lines.append(f"  FAILURES: {len(self.failures)}")
-            for failure in self.failures:
-                lines.append(f"    {failure['error']}")
-                lines.append(f"    replay: hicache-fuzz replay {failure['trace']}")
-        else:
-            lines.append("  failures: none")
-        return "\n".join(lines)
+PROG = "hicache-fuzz"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+GATE_BUDGET_DEFAULT = "120s"
 
 
-def run_campaign(
-    impl: str,
-    *,
-    seconds: float,
-    profile: str,
-    seed: int,
-    out_dir: Path,
-    examples_per_round: int | None = None,
-    stop_on_failure: bool = True,
-    progress: bool = True,
-    minimize_failures: bool = True,
-    shrink: bool = True,
-) -> CampaignReport:
-    """Run rounds of the state machine until ``seconds`` pass (or a failure, by default)."""
-    implementation = get_implementation(impl)
-    machine_class = machine_for(implementation, impl)
-    report = CampaignReport(impl, profile, seed)
-    machine_module.STATS_SINKS.append(report.absorb)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    bar = _progress_bar(seconds, progress)
-    import os
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is one ``UsageError`` line, never the usage block."""
 
-    os.environ[machine_module.FAILURE_DIR_ENV] = str(out_dir)
-    per_round = examples_per_round or (10 if profile != "campaign" else 50)
-    try:
-        while time.monotonic() - start < seconds:
-            round_seed = seed + report.rounds
-            seeded = hypothesis_seed(round_seed)(machine_class)
-            machine_module.LAST_FAILURE.clear()
-            try:
-                run_state_machine_as_test(
-                    seeded,
-                    settings=make_settings(
-                        profile, shrink=shrink, max_examples=per_round, derandomize=False
-                    ),
-                )
-            except Exception as exc:  # a found bug: record it, keep its trace
-                report.failures.append(
-                    _record_failure(exc, out_dir, impl, round_seed, minimize_failures)
-                )
-                if stop_on_failure:
-                    break
-            finally:
-                report.rounds += 1
-                elapsed = time.monotonic() - start
-                if bar is not None:
-                    bar.n = min(seconds, round(elapsed, 1))
-                    bar.set_postfix(
-                        cases=report.cases, steps=report.steps, failures=len(report.failures)
-                    )
-                    bar.refresh()
-    finally:
-        machine_module.STATS_SINKS.remove(report.absorb)
-        if bar is not None:
-            bar.close()
-    report.seconds = time.monotonic() - start
-    return report
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; see {self.prog} --help")
 
 
-def _record_failure(
-    exc: BaseException, out_dir: Path, impl: str, round_seed: int, do_minimize: bool
-) -> dict[str, str]:
-    error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    last = machine_module.LAST_FAILURE.get("path")
-    record = {"error": error, "seed": str(round_seed), "trace": ""}
-    if last is None:
-        return record
-    stamp = f"{impl.replace(':', '-')}-seed{round_seed}"
-    kept = out_dir / f"failure-{stamp}.jsonl"
-    shutil.copyfile(last, kept)
-    record["trace"] = str(kept)
-    if do_minimize:
-        small = minimize(Trace.read(kept), max_replays=1000)
-        small_path = small.write(out_dir / f"failure-{stamp}-min.jsonl")
-        record["trace"] = str(small_path)
-        record["steps"] = str(len(small.steps))
-    return record
-
-
-def _progress_bar(total: float, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is a dependency; without it the campaign still runs
-        return None
-    return tqdm(
-        total=total,
-        unit="s",
-        desc="fuzzing",
-        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s {postfix}",
-    )
-
-
+# -- run and gate ----------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    report = run_campaign(
+    """A campaign; stops at the first failure unless --keep-going."""
+    report = _campaign(args, seconds=args.seconds, known=())
+    print(report.render())
+    _write_json(args, report.as_json())
+    return EXIT_FAILED if report.failures else EXIT_OK
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """A campaign that counts known findings, and fails only on a new failure."""
+    known = get_known_findings(args.known, args.impl)
+    report = _campaign(args, seconds=args.budget, known=known)
+    print(report.render(replay_lines=False))
+    print(render_gate(report, known))
+    _write_json(args, {**report.as_json(), "gate": gate_json(report, known)})
+    return EXIT_FAILED if report.failures else EXIT_OK
+
+
+def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
+    """The verdict: known findings hit (and not hit), then each new failure and its replay."""
+    lines = []
+    for finding in known:
+        hits = report.known_hits[finding.id]
+        status = f"hit x{hits}" if hits else "not hit"
+        if not finding.covers(report.implementation):
+            status += f", it names no {report.implementation!r}"
+        lines.append(f"gate: known {finding.id} {status} ({finding.invariant}: {finding.summary})")
+    for failure in report.failures:
+        again = report.repeats[failure["invariant"]]
+        more = f", {again} more like it" if again else ""
+        steps = f", {failure['steps']} steps" if "steps" in failure else ""
+        lines.append(
+            f"gate: NEW {failure['invariant']} (seed {failure['seed']}{steps}{more}): "
+            f"{failure['error']}"
+        )
+        if failure["trace"]:
+            lines.append(f"hicache-fuzz replay {failure['trace']}")
+        else:  # it failed outside a step, so no trace exists: the seed reproduces it
+            lines.append(
+                f"  no trace; rerun: hicache-fuzz run --impl {report.implementation} "
+                f"--profile {report.profile} --seed {failure['seed']}"
+            )
+    verdict = (
+        f"gate: FAILED: {len(report.failures)} new failure(s)"
+        if report.failures
+        else f"gate: passed: no new failure in {report.cases} cases ({report.seconds:.0f}s)"
+    )
+    lines.append(verdict)
+    return "\n".join(lines)
+
+
+def gate_json(report: CampaignReport, known: tuple[KnownFinding, ...]) -> dict[str, Any]:
+    return {
+        "passed": not report.failures,
+        "new_failures": len(report.failures),
+        "known_selected": [finding.id for finding in known],
+        "known_hits": dict(sorted(report.known_hits.items())),
+        "known_not_hit": [f.id for f in known if not report.known_hits[f.id]],
+    }
+
+
+def _campaign(
+    args: argparse.Namespace, *, seconds: float, known: tuple[KnownFinding, ...]
+) -> CampaignReport:
+    """Check every input first, then run; a bad one is a one-line error before any work."""
+    out_dir = check_out_dir("--out", args.out)
+    if args.json:
+        check_output_file("--json", args.json)
+    if args.sglang_src:
+        use_sglang_src(args.sglang_src)
+    return run_campaign(
         args.impl,
-        seconds=args.seconds,
+        seconds=seconds,
         profile=args.profile,
         seed=args.seed,
-        out_dir=Path(args.out),
+        out_dir=out_dir,
         stop_on_failure=not args.keep_going,
         progress=not args.no_progress,
         shrink=args.hypothesis_shrink,
+        known=known,
     )
-    print(report.render())
+
+
+def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_json(), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         print(f"  report: {args.json}")
-    return 1 if report.failures else 0
 
 
+# -- traces ----------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    trace = Trace.read(Path(args.trace))
+    trace = _trace_for(args)
     result = replay(trace, implementation=args.impl)
     for step, outcome in zip(trace.steps, result.outcomes, strict=False):
         print(f"  {step.render():<48} -> {outcome}")
@@ -211,89 +161,165 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(
             f"FAILED after {result.steps_applied} step(s): {type(result.error).__name__}: {result.error}"
         )
-        return 1
+        return EXIT_FAILED
     print(
         f"passed: {len(trace.steps)} step(s) and the quiescence checks ({trace.header.config.describe()})"
     )
-    return 0
+    return EXIT_OK
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
-    trace = Trace.read(Path(args.trace))
+    output = check_output_file("-o/--output", args.output)
+    trace = _trace_for(args)
     small = minimize(trace, implementation=args.impl)
-    path = small.write(Path(args.output))
+    path = small.write(output)
     print(f"minimized {len(trace.steps)} -> {len(small.steps)} steps: {path}")
-    return 0
+    return EXIT_OK
 
 
-def cmd_mutants(args: argparse.Namespace) -> int:
-    names = args.names or list_mutants()
-    missed = []
-    for name in names:
-        report = run_campaign(
-            f"mutant:{name}",
-            seconds=args.seconds,
-            profile=args.profile,
-            seed=args.seed,
-            out_dir=Path(args.out),
-            progress=False,
-            minimize_failures=True,
-            shrink=False,
+def _trace_for(args: argparse.Namespace) -> Trace:
+    """The trace, checked to replay on its implementation (or --impl) before any step runs."""
+    trace = read_trace_file(args.trace)
+    if args.sglang_src:
+        use_sglang_src(args.sglang_src)
+    name = args.impl or trace.header.implementation
+    reasons = unsupported_reasons(get_implementation(name).capabilities, trace.header.config)
+    if reasons:
+        raise HiCacheInputError(
+            f"implementation {name!r} cannot replay trace {args.trace} "
+            f"({trace.header.config.describe()}): it lacks {reasons}; pick another --impl"
         )
-        status = "caught" if report.failures else "MISSED"
-        detail = ""
-        if report.failures:
-            first = report.failures[0]
-            detail = f"{first.get('steps', '?')} steps  {first['error'][:70]}"
-        print(f"{status:7} {name:34} {report.cases:5} cases {report.seconds:6.1f}s  {detail}")
-        if not report.failures:
-            missed.append(name)
-    print(f"{len(names) - len(missed)}/{len(names)} mutants caught")
-    return 1 if missed else 0
+    return trace
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hicache-fuzz",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+# -- mutants ---------------------------------------------------------------------------------
+def _checked_mutants(args: argparse.Namespace) -> int:
+    """The catalogue runner, after the same input checks the other subcommands make."""
+    check_positive_seconds("--seconds", args.seconds)
+    if args.jobs is not None and args.jobs < 1:
+        raise HiCacheInputError(f"--jobs {args.jobs} is not positive; give 1 or more processes")
+    check_out_dir("--out", args.out)
+    if args.json:
+        check_output_file("--json", args.json)
+    for name in args.names:
+        get_implementation(f"mutant:{name}")  # an unknown name: one line naming the known ones
+    return catalogue.cli_mutants(args)
+
+
+# -- the command line ------------------------------------------------------------------------
+def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--impl", default="reference", help="reference | sglang | seed | mutant:<name>"
     )
-    sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run a fuzz campaign and print a summary")
-    run.add_argument("--impl", default="reference", help="reference | mutant:<name>")
-    run.add_argument("--seconds", type=float, default=60.0)
-    run.add_argument("--profile", default="ci", choices=["ci", "dev", "campaign"])
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--out", default="fuzz/out", help="where failing traces are written")
-    run.add_argument("--json", help="write a machine-readable report here")
-    run.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
-    run.add_argument("--no-progress", action="store_true")
-    run.add_argument(
+    parser.add_argument(
+        "--sglang-src",
+        metavar="DIR",
+        help="an unpacked sglang tree (holds sglang/srt/managers/cache_controller.py) for "
+        "--impl sglang / seed; sets HICACHE_SGLANG_SRC",
+    )
+    parser.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--seed", type=int, default=0, help="round k of the campaign uses seed + k (default 0)"
+    )
+    parser.add_argument("--out", default="fuzz/out", help="where failing traces are written")
+    parser.add_argument("--json", metavar="FILE", help="write a machine-readable report here")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
         "--hypothesis-shrink",
         action="store_true",
         help="also let Hypothesis shrink failures (can take minutes; ddmin always runs after)",
     )
+
+
+def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="a JSONL trace (fuzz/out/failure-*.jsonl, fuzz/corpus/)")
+    parser.add_argument("--impl", default=None, help="override the trace's implementation")
+    parser.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="run a fuzz campaign and print a summary")
+    _add_campaign_arguments(run)
+    run.add_argument("--seconds", type=parse_duration, default=60.0, help="60, 90s, 2m, ...")
+    run.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     run.set_defaults(func=cmd_run)
+    gate = sub.add_parser("gate", help="fail only on a failure no known finding explains")
+    _add_campaign_arguments(gate)
+    gate.add_argument(
+        "--budget",
+        type=parse_duration,
+        default=parse_duration(GATE_BUDGET_DEFAULT),
+        help=f"how long to fuzz: 120, 120s, 2m, 1.5m (default {GATE_BUDGET_DEFAULT})",
+    )
+    gate.add_argument(
+        "--known",
+        nargs="+",
+        default=[],
+        metavar="ID",
+        help="known-finding ids to count instead of failing on, or 'all' for every entry "
+        f"covering --impl (registered: {', '.join(sorted(KNOWN_FINDINGS)) or 'none'})",
+    )
+    gate.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="look for more after the first new failure (one replay line per distinct invariant)",
+    )
+    gate.set_defaults(func=cmd_gate)
     rep = sub.add_parser("replay", help="replay a trace without Hypothesis")
-    rep.add_argument("trace")
-    rep.add_argument("--impl", default=None, help="override the trace's implementation")
+    _add_trace_arguments(rep)
     rep.set_defaults(func=cmd_replay)
     mini = sub.add_parser("minimize", help="delta-debug a failing trace to fewer steps")
-    mini.add_argument("trace")
+    _add_trace_arguments(mini)
     mini.add_argument("-o", "--output", required=True)
-    mini.add_argument("--impl", default=None)
     mini.set_defaults(func=cmd_minimize)
     mut = sub.add_parser("mutants", help="check that every seeded mutant is caught")
-    mut.add_argument("names", nargs="*")
-    mut.add_argument("--seconds", type=float, default=20.0)
-    mut.add_argument("--profile", default="ci", choices=["ci", "dev", "campaign"])
-    mut.add_argument("--seed", type=int, default=0)
-    mut.add_argument("--out", default="fuzz/out")
-    mut.set_defaults(func=cmd_mutants)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command is None:
-        args = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
+    catalogue.add_arguments(mut)
+    mut.set_defaults(func=_checked_mutants)
+    return parser
+
+
+def _with_default_command(argv: list[str], commands: set[str]) -> list[str]:
+    """``hicache-fuzz`` and ``hicache-fuzz --seconds 5`` mean ``hicache-fuzz run ...``."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        return ["run", *argv]
+    if argv[0] not in commands and argv[0] not in ("-h", "--help"):
+        raise UsageError(
+            f"unknown command {argv[0]!r}; commands: {', '.join(sorted(commands))}; "
+            f"see {PROG} --help"
+        )
+    return argv
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    commands = set(_subparsers(parser))
+    args, extra = parser.parse_known_args(_with_default_command(argv, commands))
+    if extra:  # name the subcommand whose help lists the legal flags
+        _subparsers(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            choices: dict[str, argparse.ArgumentParser] = action.choices
+            return choices
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; a bad input or setup is one line on stderr and exit status 2."""
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else list(argv))
+        func: Callable[[argparse.Namespace], int] = args.func
+        return int(func(args))
+    except HiCacheInputError as exc:  # a HiCacheSetupError too; any other error is a bug
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

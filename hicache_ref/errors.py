@@ -48,6 +48,15 @@ class MissingCpMetadataError(HiCacheInputError):
     """A CP load or evict for a node without ``cp_hicache`` metadata."""
 
 
+class HiCacheSetupError(HiCacheInputError):
+    """The world an implementation needs is missing: a source tree that cannot be fetched or
+    unpacked, a file that is not where it must be. The message names what and how to fix it.
+
+    A subclass of ``HiCacheInputError`` on purpose: a wrong environment is bad input to the
+    harness, not a bug in it, so it travels the misuse channel; ``hicache-fuzz`` answers both with
+    one line on stderr and exit status 2, and a campaign never counts it as a finding."""
+
+
 class InvariantViolation(AssertionError):
     """A broken invariant: ``INV-xx violated: <what> (<what would be right>)``.
 

@@ -1,5 +1,5 @@
-"""Implementations by name: ``reference``, ``mutant:<name>`` (fuzz/mutants/<name>.py), and any
-registered adapter. A trace header names its implementation, so a replay rebuilds the same one.
+"""Implementations by name: ``reference``, ``sglang`` and ``seed`` (adapters/sglang.py),
+``mutant:<name>`` (fuzz/mutants/<name>.py), and any registered adapter. A trace header names its implementation, so a replay rebuilds the same one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,23 @@ from hicache_ref.harness.adapters.reference import ReferenceImplementation
 
 MUTANTS_DIR_ENV = "HICACHE_MUTANTS_DIR"
 
+
+def _sglang() -> Implementation:
+    from hicache_ref.harness.adapters.sglang import SglangImplementation
+
+    return SglangImplementation()
+
+
+def _seed() -> Implementation:
+    from hicache_ref.harness.adapters.sglang import SeedImplementation
+
+    return SeedImplementation()
+
+
 _FACTORIES: dict[str, Callable[[], Implementation]] = {
     "reference": ReferenceImplementation,
+    "sglang": _sglang,  # upstream's controller from HICACHE_SGLANG_SRC (default: 0.5.10 wheel)
+    "seed": _seed,  # the CP/draft fork: HICACHE_SGLANG_SRC or HICACHE_SEED_FILE
 }
 
 

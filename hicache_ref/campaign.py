@@ -1,0 +1,329 @@
+"""Fuzz campaigns: rounds of the state machine against one implementation, and their report.
+
+``run_campaign`` runs seeded rounds until the time is up, keeps the trace of every new failure
+(minimized with ddmin) and counts failures that a selected ``KnownFinding`` explains without
+stopping for them. ``CampaignReport`` says what the campaign exercised: steps, rules and rule
+families, the configuration features drawn, invariant checks (by id when the session counts
+them), and each failure with the one line that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Unsatisfiable
+from hypothesis.stateful import run_state_machine_as_test
+
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.harness import machine as machine_module
+from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.known_findings import KnownFinding, match_known_finding
+from hicache_ref.harness.machine import machine_for
+from hicache_ref.harness.profiles import make_settings
+from hicache_ref.harness.replay import minimize
+from hicache_ref.harness.session import Session
+from hicache_ref.harness.trace import Trace
+
+RULE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "write path": ("write", "start_writing", "drain_write", "reserve", "submit_layer", "cancel"),
+    "load path": ("load", "start_loading", "forward_read", "drain_load"),
+    "eviction": ("evict_device", "evict_host", "drop"),
+    "streams": ("advance", "synchronize"),
+    "forward": ("prefill", "forward_layer", "store_layer", "layer_end"),
+    "acks": ("drain_acks",),
+    "misuse": ("probe_evict_host", "probe_evict_device", "probe_rewrite"),
+    "other": ("reset", "noop"),
+}
+FEATURES = ("pool", "layout/io", "cp", "draft", "page")
+
+
+def get_rule_family(rule: str) -> str:
+    """The family a machine rule belongs to (``probe_*`` rules are misuse, unknown ones other)."""
+    for family, rules in RULE_FAMILIES.items():
+        if rule in rules:
+            return family
+    return "misuse" if rule.startswith("probe_") else "other"
+
+
+def get_config_features(config: HarnessConfig) -> dict[str, str]:
+    """The features of one drawn configuration that a campaign report counts."""
+    if not config.has_draft:
+        draft = "none"
+    elif config.draft_layer_num > config.layer_num:
+        draft = "deeper"
+    elif config.draft_layer_num < config.layer_num:
+        draft = "shallower"
+    else:
+        draft = "same"
+    return {
+        "pool": config.pool_kind,
+        "layout/io": f"{config.layout}/{config.io_backend}",
+        "cp": str(config.cp_size),
+        "draft": draft,
+        "page": str(config.page_size),
+    }
+
+
+def get_failure_invariant(exc: BaseException) -> str:
+    """The invariant a failure broke (``INV-xx``), or its exception type when it is no violation."""
+    inv = getattr(exc, "inv_id", None)
+    return inv if isinstance(inv, str) else type(exc).__name__
+
+
+@dataclass
+class CampaignReport:
+    implementation: str
+    profile: str
+    seed: int
+    seconds: float = 0.0
+    rounds: int = 0
+    cases: int = 0
+    steps: int = 0
+    skipped_steps: int = 0
+    invariant_checks: int = 0
+    rules: Counter[str] = field(default_factory=Counter)
+    configs: Counter[str] = field(default_factory=Counter)
+    features: dict[str, Counter[str]] = field(
+        default_factory=lambda: {name: Counter() for name in FEATURES}
+    )
+    checks_by_id: Counter[str] = field(default_factory=Counter)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    """New failures: one record per distinct invariant, with its minimized trace."""
+    repeats: Counter[str] = field(default_factory=Counter)
+    """Further new failures of an invariant already in ``failures`` (not minimized again)."""
+    known_hits: Counter[str] = field(default_factory=Counter)
+    """Failures explained by a selected known finding, by finding id."""
+
+    def absorb(self, session: Session) -> None:
+        self.cases += 1
+        self.steps += session.stats.steps
+        self.skipped_steps += session.stats.skipped
+        self.invariant_checks += session.stats.invariant_checks
+        self.rules.update(session.stats.rules)
+        self.checks_by_id.update(getattr(session.stats, "checks_by_id", None) or {})
+        self.configs[session.config.describe().split(" alloc=")[0]] += 1
+        for name, value in get_config_features(session.config).items():
+            self.features[name][value] += 1
+
+    @property
+    def families(self) -> Counter[str]:
+        counts: Counter[str] = Counter({family: 0 for family in RULE_FAMILIES})
+        for rule, count in self.rules.items():
+            counts[get_rule_family(rule)] += count
+        return counts
+
+    def family_shares(self) -> dict[str, float]:
+        applied = sum(self.rules.values())
+        return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "implementation": self.implementation,
+            "profile": self.profile,
+            "seed": self.seed,
+            "seconds": round(self.seconds, 2),
+            "rounds": self.rounds,
+            "cases": self.cases,
+            "steps": self.steps,
+            "skipped_steps": self.skipped_steps,
+            "invariant_checks": self.invariant_checks,
+            "checks_by_id": dict(sorted(self.checks_by_id.items())),
+            "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else 0.0,
+            "rules": dict(sorted(self.rules.items())),
+            "rule_families": {
+                family: {"steps": self.families[family], "share": round(share, 4)}
+                for family, share in self.family_shares().items()
+            },
+            "features": {name: dict(sorted(c.items())) for name, c in self.features.items()},
+            "distinct_configs": len(self.configs),
+            "failures": self.failures,
+            "repeats": dict(sorted(self.repeats.items())),
+            "known_hits": dict(sorted(self.known_hits.items())),
+        }
+
+    def render(self, *, replay_lines: bool = True) -> str:
+        """The summary; ``replay_lines=False`` leaves the replay lines to the caller (the gate)."""
+        lines = [
+            f"hicache-fuzz: {self.implementation} on SimDevice, profile {self.profile}, seed {self.seed}",
+            f"  {self.cases} cases, {self.steps} steps ({self.skipped_steps} skipped) in "
+            f"{self.seconds:.1f}s = {self.steps / max(self.seconds, 1e-9):.0f} steps/s; "
+            f"{self.invariant_checks} invariant checks; {len(self.configs)} distinct configs",
+            "  rules hit: " + ", ".join(f"{k}={v}" for k, v in sorted(self.rules.items())),
+            "  rule families (share of applied steps): "
+            + ", ".join(f"{f} {s:.0%}" for f, s in self.family_shares().items()),
+            "  configs: " + "; ".join(_render_feature(n, c) for n, c in self.features.items()),
+        ]
+        if self.checks_by_id:
+            lines.append(
+                "  checks by invariant: "
+                + ", ".join(f"{k}={v}" for k, v in sorted(self.checks_by_id.items()))
+            )
+        if self.known_hits:
+            lines.append(
+                "  known findings hit: "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(self.known_hits.items()))
+            )
+        if self.failures:
+            lines.append(f"  FAILURES: {len(self.failures)}")
+            for failure in self.failures:
+                repeats = self.repeats[failure["invariant"]]
+                again = f" (and {repeats} more like it)" if repeats else ""
+                lines.append(f"    {failure['error']}{again}")
+                if replay_lines:
+                    lines.append(f"    replay: hicache-fuzz replay {failure['trace']}")
+        else:
+            lines.append("  failures: none" + (" new" if self.known_hits else ""))
+        return "\n".join(lines)
+
+
+def _render_feature(name: str, counts: Counter[str]) -> str:
+    ordered = sorted(counts.items(), key=lambda item: _natural_key(item[0]))
+    inner = " ".join(f"{value}={count}" for value, count in ordered)
+    return f"{name} {inner or '-'}"
+
+
+def _natural_key(value: str) -> tuple[int, int, str]:
+    """Numbers in numeric order (page 1 2 4 16), then names in alphabetical order."""
+    return (0, int(value), "") if value.isdigit() else (1, 0, value)
+
+
+def run_campaign(
+    impl: str,
+    *,
+    seconds: float,
+    profile: str,
+    seed: int,
+    out_dir: Path,
+    examples_per_round: int | None = None,
+    stop_on_failure: bool = True,
+    progress: bool = True,
+    minimize_failures: bool = True,
+    shrink: bool = True,
+    known: Sequence[KnownFinding] = (),
+) -> CampaignReport:
+    """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
+
+    A failure that one of ``known`` explains is counted in ``known_hits`` and the campaign goes
+    on with the next round (its round ends there: Hypothesis stops a round at its first failure).
+    """
+    if not seconds > 0:
+        raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
+    implementation = get_implementation(impl)
+    machine_class = machine_for(implementation, impl)
+    report = CampaignReport(impl, profile, seed)
+    machine_module.STATS_SINKS.append(report.absorb)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    bar = _progress_bar(seconds, progress)
+    os.environ[machine_module.FAILURE_DIR_ENV] = str(out_dir)
+    per_round = examples_per_round or (10 if profile != "campaign" else 50)
+    try:
+        while time.monotonic() - start < seconds:
+            round_seed = seed + report.rounds
+            seeded = hypothesis_seed(round_seed)(machine_class)
+            machine_module.LAST_FAILURE.clear()
+            try:
+                run_state_machine_as_test(
+                    seeded,
+                    settings=make_settings(
+                        profile, shrink=shrink, max_examples=per_round, derandomize=False
+                    ),
+                )
+            except HiCacheSetupError:
+                raise  # the implementation cannot be built: no finding, a setup problem
+            except Unsatisfiable as exc:
+                raise HiCacheSetupError(
+                    f"implementation {impl!r} supports no configuration the harness draws "
+                    f"(capabilities: {sorted(implementation.capabilities)}); fix its capabilities"
+                ) from exc
+            except Exception as exc:  # a found bug: record it, keep its trace
+                is_new = _absorb_failure(report, exc, out_dir, round_seed, minimize_failures, known)
+                if is_new and stop_on_failure:
+                    break
+            finally:
+                report.rounds += 1
+                _update_bar(bar, report, seconds, time.monotonic() - start)
+    finally:
+        machine_module.STATS_SINKS.remove(report.absorb)
+        if bar is not None:
+            bar.close()
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _absorb_failure(
+    report: CampaignReport,
+    exc: BaseException,
+    out_dir: Path,
+    round_seed: int,
+    do_minimize: bool,
+    known: Sequence[KnownFinding],
+) -> bool:
+    """Count a known failure or record a new one; True when it is new."""
+    invariant = get_failure_invariant(exc)
+    finding = match_known_finding(known, report.implementation, invariant, str(exc))
+    if finding is not None:
+        report.known_hits[finding.id] += 1
+        return False
+    if any(f["invariant"] == invariant for f in report.failures):
+        report.repeats[invariant] += 1
+        return True
+    record = _record_failure(exc, out_dir, report.implementation, round_seed, do_minimize)
+    report.failures.append({**record, "invariant": invariant})
+    return True
+
+
+def _record_failure(
+    exc: BaseException, out_dir: Path, impl: str, round_seed: int, do_minimize: bool
+) -> dict[str, str]:
+    error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    last = machine_module.LAST_FAILURE.get("path")
+    record = {"error": error, "seed": str(round_seed), "trace": ""}
+    if last is None:
+        return record
+    stamp = f"{impl.replace(':', '-')}-seed{round_seed}"
+    kept = out_dir / f"failure-{stamp}.jsonl"
+    shutil.copyfile(last, kept)
+    record["trace"] = str(kept)
+    if do_minimize:
+        small = minimize(Trace.read(kept), max_replays=1000)
+        small_path = small.write(out_dir / f"failure-{stamp}-min.jsonl")
+        record["trace"] = str(small_path)
+        record["steps"] = str(len(small.steps))
+    return record
+
+
+def _progress_bar(total: float, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is a dependency; without it the campaign still runs
+        return None
+    return tqdm(
+        total=total,
+        unit="s",
+        desc="fuzzing",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s {postfix}",
+    )
+
+
+def _update_bar(bar: Any, report: CampaignReport, total: float, elapsed: float) -> None:
+    if bar is None:
+        return
+    bar.n = min(total, round(elapsed, 1))
+    postfix: dict[str, int] = {"cases": report.cases, "steps": report.steps}
+    postfix["failures"] = len(report.failures)
+    if report.known_hits:
+        postfix["known"] = sum(report.known_hits.values())
+    bar.set_postfix(**postfix)
+    bar.refresh()

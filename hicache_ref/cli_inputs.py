@@ -1,0 +1,203 @@
+"""The CLI's inputs, checked before any work starts: each bad one is one ``HiCacheInputError``.
+
+``hicache-fuzz`` turns a ``HiCacheInputError`` (and so a ``HiCacheSetupError``) into one line on
+stderr and exit status 2; everything else that goes wrong is a bug and keeps its traceback. The
+checks here name the argument, what is wrong with it and the fix: durations (``--seconds``,
+``--budget``), output folders and files (``--out``, ``--json``, ``-o``), ``--sglang-src`` and
+trace files (missing, not JSON, a bad header, a wrong version, a step with an unknown rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, get_args
+
+from pydantic import ValidationError
+
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.harness.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
+
+SGLANG_SRC_ENV = "HICACHE_SGLANG_SRC"
+SGLANG_CONTROLLER = Path("sglang/srt/managers/cache_controller.py")
+LEGAL_RULES: tuple[str, ...] = get_args(RuleName)
+_DURATION = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(s|m|h)?\s*$")
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class UsageError(HiCacheInputError):
+    """A command line argparse refused; the message ends with where the help is."""
+
+
+# -- durations -------------------------------------------------------------------------------
+def parse_duration(text: str) -> float:
+    """``120``, ``120s``, ``2m``, ``1.5m`` or ``1h`` as seconds; it must be positive."""
+    found = _DURATION.match(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; write seconds or a unit: 120, 120s, 2m, 1.5m"
+        )
+    seconds = float(found.group(1)) * _UNIT_SECONDS[found.group(2) or "s"]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not positive; give a time to run for, such as 60 or 2m"
+        )
+    return seconds
+
+
+def check_positive_seconds(flag: str, seconds: float) -> float:
+    """For flags parsed elsewhere as plain floats: refuse zero, negative and NaN budgets."""
+    if not seconds > 0:
+        raise HiCacheInputError(f"{flag} {seconds:g} is not positive; give a time such as 20")
+    return seconds
+
+
+# -- where output goes -----------------------------------------------------------------------
+def check_out_dir(flag: str, path_text: str) -> Path:
+    """``path_text`` as a folder that exists (created if need be) and takes new files."""
+    path = Path(path_text)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise HiCacheInputError(
+            f"{flag} {path_text}: cannot write files there ({why}); pass a writable folder"
+        ) from None
+    return path
+
+
+def check_output_file(flag: str, path_text: str) -> Path:
+    """``path_text`` as a file that can be written once the work is done."""
+    path = Path(path_text)
+    if path.is_dir():
+        raise HiCacheInputError(f"{flag} {path_text} is a folder; pass a file name inside it")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise HiCacheInputError(
+            f"{flag} {path_text}: folder {parent} does not exist; create it or pick another path"
+        )
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise HiCacheInputError(f"{flag} {path_text} is not writable; pick a writable path")
+    return path
+
+
+# -- the sglang source tree ------------------------------------------------------------------
+def use_sglang_src(path_text: str) -> Path:
+    """Check an unpacked sglang tree and export it as ``HICACHE_SGLANG_SRC`` for the adapters."""
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_dir():
+        raise HiCacheSetupError(
+            f"--sglang-src {path_text}: no such folder; pass an unpacked sglang tree "
+            f"(the folder that holds {SGLANG_CONTROLLER})"
+        )
+    if not (path / SGLANG_CONTROLLER).is_file():
+        hint = ""
+        if (path / "python" / SGLANG_CONTROLLER).is_file():
+            hint = f" (a repository checkout: pass {path / 'python'})"
+        elif path.name == "sglang" and (path.parent / SGLANG_CONTROLLER).is_file():
+            hint = f" (that is the package itself: pass its parent {path.parent})"
+        raise HiCacheSetupError(
+            f"--sglang-src {path_text}: expected {path / SGLANG_CONTROLLER}, which is missing"
+            f"{hint}; pass the folder that holds {SGLANG_CONTROLLER}"
+        )
+    os.environ[SGLANG_SRC_ENV] = str(path)
+    return path
+
+
+# -- trace files -----------------------------------------------------------------------------
+def read_trace_file(path_text: str) -> Trace:
+    """Read a trace, naming the line and the fix for anything that is not a valid trace."""
+    path = Path(path_text)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise HiCacheInputError(
+            f"trace {path_text} {what}; pass a .jsonl trace a campaign wrote "
+            "(hicache-fuzz prints its path after 'hicache-fuzz replay')"
+        )
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HiCacheInputError(
+            f"trace {path_text} cannot be read ({exc}); check the file"
+        ) from None
+    records = _parse_lines(path_text, text)
+    _check_header(path_text, *records[0])
+    for line_no, record in records[1:]:
+        _check_step(path_text, line_no, record)
+    try:
+        return Trace.read(path)
+    except ValueError as exc:  # pydantic's ValidationError and json's errors are ValueErrors
+        raise HiCacheInputError(f"trace {path_text} is malformed: {_first_line(exc)}") from None
+
+
+def _parse_lines(path_text: str, text: str) -> list[tuple[int, dict[str, Any]]]:
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines:
+        raise HiCacheInputError(
+            f"trace {path_text} is empty; a trace is a header line, then one step per line"
+        )
+    records: list[tuple[int, dict[str, Any]]] = []
+    for line_no, line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise HiCacheInputError(
+                f"trace {path_text} line {line_no} is not JSON ({exc.msg}); a trace is JSONL: "
+                "a header object, then one step object per line"
+            ) from None
+        if not isinstance(record, dict):
+            raise HiCacheInputError(
+                f"trace {path_text} line {line_no} is a JSON {type(record).__name__}, not an "
+                "object; every line of a trace is one JSON object"
+            )
+        records.append((line_no, record))
+    return records
+
+
+def _check_header(path_text: str, line_no: int, record: dict[str, Any]) -> None:
+    version = record.get("version")
+    if version != TRACE_VERSION:
+        raise HiCacheInputError(
+            f"trace {path_text} has version {version!r} on line {line_no}; this hicache_ref "
+            f"reads {TRACE_VERSION!r}: replay it with the hicache_ref that wrote it, or re-record it"
+        )
+    try:
+        TraceHeader.model_validate(record)
+    except ValidationError as exc:
+        raise HiCacheInputError(
+            f"trace {path_text} line {line_no} is not a valid header ({_first_error(exc)}); "
+            "a header holds version, implementation and config"
+        ) from None
+
+
+def _check_step(path_text: str, line_no: int, record: dict[str, Any]) -> None:
+    rule = record.get("rule")
+    if rule not in LEGAL_RULES:
+        raise HiCacheInputError(
+            f"trace {path_text} line {line_no} has unknown rule {rule!r}; legal rules: "
+            + ", ".join(LEGAL_RULES)
+        )
+    try:
+        Step.model_validate(record)
+    except ValidationError as exc:
+        raise HiCacheInputError(
+            f"trace {path_text} line {line_no} is not a valid step ({_first_error(exc)}); "
+            'a step looks like {"rule": "prefill", "args": {"tokens": 1}}'
+        ) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "value"
+    return f"{where}: {first['msg']}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,189 @@
+"""Unpacked sglang source trees: where the gate reads a controller that nobody here wrote.
+
+A *tree* is a directory holding ``sglang/srt/managers/cache_controller.py`` and the few modules
+that file imports (``srt/environ.py``, ``srt/mem_cache/hicache_storage.py``, ...): an unpacked
+sglang wheel, a checkout's ``python/`` folder, or a copy of either with a modified controller.
+The gate never imports sglang as a package (its import chain needs transformers, triton and
+more); ``adapters/sglang.py`` loads the controller file from a tree behind stubs.
+
+In the order a run needs them:
+
+- ``fetch_wheel_tree(version)``: ``pip download --no-deps sglang==<version>`` once, unpacked
+  into the cache directory (``HICACHE_CACHE_DIR``, default ``~/.cache/hicache_ref``);
+- ``fork_tree(controller_file)``: that tree with another ``cache_controller.py`` (the seed fork,
+  or a developer's patched copy), built next to it, keyed by the file's hash;
+- ``resolve_tree()``: ``HICACHE_SGLANG_SRC`` (the CLI's ``--sglang-src``) if set, else 0.5.10.
+
+Every failure is a ``HiCacheSetupError`` whose one line says what is missing and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from hicache_ref.errors import HiCacheSetupError
+
+SGLANG_VERSION = "0.5.10"
+SRC_ENV = "HICACHE_SGLANG_SRC"
+SEED_FILE_ENV = "HICACHE_SEED_FILE"
+CACHE_ENV = "HICACHE_CACHE_DIR"
+CONTROLLER_RELPATH = Path("sglang/srt/managers/cache_controller.py")
+PIP_TIMEOUT_S = 300
+
+
+def cache_root() -> Path:
+    """Where fetched and derived trees live (``HICACHE_CACHE_DIR`` or ``~/.cache/hicache_ref``)."""
+    env = os.environ.get(CACHE_ENV)
+    root = Path(env) if env else Path.home() / ".cache" / "hicache_ref"
+    return root
+
+
+def is_tree(path: Path) -> bool:
+    return (Path(path) / CONTROLLER_RELPATH).is_file()
+
+
+def check_tree(path: Path) -> Path:
+    """``path`` itself if it is a tree; else a one-line ``HiCacheSetupError``."""
+    path = Path(path).expanduser().resolve()
+    if not path.exists():
+        raise HiCacheSetupError(
+            f"sglang source tree {path} does not exist; point --sglang-src / {SRC_ENV} at an "
+            f"unpacked sglang (the folder that holds {CONTROLLER_RELPATH})"
+        )
+    if not is_tree(path):
+        hint = ""
+        if (path / "python" / CONTROLLER_RELPATH).is_file():
+            hint = f" (a repository checkout: use {path / 'python'})"
+        raise HiCacheSetupError(
+            f"{path} holds no {CONTROLLER_RELPATH}{hint}; point --sglang-src / {SRC_ENV} at an "
+            "unpacked sglang tree"
+        )
+    return path
+
+
+def wheel_tree_path(version: str = SGLANG_VERSION) -> Path:
+    return cache_root() / f"sglang-{version}"
+
+
+def fetch_wheel_tree(version: str = SGLANG_VERSION) -> Path:
+    """The unpacked sglang ``version`` wheel, fetched with pip on first use."""
+    target = wheel_tree_path(version)
+    if is_tree(target):
+        return target
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HiCacheSetupError(
+            f"cannot create the cache directory {root} ({exc.strerror}); set {CACHE_ENV} to a "
+            "writable folder"
+        ) from None
+    with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
+        wheel = _download_wheel(version, Path(tmp))
+        staging = Path(tmp) / "tree"
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(staging)
+        except zipfile.BadZipFile:
+            raise HiCacheSetupError(
+                f"{wheel.name} is not a readable wheel; delete {root} and run "
+                "`hicache-fuzz setup` again"
+            ) from None
+        if not is_tree(staging):
+            raise HiCacheSetupError(
+                f"sglang=={version} has no {CONTROLLER_RELPATH}; gate a version that has one"
+            )
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not is_tree(target):  # a concurrent fetch that won the race is fine
+                raise
+    return target
+
+
+def _download_wheel(version: str, into: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into)]
+    command.append(f"sglang=={version}")
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HiCacheSetupError(
+            f"`pip download sglang=={version}` did not finish ({type(exc).__name__}); check the "
+            f"package index is reachable, or unpack a wheel yourself and set {SRC_ENV}"
+        ) from None
+    wheels = sorted(into.glob("sglang-*.whl"))
+    if done.returncode != 0 or not wheels:
+        last = (done.stderr or done.stdout or "no output").strip().splitlines()[-1:] or [""]
+        raise HiCacheSetupError(
+            f"`pip download --no-deps sglang=={version}` failed: {last[0][:160]}; check the "
+            f"package index is reachable, or unpack a wheel yourself and set {SRC_ENV}"
+        )
+    return wheels[0]
+
+
+def fork_tree(controller_file: Path, base: Path | None = None) -> Path:
+    """A tree equal to ``base`` (default: the 0.5.10 wheel) but with ``controller_file`` as its
+    ``cache_controller.py``. Built once per file content, beside the base tree."""
+    controller_file = Path(controller_file)
+    if not controller_file.is_file():
+        raise HiCacheSetupError(
+            f"controller file {controller_file} does not exist; pass the path of a "
+            "cache_controller.py (for the seed fork: its re-indented copy)"
+        )
+    source = controller_file.read_bytes()
+    base = check_tree(base) if base is not None else fetch_wheel_tree()
+    digest = hashlib.sha256(source + str(base).encode()).hexdigest()[:12]
+    target = cache_root() / f"{base.name}-fork-{digest}"
+    if is_tree(target) and (target / CONTROLLER_RELPATH).read_bytes() == source:
+        return target
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".fork-") as tmp:
+        staging = Path(tmp) / "tree"
+        shutil.copytree(base / "sglang", staging / "sglang", copy_function=_link_or_copy)
+        controller = staging / CONTROLLER_RELPATH
+        controller.unlink()  # a hard link: never write through it into the base tree
+        controller.write_bytes(source)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    return target
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def resolve_tree() -> Path:
+    """The tree to gate: ``HICACHE_SGLANG_SRC`` if set, else the 0.5.10 wheel (fetched once)."""
+    env = os.environ.get(SRC_ENV)
+    if env:
+        return check_tree(Path(env))
+    return fetch_wheel_tree()
+
+
+def resolve_seed_tree() -> Path:
+    """The seed fork's tree: ``HICACHE_SGLANG_SRC`` if set, else one built from
+    ``HICACHE_SEED_FILE`` (the seed's re-indented controller) over the 0.5.10 wheel."""
+    env = os.environ.get(SRC_ENV)
+    if env:
+        return check_tree(Path(env))
+    seed = os.environ.get(SEED_FILE_ENV)
+    if not seed:
+        raise HiCacheSetupError(
+            f"--impl seed needs the fork's controller: set {SEED_FILE_ENV} to the seed's "
+            f"re-indented cache_controller file, or --sglang-src / {SRC_ENV} to a fork tree"
+        )
+    return fork_tree(Path(seed))

@@ -1,0 +1,124 @@
+"""SGLang's own controller, loaded from an unpacked tree, driven through the same session.
+
+The trees are built at test time: the 0.5.10 wheel (and 0.5.23 for the L2-engine shape) fetched
+with ``pip download --no-deps`` into the cache directory; nothing of upstream is committed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hicache_ref.errors import HiCacheSetupError
+from hicache_ref.harness.adapters.sglang import SglangImplementation, is_l2_engine_tree
+from hicache_ref.harness.adapters.sglang_tree import (
+    CONTROLLER_RELPATH,
+    check_tree,
+    fetch_wheel_tree,
+    fork_tree,
+)
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.session import Session
+from hicache_ref.harness.trace import Step
+
+
+@pytest.fixture(scope="module")
+def tree_0510() -> Path:
+    return fetch_wheel_tree("0.5.10")
+
+
+def _round_trip(impl: SglangImplementation, config: HarnessConfig) -> list[str]:
+    session = Session(impl.refine_config(config), impl, impl.name)
+    steps = [
+        Step(rule="prefill", args={"tokens": 2 * config.page_size}),
+        *[Step(rule="forward_layer") for _ in range(config.layer_num)],
+        Step(rule="write", args={"node": 0}),
+        Step(rule="synchronize", args={"stream": "write"}),
+        Step(rule="drain_acks"),
+        Step(rule="evict_device", args={"node": 0}),
+        Step(rule="load", args={"node": 0}),
+        Step(rule="start_loading"),
+        *[
+            Step(rule="forward_read", args={"node": 0, "layer": layer, "draft": False})
+            for layer in range(config.layer_num)
+        ],
+    ]
+    outcomes = [session.apply(step) for step in steps]
+    session.finish()  # every byte, slot and ack checked from the harness's own model
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        HarnessConfig(page_size=4, layer_num=2),
+        HarnessConfig(page_size=1, layer_num=3, pool_kind="mla", layout="page_first_direct"),
+        HarnessConfig(
+            page_size=2, layer_num=2, pool_kind="nsa", io_backend="kernel", layout="page_first"
+        ),
+    ],
+    ids=lambda c: c.describe(),
+)
+def test_upstream_0510_round_trips_bytes_through_the_harness(
+    tree_0510: Path, config: HarnessConfig
+) -> None:
+    # upstream's write -> ack -> evict -> load -> start_loading -> per-layer reads, on SimDevice
+    outcomes = _round_trip(SglangImplementation(tree_0510), config)
+    assert "drained 1 write ack(s)" in outcomes[config.layer_num + 3]
+    assert outcomes[-1].startswith("read layer")
+
+
+def test_upstream_producer_slots_come_from_its_layer_counter(tree_0510: Path) -> None:
+    # 0.5.10 hard-codes three producer slots; the harness models exactly that many
+    impl = SglangImplementation(tree_0510)
+    assert impl.refine_config(HarnessConfig(num_counters=5)).num_counters == 3
+
+
+def test_each_world_gets_its_own_device_module(tree_0510: Path) -> None:
+    # the controller file binds device_module at import: two worlds must not share it
+    impl = SglangImplementation(tree_0510)
+    one = Session(impl.refine_config(HarnessConfig()), impl, "sglang")
+    two = Session(impl.refine_config(HarnessConfig()), impl, "sglang")
+    module_one = type(one.world.ranks[0].controller).__module__
+    assert one.world.device is not two.world.device
+    controller_two = two.world.ranks[0].controller
+    assert controller_two.write_stream is not one.world.ranks[0].controller.write_stream
+    assert module_one == "sglang.srt.managers.cache_controller"
+
+
+def test_a_folder_without_the_controller_is_one_setup_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        HiCacheSetupError, match=r"holds no sglang/srt/managers/cache_controller\.py"
+    ):
+        check_tree(tmp_path)
+    with pytest.raises(HiCacheSetupError, match="does not exist"):
+        check_tree(tmp_path / "missing")
+
+
+def test_a_controller_that_does_not_compile_names_its_line(tmp_path: Path) -> None:
+    broken = tmp_path / "cache_controller.py"
+    broken.write_text("def oops(:\n")
+    tree = fork_tree(broken)
+    with pytest.raises(
+        HiCacheSetupError, match=r"cache_controller.py:1: the file does not compile"
+    ):
+        SglangImplementation(tree)
+
+
+def test_fork_tree_swaps_only_the_controller_file(tree_0510: Path, tmp_path: Path) -> None:
+    # a developer's modified copy: same tree, another cache_controller.py, base left untouched
+    original = (tree_0510 / CONTROLLER_RELPATH).read_text()
+    patched = tmp_path / "cache_controller.py"
+    patched.write_text(original + "\n# patched\n")
+    tree = fork_tree(patched)
+    assert (tree / CONTROLLER_RELPATH).read_text().endswith("# patched\n")
+    assert (tree_0510 / CONTROLLER_RELPATH).read_text() == original
+
+
+def test_upstream_0523_l2_engine_round_trips_through_the_same_session() -> None:
+    # 0.5.23: transfers through L2TransferEngine, no evict_device; thin shims adapt the names
+    tree = fetch_wheel_tree("0.5.23")
+    assert is_l2_engine_tree(tree)
+    outcomes = _round_trip(SglangImplementation(tree), HarnessConfig(page_size=4, layer_num=2))
+    assert outcomes[-1].startswith("read layer")
