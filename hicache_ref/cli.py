@@ -7,6 +7,7 @@ hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m --known all
 hicache-fuzz replay fuzz/out/failure-reference.jsonl
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
 hicache-fuzz mutants                  # every seeded mutant must be caught
+hicache-fuzz setup [--seed FILE]      # fetch sglang 0.5.10 for --impl sglang (and build the fork)
 
 Exit status: 0 when nothing (new) failed, 1 when a campaign, gate or replay failed, 2 on a bad
 argument, a bad file or a setup problem: one line on stderr naming it and the fix. The gate
@@ -207,6 +208,18 @@ def _checked_mutants(args: argparse.Namespace) -> int:
 
 
 # -- the command line ------------------------------------------------------------------------
+def cmd_setup(args: argparse.Namespace) -> int:
+    """Fetch the sglang tree the gate reads (once; cached), and build fork trees asked for."""
+    from hicache_ref.harness.adapters.sglang_tree import SGLANG_VERSION, fetch_wheel_tree, fork_tree
+
+    tree = fetch_wheel_tree(args.version or SGLANG_VERSION)
+    print(f"sglang {args.version or SGLANG_VERSION}: {tree}")
+    for controller in args.seed or []:
+        fork = fork_tree(Path(controller), base=tree)
+        print(f"fork tree of {controller}: {fork}  (--impl seed --sglang-src {fork})")
+    return EXIT_OK
+
+
 def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--impl", default="reference", help="reference | sglang | seed | mutant:<name>"
@@ -279,6 +292,15 @@ def build_parser() -> argparse.ArgumentParser:
     mut = sub.add_parser("mutants", help="check that every seeded mutant is caught")
     catalogue.add_arguments(mut)
     mut.set_defaults(func=_checked_mutants)
+    setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
+    setup.add_argument("--version", help="sglang version to fetch (default 0.5.10)")
+    setup.add_argument(
+        "--seed",
+        nargs="+",
+        metavar="FILE",
+        help="also build a fork tree with FILE as its cache_controller.py (prints its path)",
+    )
+    setup.set_defaults(func=cmd_setup)
     return parser
 
 
