@@ -3,8 +3,9 @@
 Each case draws a configuration the implementation supports, then a program of rules. Rules pick
 nodes among the candidates the session offers (``@precondition`` keeps impossible rules out; no
 ``assume``), and mirror nothing in bundles: the session holds the state, so invariants and
-preconditions can see it (testing_anchors E2/E3). ``noop`` is always valid, so swarm testing never
-leaves a case with nothing to do. After every step the session checks its invariants; teardown
+preconditions can see it. ``prefill`` and ``round_trip`` are always valid, so swarm
+testing never leaves a case with nothing to do; compound rules (``offload``, ``reload``,
+``round_trip``) spend most steps on the load path, where shipped corruption lives. After every step the session checks its invariants; teardown
 runs the quiescence checks. When a case fails, the machine writes the trace and prints one line
 that replays it.
 """
@@ -154,21 +155,78 @@ class HiCacheMachine(RuleBasedStateMachine):
             self._apply("evict_device", node=node)
 
     @precondition(lambda self: self._has("load"))
-    @rule(pick=st.integers(0, 63), run_ops=st.integers(0, 6), drain=st.booleans())
-    def reload(self, pick: int, run_ops: int, drain: bool) -> None:
-        """Compound: load -> start_loading -> part of the H2D runs -> maybe drain (atomic steps)."""
-        self._apply("load", node=self._pick("load", pick))
+    @rule(
+        picks=st.lists(st.integers(0, 63), min_size=1, max_size=3),
+        reads=st.integers(1, 6),
+        run_ops=st.integers(0, 6),
+        drain=st.booleans(),
+    )
+    def reload(self, picks: list[int], reads: int, run_ops: int, drain: bool) -> None:
+        """Compound: load up to three nodes -> one start_loading (their ops merged) -> forward
+        reads of the loading nodes at once (they must wait on the per-layer events) -> part of
+        the H2D runs -> maybe drain (atomic steps)."""
+        loaded = self._load_some(picks)
+        self._start_and_read(loaded, reads, run_ops, drain)
+
+    @rule(
+        pick=st.integers(0, 63),
+        cycles=st.integers(1, 3),
+        reads=st.integers(1, 6),
+        run_ops=st.integers(0, 6),
+        tokens=st.integers(1, 40),
+    )
+    def round_trip(self, pick: int, cycles: int, reads: int, run_ops: int, tokens: int) -> None:
+        """Compound: a device node goes to host and comes back, ``cycles`` times: (a new node's
+        prefill and forward when none is ready) -> write -> sync -> drain -> (evict_device ->
+        load -> start_loading -> reads while it loads -> part of the H2D -> sync -> drain_load)
+        x cycles (atomic steps)."""
+        if not (self._has("write") or self._has("evict_device")):
+            self.prefill(tokens, early_reserve=False, compute_now=True)
+        if not (self._has("write") or self._has("evict_device")):
+            return  # the device is full: the prefill was refused
+        if self._has("write"):
+            node = self._pick("write", pick)
+            self._apply("write", node=node)
+            self._apply("synchronize", stream="write")
+            self._apply("drain_acks")
+        else:
+            node = self._pick("evict_device", pick)
+        for cycle in range(cycles):
+            if node not in self.s.candidates("evict_device"):
+                return
+            self._apply("evict_device", node=node)
+            if node not in self.s.candidates("load"):
+                return
+            self._apply("load", node=node)
+            self._start_and_read([node], reads, run_ops, drain=False)
+            if cycle + 1 < cycles:
+                self._apply("synchronize", stream="load")
+                self._apply("drain_load")
+
+    def _load_some(self, picks: list[int]) -> list[int]:
+        loaded: list[int] = []
+        for pick in picks:
+            if self._has("load"):
+                node = self._pick("load", pick)
+                self._apply("load", node=node)
+                loaded.append(node)
+        return loaded
+
+    def _start_and_read(self, loaded: list[int], reads: int, run_ops: int, drain: bool) -> None:
         if self.s.is_enabled(Step(rule="start_loading")):
             self._apply("start_loading")
+        layer_num = self.s.config.layer_num
+        for i in range(reads if loaded else 0):
+            node = loaded[i % len(loaded)]
+            if node in self.s.candidates("forward_read"):
+                self._apply(
+                    "forward_read", node=node, layer=(i // len(loaded)) % layer_num, draft=False
+                )
         if run_ops:
-            self._apply("advance", stream="forward", n=run_ops)
             self._apply("advance", stream="load", n=run_ops)
+            self._apply("advance", stream="forward", n=run_ops)
         if drain:
-            self._apply("drain_acks")
-
-    @rule()
-    def start_writing(self) -> None:
-        self._apply("start_writing")
+            self._apply("drain_load")
 
     @precondition(lambda self: self._has("load"))
     @rule(pick=st.integers(0, 63))
@@ -191,12 +249,25 @@ class HiCacheMachine(RuleBasedStateMachine):
         if limit > 0:
             self._apply("forward_read", node=node.handle, layer=layer % limit, draft=draft)
 
-    @rule(stream=st.sampled_from(STREAMS), n=st.integers(1, 16))
+    @precondition(lambda self: self.session is not None and not self.s.world.device.is_idle())
+    @rule(stream=st.sampled_from(STREAMS), n=st.integers(0, 16))
     def advance(self, stream: str, n: int) -> None:
-        self._apply("advance", stream=stream, n=n)
+        """Run ``n`` queued ops of one stream (``n == 0``: the host synchronizes it)."""
+        if n == 0:
+            self._apply("synchronize", stream=stream)
+        else:
+            self._apply("advance", stream=stream, n=n)
 
-    @rule()
-    def drain_acks(self) -> None:
+    @precondition(
+        lambda self: (
+            self.session is not None and bool(self.s.tree.ongoing_write or self.s.tree.ongoing_load)
+        )
+    )
+    @rule(start_writing=st.booleans())
+    def drain_acks(self, start_writing: bool) -> None:
+        """The scheduler's per-step check: maybe flush queued writes, then drain both queues."""
+        if start_writing:
+            self._apply("start_writing")
         self._apply("drain_acks")
 
     @precondition(
@@ -233,18 +304,10 @@ class HiCacheMachine(RuleBasedStateMachine):
     def evict_host(self, pick: int) -> None:
         self._apply("evict_host", node=self._pick("evict_host", pick))
 
-    @rule(stream=st.sampled_from(STREAMS))
-    def synchronize(self, stream: str) -> None:
-        self._apply("synchronize", stream=stream)
-
     @precondition(lambda self: self.session is not None and len(self.s.tree.nodes) >= 3)
     @rule()
     def reset(self) -> None:
         self._apply("reset")
-
-    @rule()
-    def noop(self) -> None:
-        self._apply("noop")
 
     def teardown(self) -> None:
         if self.session is None or self.failed:
