@@ -33,7 +33,8 @@ class ReplayResult:
 def replay(trace: Trace, *, implementation: str | None = None, finish: bool = True) -> ReplayResult:
     """Apply every step of ``trace`` to a fresh world, then (optionally) the quiescence checks."""
     name = implementation or trace.header.implementation
-    session = Session(trace.header.config, get_implementation(name), name)
+    source = trace.header.source if name == trace.header.implementation else ""
+    session = Session(trace.header.config, get_implementation(name, source), name)
     try:
         for step in trace.steps:
             session.apply(step)

@@ -68,6 +68,9 @@ class TraceHeader(BaseModel):
     implementation: str = "reference"
     config: HarnessConfig
     note: str = ""
+    source: str = ""
+    """Where the implementation's code came from, when it is not this package: the sglang tree
+    of ``sglang``/``seed`` (so the printed replay line rebuilds the same controller)."""
 
 
 class Trace(BaseModel):

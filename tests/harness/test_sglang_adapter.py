@@ -122,3 +122,22 @@ def test_upstream_0523_l2_engine_round_trips_through_the_same_session() -> None:
     assert is_l2_engine_tree(tree)
     outcomes = _round_trip(SglangImplementation(tree), HarnessConfig(page_size=4, layer_num=2))
     assert outcomes[-1].startswith("read layer")
+
+
+def test_a_trace_remembers_its_tree_so_the_replay_line_needs_no_flag(
+    tree_0510: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a gate over a developer's tree prints `hicache-fuzz replay TRACE`: the header names the tree
+    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
+    from hicache_ref.harness.replay import replay
+
+    monkeypatch.delenv(SRC_ENV, raising=False)
+    patched = tmp_path / "cache_controller.py"
+    patched.write_text((tree_0510 / CONTROLLER_RELPATH).read_text() + "\n# mine\n")
+    tree = fork_tree(patched)
+    impl = SglangImplementation(tree)
+    session = Session(impl.refine_config(HarnessConfig()), impl, "sglang")
+    session.apply(Step(rule="prefill", args={"tokens": 4}))
+    trace = session.trace()
+    assert trace.header.source == str(tree)
+    assert not replay(trace).failed

@@ -17,22 +17,35 @@ from hicache_ref.harness.adapters.reference import ReferenceImplementation
 MUTANTS_DIR_ENV = "HICACHE_MUTANTS_DIR"
 
 
-def _sglang() -> Implementation:
+def _sglang(source: str = "") -> Implementation:
     from hicache_ref.harness.adapters.sglang import SglangImplementation
 
-    return SglangImplementation()
+    return SglangImplementation(_source_tree(source))
 
 
-def _seed() -> Implementation:
+def _seed(source: str = "") -> Implementation:
     from hicache_ref.harness.adapters.sglang import SeedImplementation
 
-    return SeedImplementation()
+    return SeedImplementation(_source_tree(source))
 
+
+def _source_tree(source: str) -> Path | None:
+    """A trace's recorded tree, unless ``--sglang-src`` / ``HICACHE_SGLANG_SRC`` names one."""
+    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, check_tree
+
+    if not source or os.environ.get(SRC_ENV):
+        return None
+    return check_tree(Path(source))
+
+
+_SOURCED: dict[str, Callable[[str], Implementation]] = {
+    "sglang": _sglang,  # upstream's controller from HICACHE_SGLANG_SRC (default: 0.5.10 wheel)
+    "seed": _seed,  # the CP/draft fork: HICACHE_SGLANG_SRC or HICACHE_SEED_FILE
+}
+"""Implementations whose code lives in a source tree (a trace header records it)."""
 
 _FACTORIES: dict[str, Callable[[], Implementation]] = {
     "reference": ReferenceImplementation,
-    "sglang": _sglang,  # upstream's controller from HICACHE_SGLANG_SRC (default: 0.5.10 wheel)
-    "seed": _seed,  # the CP/draft fork: HICACHE_SGLANG_SRC or HICACHE_SEED_FILE
 }
 
 
@@ -71,13 +84,16 @@ def list_mutants() -> list[str]:
     return sorted(p.stem for p in directory.glob("*.py") if not p.stem.startswith("_"))
 
 
-def get_implementation(name: str) -> Implementation:
+def get_implementation(name: str, source: str = "") -> Implementation:
+    """The implementation called ``name``; ``source`` is a trace's recorded source tree."""
+    if name in _SOURCED:
+        return _SOURCED[name](source)
     if name.startswith("mutant:"):
         module = load_mutant_module(name.split(":", 1)[1])
         impl: Implementation = module.implementation()
         return impl
     factory = _FACTORIES.get(name)
     if factory is None:
-        legal = ", ".join(sorted(_FACTORIES)) + ", mutant:<name>"
+        legal = ", ".join(sorted([*_FACTORIES, *_SOURCED])) + ", mutant:<name>"
         raise UnknownOptionError(f"unknown implementation {name!r}; legal: {legal}")
     return factory()

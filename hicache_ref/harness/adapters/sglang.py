@@ -412,7 +412,8 @@ class SglangImplementation:
 
     def __init__(self, tree: Path | None = None) -> None:
         self.tree = tree if tree is not None else resolve_tree()
-        self.source = controller_source(self.tree)
+        self.loader = controller_source(self.tree)
+        self.source_tree = str(self.tree)  # recorded in trace headers (replay rebuilds it)
         self._producer_slots: int | None = None
 
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
@@ -420,11 +421,11 @@ class SglangImplementation:
         from hicache_ref.device.sim import SimDevice
 
         if self._producer_slots is None:
-            self._producer_slots = _producer_slots(self.source.module_for(SimDevice()))
+            self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
         return config.model_copy(update={"num_counters": self._producer_slots})
 
     def build_controller(self, request: BuildRequest) -> Any:
-        module = self.source.module_for(request.device_module)
+        module = self.loader.module_for(request.device_module)
         l2_engine = is_l2_engine_tree(self.tree)
         allocator = L2AllocatorShim(request.allocator) if l2_engine else request.allocator
         host_pool = L2HostPoolShim(request.host_pool) if l2_engine else request.host_pool
@@ -459,7 +460,7 @@ class SeedImplementation(SglangImplementation):
         super().__init__(tree if tree is not None else resolve_seed_tree())
 
     def build_controller(self, request: BuildRequest) -> Any:
-        module = self.source.module_for(request.device_module)
+        module = self.loader.module_for(request.device_module)
         kwargs: dict[str, Any] = {}
         if request.cp_layout is not None:
             kwargs["cp_shared_kv_layout"] = request.cp_layout
