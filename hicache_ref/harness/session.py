@@ -6,26 +6,46 @@ as skipped (this is what lets the minimizer delete steps freely). After every ap
 session checks the invariants that are cheap enough to check always; ``finish()`` runs the
 quiescence checks: every stream idle, every ack drained exactly once, every slot free or owned
 by one node, every resident copy holding the bytes the content oracle predicts.
+
+The checks live in ``invariants/registry.py``, one entry per invariant id, over per-rank
+snapshots (``adapters/base.snapshot_rank``: ack rows from the implementation, pages from the
+harness's own pools) and the tree's model of its nodes; the session only decides when each runs
+and counts the runs per id (``SessionStats.checks_by_id``). Rules the implementation cannot do
+(its capabilities, e.g. no ``per_layer_write``) are skipped, so traces stay replayable.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-
+from hicache_ref.device.protocol import StreamT
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness.adapters.base import Implementation, unsupported_reasons
+from hicache_ref.harness.adapters.base import (
+    ControllerLike,
+    Implementation,
+    RankLike,
+    snapshot_rank,
+    unsupported_reasons,
+)
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.trace import Step, Trace, TraceHeader
-from hicache_ref.harness.tree import Node, TreeDriver
+from hicache_ref.harness.tree import TreeDriver
 from hicache_ref.harness.world import build_world
+from hicache_ref.invariants.registry import (
+    QUIESCENCE_CHECKS,
+    REFUSAL_CHECKS,
+    RESET_CHECKS,
+    STEP_CHECKS,
+    StateCheck,
+)
+from hicache_ref.invariants.snapshot import RankSnapshot
 
 STREAMS = ("forward", "write", "load")
 DRAIN_ROUNDS_MAX = 10_000
+REFUSABLE_RULES = ("prefill", "write", "load", "reserve")  # a "refused: ..." outcome: INV-17
+SnapshotFn = Callable[[RankLike, Iterable[int]], RankSnapshot]
 
 
 @dataclass
@@ -33,7 +53,8 @@ class SessionStats:
     steps: int = 0
     skipped: int = 0
     rules: Counter[str] = field(default_factory=Counter)
-    invariant_checks: int = 0
+    invariant_checks: int = 0  # rounds of step checks (one per applied step)
+    checks_by_id: Counter[str] = field(default_factory=Counter)  # check runs per invariant id
 
 
 class Session:
@@ -51,15 +72,22 @@ class Session:
         self.implementation = implementation
         self.impl_name = impl_name
         self.world = build_world(config, implementation)
-        self.tree = TreeDriver(self.world)
+        self.capabilities = self.world.capabilities  # declared, checked against the class
+        self.stats = SessionStats()
+        self.tree = TreeDriver(self.world, checks=self.stats.checks_by_id)
         self.steps: list[Step] = []
         self.outcomes: list[str] = []
-        self.stats = SessionStats()
         self._candidates: dict[str, list[int]] = {}
+        self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
+        override = getattr(implementation, "snapshot", None)  # an adapter may read itself
+        self._snapshot_rank: SnapshotFn = override if callable(override) else snapshot_rank
 
     # -- the trace -----------------------------------------------------------------------------
     def trace(self, note: str = "") -> Trace:
-        header = TraceHeader(implementation=self.impl_name, config=self.config, note=note)
+        source = str(getattr(self.implementation, "source_tree", "") or "")
+        header = TraceHeader(
+            implementation=self.impl_name, config=self.config, note=note, source=source
+        )
         return Trace(header=header, steps=tuple(self.steps))
 
     # -- candidates (what a rule may pick) ----------------------------------------------------
@@ -79,7 +107,7 @@ class Session:
                 lambda n: n.on_device and n.layers_stored == total and n.backup == "none"
             )
         if rule == "load":
-            if len(self._acks("ack_load_queue")) + 1 > self.config.num_counters:
+            if self._undrained_loads() + 1 > self.config.num_counters:
                 return []
             return t.handles(lambda n: not n.on_device and n.backup == "done" and not n.loading)
         if rule == "forward_read":
@@ -118,17 +146,19 @@ class Session:
             return t.handles(lambda n: not n.on_device and n.backup == "done" and not n.loading)
         return []
 
-    def _acks(self, queue: str) -> list[Any]:
-        return list(getattr(self.world.ranks[0].controller, queue))
+    def _undrained_loads(self) -> int:
+        return len(self.world.ranks[0].controller.ack_load_queue)
 
     def is_enabled(self, step: Step) -> bool:
         rule, args = step.rule, step.args
         if rule == "forward_layer":
             return bool(self.tree.batch)
+        if rule in ("reserve", "submit_layer", "layer_end") and not self.world.per_layer_write:
+            return False  # early reservations and layer-end-driven writes need per_layer_write
         if rule.startswith("probe_"):
-            return "guards" in self.implementation.capabilities and int(
-                args.get("node", -1)
-            ) in self.candidates(rule)
+            return "guards" in self.capabilities and int(args.get("node", -1)) in self.candidates(
+                rule
+            )
         if rule in ("write", "load", "cancel", "evict_device", "drop", "evict_host"):
             return int(args.get("node", -1)) in self.candidates(rule)
         if rule == "forward_read":
@@ -155,7 +185,7 @@ class Session:
             return 0 <= int(args.get("layer", -1)) < limit
         if rule == "start_loading":
             return bool(self.tree.queued_loads) and (
-                len(self._acks("ack_load_queue")) < self.config.num_counters
+                self._undrained_loads() < self.config.num_counters
             )
         if rule == "advance":
             return args.get("stream") in STREAMS and int(args.get("n", 0)) >= 1
@@ -186,9 +216,25 @@ class Session:
             self.outcomes.append("skipped")
             return "skipped"
         self.stats.rules[step.rule] += 1
+        watch_refusal = step.rule in REFUSABLE_RULES or step.rule.startswith("probe_")
+        # the state before this step is the state the previous step's checks read
+        before = (self._last_snapshots or self.snapshots()) if watch_refusal else None
+        gate_ids = list(range(self.tree.next_node_id)) if step.rule == "reset" else []
+        self._last_snapshots = None
         outcome = self._dispatch(step)
         self.outcomes.append(outcome)
-        self.check_step_invariants()
+        after = self.snapshots()
+        if before is not None and (outcome.startswith("refused") or step.rule.startswith("probe_")):
+            self.check_refusal_changed_nothing(before, after, f"{step.rule} ({outcome})")
+        elif before is not None and step.rule == "prefill" and "; refused:" in outcome:
+            # the node's pages stay; its refused early reservation must leave nothing behind
+            self.check_refusal_changed_nothing(
+                before, after, f"early reservation ({outcome})", may_change=("device pages",)
+            )
+        if step.rule == "reset":
+            self._run_checks(RESET_CHECKS, self.snapshots(gate_ids))
+        self.check_step_invariants(after)
+        self._last_snapshots = after
         return outcome
 
     def _dispatch(self, step: Step) -> str:
@@ -241,8 +287,7 @@ class Session:
         if stream == "forward":
             return f"forward ran {device.advance(device.default_stream, n)} op(s)"
         ran = [
-            device.advance(getattr(rank.controller, f"{stream}_stream"), n)
-            for rank in self.world.ranks
+            device.advance(self._stream(rank.controller, stream), n) for rank in self.world.ranks
         ]
         return f"{stream} ran {ran} op(s)"
 
@@ -252,91 +297,47 @@ class Session:
             self.world.device.default_stream.synchronize()
         else:
             for rank in self.world.ranks:
-                getattr(rank.controller, f"{stream}_stream").synchronize()
+                self._stream(rank.controller, stream).synchronize()
         return f"synchronized {stream}"
 
+    @staticmethod
+    def _stream(controller: ControllerLike, stream: str) -> StreamT:
+        return controller.write_stream if stream == "write" else controller.load_stream
+
     # -- checks --------------------------------------------------------------------------------
-    def check_step_invariants(self) -> None:
+    def snapshots(self, gate_ids: Iterable[int] | None = None) -> list[RankSnapshot]:
+        """Every rank as plain data; the gate is asked about ``gate_ids`` (default: live nodes)."""
+        ids = [n.node_id for n in self.tree.nodes.values()] if gate_ids is None else list(gate_ids)
+        return [self._snapshot_rank(rank, ids) for rank in self.world.ranks]
+
+    def _run_checks(
+        self, checks: Mapping[str, StateCheck], snapshots: Sequence[RankSnapshot]
+    ) -> None:
+        model = self.tree.model()
+        for inv_id, check in checks.items():
+            self.stats.checks_by_id[inv_id] += 1
+            check(snapshots, model)
+
+    def check_step_invariants(self, snapshots: Sequence[RankSnapshot] | None = None) -> None:
+        """After every step: the registry's ``STEP_CHECKS`` (INV-02, INV-14, INV-10, INV-05)."""
         self.stats.invariant_checks += 1
-        controllers = [rank.controller for rank in self.world.ranks]
-        rows0_w = [list(a.node_ids) for a in controllers[0].ack_write_queue]
-        rows0_l = [list(a.node_ids) for a in controllers[0].ack_load_queue]
-        for rank_index, controller in enumerate(controllers):
-            rows = [list(a.node_ids) for a in controller.ack_write_queue]
-            # Verify at most one undrained write ack per node (INV-02)
-            flat = [n for row in rows for n in row if n >= 0]
-            dupes = sorted({n for n in flat if flat.count(n) > 1})
-            if dupes:
-                raise InvariantViolation(
-                    "INV-02", f"rank {rank_index}: node(s) {dupes} have two undrained write acks"
-                )
-            gate = getattr(controller, "node_has_undrained_write_ack", None)
-            if gate is not None:
-                for node in self.tree.nodes.values():
-                    if gate(node.node_id) != (node.node_id in flat):
-                        raise InvariantViolation(
-                            "INV-02",
-                            f"rank {rank_index}: node_has_undrained_write_ack({node.node_id}) is "
-                            f"{gate(node.node_id)} but the queue scan says {node.node_id in flat}",
-                        )
-            # Verify every rank carries identical ack rows (INV-14)
-            if rows != rows0_w or [list(a.node_ids) for a in controller.ack_load_queue] != rows0_l:
-                raise InvariantViolation("INV-14", f"rank {rank_index} ack rows differ from rank 0")
-            # Verify the producer slots are never oversubscribed (INV-10)
-            if len(controller.ack_load_queue) > self.config.num_counters:
-                raise InvariantViolation(
-                    "INV-10",
-                    f"{len(controller.ack_load_queue)} undrained load acks exceed "
-                    f"num_counters={self.config.num_counters}",
-                )
-        self.check_slot_conservation()
+        self._run_checks(STEP_CHECKS, self.snapshots() if snapshots is None else snapshots)
 
-    def check_slot_conservation(self) -> None:
-        """Every page is free or owned by exactly one live node (INV-05)."""
-        page = self.config.page_size
-        for rank_index, rank in enumerate(self.world.ranks):
-            device_owned: dict[int, int] = {}
-            host_owned: dict[int, int] = {}
-            draft_owned: dict[int, int] = {}
-            for node in self.tree.nodes.values():
-                if node.value is not None:
-                    for p in _pages(node.value, page):
-                        _claim(device_owned, p, node, "device page", rank_index)
-                for pool_name, slots in self._host_slots(rank_index, node):
-                    table = host_owned if pool_name == "host" else draft_owned
-                    for p in _pages(slots, page):
-                        _claim(table, p, node, f"{pool_name} page", rank_index)
-            _compare(
-                set(device_owned),
-                set(rank.allocator.allocated_page_ids()),
-                f"rank {rank_index} device allocator",
-            )
-            _compare(
-                set(host_owned),
-                set(rank.host_pool.allocated_pages()),
-                f"rank {rank_index} host pool",
-            )
-            if self.config.uses_cp and rank.draft_host_pool is not None:
-                _compare(
-                    set(draft_owned),
-                    set(rank.draft_host_pool.allocated_pages()),
-                    f"rank {rank_index} draft host pool",
-                )
-
-    def _host_slots(self, rank_index: int, node: Node) -> list[tuple[str, Any]]:
-        if self.config.uses_cp:
-            meta = node.cp_meta[rank_index]
-            if meta is None:
-                return []
-            out = [("host", meta.host_indices)]
-            if meta.draft_host_indices is not None:
-                out.append(("draft_host", meta.draft_host_indices))
-            return out
-        host = node.host_value[rank_index]
-        return [("host", host)] if host is not None else []
+    def check_refusal_changed_nothing(
+        self,
+        before: Sequence[RankSnapshot],
+        after: Sequence[RankSnapshot],
+        what: str,
+        may_change: Sequence[str] = (),
+    ) -> None:
+        """A refused operation left every rank as it was (INV-17)."""
+        for inv_id, check in REFUSAL_CHECKS.items():
+            self.stats.checks_by_id[inv_id] += 1
+            check(before, after, what, may_change)
 
     def finish(self) -> None:
         """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""
+        self._last_snapshots = None
         t = self.tree
         # The forward finishes computing every node (early-reserved backups ack only then)
         while t.batch:
@@ -352,7 +353,7 @@ class Session:
                 for layer in range(layer_num):
                     t.layer_end(layer, draft)
         if t.queued_loads:
-            while len(self._acks("ack_load_queue")) >= self.config.num_counters:
+            while self._undrained_loads() >= self.config.num_counters:
                 self.world.device.run_until_idle()
                 t.loading_check()
             t.start_loading()
@@ -364,54 +365,14 @@ class Session:
                 break
         else:
             raise InvariantViolation("INV-16", "acks never drained at quiescence")
-        for controller in (rank.controller for rank in self.world.ranks):
-            if controller.ack_write_queue or controller.ack_load_queue:
-                raise InvariantViolation(
-                    "INV-16", "acks left in a queue at quiescence (an extra ack for some node)"
-                )
-        pending = [h for h in t.nodes if t.has_pending_layer_write(h)]
+        # Verify no ack is left once every submission was acked (INV-16), then every resident
+        # copy's bytes (INV-06), then the pages (INV-05) and the per-layer states (INV-15)
+        checks = dict(QUIESCENCE_CHECKS)
+        snapshots = self.snapshots()
+        self._run_checks({"INV-16": checks.pop("INV-16")}, snapshots)
         for node in t.nodes.values():
             if node.on_device and node.layers_stored == t.total_layers:
                 t.check_device_bytes(node, "INV-06", "quiescence")
             if node.backup == "done":
                 t.check_host_bytes(node, "INV-06", "quiescence")
-        self.check_slot_conservation()
-        if any(t.nodes[h].backup != "in_flight" for h in pending):
-            raise InvariantViolation("INV-15", "a pending layer write outlived its node's backup")
-
-
-_PAGES_CACHE: dict[int, tuple[Any, int, list[int]]] = {}
-_PAGES_CACHE_BOUND = 4096
-
-
-def _pages(indices: Any, page: int) -> list[int]:
-    """The pages an index tensor covers (cached per tensor: node tensors never change)."""
-    hit = _PAGES_CACHE.get(id(indices))
-    if hit is not None and hit[0] is indices and hit[1] == page:
-        return hit[2]
-    pages: list[int] = torch.unique(indices // page).tolist() if indices.numel() else []
-    if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
-        _PAGES_CACHE.clear()
-    _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique
-    return pages
-
-
-def _claim(table: dict[int, int], page: int, node: Node, what: str, rank: int) -> None:
-    holder = table.get(page)
-    if holder is not None and holder != node.handle:
-        raise InvariantViolation(
-            "INV-05", f"rank {rank}: {what} {page} is owned by nodes {holder} and {node.handle}"
-        )
-    table[page] = node.handle
-
-
-def _compare(expected: set[int], actual: set[int], what: str) -> None:
-    if expected == actual:
-        return
-    leaked = sorted(actual - expected)
-    lost = sorted(expected - actual)
-    raise InvariantViolation(
-        "INV-05",
-        f"{what}: pages allocated but owned by no node {leaked[:8]}; pages owned by a node but "
-        f"free {lost[:8]} (every page is free or owned by exactly one node)",
-    )
+        self._run_checks(checks, snapshots)

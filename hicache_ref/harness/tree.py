@@ -9,18 +9,42 @@ string so a trace says what happened.
 
 Node lifecycle (specs/protocol.md): computing -> device -> backing_up -> backed_up ->
 evicted (host only) -> loading -> backed_up; a node never backed up can be dropped.
+
+The driver calls implementations only through the contract of ``adapters/base.py`` and trusts
+none of their bookkeeping: where a node's bytes live on each rank (owned positions, padding,
+page owners) is computed from the harness's own CP layout; from the implementation it takes only
+the host slots it chose, and checks their number (INV-13). Without ``per_layer_write`` CP
+backups go through ``submit_write_cp_all_layer`` and nothing is reserved early.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import islice
 
 import torch
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness.adapters.base import (
+    AckQueue,
+    ControllerLike,
+    CpControllerLike,
+    CpMetadataLike,
+    PerLayerWriteLike,
+    WriteReservationLike,
+    as_reservation,
+    is_write_failure,
+)
 from hicache_ref.harness.content import describe_row, expected_rows
 from hicache_ref.harness.world import World
+from hicache_ref.invariants.checks_acks import check_ack_rows_identical
+from hicache_ref.invariants.checks_layout import check_host_slot_count, check_owner_replay
+from hicache_ref.invariants.checks_transfer import check_bytes_equal
+from hicache_ref.invariants.snapshot import HarnessModel, NodeHoldings
+from hicache_ref.pools.device_pool import KVCache
+from hicache_ref.pools.host_pool import HostKVCache
 
 
 @dataclass
@@ -32,8 +56,11 @@ class Node:
     layers_stored: int = 0
     backup: str = "none"  # none | in_flight | done
     host_value: list[torch.Tensor | None] = field(default_factory=list)  # non-CP, per rank
-    cp_meta: list[Any] = field(default_factory=list)  # CP metadata, per rank
-    reservations: list[Any] = field(default_factory=list)  # early CP reservations, per rank
+    cp_meta: list[CpMetadataLike | None] = field(default_factory=list)  # CP, per rank
+    reservations: list[WriteReservationLike] = field(default_factory=list)  # CP, per rank
+    # recorded by the harness at write time, from its own CP layout (never the metadata's):
+    page_owners: list[int] = field(default_factory=list)  # owner rank of each padded page
+    owned_positions: list[torch.Tensor] = field(default_factory=list)  # per rank, padded span
     loading: bool = False
     producer_id: int | None = None
     pending_reads: int = 0
@@ -49,15 +76,16 @@ class _CpNodeView:
 
     id: int
     host_len: int
-    cp_hicache: Any
+    cp_hicache: CpMetadataLike
 
 
 class TreeDriver:
     """Drives every rank's controller in lockstep, as the radix cache and scheduler would."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, checks: Counter[str] | None = None) -> None:
         self.world = world
         self.config = world.config
+        self.checks: Counter[str] = Counter() if checks is None else checks  # runs per id
         self.nodes: dict[int, Node] = {}
         self.next_handle = 0
         self.next_node_id = 0
@@ -77,11 +105,26 @@ class TreeDriver:
     def node(self, handle: int) -> Node | None:
         return self.nodes.get(handle)
 
-    def handles(self, predicate: Any) -> list[int]:
+    def handles(self, predicate: Callable[[Node], bool]) -> list[int]:
         return sorted(h for h, n in self.nodes.items() if predicate(n))
 
-    def _controllers(self) -> list[Any]:
+    def _controllers(self) -> list[ControllerLike]:
         return [rank.controller for rank in self.world.ranks]
+
+    def _cp_controllers(self) -> list[CpControllerLike]:
+        """Every rank's controller as the CP contract (only on a CP world)."""
+        out = [rank.cp for rank in self.world.ranks]
+        assert all(c is not None for c in out), "CP verbs on a world without CP"
+        return [c for c in out if c is not None]
+
+    def _per_layer_controllers(self) -> list[PerLayerWriteLike]:
+        """Every rank's controller as the per-layer contract (empty without per_layer_write)."""
+        return [rank.per_layer for rank in self.world.ranks if rank.per_layer is not None]
+
+    def _meta(self, node: Node, rank: int) -> CpMetadataLike:
+        meta = node.cp_meta[rank]
+        assert meta is not None, f"node {node.handle} has no CP metadata on rank {rank}"
+        return meta
 
     def _owned_positions(self, rank: int, node: Node, locs: torch.Tensor) -> torch.Tensor:
         """Positions (< logical_len) of ``locs`` whose page this rank owns (all when no CP)."""
@@ -100,9 +143,36 @@ class TreeDriver:
         physical: torch.Tensor = layout.logical_locs_to_physical(locs)
         return physical
 
-    def _pools(self, rank: int, draft: bool) -> tuple[Any, Any]:
+    def _pools(self, rank: int, draft: bool) -> tuple[KVCache, HostKVCache]:
         r = self.world.ranks[rank]
-        return (r.draft_device_pool, r.draft_host_pool) if draft else (r.device_pool, r.host_pool)
+        if not draft:
+            return r.device_pool, r.host_pool
+        assert r.draft_device_pool is not None and r.draft_host_pool is not None
+        return r.draft_device_pool, r.draft_host_pool
+
+    def _padded_locs(self, locs: torch.Tensor) -> torch.Tensor:
+        """``locs`` padded to whole pages, as the harness pads them (each page is contiguous)."""
+        page = self.config.page_size
+        pages = torch.div(locs[::page], page, rounding_mode="floor")
+        return (pages[:, None] * page + torch.arange(page)).reshape(-1)
+
+    def _record_layout(self, node: Node) -> None:
+        """Record, from the harness's CP layout, each page's owner and each rank's positions."""
+        assert node.value is not None
+        page = self.config.page_size
+        padded = self._padded_locs(node.value)
+        node.owned_positions = []
+        for rank in self.world.ranks:
+            assert rank.cp_layout is not None
+            mask = rank.cp_layout.owned_by_this_rank(padded)
+            node.owned_positions.append(mask.nonzero(as_tuple=True)[0])
+        layout = self.world.ranks[0].cp_layout
+        assert layout is not None
+        pages = torch.div(padded[::page], page, rounding_mode="floor")
+        node.page_owners = [int(o) for o in layout.owner_for_logical_pages(pages).tolist()]
+
+    def _count(self, inv_id: str) -> None:
+        self.checks[inv_id] += 1
 
     def _layer_kinds(self) -> list[tuple[bool, int]]:
         kinds = [(False, self.config.layer_num)]
@@ -131,7 +201,7 @@ class TreeDriver:
         first = allocs[0]
         assert first is not None
         for other in allocs[1:]:
-            if not torch.equal(other, first):
+            if other is None or not torch.equal(other, first):
                 raise InvariantViolation(
                     "INV-14", "CP ranks' allocators handed out different logical pages"
                 )
@@ -147,7 +217,7 @@ class TreeDriver:
         self.nodes[handle] = node
         if batch:  # else the node's layers are stored one by one with store_layer
             self.batch.append(handle)
-        if early_reserve and self.config.uses_cp:
+        if early_reserve and self.config.uses_cp and self.world.per_layer_write:
             outcome = self._reserve_cp(node, catch_up=False)
             return f"node {handle} ({logical_len} tokens); {outcome}"
         return f"node {handle} ({logical_len} tokens)"
@@ -201,7 +271,8 @@ class TreeDriver:
 
     def submit_layer(self, handle: int, layer: int, draft: bool) -> str:
         node = self.nodes[handle]
-        for controller, reservation in zip(self._controllers(), node.reservations, strict=True):
+        controllers = self._per_layer_controllers()
+        for controller, reservation in zip(controllers, node.reservations, strict=True):
             controller.submit_write_cp_layer(
                 reservation, layer, submit_target=not draft, submit_draft=draft
             )
@@ -244,14 +315,14 @@ class TreeDriver:
             node.pending_reads += 1
 
             def read(
-                buffers: Any = buffers,
-                expected: Any = expected,
-                locs: Any = locs,
+                buffers: list[torch.Tensor] = buffers,
+                expected: list[torch.Tensor] = expected,
+                locs: torch.Tensor = locs,
                 rank_index: int = rank_index,
             ) -> None:
                 node.pending_reads -= 1
                 for c, (buf, rows) in enumerate(zip(buffers, expected, strict=True)):
-                    _check_rows(
+                    self._check_rows(
                         buf[locs],
                         rows,
                         "INV-11",
@@ -273,30 +344,45 @@ class TreeDriver:
         host = self.world.ranks[0].controller.write(node.value, node_id=node.node_id)
         if host is None:
             return "refused: host full"
+        assert isinstance(host, torch.Tensor), "a non-CP write returns host indices or None"
         node.host_value[0] = host
         self._start_backup(node)
         return f"write node {handle} -> host {host.numel()} slots"
 
     def _reserve_cp(self, node: Node, *, catch_up: bool) -> str:
         """Reserve on every rank, agree, then submit: a rank-local failure must not ack alone."""
-        from hicache_ref.invariants.models import HiCacheWriteFailure
-
         assert node.value is not None
-        results = [
-            c.reserve_write_cp(node.value, node_id=node.node_id) for c in self._controllers()
-        ]
-        if any(isinstance(r, HiCacheWriteFailure) for r in results):
-            for controller, result in zip(self._controllers(), results, strict=True):
-                if not isinstance(result, HiCacheWriteFailure):
-                    controller.evict_cp_host(result.metadata)
-            reasons = sorted({r.reason for r in results if isinstance(r, HiCacheWriteFailure)})
+        assert catch_up or self.world.per_layer_write, "early reservations need per_layer_write"
+        controllers = self._cp_controllers()
+        results = [c.reserve_write_cp(node.value, node_id=node.node_id) for c in controllers]
+        reservations = [as_reservation(r) for r in results]
+        if any(r is None for r in reservations):
+            for controller, reservation in zip(controllers, reservations, strict=True):
+                if reservation is not None:
+                    controller.evict_cp_host(reservation.metadata)
+            reasons = sorted({r.reason for r in results if is_write_failure(r)})
             return f"refused: {', '.join(reasons)}"
-        for controller, result in zip(self._controllers(), results, strict=True):
-            controller.submit_write_cp_per_layer(result, catch_up_all_layers=catch_up)
-        node.cp_meta = [r.metadata for r in results]
-        node.reservations = list(results)
+        held = [r for r in reservations if r is not None]
+        node.cp_meta = [r.metadata for r in held]
+        self._record_layout(node)
+        for rank_index in range(len(controllers)):
+            for draft in self._host_copies():
+                self._host_slots(rank_index, node, draft)  # Verify the slot counts (INV-13)
+        per_layer = self._per_layer_controllers()
+        for rank_index, reservation in enumerate(held):
+            if per_layer:
+                per_layer[rank_index].submit_write_cp_per_layer(
+                    reservation, catch_up_all_layers=catch_up
+                )
+            else:  # no per_layer_write: one all-layer D2H per rank
+                controllers[rank_index].submit_write_cp_all_layer(reservation)
+        node.reservations = held
         self._start_backup(node)
         return f"reserve node {handle_of(node)} on {len(results)} rank(s)"
+
+    def _host_copies(self) -> list[bool]:
+        """Which host copies a CP node has: the target, and the draft when a draft pool exists."""
+        return [False, True] if self.config.has_draft else [False]
 
     def _start_backup(self, node: Node) -> None:
         node.backup = "in_flight"
@@ -305,9 +391,10 @@ class TreeDriver:
     def cancel_backup(self, handle: int) -> str:
         """Roll back a pending per-layer backup: cancel, then free the reserved host slots."""
         node = self.nodes[handle]
-        for controller, meta in zip(self._controllers(), node.cp_meta, strict=True):
-            controller.cancel_layer_write_state(node.node_id)
-            controller.evict_cp_host(meta)
+        per_layer = self._per_layer_controllers()
+        for rank_index, controller in enumerate(self._cp_controllers()):
+            per_layer[rank_index].cancel_layer_write_state(node.node_id)
+            controller.evict_cp_host(self._meta(node, rank_index))
         node.backup = "none"
         node.cp_meta = [None] * len(self.world.ranks)
         node.reservations = []
@@ -316,17 +403,21 @@ class TreeDriver:
 
     def has_pending_layer_write(self, handle: int) -> bool:
         node = self.nodes[handle]
-        return any(
-            node.node_id in getattr(c, "pending_layer_writes", {}) for c in self._controllers()
-        )
+        return any(node.node_id in c.pending_layer_writes for c in self._per_layer_controllers())
 
     # -- ack drains ----------------------------------------------------------------------------
+    @staticmethod
+    def _queue(controller: ControllerLike, queue_name: str) -> AckQueue:
+        if queue_name == "ack_write_queue":
+            return controller.ack_write_queue
+        return controller.ack_load_queue
+
     def _ready_prefix(self, queue_name: str) -> int:
         """Leading acks whose finish event completed, MIN over ranks (FIFO prefix, INV-09)."""
         counts = []
         for controller in self._controllers():
             count = 0
-            for ack in getattr(controller, queue_name):
+            for ack in self._queue(controller, queue_name):
                 if not ack.finish_event.query():
                     break
                 count += 1
@@ -336,16 +427,15 @@ class TreeDriver:
     def _pop_rows(self, queue_name: str, count: int) -> list[list[int]]:
         rows_per_rank = []
         for controller in self._controllers():
-            queue = getattr(controller, queue_name)
-            rows_per_rank.append([list(ack.node_ids) for ack in queue[:count]])
+            queue = self._queue(controller, queue_name)
+            rows_per_rank.append([list(ack.node_ids) for ack in islice(queue, count)])
             del queue[:count]
         # Verify every rank acked the same nodes in the same order (INV-14)
-        for rank, rows in enumerate(rows_per_rank[1:], start=1):
-            if rows != rows_per_rank[0]:
-                raise InvariantViolation(
-                    "INV-14",
-                    f"{queue_name} rows differ: rank 0 {rows_per_rank[0]} vs rank {rank} {rows}",
-                )
+        self._count("INV-14")
+        try:
+            check_ack_rows_identical(rows_per_rank)
+        except InvariantViolation as violation:
+            raise InvariantViolation("INV-14", f"{queue_name} drain: {violation.detail}") from None
         return rows_per_rank[0]
 
     def writing_check(self) -> str:
@@ -385,41 +475,52 @@ class TreeDriver:
     def load_back(self, handle: int) -> str:
         node = self.nodes[handle]
         assert node.value is None and node.backup == "done" and not node.loading
-        results = []
-        for rank_index, controller in enumerate(self._controllers()):
-            if self.config.uses_cp:
-                view = _CpNodeView(node.node_id, node.logical_len, node.cp_meta[rank_index])
-                results.append(controller.load_cp([view], node_id=node.node_id))
-            else:
+        results: list[torch.Tensor | None] = []
+        if self.config.uses_cp:
+            for rank_index, cp in enumerate(self._cp_controllers()):
+                view = _CpNodeView(node.node_id, node.logical_len, self._meta(node, rank_index))
+                results.append(cp.load_cp([view], node_id=node.node_id))
+        else:
+            for rank_index, controller in enumerate(self._controllers()):
                 host = node.host_value[rank_index]
+                assert host is not None
                 results.append(controller.load(host, node_id=node.node_id))
         if all(r is None for r in results):
             return "refused: device full"
-        if any(r is None for r in results) or any(not torch.equal(r, results[0]) for r in results):
+        allocations = [r for r in results if r is not None]
+        if len(allocations) < len(results) or any(
+            not torch.equal(r, allocations[0]) for r in allocations
+        ):
             raise InvariantViolation("INV-14", "CP ranks disagree on a load_cp allocation")
-        node.value = results[0]
+        node.value = allocations[0]
         if self.config.uses_cp:
             self._check_owner_replay(node)
         node.loading = True
         self.ongoing_load[node.node_id] = handle
         self.queued_loads.append(handle)
-        return f"load node {handle} -> {results[0].numel()} locs"
+        return f"load node {handle} -> {allocations[0].numel()} locs"
 
     def _check_owner_replay(self, node: Node) -> None:
-        """The fresh pages repeat the owner pattern recorded at write time (INV-03)."""
+        """The fresh pages repeat the owners the harness recorded at write time (INV-03)."""
         assert node.value is not None
         page = self.config.page_size
-        first_locs = node.value[::page]  # one loc per page: visible spans start page-aligned
         layout = self.world.ranks[0].cp_layout
         assert layout is not None
-        got = layout.owner_for_logical_pages(first_locs // page).tolist()
-        want = node.cp_meta[0].page_owners.tolist()
-        if [int(x) for x in got] != [int(x) for x in want]:
-            raise InvariantViolation(
-                "INV-03",
-                f"load_cp of node {node.handle} got pages owned by ranks {got}, but the write "
-                f"recorded owners {want} (each rank would load into pages it does not own)",
+        padded = self._padded_locs(node.value)  # visible spans start page-aligned
+        pages = torch.div(padded[::page], page, rounding_mode="floor")
+        owners = layout.owner_for_logical_pages(pages).tolist()
+        owner_of = {int(p): int(o) for p, o in zip(pages.tolist(), owners, strict=True)}
+        self._count("INV-03")
+        try:
+            check_owner_replay(
+                padded,
+                node.page_owners,
+                page,
+                self.config.cp_size,
+                owner_of_page=owner_of.__getitem__,
             )
+        except InvariantViolation as violation:
+            raise InvariantViolation("INV-03", f"node {node.handle}: {violation.detail}") from None
 
     def start_loading(self) -> str:
         ids = [controller.start_loading() for controller in self._controllers()]
@@ -470,12 +571,17 @@ class TreeDriver:
             self.batch.remove(handle)
             if not self.batch:
                 self.batch_layer = 0
-        for rank_index, controller in enumerate(self._controllers()):
-            if self.config.uses_cp:
-                controller.evict_cp_host(node.cp_meta[rank_index])
-            else:
-                controller.evict_host(node.host_value[rank_index])
+        self._evict_host_copies(node, tuple(range(len(self.world.ranks))))
         return f"evict_host node {handle}"
+
+    def _evict_host_copies(self, node: Node, ranks: tuple[int, ...]) -> None:
+        for rank_index in ranks:
+            if self.config.uses_cp:
+                self._cp_controllers()[rank_index].evict_cp_host(self._meta(node, rank_index))
+            else:
+                host = node.host_value[rank_index]
+                assert host is not None
+                self.world.ranks[rank_index].controller.evict_host(host)
 
     # -- misuse probes --------------------------------------------------------------------------
     def write_in_flight(self, handle: int, rank: int | None = None) -> bool:
@@ -484,7 +590,8 @@ class TreeDriver:
         ranks = range(len(self.world.ranks)) if rank is None else (rank,)
         for r in ranks:
             controller = self.world.ranks[r].controller
-            if node.node_id in getattr(controller, "pending_layer_writes", {}):
+            per_layer = self.world.ranks[r].per_layer
+            if per_layer is not None and node.node_id in per_layer.pending_layer_writes:
                 return True
             for ack in controller.ack_write_queue:
                 if node.node_id in ack.node_ids and not ack.finish_event.query():
@@ -514,7 +621,7 @@ class TreeDriver:
             "evict_device": ("INV-08",),
             "rewrite": ("INV-02",),
         }[kind]
-        for rank_index, controller in enumerate(self._controllers()):
+        for rank_index in range(len(self.world.ranks)):
             if not self._rank_uses_slots(kind, node, rank_index):
                 continue  # this rank copies nothing for the node: there is nothing to protect
             busy = self.write_in_flight(handle, rank_index) or (
@@ -523,7 +630,7 @@ class TreeDriver:
             if kind != "rewrite" and not busy:
                 continue  # this rank's copy already landed: freeing would be legitimate here
             try:
-                outcome = self._probe_call(kind, node, rank_index, controller)
+                outcome = self._probe_call(kind, node, rank_index)
             except InvariantViolation as refusal:
                 if refusal.inv_id not in expected:
                     raise
@@ -541,28 +648,29 @@ class TreeDriver:
         if not self.config.uses_cp or kind == "rewrite":
             return True
         if kind == "evict_host":
-            meta = node.cp_meta[rank_index]
-            return meta is not None and len(meta.host_indices) > 0
+            # the harness's own layout says whether this rank holds host slots of the node
+            return node.cp_meta[rank_index] is not None and bool(
+                len(node.owned_positions[rank_index])
+            )
         assert node.value is not None
         return bool(len(self._owned_positions(rank_index, node, node.value)))
 
-    def _probe_call(self, kind: str, node: Node, rank_index: int, controller: Any) -> str:
-        from hicache_ref.invariants.models import HiCacheWriteFailure
-
+    def _probe_call(self, kind: str, node: Node, rank_index: int) -> str:
+        controller = self.world.ranks[rank_index].controller
+        assert kind == "evict_host" or node.value is not None
         if kind == "evict_host":
-            if self.config.uses_cp:
-                controller.evict_cp_host(node.cp_meta[rank_index])
-            else:
-                controller.evict_host(node.host_value[rank_index])
-        elif kind == "evict_device":
+            self._evict_host_copies(node, (rank_index,))
+        elif kind == "evict_device" and node.value is not None:
             controller.evict_device(node.value)
-        elif self.config.uses_cp:
-            result = controller.reserve_write_cp(node.value, node_id=node.node_id)
-            if isinstance(result, HiCacheWriteFailure) and result.reason == "undrained_ack":
+        elif self.config.uses_cp and node.value is not None:
+            cp = self._cp_controllers()[rank_index]
+            result = cp.reserve_write_cp(node.value, node_id=node.node_id)
+            if is_write_failure(result) and result.reason == "undrained_ack":
                 return "refused"
-            if not isinstance(result, HiCacheWriteFailure):
-                controller.evict_cp_host(result.metadata)  # undo, then report the acceptance
-        else:
+            reservation = as_reservation(result)
+            if reservation is not None:
+                cp.evict_cp_host(reservation.metadata)  # undo, then report the acceptance
+        elif node.value is not None:
             controller.write(node.value, node_id=node.node_id)
         return "accepted"
 
@@ -596,7 +704,7 @@ class TreeDriver:
                         rows = expected_rows(
                             node.handle, draft, layer, c, positions, tuple(actual.shape[1:])
                         )
-                        _check_rows(
+                        self._check_rows(
                             actual,
                             rows,
                             inv_id,
@@ -607,16 +715,33 @@ class TreeDriver:
     def _host_positions(
         self, rank_index: int, node: Node, draft: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(positions < logical_len held on this rank's host, their host slots)."""
+        """(positions < logical_len held on this rank's host, their host slots).
+
+        The positions come from the harness's layout (``Node.owned_positions``); only the slots
+        are the implementation's, and their number must match (INV-13).
+        """
         if not self.config.uses_cp:
             host = node.host_value[rank_index]  # draft copies reuse the target slots
             assert host is not None
             return torch.arange(node.logical_len), host
-        meta = node.cp_meta[rank_index]
-        owned = meta.owned_positions
+        owned = node.owned_positions[rank_index]
         keep = owned < node.logical_len
+        return owned[keep], self._host_slots(rank_index, node, draft)[keep]
+
+    def _host_slots(self, rank_index: int, node: Node, draft: bool) -> torch.Tensor:
+        """The host (or draft host) slots the implementation chose for the node on a rank,
+        after checking there is exactly one per position the harness's layout says it owns."""
+        meta = self._meta(node, rank_index)
         slots = meta.draft_host_indices if draft else meta.host_indices
-        return owned[keep], slots[keep]
+        owned = len(node.owned_positions[rank_index])
+        self._count("INV-13")
+        check_host_slot_count(
+            0 if slots is None else len(slots),
+            owned,
+            f"node {node.handle} rank {rank_index}",
+            pool="draft host" if draft else "host",
+        )
+        return slots if slots is not None else torch.empty((0,), dtype=torch.int64)
 
     def check_device_bytes(self, node: Node, inv_id: str, when: str) -> None:
         assert node.value is not None
@@ -630,7 +755,7 @@ class TreeDriver:
                         rows = expected_rows(
                             node.handle, draft, layer, c, positions, tuple(buf.shape[1:])
                         )
-                        _check_rows(
+                        self._check_rows(
                             buf[locs],
                             rows,
                             inv_id,
@@ -639,19 +764,67 @@ class TreeDriver:
                             f"rank {rank_index}",
                         )
 
+    def _check_rows(
+        self, actual: torch.Tensor, expected: torch.Tensor, inv_id: str, where: str
+    ) -> None:
+        """The rows hold the content oracle's bytes (INV-06; INV-09 at a drain, INV-11 read)."""
+        self._count(inv_id)
+        if torch.equal(actual, expected):
+            return  # exact: the oracle's rows are never 0 or NaN, so equal values are equal bytes
+        check_bytes_equal(
+            actual,
+            expected,
+            where,
+            inv_id=inv_id,
+            describe_row=_describe,
+            fix="bytes moved before their copy landed, or into the wrong slots",
+        )
+
+    # -- the harness's model, for the session's checks ------------------------------------------
+    def model(self) -> HarnessModel:
+        """What the tree recorded about its nodes' pages, as plain data (``invariants/``)."""
+        page = self.config.page_size
+        nodes = []
+        for node in self.nodes.values():
+            device = _pages(node.value, page) if node.value is not None else frozenset()
+            host, draft = [], []
+            for r in range(len(self.world.ranks)):
+                if self.config.uses_cp:
+                    meta = node.cp_meta[r] if node.cp_meta else None
+                    host.append(_pages(meta.host_indices, page) if meta else frozenset())
+                    slots = meta.draft_host_indices if meta else None
+                    draft.append(_pages(slots, page) if slots is not None else frozenset())
+                else:
+                    value = node.host_value[r]
+                    host.append(_pages(value, page) if value is not None else frozenset())
+                    draft.append(frozenset())
+            nodes.append(
+                NodeHoldings(
+                    node.handle, node.node_id, device, tuple(host), tuple(draft), node.backup
+                )
+            )
+        return HarnessModel(num_counters=self.config.num_counters, nodes=tuple(nodes))
+
 
 def handle_of(node: Node) -> int:
     return node.handle
 
 
-def _check_rows(actual: torch.Tensor, expected: torch.Tensor, inv_id: str, where: str) -> None:
-    if torch.equal(actual, expected):
-        return
-    differs = (actual != expected).reshape(len(actual), -1).any(dim=1).nonzero()
-    row = int(differs[0])
-    raise InvariantViolation(
-        inv_id,
-        f"{where}: row {row} holds {describe_row(float(actual[row].reshape(-1)[0]))}, expected "
-        f"{describe_row(float(expected[row].reshape(-1)[0]))} (bytes moved before their copy "
-        "landed, or into the wrong slots)",
-    )
+def _describe(row: torch.Tensor) -> str:
+    return describe_row(float(row.reshape(-1)[0]))
+
+
+_PAGES_CACHE: dict[int, tuple[torch.Tensor, int, frozenset[int]]] = {}
+_PAGES_CACHE_BOUND = 4096
+
+
+def _pages(indices: torch.Tensor, page: int) -> frozenset[int]:
+    """The pages an index tensor covers (cached per tensor: node tensors never change)."""
+    hit = _PAGES_CACHE.get(id(indices))
+    if hit is not None and hit[0] is indices and hit[1] == page:
+        return hit[2]
+    pages = frozenset(torch.unique(indices // page).tolist()) if indices.numel() else frozenset()
+    if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
+        _PAGES_CACHE.clear()
+    _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique
+    return pages

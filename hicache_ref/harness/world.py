@@ -1,18 +1,36 @@
 """Build the simulated world of one case: a SimDevice, and per CP rank the pools and controller.
 
 Every rank gets identical allocators (same policy, same seed), so the logical pages they hand out
-agree; each rank's device pool is physical (it holds only the pages that rank owns).
+agree; each rank's device pool is physical (it holds only the pages that rank owns). The world
+also fixes the implementation's capabilities once: what its adapter declares, checked against
+what its controller class has (``adapters/base.check_declared_capabilities``), and the typed
+views the tree driver calls (``Rank.cp``, ``Rank.per_layer``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from hicache_ref.device.protocol import StreamT
 from hicache_ref.device.sim import SimDevice
-from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, Implementation
+from hicache_ref.harness.adapters.base import (
+    BuildRequest,
+    ControllerLike,
+    CpControllerLike,
+    Implementation,
+    PerLayerWriteLike,
+    UndrainedGateLike,
+    check_declared_capabilities,
+)
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.content import HARNESS_DTYPE
+
+if TYPE_CHECKING:
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+    from hicache_ref.pools.cp_layout import CpSharedKVLayout
+    from hicache_ref.pools.device_pool import KVCache
+    from hicache_ref.pools.host_pool import HostKVCache
 
 MHA_HEADS, MHA_HEAD_DIM = 2, 2
 MLA_LORA, MLA_ROPE, NSA_INDEX_DIM = 3, 1, 2
@@ -23,13 +41,16 @@ class Rank:
     """One simulated rank: its pools and the controller under test."""
 
     rank: int
-    device_pool: Any
-    allocator: Any
-    host_pool: Any
-    draft_device_pool: Any | None
-    draft_host_pool: Any | None
-    cp_layout: Any | None
+    device_pool: KVCache
+    allocator: PagedTokenToKVPoolAllocator
+    host_pool: HostKVCache
+    draft_device_pool: KVCache | None
+    draft_host_pool: HostKVCache | None
+    cp_layout: CpSharedKVLayout | None
     controller: ControllerLike
+    cp: CpControllerLike | None = None  # the controller, when the world uses CP
+    per_layer: PerLayerWriteLike | None = None  # the controller, with per_layer_write
+    gate: UndrainedGateLike | None = None  # the controller, if it has the undrained-ack gate
 
 
 @dataclass
@@ -37,15 +58,21 @@ class World:
     config: HarnessConfig
     device: SimDevice
     ranks: list[Rank]
+    capabilities: frozenset[str] = frozenset()
 
     @property
-    def forward_stream(self) -> Any:
+    def forward_stream(self) -> StreamT:
         return self.device.default_stream
+
+    @property
+    def per_layer_write(self) -> bool:
+        """Whether CP backups may be driven layer by layer (early reservations, layer hooks)."""
+        return "per_layer_write" in self.capabilities
 
 
 def make_device_pool(
     config: HarnessConfig, layer_num: int, size_tokens: int, device: SimDevice
-) -> Any:
+) -> KVCache:
     from hicache_ref.pools.device_pool import MHATokenToKVPool, MLATokenToKVPool, NSATokenToKVPool
 
     if config.pool_kind == "mha":
@@ -76,6 +103,20 @@ def physical_size_tokens(config: HarnessConfig) -> int:
     return (config.device_pages // config.cp_size + 1) * config.page_size
 
 
+def _views(
+    controller: ControllerLike, capabilities: frozenset[str], config: HarnessConfig
+) -> tuple[CpControllerLike | None, PerLayerWriteLike | None]:
+    """The controller as the CP and per-layer contracts, where the world uses them."""
+    cp = per_layer = None
+    if config.uses_cp:
+        assert isinstance(controller, CpControllerLike), "cp was checked against the class"
+        cp = controller
+        if "per_layer_write" in capabilities:
+            assert isinstance(controller, PerLayerWriteLike)
+            per_layer = controller
+    return cp, per_layer
+
+
 def build_world(config: HarnessConfig, implementation: Implementation) -> World:
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
@@ -83,6 +124,7 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
 
     device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
+    capabilities = implementation.capabilities
     page = config.page_size
     for rank in range(config.num_ranks):
         device_pool = make_device_pool(
@@ -130,6 +172,10 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
             draft_host_pool=draft_host_pool,
         )
         controller = implementation.build_controller(request)
+        capabilities = check_declared_capabilities(
+            implementation.capabilities, type(controller), implementation.name
+        )
+        cp, per_layer = _views(controller, capabilities, config)
         ranks.append(
             Rank(
                 rank,
@@ -140,6 +186,9 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
                 draft_host_pool,
                 cp_layout,
                 controller,
+                cp,
+                per_layer,
+                controller if isinstance(controller, UndrainedGateLike) else None,
             )
         )
-    return World(config, device, ranks)
+    return World(config, device, ranks, capabilities)

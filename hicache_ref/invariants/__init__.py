@@ -15,6 +15,9 @@ In the order data flows through the protocol:
 
 ``rules`` holds the pure rules shared by the models' validators and the checkers;
 ``checks`` gathers the checkers and maps each id to them (``CHECKERS_BY_INVARIANT``).
+``snapshot`` is the plain data the harness reads of each rank and of its own model, and
+``registry`` is the one home of the harness's checks over it, by id (``STEP_CHECKS``,
+``REFUSAL_CHECKS``, ``RESET_CHECKS``, ``QUIESCENCE_CHECKS``), each calling the checkers above.
 """
 
 from hicache_ref.invariants.checks import CHECKERS_BY_INVARIANT

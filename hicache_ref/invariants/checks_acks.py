@@ -122,6 +122,22 @@ def check_producer_slot(num_undrained_load_acks: int, num_counters: int) -> None
         )
 
 
+def check_producer_slots_held(num_undrained_load_acks: int, num_counters: int) -> None:
+    """Raise INV-10 if more load acks are undrained than there are producer slots.
+
+    Call it after a step: each undrained load ack holds one slot, so one more than
+    ``num_counters`` means ``start_loading`` handed out a slot still in use (bug class 7).
+    """
+    # Verify no more loads are undrained than there are producer slots
+    if num_undrained_load_acks > num_counters:
+        raise InvariantViolation(
+            "INV-10",
+            f"{num_undrained_load_acks} undrained load acks exceed num_counters={num_counters}"
+            " (a producer slot was handed out twice; start_loading only while fewer than "
+            "num_counters load acks are undrained)",
+        )
+
+
 def check_producer_slot_ready(slot: int, finish_event_done: bool) -> None:
     """Raise INV-10 if ``update_producer`` hands out ``slot`` while its finish event is pending."""
     if not finish_event_done:
@@ -186,6 +202,23 @@ def check_acked_once(
                 "INV-16",
                 f"id {key}: {sent} {what} submission(s) but {done} drained ack(s) ({fix}; each "
                 "submission is acked exactly once by quiescence)",
+            )
+
+
+def check_ack_queues_empty(rows_by_queue: Mapping[str, AckRows]) -> None:
+    """Raise INV-16 if an ack is still queued at quiescence, after every submission was acked.
+
+    ``rows_by_queue`` maps a queue's name to its node-id rows. At quiescence the tree has
+    drained one ack per submission, so anything left is an extra ack for some node.
+    """
+    for name, rows in sorted(rows_by_queue.items()):
+        # Verify the queue is empty once every submission was acked
+        if rows:
+            raise InvariantViolation(
+                "INV-16",
+                f"{name} still holds {len(rows)} ack(s) {shorten(list(r) for r in rows)} at "
+                "quiescence, after every submission was acked (an extra ack for some node: "
+                "each submission is acked exactly once)",
             )
 
 

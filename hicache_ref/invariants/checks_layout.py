@@ -71,6 +71,27 @@ def check_cp_metadata(meta: CpMetadataLike) -> None:
     )
 
 
+def check_host_slot_count(
+    host_slots: int, owned_positions: int, what: str, *, pool: str = "host"
+) -> None:
+    """Raise INV-13 unless an implementation chose one ``pool`` slot per owned position.
+
+    ``owned_positions`` is computed by the caller from its own CP layout (the rank's owned
+    positions of the node's logical locations, padded to a page), never read from the
+    implementation's metadata; ``host_slots`` is how many slots the implementation recorded.
+    A mismatch means bytes of some owned position have nowhere to go, or land in slots that
+    mirror no owned page (bug classes 3 and 18).
+    """
+    # Verify one host slot per owned position, as the harness's layout computes them
+    if host_slots != owned_positions:
+        raise InvariantViolation(
+            "INV-13",
+            f"{what}: the metadata records {host_slots} {pool} slots but the CP layout gives "
+            f"this rank {owned_positions} owned positions (padded to a page); reserve_write_cp "
+            "must allocate exactly one slot per owned position",
+        )
+
+
 def compute_round_robin_owner(logical_page: int, cp_size: int) -> int:
     """The default CP owner of a logical page: pages are dealt to ranks in turn."""
     assert cp_size > 0 and logical_page >= 0

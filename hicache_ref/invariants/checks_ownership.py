@@ -6,7 +6,7 @@ A "unit" is whatever the pool counts: a host token slot, a device token slot or 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from typing import Literal, TypeVar
 
 import torch
@@ -79,6 +79,40 @@ def check_slot_conservation(
             "INV-05",
             f"{what} units {shorten(leaked)} are neither free nor owned "
             f"(leaked: free {len(free_seen)} + owned {len(holder_of)} != capacity {capacity_units})",
+        )
+
+
+def check_pages_owned_once(
+    allocated: Collection[int], owned: Mapping[Holder, Iterable[int]], what: str
+) -> None:
+    """Raise INV-05 unless the pages a pool reports allocated are exactly the pages the holders
+    own, each held by exactly one holder.
+
+    The conservation check for a pool whose free list is its own business: ``allocated`` is
+    what the pool (the harness's, not the implementation's) reports, ``owned`` what the tree
+    recorded per node. A page allocated but owned by nobody leaked (a refusal that kept half
+    its slots, F6); a page owned but free was double-freed or freed early (bug class 14).
+    """
+    holder_of: dict[int, Holder] = {}
+    for holder, pages in owned.items():
+        for page in pages:
+            # Verify no page has two holders
+            if page in holder_of and holder_of[page] != holder:
+                raise InvariantViolation(
+                    "INV-05",
+                    f"{what}: page {page} is owned by nodes {holder_of[page]} and {holder} "
+                    "(each page has exactly one holder)",
+                )
+            holder_of[page] = holder
+    allocated_set = set(allocated)
+    # Verify allocated == owned: nothing leaked, nothing owned but free
+    if allocated_set != set(holder_of):
+        leaked = sorted(allocated_set - set(holder_of))
+        lost = sorted(set(holder_of) - allocated_set)
+        raise InvariantViolation(
+            "INV-05",
+            f"{what}: pages allocated but owned by no node {shorten(leaked)}; pages owned by a "
+            f"node but free {shorten(lost)} (every page is free or owned by exactly one node)",
         )
 
 

@@ -8,7 +8,7 @@ event wait. The checkers never look at events themselves.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 
@@ -86,17 +86,27 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.uint8) if rows.dtype != torch.uint8 else rows
 
 
-def check_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, where: str) -> None:
-    """Raise INV-06 unless ``actual`` holds exactly ``expected``'s bytes; names the first bad row.
+def check_bytes_equal(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    where: str,
+    *,
+    inv_id: str = "INV-06",
+    describe_row: Callable[[torch.Tensor], str] | None = None,
+    fix: str = "a round trip must return the bytes that were written",
+) -> None:
+    """Raise ``inv_id`` unless ``actual`` holds exactly ``expected``'s bytes; names the first bad
+    row (decoded by ``describe_row`` when given: who wrote the row found, who should have).
 
     Rows are the leading dimension (a token slot of a KV buffer). Byte comparison catches what
     ``==`` misses (NaN payloads, -0.0) and works for fp8 stored as uint8. Sidecars (the NSA
-    index buffer) and draft pools are checked the same way (sglang#17085, #16964).
+    index buffer) and draft pools are checked the same way (sglang#17085, #16964). The harness
+    runs the same comparison at an ack drain (INV-09) and in a forward read (INV-11).
     """
     # Verify the two copies have the same layout
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
         raise InvariantViolation(
-            "INV-06",
+            inv_id,
             f"{where}: got {actual.dtype} {tuple(actual.shape)}, expected {expected.dtype} "
             f"{tuple(expected.shape)} (a copy preserves dtype and shape)",
         )
@@ -108,11 +118,15 @@ def check_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, where: str) 
     # Verify every row's bytes match; report the first that does not
     row = int(got.ne(want).any(dim=1).nonzero()[0, 0])
     differing = int(got[row].ne(want[row]).sum())
+    found = (
+        f" holds {describe_row(actual[row])}, expected {describe_row(expected[row])};"
+        if describe_row is not None
+        else ""
+    )
     raise InvariantViolation(
-        "INV-06",
-        f"{where}: row {row} differs from the oracle in {differing} of {got.shape[1]} bytes "
-        f"({int(got.ne(want).any(dim=1).sum())} rows differ; a round trip must return the "
-        "bytes that were written)",
+        inv_id,
+        f"{where}: row {row}{found} differs from the oracle in {differing} of {got.shape[1]} "
+        f"bytes ({int(got.ne(want).any(dim=1).sum())} rows differ; {fix})",
     )
 
 
@@ -148,6 +162,26 @@ def check_store_before_backup(node_id: int, layer_id: int, stored_layers: Collec
             f"per-layer D2H of node_id={node_id} layer {layer_id} started before that layer's "
             "KV store (record a layer event on the forward stream and make the write stream "
             "wait on it)",
+        )
+
+
+def check_no_stale_layer_writes(
+    pending_node_ids: Collection[int], in_flight_node_ids: Collection[int], what: str
+) -> None:
+    """Raise INV-15 if a per-layer write state is pending for a node whose backup is not in
+    flight (cancelled, acked, or forgotten by the tree).
+
+    Such a state keeps copying into slots the tree may free and will ack a node the tree no
+    longer backs up (bug class 12).
+    """
+    stale = sorted(set(pending_node_ids) - set(in_flight_node_ids))
+    # Verify every pending state belongs to a backup still in flight
+    if stale:
+        raise InvariantViolation(
+            "INV-15",
+            f"{what}: per-layer write states still pending for node ids {shorten(stale)}, whose "
+            "backup is not in flight (a cancelled or finished write must leave "
+            "pending_layer_writes)",
         )
 
 

@@ -1,8 +1,11 @@
-"""The stateful suite: the reference controller passes the machine under the selected profile."""
+"""The stateful suite: the reference controller passes the machine under the selected profile,
+with every capability and with CP backups restricted to all-layer writes (no per_layer_write)."""
 
 from __future__ import annotations
 
 from hicache_ref.harness.adapters import ReferenceImplementation
+from hicache_ref.harness.adapters.base import CAPABILITIES
+from hicache_ref.harness.adapters.registry import register_implementation
 from hicache_ref.harness.machine import machine_for
 from hicache_ref.harness.profiles import make_settings
 
@@ -10,3 +13,17 @@ ReferenceMachine = machine_for(ReferenceImplementation(), "reference")
 ReferenceMachine.TestCase.settings = make_settings()  # HICACHE_PROFILE=ci|dev|campaign
 
 TestReferenceController = ReferenceMachine.TestCase
+
+
+class ReferenceWithoutPerLayerWrite(ReferenceImplementation):
+    """The reference declared without per_layer_write: no early reservations, no layer hooks."""
+
+    name = "reference-without-per-layer-write"
+    capabilities = CAPABILITIES - {"storage", "per_layer_write"}
+
+
+register_implementation(ReferenceWithoutPerLayerWrite.name, ReferenceWithoutPerLayerWrite)
+AllLayerMachine = machine_for(ReferenceWithoutPerLayerWrite(), ReferenceWithoutPerLayerWrite.name)
+AllLayerMachine.TestCase.settings = make_settings()
+
+TestReferenceWithoutPerLayerWrite = AllLayerMachine.TestCase

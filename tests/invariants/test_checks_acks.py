@@ -6,11 +6,13 @@ import pytest
 
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
 from hicache_ref.invariants.checks_acks import (
+    check_ack_queues_empty,
     check_ack_rows_identical,
     check_acked_once,
     check_fifo_drain,
     check_producer_slot,
     check_producer_slot_ready,
+    check_producer_slots_held,
     check_reset_clean,
     check_single_write_ack,
     check_undrained_gate_agrees,
@@ -226,3 +228,19 @@ def test_reset_with_a_stale_gate_is_caught() -> None:
     with pytest.raises(InvariantViolation) as excinfo:
         check_reset_clean(gate=lambda n: n == 5, **CLEAN)  # type: ignore[arg-type]
     assert "node_has_undrained_write_ack(5) returned True" in detail(excinfo, "INV-18")
+
+
+def test_producer_slots_held_allows_every_slot_in_use_but_not_one_more() -> None:
+    check_producer_slots_held(num_undrained_load_acks=2, num_counters=2)
+    with pytest.raises(InvariantViolation) as excinfo:
+        check_producer_slots_held(num_undrained_load_acks=3, num_counters=2)
+    assert excinfo.value.inv_id == "INV-10"
+    assert "3 undrained load acks exceed num_counters=2" in excinfo.value.detail
+
+
+def test_ack_left_in_a_queue_at_quiescence_is_caught() -> None:
+    check_ack_queues_empty({"ack_write_queue": [], "ack_load_queue": []})
+    with pytest.raises(InvariantViolation) as excinfo:
+        check_ack_queues_empty({"ack_write_queue": [], "ack_load_queue": [[4]]})
+    assert excinfo.value.inv_id == "INV-16"
+    assert "ack_load_queue still holds 1 ack(s) [[4]]" in excinfo.value.detail

@@ -8,6 +8,7 @@ import torch
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
 from hicache_ref.invariants.checks_layout import (
     check_cp_metadata,
+    check_host_slot_count,
     check_owner_replay,
     check_page_aligned,
     check_rank_loads_own_pages,
@@ -164,3 +165,15 @@ def test_rank_loads_only_into_pages_it_owns() -> None:
 def test_rank_loads_inside_the_allocation() -> None:
     with pytest.raises(InvariantViolation, match="outside the 1-page allocation"):
         check_rank_loads_own_pages(pages_of(16), [0], PAGE, rank=0)
+
+
+def test_host_slot_count_must_match_the_harness_layout() -> None:
+    # the harness computes 6 owned positions from its own CP layout; the metadata recorded 4
+    check_host_slot_count(6, 6, "node 2 rank 1")
+    with pytest.raises(InvariantViolation) as excinfo:
+        check_host_slot_count(4, 6, "node 2 rank 1", pool="draft host")
+    assert excinfo.value.inv_id == "INV-13"
+    assert excinfo.value.detail.startswith(
+        "node 2 rank 1: the metadata records 4 draft host slots but the CP layout gives this "
+        "rank 6 owned positions"
+    )

@@ -11,6 +11,7 @@ from hicache_ref.invariants.checks_ownership import (
     check_no_device_free_in_flight,
     check_no_free_in_flight,
     check_no_host_free_in_flight,
+    check_pages_owned_once,
     check_slot_conservation,
     check_unchanged,
     is_same_value,
@@ -162,3 +163,30 @@ def test_failure_reason_must_name_the_short_pool() -> None:
         "'draft_host_capacity' (the reason tells the caller which pool to evict or whether to "
         "skip the round)"
     )
+
+
+# --- INV-05: allocated pages against the tree's holders ---------------------------------------
+
+
+def test_pages_owned_once_passes_when_the_pool_and_the_nodes_agree() -> None:
+    check_pages_owned_once({1, 2, 5}, {"node 0": [1, 2], "node 3": {5}}, "rank 0 host pool")
+
+
+@pytest.mark.parametrize(
+    ("allocated", "owned", "message"),
+    [
+        # a refusal kept a slot: allocated, owned by nobody
+        ({1, 2, 7}, {"node 0": [1, 2]}, "pages allocated but owned by no node [7]"),
+        # a double free: owned, but the pool says free
+        ({1}, {"node 0": [1, 2]}, "pages owned by a node but free [2]"),
+        # two nodes hold one page
+        ({1, 2}, {"node 0": [1, 2], "node 4": [2]}, "page 2 is owned by nodes node 0 and node 4"),
+    ],
+)
+def test_pages_owned_once_names_the_broken_page(
+    allocated: set[int], owned: dict[str, list[int]], message: str
+) -> None:
+    with pytest.raises(InvariantViolation) as excinfo:
+        check_pages_owned_once(allocated, owned, "rank 1 host pool")
+    text = detail(excinfo, "INV-05")
+    assert text.startswith("rank 1 host pool: ") and message in text

@@ -13,6 +13,7 @@ from hicache_ref.invariants.checks_transfer import (
     check_layer_write_complete,
     check_layers_submitted,
     check_load_finish_after_copies,
+    check_no_stale_layer_writes,
     check_store_before_backup,
 )
 from hicache_ref.invariants.models import (
@@ -169,3 +170,32 @@ def test_ack_after_cancel_is_caught() -> None:
         match="write ack row 1 appended after the cancel carries cancelled node_id=4",
     ):
         check_cancel_quiesced({4}, [], [[5], [6, 4]])
+
+
+def test_bytes_equal_reports_under_the_callers_id_with_decoded_rows() -> None:
+    # the harness runs the same comparison at an ack drain (INV-09) and decodes who wrote a row
+    expected = torch.arange(6, dtype=torch.float64).reshape(3, 2)
+    actual = expected.clone()
+    actual[2, 0] = -1.0
+    with pytest.raises(InvariantViolation) as excinfo:
+        check_bytes_equal(
+            actual,
+            expected,
+            "write ack drained",
+            inv_id="INV-09",
+            describe_row=lambda row: f"value {float(row[0])}",
+            fix="copy after the store",
+        )
+    assert excinfo.value.inv_id == "INV-09"
+    assert "row 2 holds value -1.0, expected value 4.0;" in excinfo.value.detail
+    assert excinfo.value.detail.endswith("copy after the store)")
+
+
+def test_a_pending_layer_write_outliving_its_backup_is_caught() -> None:
+    check_no_stale_layer_writes({3}, {3, 5}, "rank 0")
+    with pytest.raises(InvariantViolation) as excinfo:
+        check_no_stale_layer_writes({3, 8}, {3}, "rank 1")
+    assert excinfo.value.inv_id == "INV-15"
+    assert excinfo.value.detail.startswith(
+        "rank 1: per-layer write states still pending for node ids [8]"
+    )

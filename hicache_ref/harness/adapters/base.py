@@ -2,21 +2,42 @@
 
 An ``Implementation`` declares what it supports (``capabilities``) and builds one controller per
 simulated rank from pools the harness made. The machines draw only configurations the target
-supports and then drive it through the seed's public API (``ControllerLike``), so our reference,
-its seeded mutants, upstream SGLang's controller and an optimized rewrite each plug in through a
-small file.
+supports and then drive it through the seed's public API, in the order data flows:
+
+- ``ControllerLike``: write -> start_writing -> ack_write_queue -> evict_device -> load ->
+  start_loading -> layer_done_counter (set_consumer) -> ack_load_queue -> evict_host -> reset;
+- ``CpControllerLike`` (capability ``cp``): reserve_write_cp -> submit_write_cp_all_layer ->
+  load_cp -> evict_cp_host, and the undrained-ack gate;
+- ``PerLayerWriteLike`` (capability ``per_layer_write``): submit_write_cp_per_layer ->
+  submit_write_cp_layer / on_layer_end -> cancel_layer_write_state, pending_layer_writes;
+- ``DraftControllerLike`` (capability ``draft``): attach_draft_pool (or the constructor's
+  draft pool arguments); draft transfers then ride along with every target transfer.
+
+``detect_capabilities`` reads which of these a controller class really has, so an adapter that
+declares more than its class offers fails at once, naming the missing method. ``snapshot_rank``
+reads one rank as plain data (``invariants/snapshot.py``): the ack queues from the
+implementation, the pages from the harness's own pools, which a controller cannot misreport.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
 import torch
 
-from hicache_ref.device.protocol import DeviceModule
+from hicache_ref.device.protocol import DeviceModule, EventT, StreamT
+from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.invariants.snapshot import AckRow, RankSnapshot
+
+if TYPE_CHECKING:
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+    from hicache_ref.pools.cp_layout import CpSharedKVLayout
+    from hicache_ref.pools.device_pool import KVCache
+    from hicache_ref.pools.host_pool import HostKVCache
 
 CAPABILITIES = frozenset(
     {
@@ -36,30 +57,159 @@ CAPABILITIES = frozenset(
     }
 )
 
+CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
+    "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),
+    "per_layer_write": (
+        "submit_write_cp_per_layer",
+        "submit_write_cp_layer",
+        "on_layer_end",
+        "cancel_layer_write_state",
+    ),
+    "draft": ("attach_draft_pool",),
+}
+"""The methods a controller class must have for each capability that can be detected."""
 
+DRAFT_CONSTRUCTOR_ARGS = ("draft_mem_pool_host", "draft_mem_pool_device")
+
+
+# -- the contract -------------------------------------------------------------------------------
 class AckLike(Protocol):
-    finish_event: Any
-    node_ids: list[int]
+    """An ack the tree drains once ``finish_event.query()`` is True (SGLang's ``HiCacheAck``)."""
+
+    @property
+    def finish_event(self) -> EventT: ...
+    @property
+    def node_ids(self) -> Sequence[int]: ...
+
+
+class AckQueue(Protocol):
+    """An ack queue as the tree uses it: scanned front to back, drained by deleting a prefix."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[AckLike]: ...
+    def __delitem__(self, key: slice, /) -> None: ...
+
+
+class LayerCounterLike(Protocol):
+    """``layer_done_counter``: the forward sets the consumer slot before reading a layer."""
+
+    def set_consumer(self, index: int, /) -> None: ...
 
 
 class ControllerLike(Protocol):
     """The seed API surface the harness drives (what SGLang's radix cache calls)."""
 
-    ack_write_queue: list[Any]
-    ack_load_queue: list[Any]
-    layer_done_counter: Any
+    @property
+    def ack_write_queue(self) -> AckQueue: ...
+    @property
+    def ack_load_queue(self) -> AckQueue: ...
+    @property
+    def layer_done_counter(self) -> LayerCounterLike: ...
+    @property
+    def write_stream(self) -> StreamT: ...
+    @property
+    def load_stream(self) -> StreamT: ...
 
     def write(
         self, device_indices: torch.Tensor, priority: int | None = None, node_id: int = -1
-    ) -> Any: ...
+    ) -> object:
+        """Non-CP: the host indices, or None when the host is full."""
+        ...
+
     def start_writing(self) -> None: ...
     def load(
         self, host_indices: torch.Tensor, priority: int | None = None, node_id: int = -1
-    ) -> Any: ...
+    ) -> torch.Tensor | None: ...
     def start_loading(self) -> int: ...
     def evict_device(self, device_indices: torch.Tensor) -> int: ...
     def evict_host(self, host_indices: torch.Tensor, backup_only: bool = True) -> int: ...
     def reset(self) -> None: ...
+
+
+@runtime_checkable
+class UndrainedGateLike(Protocol):
+    """The fast duplicate-backup gate (INV-02); optional outside CP."""
+
+    def node_has_undrained_write_ack(self, node_id: int) -> bool: ...
+
+
+class CpMetadataLike(Protocol):
+    """What the harness reads of a node's CP metadata: only the host slots the implementation
+    chose. Owned positions, padding and page owners it computes from its own layout."""
+
+    @property
+    def host_indices(self) -> torch.Tensor: ...
+    @property
+    def draft_host_indices(self) -> torch.Tensor | None: ...
+
+
+@runtime_checkable
+class WriteReservationLike(Protocol):
+    """A ``reserve_write_cp`` success (``HiCacheWriteReservation``): passed back to the submits."""
+
+    @property
+    def metadata(self) -> CpMetadataLike: ...
+    @property
+    def host_indices(self) -> torch.Tensor: ...
+
+
+class WriteFailureLike(Protocol):
+    """A ``reserve_write_cp`` refusal (``HiCacheWriteFailure``): a value naming its cause."""
+
+    @property
+    def reason(self) -> str: ...
+
+
+class CpNodeLike(Protocol):
+    """What ``load_cp`` reads from a radix node: its id, host length and CP metadata."""
+
+    id: int
+    host_len: int
+    cp_hicache: CpMetadataLike
+
+
+@runtime_checkable
+class CpControllerLike(UndrainedGateLike, Protocol):
+    """Capability ``cp``: backups and loads of CP shared KV (all layers at once)."""
+
+    def reserve_write_cp(
+        self, device_indices: torch.Tensor, priority: int | None = None, node_id: int = -1
+    ) -> WriteReservationLike | WriteFailureLike: ...
+    def submit_write_cp_all_layer(self, reservation: WriteReservationLike) -> None: ...
+    def load_cp(
+        self, nodes_to_load: Sequence[CpNodeLike], node_id: int = -1
+    ) -> torch.Tensor | None: ...
+    def evict_cp_host(self, metadata: CpMetadataLike, backup_only: bool = True) -> int: ...
+
+
+@runtime_checkable
+class PerLayerWriteLike(Protocol):
+    """Capability ``per_layer_write``: CP backups driven layer by layer by the forward."""
+
+    @property
+    def pending_layer_writes(self) -> Collection[int]: ...
+
+    def submit_write_cp_per_layer(
+        self, reservation: WriteReservationLike, *, catch_up_all_layers: bool = True
+    ) -> None: ...
+    def submit_write_cp_layer(
+        self,
+        reservation: WriteReservationLike,
+        layer_id: int,
+        *,
+        submit_target: bool = True,
+        submit_draft: bool = True,
+    ) -> None: ...
+    def on_layer_end(self, layer_id: int, source: str = "target") -> None: ...
+    def cancel_layer_write_state(self, node_id: int) -> bool: ...
+
+
+class DraftControllerLike(Protocol):
+    """Capability ``draft``: a draft pool pair whose transfers ride along."""
+
+    def attach_draft_pool(
+        self, draft_mem_pool_device: KVCache | None, draft_mem_pool_host: HostKVCache | None
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -69,20 +219,101 @@ class BuildRequest:
     config: HarnessConfig
     rank: int
     device_module: DeviceModule
-    allocator: Any
-    host_pool: Any
-    cp_layout: Any | None
-    draft_device_pool: Any | None
-    draft_host_pool: Any | None
+    allocator: PagedTokenToKVPoolAllocator
+    host_pool: HostKVCache
+    cp_layout: CpSharedKVLayout | None
+    draft_device_pool: KVCache | None
+    draft_host_pool: HostKVCache | None
 
 
 class Implementation(Protocol):
-    """An implementation under test."""
+    """An implementation under test.
+
+    It may also define ``snapshot(rank, gate_ids) -> RankSnapshot`` (looked up with getattr)
+    when its ack queues or per-layer states are not where SGLang keeps them.
+    """
 
     name: str
     capabilities: frozenset[str]
 
     def build_controller(self, request: BuildRequest) -> ControllerLike: ...
+
+
+class RankLike(Protocol):
+    """What ``snapshot_rank`` reads of one simulated rank (``harness/world.Rank``)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def controller(self) -> ControllerLike: ...
+    @property
+    def allocator(self) -> PagedTokenToKVPoolAllocator: ...
+    @property
+    def host_pool(self) -> HostKVCache: ...
+    @property
+    def draft_host_pool(self) -> HostKVCache | None: ...
+    @property
+    def cp_layout(self) -> CpSharedKVLayout | None: ...
+    @property
+    def per_layer(self) -> PerLayerWriteLike | None: ...
+    @property
+    def gate(self) -> UndrainedGateLike | None: ...
+
+
+def is_write_failure(
+    result: WriteReservationLike | WriteFailureLike,
+) -> TypeGuard[WriteFailureLike]:
+    """Whether a ``reserve_write_cp`` result is a refusal. Told apart by shape, not by class:
+    an implementation may define its own records (the seed has its own ``HiCacheWriteFailure``)."""
+    return hasattr(result, "reason") and not hasattr(result, "host_indices")
+
+
+def as_reservation(result: WriteReservationLike | WriteFailureLike) -> WriteReservationLike | None:
+    """The reservation, or None when ``result`` is a refusal."""
+    if is_write_failure(result) or not isinstance(result, WriteReservationLike):
+        return None
+    return result
+
+
+# -- capabilities -------------------------------------------------------------------------------
+def missing_methods(controller_class: type, capability: str) -> list[str]:
+    """The methods ``capability`` needs that ``controller_class`` lacks (empty: it has them)."""
+    methods = CAPABILITY_METHODS.get(capability, ())
+    missing = [m for m in methods if not callable(getattr(controller_class, m, None))]
+    if capability == "draft" and missing and _takes_draft_pools(controller_class):
+        return []  # the constructor takes the draft pools instead
+    return missing
+
+
+def _takes_draft_pools(controller_class: type) -> bool:
+    try:
+        parameters = inspect.signature(controller_class).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in parameters for name in DRAFT_CONSTRUCTOR_ARGS)
+
+
+def detect_capabilities(controller_class: type) -> frozenset[str]:
+    """The detectable capabilities (``CAPABILITY_METHODS``) ``controller_class`` really has."""
+    return frozenset(
+        cap for cap in CAPABILITY_METHODS if not missing_methods(controller_class, cap)
+    )
+
+
+def check_declared_capabilities(
+    declared: frozenset[str], controller_class: type, impl_name: str
+) -> frozenset[str]:
+    """``declared``, after checking the class has every detectable capability it declares."""
+    for capability in sorted(declared & set(CAPABILITY_METHODS)):
+        missing = missing_methods(controller_class, capability)
+        # Verify the adapter does not promise a capability its class lacks
+        if missing:
+            raise HiCacheInputError(
+                f"implementation {impl_name!r} declares capability {capability!r} but "
+                f"{controller_class.__name__} has no {missing[0]} (implement it, or drop "
+                f"{capability!r} from its capabilities)"
+            )
+    return declared
 
 
 @dataclass(frozen=True)
@@ -102,3 +333,44 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
 
 def supports(capabilities: frozenset[str], config: HarnessConfig) -> bool:
     return not unsupported_reasons(capabilities, config)
+
+
+# -- snapshots ----------------------------------------------------------------------------------
+def _ack_rows(queue: AckQueue) -> tuple[AckRow, ...]:
+    return tuple(
+        AckRow(tuple(int(n) for n in ack.node_ids), bool(ack.finish_event.query())) for ack in queue
+    )
+
+
+def snapshot_rank(rank: RankLike, gate_ids: Iterable[int] = ()) -> RankSnapshot:
+    """One rank as plain data, for any implementation with SGLang's attribute names.
+
+    Pages come from the harness's own allocator and host pools; from the implementation only
+    its ack queues, its pending per-layer writes, its producer slots and its gate's answers.
+    """
+    controller, per_layer, gate_fn = rank.controller, rank.per_layer, rank.gate
+    pending = (
+        frozenset(int(n) for n in per_layer.pending_layer_writes)
+        if per_layer is not None
+        else frozenset()
+    )
+    gate = (
+        tuple((int(n), bool(gate_fn.node_has_undrained_write_ack(n))) for n in gate_ids)
+        if gate_fn is not None
+        else None
+    )
+    counter = controller.layer_done_counter
+    draft_pool = rank.draft_host_pool if rank.cp_layout is not None else None
+    return RankSnapshot(
+        rank=rank.rank,
+        write_acks=_ack_rows(controller.ack_write_queue),
+        load_acks=_ack_rows(controller.ack_load_queue),
+        device_pages=frozenset(rank.allocator.allocated_page_ids()),
+        host_pages=frozenset(rank.host_pool.allocated_pages()),
+        draft_host_pages=None if draft_pool is None else frozenset(draft_pool.allocated_pages()),
+        pending_layer_writes=pending,
+        producer_slots=int(getattr(counter, "num_counters", 0)),
+        producer_index=int(getattr(counter, "producer_index", -1)),
+        consumer_indices=tuple(int(i) for i in getattr(counter, "consumer_indices", ())),
+        gate_answers=gate,
+    )

@@ -1,0 +1,226 @@
+"""The session's checks come from one registry, read snapshots and the harness's own model, and
+never trust what an implementation says about itself: each new external check fires on a
+controller that misreports, with the right invariant id."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.session import Session
+from hicache_ref.harness.trace import Step
+from hicache_ref.invariants.models import HiCacheWriteReservation
+from hicache_ref.invariants.registry import (
+    QUIESCENCE_CHECKS,
+    REFUSAL_CHECKS,
+    RESET_CHECKS,
+    STEP_CHECKS,
+)
+from hicache_ref.invariants.snapshot import AckRow, HarnessModel, NodeHoldings, RankSnapshot
+
+PLAIN = HarnessConfig(page_size=2, layer_num=2, device_pages=12, host_pages=8)
+CP = HarnessConfig(
+    page_size=2, layer_num=2, pool_kind="nsa", cp_size=2, device_pages=16, host_pages=16
+)
+
+
+def run(config: HarnessConfig, controller_class: type[HiCacheController], *rules: Any) -> Session:
+    """A session on the reference with its controller class swapped, after ``rules``."""
+
+    class Impl(ReferenceImplementation):
+        pass
+
+    Impl.controller_class = controller_class
+    session = Session(config, Impl(), "reference")
+    for rule in rules:
+        name, args = (rule, {}) if isinstance(rule, str) else rule
+        session.apply(Step(rule=name, args=args))
+    return session
+
+
+COMPUTED_NODE = (("prefill", {"tokens": 5}), "forward_layer", "forward_layer")
+
+
+def fires(inv_id: str, excinfo: pytest.ExceptionInfo[InvariantViolation]) -> str:
+    assert excinfo.value.inv_id == inv_id, str(excinfo.value)
+    return excinfo.value.detail
+
+
+# --- fake controllers that misreport ------------------------------------------------------------
+
+
+class _RecordsTooFewHostSlots(HiCacheController):
+    def reserve_write_cp(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().reserve_write_cp(*args, **kwargs)
+        if isinstance(result, HiCacheWriteReservation) and len(result.host_indices):
+            meta = result.metadata
+            short = meta.model_copy(update={"host_indices": meta.host_indices[:-2]})
+            return result.model_copy(update={"metadata": short})
+        return result
+
+
+class _ClaimsOtherOwnedPositions(HiCacheController):
+    def reserve_write_cp(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().reserve_write_cp(*args, **kwargs)
+        if isinstance(result, HiCacheWriteReservation):
+            meta = result.metadata
+            lie = meta.model_copy(update={"owned_positions": meta.owned_positions.flip(0)})
+            return result.model_copy(update={"metadata": lie})
+        return result
+
+
+class _ClaimsOtherPageOwners(HiCacheController):
+    def reserve_write_cp(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().reserve_write_cp(*args, **kwargs)
+        if isinstance(result, HiCacheWriteReservation):
+            meta = result.metadata
+            lie = meta.model_copy(update={"page_owners": (1 - meta.page_owners).to(torch.int8)})
+            return result.model_copy(update={"metadata": lie})
+        return result
+
+
+class _RefusalKeepsHostSlots(HiCacheController):
+    def write(self, device_indices: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self.mem_pool_host.alloc(self.page_size)  # taken, then the write is "refused"
+        return None
+
+
+class _ResetKeepsWriteAcks(HiCacheController):
+    def reset(self) -> None:
+        acks = list(self.ack_write_queue)
+        super().reset()
+        self.ack_write_queue.extend(acks)
+
+
+def test_metadata_with_fewer_host_slots_than_the_layout_owns_is_inv13() -> None:
+    # write on CP -> rank metadata records 2 slots fewer than the harness's layout owns -> INV-13
+    with pytest.raises(InvariantViolation) as excinfo:
+        run(CP, _RecordsTooFewHostSlots, *COMPUTED_NODE, ("write", {"node": 0}))
+    text = fires("INV-13", excinfo)
+    assert "node 0 rank 0: the metadata records" in text and "owned positions" in text
+
+
+def test_metadata_owned_positions_are_never_read() -> None:
+    # the metadata lies about owned positions, but the copies are right: the host bytes are
+    # checked at the positions the harness's layout gives, so the case passes
+    session = run(CP, _ClaimsOtherOwnedPositions, *COMPUTED_NODE, ("write", {"node": 0}))
+    session.apply(Step(rule="synchronize", args={"stream": "write"}))
+    session.apply(Step(rule="drain_write"))
+    session.finish()
+    assert session.stats.checks_by_id["INV-09"] > 0
+
+
+def test_owner_replay_is_checked_against_the_owners_the_harness_recorded() -> None:
+    # the metadata claims flipped page owners -> load_cp faithfully replays the lie -> the
+    # harness compares with the owners its own layout gave at write time -> INV-03
+    steps = (*COMPUTED_NODE, ("write", {"node": 0}), ("synchronize", {"stream": "write"}))
+    session = run(CP, _ClaimsOtherPageOwners, *steps, "drain_write", ("evict_device", {"node": 0}))
+    with pytest.raises(InvariantViolation) as excinfo:
+        session.apply(Step(rule="load", args={"node": 0}))
+    assert fires("INV-03", excinfo).startswith("node 0: load_cp put page 0 of the node")
+
+
+def test_a_refusal_that_kept_host_slots_is_inv17() -> None:
+    with pytest.raises(InvariantViolation) as excinfo:
+        run(PLAIN, _RefusalKeepsHostSlots, *COMPUTED_NODE, ("write", {"node": 0}))
+    text = fires("INV-17", excinfo)
+    assert text.startswith("rank 0: write (refused: host full) was refused or failed but changed")
+    assert "'host pages'" in text
+
+
+def test_a_reset_that_keeps_write_acks_is_inv18() -> None:
+    steps = (*COMPUTED_NODE, ("write", {"node": 0}))
+    with pytest.raises(InvariantViolation) as excinfo:
+        run(PLAIN, _ResetKeepsWriteAcks, *steps, "reset")
+    assert fires("INV-18", excinfo).startswith("rank 0: reset() left entries in {'ack_write_queue'")
+
+
+def test_the_session_counts_every_check_by_id() -> None:
+    session = run(PLAIN, HiCacheController, *COMPUTED_NODE, ("write", {"node": 0}), "reset")
+    session.finish()
+    counts = session.stats.checks_by_id
+    assert counts["INV-02"] == counts["INV-05"] - 1 == session.stats.invariant_checks
+    assert counts["INV-18"] == 1 and counts["INV-16"] == 1 and counts["INV-15"] == 1
+
+
+# --- the registry over hand-built snapshots -----------------------------------------------------
+
+
+def snap(rank: int = 0, **fields: Any) -> RankSnapshot:
+    base: dict[str, Any] = {
+        "rank": rank,
+        "write_acks": (),
+        "load_acks": (),
+        "device_pages": frozenset({1}),
+        "host_pages": frozenset({0}),
+        "draft_host_pages": None,
+        "pending_layer_writes": frozenset(),
+        "producer_slots": 2,
+    }
+    return RankSnapshot(**{**base, **fields})
+
+
+NODE = NodeHoldings(0, 7, frozenset({1}), (frozenset({0}),) * 2, (frozenset(),) * 2, "in_flight")
+MODEL = HarnessModel(num_counters=2, nodes=(NODE,))
+
+
+def check(registry: Any, inv_id: str, snapshots: Sequence[RankSnapshot]) -> str:
+    with pytest.raises(InvariantViolation) as excinfo:
+        registry[inv_id](snapshots, MODEL)
+    return fires(inv_id, excinfo)
+
+
+def test_a_consistent_state_passes_every_step_check() -> None:
+    for step_check in STEP_CHECKS.values():
+        step_check([snap(0), snap(1)], MODEL)
+
+
+def test_step_checks_name_the_rank_and_the_broken_rule() -> None:
+    ack = AckRow((7,), finished=False)
+    assert "rank 1: node_id=7 has two undrained write acks" in check(
+        STEP_CHECKS, "INV-02", [snap(0), snap(1, write_acks=(ack, ack))]
+    )
+    assert "returned False but an ack in the queue carries it" in check(
+        STEP_CHECKS, "INV-02", [snap(0, write_acks=(ack,), gate_answers=((7, False),))]
+    )
+    assert check(STEP_CHECKS, "INV-14", [snap(0, write_acks=(ack,)), snap(1)]).startswith(
+        "ack_write_queue: rank 1 has 0 ack rows but rank 0 has 1"
+    )
+    three = (AckRow((1,), True), AckRow((2,), True), AckRow((3,), False))
+    assert "rank 0: 3 undrained load acks exceed num_counters=2" in check(
+        STEP_CHECKS, "INV-10", [snap(0, load_acks=three)]
+    )
+    assert "rank 1 host pool: pages allocated but owned by no node [5]" in check(
+        STEP_CHECKS, "INV-05", [snap(0), snap(1, host_pages=frozenset({0, 5}))]
+    )
+
+
+def test_quiescence_checks_catch_a_leftover_ack_and_a_stale_pending_write() -> None:
+    assert "rank 0: ack_write_queue still holds 1 ack(s)" in check(
+        QUIESCENCE_CHECKS, "INV-16", [snap(0, write_acks=(AckRow((7,), True),))]
+    )
+    assert "rank 0: per-layer write states still pending for node ids [9]" in check(
+        QUIESCENCE_CHECKS, "INV-15", [snap(0, pending_layer_writes=frozenset({7, 9}))]
+    )
+
+
+def test_reset_check_catches_a_claimed_producer_slot_and_a_stale_gate() -> None:
+    assert "producer_index=1" in check(RESET_CHECKS, "INV-18", [snap(0, producer_index=1)])
+    assert "node_has_undrained_write_ack(3) returned True" in check(
+        RESET_CHECKS, "INV-18", [snap(0, gate_answers=((3, True),))]
+    )
+
+
+def test_refusal_check_allows_only_the_named_parts_to_change() -> None:
+    before, after = [snap(0)], [snap(0, device_pages=frozenset({1, 2}))]
+    REFUSAL_CHECKS["INV-17"](before, after, "early reservation", ("device pages",))
+    with pytest.raises(InvariantViolation) as excinfo:
+        REFUSAL_CHECKS["INV-17"](before, after, "load (refused: device full)", ())
+    assert "changed 'device pages': before [1], after [1, 2]" in fires("INV-17", excinfo)
