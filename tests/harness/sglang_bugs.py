@@ -1,0 +1,181 @@
+"""Planted bugs in upstream's controller: what the gate must catch in code nobody here wrote.
+
+Each bug is one literal substitution in a copy of sglang 0.5.10's
+``sglang/srt/managers/cache_controller.py`` (the old snippet must occur exactly once). Only the
+few lines needed to find and change a line live here, never upstream's code. A test builds the
+patched tree at run time (``sglang_tree.fork_tree``), gates it and replays the minimized trace.
+
+Per bug: ``NAME``, ``BUG_CLASS`` (stream order, acks, slot lifetime, index permutation, layer
+events, merging), ``DESCRIPTION`` (one line), ``OLD`` -> ``NEW``, ``INVARIANTS`` (the harness
+check ids that must fire), ``STREAM_ORDER`` (the bug is a missing happens-before between
+streams: the GPU issue re-runs these on a real device with timing perturbation), and
+``EXPECTED_UNCAUGHT`` (a reason, when the harness is known to miss the bug; such a bug is kept
+but left out of the must-catch assertion).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PlantedBug:
+    """One substitution in 0.5.10's controller, and the invariants that must catch it."""
+
+    NAME = ""
+    BUG_CLASS = ""
+    DESCRIPTION = ""
+    OLD = ""
+    NEW = ""
+    INVARIANTS: tuple[str, ...] = ()
+    STREAM_ORDER = False
+    EXPECTED_UNCAUGHT = ""
+
+    @classmethod
+    def apply(cls, source: str) -> str:
+        """``source`` with the bug planted; the old snippet must occur exactly once."""
+        count = source.count(cls.OLD)
+        # Verify the snippet locates one line (a new upstream version may move or repeat it)
+        assert count == 1, f"{cls.NAME}: the old snippet occurs {count} times, expected once"
+        return source.replace(cls.OLD, cls.NEW)
+
+    @classmethod
+    def write_patched(cls, controller: Path, into: Path) -> Path:
+        """Write the patched copy of ``controller`` to ``into`` and return it."""
+        into.write_text(cls.apply(controller.read_text()))
+        return into
+
+
+# -- stream order ----------------------------------------------------------------------------
+class WriteSkipsStartWait(PlantedBug):
+    NAME = "write_skips_start_wait"
+    BUG_CLASS = "stream order"
+    DESCRIPTION = "the D2H copy no longer waits for the forward stream's start event"
+    OLD = "            start_event.wait(self.write_stream)\n"
+    NEW = "            pass  # BUG: no start_event.wait\n"
+    INVARIANTS = ("INV-09", "INV-06")
+    STREAM_ORDER = True
+
+
+class WriteStartRecordedOnWriteStream(PlantedBug):
+    NAME = "write_start_recorded_on_write_stream"
+    BUG_CLASS = "stream order"
+    DESCRIPTION = "the write's start event is recorded on the write stream, so its wait is empty"
+    OLD = "        start_event.record()\n        with device_module.stream(self.write_stream):\n"
+    NEW = (
+        "        with device_module.stream(self.write_stream):\n"
+        "            start_event.record()  # BUG: on the write stream, not the forward\n"
+    )
+    INVARIANTS = ("INV-09", "INV-06")
+    STREAM_ORDER = True
+
+
+class LoadSkipsStartWait(PlantedBug):
+    NAME = "load_skips_start_wait"
+    BUG_CLASS = "stream order"
+    DESCRIPTION = "the H2D copy no longer waits for the forward stream's start event"
+    OLD = "            producer_event.start_event.wait(self.load_stream)\n"
+    NEW = "            pass  # BUG: no start_event.wait\n"
+    INVARIANTS = ("INV-09", "INV-06", "INV-11")
+    STREAM_ORDER = True
+
+
+# -- acks ------------------------------------------------------------------------------------
+class WriteAckAppendedTwice(PlantedBug):
+    NAME = "write_ack_appended_twice"
+    BUG_CLASS = "acks"
+    DESCRIPTION = "start_writing appends its write ack twice"
+    OLD = (
+        "        self.ack_write_queue.append(HiCacheAck(start_event, finish_event, op.node_ids))\n"
+    )
+    NEW = OLD + OLD
+    INVARIANTS = ("INV-02",)
+
+
+class MergeKeepsFirstNodeIds(PlantedBug):
+    NAME = "merge_keeps_first_node_ids"
+    BUG_CLASS = "acks"
+    DESCRIPTION = "merge_ops keeps only the first op's node ids: merged loads never ack the rest"
+    OLD = "            node_ids.extend(op.node_ids)\n"
+    NEW = "            node_ids.extend(ops[0].node_ids if op is ops[0] else [])\n"
+    INVARIANTS = ("INV-16", "INV-10")  # never acked, or its producer slot handed out again
+
+
+# -- slot lifetime ---------------------------------------------------------------------------
+class WriteFreesHostSlots(PlantedBug):
+    NAME = "write_frees_host_slots"
+    BUG_CLASS = "slot lifetime"
+    DESCRIPTION = "write() frees the host slots it hands out right after queueing the copy"
+    OLD = "        self.start_writing()\n        return host_indices\n"
+    NEW = (
+        "        self.start_writing()\n"
+        "        self.mem_pool_host.free(host_indices)  # BUG: a staging-buffer mix-up\n"
+        "        return host_indices\n"
+    )
+    INVARIANTS = ("INV-05",)
+
+
+class EvictHostFreesFirstPage(PlantedBug):
+    NAME = "evict_host_frees_first_page"
+    BUG_CLASS = "slot lifetime"
+    DESCRIPTION = "evict_host frees only the first page of the node's host slots (a leak)"
+    OLD = "        self.mem_pool_host.free(host_indices)\n        return len(host_indices)\n"
+    NEW = (
+        "        self.mem_pool_host.free(host_indices[: self.page_size])  # BUG\n"
+        "        return len(host_indices)\n"
+    )
+    INVARIANTS = ("INV-05",)
+
+
+# -- index permutation -----------------------------------------------------------------------
+class MoveIndicesSortsHostOnly(PlantedBug):
+    NAME = "move_indices_sorts_host_only"
+    BUG_CLASS = "index permutation"
+    DESCRIPTION = "direct/layer_first sorts the host indices but not the device indices alike"
+    OLD = "                return host_indices, device_indices.index_select(0, idx)\n"
+    NEW = "                return host_indices, device_indices  # BUG: not permuted by idx\n"
+    INVARIANTS = ("INV-09", "INV-06", "INV-11")
+
+
+# -- layer events ----------------------------------------------------------------------------
+class FinishEventFromFirstLayer(PlantedBug):
+    NAME = "finish_event_from_first_layer"
+    BUG_CLASS = "layer events"
+    DESCRIPTION = "a load's finish event is the first layer's, so it acks before the last lands"
+    OLD = "        return self.load_events[-1]\n"
+    NEW = "        return self.load_events[0]  # BUG: the first layer, not the last\n"
+    INVARIANTS = ("INV-09", "INV-11")
+
+
+class LayerEventOffByOne(PlantedBug):
+    NAME = "layer_event_off_by_one"
+    BUG_CLASS = "layer events"
+    DESCRIPTION = "complete(i) records layer i+1's event: layer 0's event is never recorded"
+    OLD = "        self.load_events[layer_index].record()\n"
+    NEW = "        self.load_events[min(layer_index + 1, self._num_layers - 1)].record()  # BUG\n"
+    INVARIANTS = ("INV-11",)
+
+
+# -- merging ---------------------------------------------------------------------------------
+class MergeReversesHostOrder(PlantedBug):
+    NAME = "merge_reverses_host_order"
+    BUG_CLASS = "merging"
+    DESCRIPTION = "merge_ops concatenates host indices in reverse op order, device in op order"
+    OLD = "        host_indices = torch.cat([op.host_indices for op in ops])\n"
+    NEW = "        host_indices = torch.cat([op.host_indices for op in reversed(ops)])  # BUG\n"
+    INVARIANTS = ("INV-09", "INV-06", "INV-11")
+
+
+BUGS: tuple[type[PlantedBug], ...] = (
+    WriteSkipsStartWait,
+    WriteStartRecordedOnWriteStream,
+    LoadSkipsStartWait,
+    WriteAckAppendedTwice,
+    MergeKeepsFirstNodeIds,
+    WriteFreesHostSlots,
+    EvictHostFreesFirstPage,
+    MoveIndicesSortsHostOnly,
+    FinishEventFromFirstLayer,
+    LayerEventOffByOne,
+    MergeReversesHostOrder,
+)
+BUGS_BY_NAME = {bug.NAME: bug for bug in BUGS}

@@ -1,0 +1,166 @@
+"""The gate on controllers nobody here wrote: 0.5.10 passes, and every planted bug is caught.
+
+Upstream's ``cache_controller.py`` runs unmodified behind stubs on the simulated device
+(``adapters/sglang.py``). A bounded gate over it must find nothing new; each bug of
+``tests/harness/sglang_bugs.py``, planted in a copy of the file at test time, must be caught by
+one of the invariants it declares, and its minimized trace must pass on the unmodified tree
+(so the failure is the planted bug's, not a harness artefact).
+
+The wheel is fetched with pip on first use; a failed fetch fails these tests, it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache_ref.cli import EXIT_FAILED, EXIT_OK, main
+from hicache_ref.harness import known_findings
+from hicache_ref.harness.adapters.sglang_tree import (
+    CONTROLLER_RELPATH,
+    SRC_ENV,
+    fetch_wheel_tree,
+    fork_tree,
+)
+from hicache_ref.harness.known_findings import KnownFinding, get_known_findings
+from hicache_ref.harness.machine import FAILURE_DIR_ENV
+from hicache_ref.harness.replay import replay
+from hicache_ref.harness.trace import Trace
+
+from .sglang_bugs import BUGS, PlantedBug
+
+UNMODIFIED_BUDGET = "20s"
+BUG_BUDGET = "90s"  # a cap: each is caught in < 30 s alone; 2 shared cores run slower
+SNIPPET_LINES_MAX = 5
+MUST_CATCH = [bug for bug in BUGS if not bug.EXPECTED_UNCAUGHT]
+BUG_CLASSES_MIN = 6
+STREAM_ORDER_BUGS_MIN = 3
+SPEC_IDS = {
+    line.split()[0]
+    for line in (Path(__file__).resolve().parents[2] / "specs" / "invariant_ids.txt")
+    .read_text()
+    .splitlines()
+    if line.startswith("INV-")
+}
+
+UPSTREAM_RESET_FINDING = KnownFinding(
+    id="F8",
+    implementations=("sglang",),
+    invariant="INV-18",
+    message_pattern=r"reset\(\) left producer_index",
+    summary="0.5.10 reset() never calls layer_done_counter.reset() (upstream_findings F8)",
+)
+"""Stand-in for the F8 entry of ``known_findings`` while none covering sglang is registered."""
+
+RESET_MESSAGE = "rank 0: reset() left producer_index=0, consumer_indices=[] (expected -1 and [])"
+
+
+# -- fixtures --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def wheel_tree() -> Path:
+    """The unpacked 0.5.10 wheel (pip on first use; a fetch failure is a test failure)."""
+    return fetch_wheel_tree()
+
+
+@pytest.fixture
+def gate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Restore what the gate exports, and count 0.5.10's known reset finding as a baseline."""
+    monkeypatch.delenv(SRC_ENV, raising=False)  # --sglang-src sets it; restored at teardown
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
+    registered = get_known_findings([known_findings.ALL], "sglang")
+    if known_findings.match_known_finding(registered, "sglang", "INV-18", RESET_MESSAGE) is None:
+        monkeypatch.setitem(
+            known_findings.KNOWN_FINDINGS, UPSTREAM_RESET_FINDING.id, UPSTREAM_RESET_FINDING
+        )
+
+
+def run_gate(
+    tree: Path, out_dir: Path, budget: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any], str]:
+    """``hicache-fuzz gate --impl sglang --sglang-src TREE``: (exit status, report, stdout)."""
+    report_path = out_dir / "gate.json"
+    status = main(
+        [
+            "gate",
+            "--impl", "sglang",
+            "--sglang-src", str(tree),
+            "--budget", budget,
+            "--profile", "ci",
+            "--seed", "0",
+            "--known", known_findings.ALL,
+            "--out", str(out_dir),
+            "--json", str(report_path),
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    stdout = capsys.readouterr().out
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    return status, report, stdout
+
+
+def plant(bug: type[PlantedBug], wheel_tree: Path, tmp_path: Path) -> Path:
+    """A tree equal to 0.5.10 but with ``bug`` planted in its controller."""
+    patched = bug.write_patched(wheel_tree / CONTROLLER_RELPATH, tmp_path / "cache_controller.py")
+    return fork_tree(patched, wheel_tree)
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+@pytest.mark.parametrize("bug", BUGS, ids=lambda bug: bug.NAME)
+def test_planted_bug_is_one_small_substitution(bug: type[PlantedBug], wheel_tree: Path) -> None:
+    source = (wheel_tree / CONTROLLER_RELPATH).read_text()
+    # Verify the old snippet locates one place and the patch changes it
+    assert bug.apply(source) != source
+    # Verify no upstream code is carried: a few lines to find one line and change it
+    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    # Verify the bug names its class and the harness invariants that must catch it
+    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION
+    assert bug.INVARIANTS and set(bug.INVARIANTS) <= SPEC_IDS
+
+
+def test_catalogue_covers_the_bug_classes_and_stream_order() -> None:
+    assert len({bug.NAME for bug in BUGS}) == len(BUGS)
+    assert len({bug.BUG_CLASS for bug in MUST_CATCH}) >= BUG_CLASSES_MIN
+    stream_order = [bug for bug in MUST_CATCH if bug.STREAM_ORDER]
+    assert len(stream_order) >= STREAM_ORDER_BUGS_MIN
+    assert {bug.BUG_CLASS for bug in stream_order} == {"stream order"}
+
+
+# -- the gate --------------------------------------------------------------------------------
+@pytest.mark.usefixtures("gate_env")
+def test_unmodified_0_5_10_passes_a_bounded_gate(
+    wheel_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gate the unmodified wheel for a bounded budget -> exit 0, nothing new found
+    status, report, stdout = run_gate(wheel_tree, tmp_path, UNMODIFIED_BUDGET, capsys)
+    assert status == EXIT_OK, stdout
+    assert report["gate"]["passed"] and not report["failures"], stdout
+    assert report["cases"] > 0 and "hicache-fuzz replay" not in stdout
+
+
+@pytest.mark.usefixtures("gate_env")
+@pytest.mark.parametrize("bug", MUST_CATCH, ids=lambda bug: bug.NAME)
+def test_planted_bug_is_caught_by_its_invariant(
+    bug: type[PlantedBug],
+    wheel_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # plant the bug in a copy of 0.5.10 -> gate it -> exit 1 with one replay line
+    tree = plant(bug, wheel_tree, tmp_path)
+    status, report, stdout = run_gate(tree, tmp_path, BUG_BUDGET, capsys)
+    assert status == EXIT_FAILED, f"{bug.NAME} survived {report['cases']} cases:\n{stdout}"
+    failure = report["failures"][0]
+    assert f"hicache-fuzz replay {failure['trace']}" in stdout
+    trace = Trace.read(Path(failure["trace"]))
+    # the minimized trace fails on the planted tree, by a harness check the bug declares
+    monkeypatch.setenv(SRC_ENV, str(tree))
+    on_bug = replay(trace)
+    assert on_bug.signature() in bug.INVARIANTS, (on_bug.error, trace.to_jsonl())
+    # ... and passes on the unmodified tree: the failure is the planted bug's
+    monkeypatch.setenv(SRC_ENV, str(wheel_tree))
+    on_upstream = replay(trace)
+    assert not on_upstream.failed, (on_upstream.error, trace.to_jsonl())
