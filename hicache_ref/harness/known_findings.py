@@ -16,11 +16,15 @@ How a failure is matched. A failure matches a known finding when all three hold:
 3. *the message*: the entry's ``message_pattern``, a Python regular expression, is found
    (``re.search``) anywhere in the failure's full message (``str(exc)``, all lines).
 
+One root cause can fire more than one check, depending on the schedule; ``also`` lists the
+other ``(invariant, message_pattern)`` pairs that count as the same finding.
+
 A failure that matches no selected entry is new: the gate prints its replay line and exits 1.
 ``--known all`` selects every entry whose ``implementations`` cover the implementation under
 test; ``--known ID ...`` selects entries by id, and an unknown id is a usage error.
 
-The table below starts empty; an entry looks like::
+The table holds the written-up findings whose failures a campaign reproduces; an entry looks
+like::
 
     KnownFinding(
         id="F5",
@@ -51,6 +55,9 @@ class KnownFinding:
     invariant: str
     message_pattern: str
     summary: str
+    also: tuple[tuple[str, str], ...] = ()
+    """Other ``(invariant, message_pattern)`` pairs the same root cause shows up as (which check
+    fires first depends on the schedule)."""
 
     def __post_init__(self) -> None:
         # Verify the entry can match something and its pattern compiles (a typo fails at import)
@@ -58,7 +65,8 @@ class KnownFinding:
             raise HiCacheInputError(f"a known finding needs an id other than {ALL!r}")
         if not self.implementations:
             raise HiCacheInputError(f"known finding {self.id}: name at least one implementation")
-        re.compile(self.message_pattern)
+        for pattern in (self.message_pattern, *(p for _, p in self.also)):
+            re.compile(pattern)
 
     def covers(self, implementation: str) -> bool:
         """Whether this finding applies to ``implementation`` (a name or a ``name:`` prefix)."""
@@ -69,15 +77,79 @@ class KnownFinding:
 
     def matches(self, implementation: str, invariant: str, message: str) -> bool:
         """Whether a failure of ``implementation`` is this finding (see the module docstring)."""
-        return (
-            self.covers(implementation)
-            and invariant == self.invariant
-            and re.search(self.message_pattern, message) is not None
+        if not self.covers(implementation):
+            return False
+        return any(
+            invariant == inv_id and re.search(pattern, message) is not None
+            for inv_id, pattern in ((self.invariant, self.message_pattern), *self.also)
         )
 
 
-KNOWN_FINDINGS: dict[str, KnownFinding] = {}
-"""Every known finding by id. Filled from specs/upstream_findings.md; tests register their own."""
+_SEED_AND_UPSTREAM: tuple[KnownFinding, ...] = (
+    KnownFinding(
+        id="F1",
+        implementations=("seed",),
+        invariant="INV-09",
+        message_pattern=r"write ack drained: host copy of node \d+ draft layer \d+ \S+ rank \d+: "
+        r"row \d+ holds an untouched \(zero\) row",
+        summary="draft pools given to the constructor are never backed up (has_draft unset)",
+    ),
+    KnownFinding(
+        id="F2",
+        implementations=("seed",),
+        invariant="INV-09",
+        message_pattern=r"load ack drained: device copy of node \d+ draft layer \d+ ",
+        summary="a load ack finishes before the draft layers beyond the target's have landed",
+    ),
+    KnownFinding(
+        id="F3",
+        implementations=("seed",),
+        invariant="IndexError",
+        message_pattern=r"list index out of range",
+        summary="draft layers at or beyond the target layer count have no load event to wait on",
+    ),
+    KnownFinding(
+        id="F4",
+        implementations=("seed",),
+        invariant="INV-14",
+        message_pattern=r"ack_write_queue: rank \d+ (has \d+ ack rows but|ack row \d+ carries)",
+        summary="a zero-owned CP rank acks after the target layers, the owners after the draft "
+        "layers (hinges on the re-indentation at flat line 1249)",
+    ),
+    KnownFinding(
+        id="F7",
+        implementations=("seed",),
+        invariant="INV-09",
+        message_pattern=r"write ack drained: host copy of node \d+ draft layer \d+ \S+ rank \d+: "
+        r"row \d+ holds node-content",
+        summary="the per-layer draft D2H pairs draft host rows with the target's permutation",
+    ),
+    KnownFinding(
+        id="F8",
+        implementations=("seed", "sglang"),
+        invariant="INV-18",
+        message_pattern=r"reset\(\) left producer_index=",
+        summary="reset() never resets the layer counter (0.5.10, 0.5.23 and the seed); harmless "
+        "when the tree resets at idle",
+    ),
+    KnownFinding(
+        id="F20",
+        implementations=("seed",),
+        invariant="INV-02",
+        message_pattern=r"two undrained write acks|write ack for node_id \d+, which has no backup "
+        r"in flight",
+        summary="catch-up on a zero-owned rank with a deeper draft re-registers a finished write "
+        "state and acks twice (hinges on flat line 1249)",
+        also=(
+            # the second ack outlives every drain when the forward finishes at quiescence
+            ("INV-16", r"ack_write_queue still holds \d+ ack\(s\) \[\[\d+\]\] at quiescence"),
+        ),
+    ),
+)
+
+KNOWN_FINDINGS: dict[str, KnownFinding] = {f.id: f for f in _SEED_AND_UPSTREAM}
+"""Every known finding by id, from specs/upstream_findings.md (the F-entries whose failures the
+gate has reproduced); tests register their own."""
 
 
 def register_known_finding(finding: KnownFinding) -> KnownFinding:
