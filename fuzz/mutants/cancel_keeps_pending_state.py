@@ -13,7 +13,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "cancel_keeps_pending_state"
-INVARIANT = "INV-15"
+INVARIANTS = ("INV-15",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 12 (seed cancel_layer_write_state rollback)"
 
 

@@ -7,6 +7,8 @@ next write allocated its slots, and frees the pages of the evicted node that wer
 again (a page still free is skipped, as 0.5.10 would silently accept it). The new owner's pages
 go back to the free list while it holds them. Must be caught by INV-05 (no page is both free
 and owned by a node).
+Caught by the session's slot-conservation check after the ``write`` whose late release
+freed the new owner's pages (``Session.check_slot_conservation``, INV-05).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "double_free_host_slot"
-INVARIANT = "INV-05"
+INVARIANTS = ("INV-05",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "sglang#13483 -> #13501 (host range released twice); bug class 14"
 
 

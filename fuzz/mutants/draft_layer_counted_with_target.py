@@ -4,9 +4,14 @@ Re-creates bug class 5 (draft layers incomplete when the write ack is appended) 
 the #16964 family (only the target KV offloaded, the draft KV left stale; #17338, #21125,
 #30393, #31600): the per-layer write state counts a draft layer as copied when the target
 layer with the same index is, so the draft D2H of that layer is never issued, yet every layer
-looks submitted and the ack is appended. After a reload the draft pool holds stale KV. Must be
-caught by INV-04 (every draft layer submitted before the ack); the harness sees the stale draft
-host rows when the ack drains (INV-09) or at quiescence (INV-06).
+looks submitted and the ack is appended. After a reload the draft pool holds stale KV.
+
+The rule it breaks is INV-04 (every draft layer submitted before the ack), but the mutant
+defeats the controller's own INV-04 check (``_append_layer_write_ack`` sees the layer marked
+done) and the machine has no independent one, so what catches it is the byte oracle:
+``TreeDriver.writing_check`` reads the draft host copy when the write ack drains (``drain_acks``
+or quiescence) and finds an untouched row (INV-09: a drained ack covers bytes that never
+landed); INV-06 if a later step drains it and the quiescence byte check runs first.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "draft_layer_counted_with_target"
-INVARIANT = "INV-04"
+INVARIANTS = ("INV-09", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 5; sglang#16964 -> #17338, #21125 (draft KV not offloaded with the target)"
 
 

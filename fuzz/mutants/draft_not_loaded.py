@@ -2,9 +2,10 @@
 
 Re-creates sglang#16964 -> #17338 (draft KV stale after an L2 hit: the target pages were loaded
 into the new device slots, the draft pages were not, so the draft model read another request's
-KV at those slots; #30393, #31600). Must be caught by INV-06 (every resident copy holds the
-oracle's bytes); the harness sees the stale draft rows at a draft forward read (INV-11), at the
-load ack (INV-09) or at quiescence.
+KV at those slots; #30393, #31600). The bug breaks INV-06 (every resident copy holds the
+oracle's bytes); what catches it is ``TreeDriver.loading_check`` reading the draft device rows
+when the load ack drains (INV-09), a ``forward_read`` of a draft layer (INV-11), or the
+quiescence byte check (INV-06).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "draft_not_loaded"
-INVARIANT = "INV-06"
+INVARIANTS = ("INV-09", "INV-11", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "sglang#16964 -> #17338, #30393 (draft KV not loaded with the target)"
 
 

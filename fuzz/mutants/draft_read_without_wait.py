@@ -3,8 +3,11 @@
 Re-creates specs/upstream_findings.md F3 with bug class 8: in the seed the draft pool waits on
 the target's per-layer events, and draft layers ``>= layer_num`` have no event at all, so the
 forward reads those draft layers of a loading batch before their H2D landed (the per-layer gate
-that #7267/#7280 introduced, missing for the draft tail). Must be caught by INV-11 (a read of
-layer i, target or draft, waits until layer i of its producer slot landed).
+that #7267/#7280 introduced, missing for the draft tail). Caught by a ``forward_read`` of a
+draft tail layer of a loading node: the read lands before the layer and
+``TreeDriver.forward_read`` finds untouched rows (INV-11: a read of layer i, target or draft,
+waits until layer i of its producer slot landed). The focus draws one target and two draft
+layers, so half the draft reads hit the tail.
 """
 
 from __future__ import annotations
@@ -13,10 +16,14 @@ from typing import Any
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.operations import LayerDoneCounter
+from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.config import HarnessConfig
 
 NAME = "draft_read_without_wait"
-INVARIANT = "INV-11"
+INVARIANTS = ("INV-11",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 8; F3 (seed: draft layers >= layer_num have no load event); sglang#7267"
 
 
@@ -42,5 +49,14 @@ class Controller(HiCacheController):
             )
 
 
+def _focus(config: HarnessConfig) -> HarnessConfig:
+    # the bug needs a draft tail (draft layers past the target's last one); with one target
+    # layer, half of the draft reads of a loading node hit the tail
+    return config.model_copy(update={"layer_num": 1, "draft_layer_num": 2})
+
+
 def implementation() -> MutantImplementation:
-    return MutantImplementation(Controller, NAME)
+    # the draft counter is registered the same way on the CP path; single-rank worlds are faster
+    return MutantImplementation(
+        Controller, NAME, capabilities=CAPABILITIES - {"cp", "storage"}, refine_config=_focus
+    )

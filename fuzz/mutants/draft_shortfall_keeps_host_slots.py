@@ -1,15 +1,14 @@
-"""Uncaught mutant: ``reserve_write_cp`` keeps the target host slots when the draft alloc fails.
+"""Mutant: ``reserve_write_cp`` keeps the target host slots when the draft alloc fails.
 
 Re-creates specs/upstream_findings.md F6 and INV-17 (a refused write leaves every pool as it
 was): the target host slots allocated before the draft host pool came up short are never given
 back, so each refusal leaks them.
 
-Why the harness does not catch it: the harness builds the draft host pool with the target's
-``host_pages``, and every reservation asks both pools for the same number of slots and every
-eviction frees both, so the draft pool is never short when the target pool was not; the
-``draft_host_capacity`` path never runs. Fix in the harness: draw the CP draft host pool's size
-separately (e.g. ``draft_host_pages`` in ``HarnessConfig``, smaller than ``host_pages``); the
-session's INV-05 check then sees the leaked target slots.
+Caught since CP configs draw their own draft host pool size (``draft_host_pages``): a
+``prefill``/``write`` whose reservation is refused with ``draft_host_capacity`` leaves target
+host pages allocated that no node owns. The session's check that a refused step left every
+rank's pools as they were raises INV-17; without that check, the slot-conservation check after
+the step (``Session.check_slot_conservation``) sees the same pages as INV-05.
 """
 
 from __future__ import annotations
@@ -22,7 +21,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "draft_shortfall_keeps_host_slots"
-INVARIANT = "INV-17"
+INVARIANTS = ("INV-17", "INV-05")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "F6 (seed reserve_write_cp draft shortfall); sglang#27108 (failed backup not rolled back)"
 
 

@@ -5,6 +5,8 @@ that owns nothing (``submit_write_cp_all_layer``; the per-layer path counts its 
 ranks drain MIN(ready) acks and pop node ids by position. Dropping the "empty" ack shifts that
 rank's rows, so the ranks unlock different nodes, and the node is never acked on that rank.
 Must be caught by INV-14 (identical ack rows across ranks) and INV-16 (acked exactly once).
+Caught by the session's step check (``Session.check_step_invariants``: the ranks' ack rows
+differ, INV-14) or, when the rows drain first, by the never-acked node at quiescence (INV-16).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "drop_zero_owned_ack"
-INVARIANT = "INV-14"
+INVARIANTS = ("INV-14", "INV-16")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 19 (seed zero-owned completed ack); sglang#33442, #20460"
 
 

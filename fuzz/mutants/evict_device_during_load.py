@@ -1,14 +1,15 @@
-"""Uncaught mutant: ``evict_device`` frees pages without checking pending copies.
+"""Mutant: ``evict_device`` frees pages without checking pending copies.
 
 Re-creates bug class 10 (device pages freed or reused while an H2D writes them or a D2H reads
 them; sglang#36738, #38463): ``evict_device`` skips both the pending per-layer write check and
 the in-flight tracker (INV-08).
 
-Why the harness does not catch it: the tree driver pins a loading node until its load ack
-drains and offers ``evict_device`` only for a node whose backup ack was drained, so it never
-asks to free a page in flight. Fix in the harness: a rule that asks ``evict_device`` for a
-loading or backing-up node and expects ``InvariantViolation("INV-08")`` with nothing freed.
-(``fuzz/mutants/skip_load_fence.py`` shows INV-08 through the load fence instead.)
+Needs guards: the tree driver, like SGLang's radix cache, pins a loading node until its load
+ack drains and offers ``evict_device`` only for a node whose backup ack was drained, so only
+the ``probe_misuse(kind="evict_device")`` rule (``TreeDriver.probe``) asks to free a page in
+flight; the mutant accepts and the probe raises INV-08. With the ``guards`` capability off the
+probes are disabled and nothing sees it. (``fuzz/mutants/skip_load_fence.py`` shows INV-08
+through the load fence instead.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "evict_device_during_load"
-INVARIANT = "INV-08"
+INVARIANTS = ("INV-08",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = True
 BUG = "bug class 10; sglang#36738, #38463"
 
 

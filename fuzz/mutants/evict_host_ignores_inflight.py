@@ -1,15 +1,14 @@
-"""Uncaught mutant: host eviction does not refuse slots an in-flight copy still uses.
+"""Mutant: host eviction does not refuse slots an in-flight copy still uses.
 
 Re-creates sglang#27444 / #31427 / #26728 (host pages reused while an H2D still read them) and
 bug class 4: ``evict_host`` and ``evict_cp_host`` free host and draft host slots without asking
 the in-flight tracker (INV-07).
 
-Why the harness does not catch it: the tree driver, like SGLang's radix cache, offers
-``evict_host`` only for a node whose backup ack was drained and that is not loading, so it never
-asks to free a slot in flight, and the removed guard is never needed. Fix in the harness: a rule
-that asks ``evict_host``/``evict_cp_host`` for a node whose write or load ack is undrained and
-expects the refusal (``InvariantViolation("INV-07")``) with nothing freed (INV-17); the
-controller test suite covers the refusal, the state machine does not.
+Needs guards: the tree driver, like SGLang's radix cache, offers ``evict_host`` only for a node
+whose backup ack was drained and that is not loading, so only the
+``probe_misuse(kind="evict_host")`` rule (``TreeDriver.probe``) asks to free a slot in flight;
+the mutant accepts and the probe raises INV-07. With the ``guards`` capability off the probes
+are disabled and nothing sees it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,9 @@ from hicache_ref.controller.inflight import InflightTracker
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "evict_host_ignores_inflight"
-INVARIANT = "INV-07"
+INVARIANTS = ("INV-07",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = True
 BUG = "sglang#27444, #31427, #26728; bug class 4"
 
 

@@ -3,6 +3,8 @@
 Re-creates bug class 1 (two acks for one radix registration: one inc_lock_ref, two
 completions), which the seed guards with ``node_has_undrained_write_ack``. Must be caught by
 INV-02 (at most one undrained write ack per node).
+Caught by the session's step check after the ``write`` (``Session.check_step_invariants``:
+node ids that appear twice among the undrained write acks, INV-02).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from hicache_ref.controller.operations import HiCacheAck
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "extra_write_ack"
-INVARIANT = "INV-02"
+INVARIANTS = ("INV-02",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 1 (protocol notes section 10); seed reserve_write_cp guard"
 
 

@@ -2,7 +2,10 @@
 
 Re-creates bug class 4 / sglang#27444's cousin on the write side: the slots go back to the
 free list while the copy still writes them, so the next backup can take them and one of the
-two host copies is corrupted. Must be caught by INV-05 (slot conservation) or INV-07.
+two host copies is corrupted. The rule it breaks is INV-07 (no host free while in flight); what
+catches it is the session's slot-conservation check right after the ``write`` step
+(``Session.check_slot_conservation``: pages owned by a node but free, INV-05), before any later
+step could reuse the slots.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "free_host_before_write_ack"
-INVARIANT = "INV-07"
+INVARIANTS = ("INV-05",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 4; sglang#27444, #13483"
 
 

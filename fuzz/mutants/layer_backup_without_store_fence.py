@@ -5,8 +5,12 @@ comment; vLLM#45704, vLLM#31341: a DMA launched without an event from the comput
 ``_submit_write_cp_layer_states`` records the layer event on the forward stream but the write
 stream never waits on it; only the reservation's start event still orders the copy, and for an
 early reservation (made before the forward stored any layer) that is too early. The host copy
-of the layer then holds pre-store bytes. Must be caught by INV-12; the harness sees wrong host
-bytes when the ack drains (INV-09) or at quiescence (INV-06).
+of the layer then holds pre-store bytes.
+
+The rule it breaks is INV-12 (store before backup); the machine has no check of the stream
+order itself, so what catches it is the byte oracle: ``TreeDriver.writing_check`` reads the host
+copy when the write ack drains and finds pre-store bytes (INV-09), or the quiescence byte check
+(INV-06).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from hicache_ref.device.sim import SimEvent
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "layer_backup_without_store_fence"
-INVARIANT = "INV-12"
+INVARIANTS = ("INV-09", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 11 (seed store/copy ordering race); vLLM#45704, vLLM#31341"
 
 

@@ -2,8 +2,9 @@
 
 Re-creates bug class 6 (the seed's finish event is the target's last layer event, which a
 longer draft tail lands after) in its plainest form: the tree drains the ack and unpins the
-node while the last layer is still in flight. Must be caught by INV-09 (a drained ack's
-transfer has landed) or INV-11 (a read after the drain sees un-landed bytes).
+node while the last layer is still in flight. Caught by ``TreeDriver.loading_check``, which
+reads the device copy when the load ack drains and finds the last layer missing (INV-09: a
+drained ack's transfer has landed), or by a ``forward_read`` after the drain (INV-11).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from hicache_ref.controller.operations import LayerLoadingEvent
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "load_ack_before_last_layer"
-INVARIANT = "INV-09"
+INVARIANTS = ("INV-09", "INV-11")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 6; sglang#7267 family"
 
 

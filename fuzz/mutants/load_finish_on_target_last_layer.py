@@ -3,9 +3,10 @@
 Re-creates bug class 6 exactly as the seed has it (specs/upstream_findings.md F2): the finish
 event is recorded after target layer ``layer_num - 1``, but with more draft than target layers
 the draft layers ``layer_num..`` are copied after it, so the tree drains the load ack and
-unpins the node while the draft tail is still in flight. Must be caught by INV-04 (a load ack's
-finish follows every target and draft copy); the harness sees the missing draft rows when the
-load ack drains (INV-09) or at quiescence (INV-06).
+unpins the node while the draft tail is still in flight. The rule it breaks is INV-04 (a load
+ack's finish follows every target and draft copy); the machine does not inspect event order,
+so what catches it is ``TreeDriver.loading_check`` reading the draft tail's device rows when the
+load ack drains (INV-09), a draft ``forward_read`` (INV-11), or the quiescence bytes (INV-06).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.config import HarnessConfig
 
 NAME = "load_finish_on_target_last_layer"
-INVARIANT = "INV-04"
+INVARIANTS = ("INV-09", "INV-11", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 6 (seed start_loading: finish_event = load_events[layer_num - 1]); F2"
 
 

@@ -5,8 +5,9 @@ rounded up to a page) on the path the validators do not cover: records built on 
 never value-checked on the hot path, which this mutant models by copying the record without
 validation. ``load_cp`` then rebuilds the node from a padded length that disagrees with its
 page owners (bug class 3: owner replay on a wrong allocation length; partial pages, #35401).
-Must be caught by INV-13; the harness sees it when ``load_cp`` finds the allocation length
-differs from the recorded padded length (INV-03).
+Caught at the reload (``load``/``reload`` rule -> ``load_cp``): the allocator's
+``alloc_pages_with_owners`` returns whole pages, which differ from the recorded padded length,
+and ``load_cp`` refuses with INV-03 (the machine never value-checks the record itself, INV-13).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.invariants.models import HiCacheWriteReservation
 
 NAME = "metadata_without_padding"
-INVARIANT = "INV-13"
+INVARIANTS = ("INV-03",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 3 (padded_len / page_owners disagree); sglang#35401 (partial pages)"
 
 

@@ -1,17 +1,14 @@
-"""Uncaught mutant: ``evict_host`` releases a node's host span from a token offset, not a page.
+"""Mutant: ``evict_host`` releases a node's host span from a token offset, not a page.
 
 Re-creates the partial-page release of sglang#8901 / #13483 (``host_indices[completed_tokens:]``
 with a token count that is not a page multiple) and the partial pages of #35401, #24371: the
 span handed to the host pool's ``free`` is not whole pages (INV-01).
 
-Why the harness does not count it: the host pool refuses the span with ``PageAlignmentError``
-("INV-01: ..."), a ``HiCacheInputError``, so ``ReplayResult.signature()`` is
-``"PageAlignmentError"`` and ``tests/harness/test_mutants.py`` requires an ``INV-`` signature.
-(With ``page_size=1`` the same mutant leaks a slot and is caught as INV-05, but seed 0 finds a
-``page_size>1`` case first.) Fix in the harness: give ``PageAlignmentError`` an
-``inv_id = "INV-01"`` (and ``DoubleFreeError``/``ForeignSlotError`` ``"INV-05"``), or let
-``signature()`` read a leading ``INV-xx:`` from a ``HiCacheInputError`` message; the pool is
-enforcing an invariant against the controller here, not rejecting user input.
+Caught at any ``evict_host`` (the plain rule, or a ``probe_misuse`` probe): the host pool
+refuses the span with ``PageAlignmentError``, which carries INV-01. With ``page_size=1`` every
+span is whole pages, the release just skips the first slot, and the session's slot-conservation
+check (INV-05) sees the leak. Not about refusing misuse: with guards off the plain
+``evict_host`` rule still reaches it.
 """
 
 from __future__ import annotations
@@ -23,7 +20,9 @@ from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "misaligned_host_free"
-INVARIANT = "INV-01"
+INVARIANTS = ("INV-01", "INV-05")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "sglang#8901, #13483 (release from a token offset); #35401, #24371 (partial pages)"
 
 

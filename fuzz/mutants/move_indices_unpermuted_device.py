@@ -4,8 +4,9 @@ Re-creates bug class 17 (host/device index permutation mismatch): the ``direct``
 ``layer_first`` host layout sorts host indices so contiguous runs merge, and must permute the
 device indices with the same order. Without the permutation, token i's KV lands in the host
 slot of another token whenever the allocator handed out host pages out of order (or several
-ops were merged). Must be caught by INV-06 (byte equality); the harness sees swapped rows when
-the ack drains (INV-09) or at quiescence.
+ops were merged). The bug breaks INV-06 (byte equality); what catches it is
+``TreeDriver.writing_check``, which reads the host copy when the write ack drains and finds
+swapped rows (INV-09), or the quiescence byte check (INV-06).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from hicache_ref.controller.operations import CacheOperation
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "move_indices_unpermuted_device"
-INVARIANT = "INV-06"
+INVARIANTS = ("INV-09", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 17 (move_indices sorts host indices with a permutation the device side misses)"
 
 

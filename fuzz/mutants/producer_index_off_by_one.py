@@ -6,6 +6,8 @@ all ``num_counters`` slots; an off-by-one modulus walks ``num_counters - 1``, so
 takes the slot of the oldest undrained one. Upstream an ``assert`` (gone under ``python -O``)
 is all that stands between this and a consumer waiting on re-recorded events. Must be caught by
 INV-10 (``update_producer`` never hands out a slot whose finish event is pending).
+Caught by ``TreeDriver.start_loading`` (the ``reload``/``start_loading`` rules): the producer
+id it returns is the slot of a node still loading (INV-10).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from hicache_ref.controller.operations import LayerDoneCounter
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "producer_index_off_by_one"
-INVARIANT = "INV-10"
+INVARIANTS = ("INV-10",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 7 (LayerDoneCounter.update_producer slot reuse; 0.5.23 has_free_load_back_slot)"
 
 

@@ -1,16 +1,12 @@
-"""Uncaught mutant: ``update_producer`` wraps one slot early and never checks the slot.
+"""Mutant: ``update_producer`` wraps one slot early and never checks the slot.
 
 Re-creates bug class 7 as it happens upstream under ``python -O`` (the ``assert`` that guards
 the slot is gone) with an off-by-one ring: the next load takes the slot of the oldest undrained
 one and re-records its per-layer and finish events (INV-10).
 
-Why the harness does not catch it: with one FIFO load stream the re-recorded events sit after
-the old load's copies on the same stream, so a consumer of the old batch only over-waits and no
-byte is ever wrong; the old ack's shared finish event completes later, not earlier. The
-session's INV-10 check counts undrained load acks, which the tree itself keeps below
-``num_counters``, and ``start_loading``'s own guard counts acks too, so nothing looks at which
-slot was handed out. Fix in the harness: in ``TreeDriver.start_loading`` check that the returned
-producer id is not the ``producer_id`` of a node still loading (``check_producer_slot_ready``).
+No byte is ever wrong (one FIFO load stream orders the re-recorded events after the old load's
+copies), so what catches it is ``TreeDriver.start_loading``: it checks that the producer id a
+``start_loading``/``reload`` returns is not the slot of a node still loading, and raises INV-10.
 """
 
 from __future__ import annotations
@@ -22,7 +18,9 @@ from hicache_ref.controller.operations import LayerDoneCounter
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "reuse_busy_producer_slot"
-INVARIANT = "INV-10"
+INVARIANTS = ("INV-10",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 7 (update_producer assert gone under python -O)"
 
 

@@ -4,9 +4,12 @@ Re-creates sglang#36738: under overlap scheduling a finished request's pages are
 the already-launched forward work still writes them, and the H2D on the load stream was not
 ordered after that work. ``start_loading`` records the producer's start event but the load
 stream never waits on it, so a load into reused pages can land before a queued store of the
-page's previous owner, which then overwrites the loaded KV. Must be caught by INV-08 (no device
-page reused while queued forward work uses it); the harness sees the overwritten device bytes
-at a forward read (INV-11), at the load ack (INV-09) or at quiescence (INV-06).
+page's previous owner, which then overwrites the loaded KV.
+
+The rule it breaks is INV-08 (no device page reused while queued forward work uses it); the
+machine does not inspect stream order, so what catches it is the byte oracle seeing the loaded
+KV overwritten: a queued ``forward_read`` of the page's previous owner (INV-11), the load ack
+drain in ``TreeDriver.loading_check`` (INV-09), or the quiescence bytes (INV-06).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.config import HarnessConfig
 
 NAME = "skip_load_fence"
-INVARIANT = "INV-08"
+INVARIANTS = ("INV-11", "INV-09", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "sglang#36738 (H2D into reused pages not ordered after queued forward work); bug class 10"
 
 

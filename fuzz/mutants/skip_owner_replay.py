@@ -3,6 +3,9 @@
 Re-creates bug class 3: each CP rank's saved ``owned_positions`` index an allocation with a
 different owner pattern, so a rank loads its host bytes into physical slots of pages another
 rank owns, and attention reads garbage. Must be caught by INV-03 / INV-06 (bytes).
+Caught at the reload (``load``/``reload`` -> ``load_cp``) by ``TreeDriver``'s owner-pattern
+check: the fresh pages' owners differ from those recorded at write time (INV-03); INV-06 if
+the bytes are read first.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "skip_owner_replay"
-INVARIANT = "INV-03"
+INVARIANTS = ("INV-03", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 3 (seed load_cp comment); CP owner pattern"
 
 

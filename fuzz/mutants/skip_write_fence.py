@@ -4,9 +4,10 @@ Re-creates bug class 11 on the all-layer write path (sglang#38463: a D2H forked 
 schedule stream with no ordering against the KV it copies; vLLM#45704: a store launched with
 no event from the compute stream). ``start_writing`` records the fence on the current stream
 but the write stream never waits on it, so the D2H can copy a layer before the forward stream
-stored it and the host copy holds stale bytes. Must be caught by INV-12 (store before backup);
-the harness sees it as wrong host bytes when the write ack drains (INV-09) or at quiescence
-(INV-06).
+stored it and the host copy holds stale bytes. The rule it breaks is INV-12 (store before
+backup); the machine does not inspect stream order, so what catches it is
+``TreeDriver.writing_check`` reading the host copy when the write ack drains (INV-09), or the
+quiescence byte check (INV-06).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "skip_write_fence"
-INVARIANT = "INV-12"
+INVARIANTS = ("INV-09", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 11; sglang#38463, vLLM#45704 (D2H not ordered after the KV store)"
 
 

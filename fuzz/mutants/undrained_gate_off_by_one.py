@@ -5,6 +5,8 @@ highest queued id takes the fast path and is reported as having no undrained wri
 its ack is still in ``ack_write_queue``, so ``reserve_write_cp`` would accept a second backup
 of it (two acks for one radix registration, bug class 1). Must be caught by INV-02 (the gate
 answers exactly what a scan of the queue answers).
+Caught by the session's step check after the ``write`` (``Session.check_step_invariants``:
+``node_has_undrained_write_ack`` disagrees with a scan of ``ack_write_queue``, INV-02).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "undrained_gate_off_by_one"
-INVARIANT = "INV-02"
+INVARIANTS = ("INV-02",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 2 (seed node_has_undrained_write_ack / _max_write_ack_node_id fast path)"
 
 

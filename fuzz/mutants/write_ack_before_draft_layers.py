@@ -17,7 +17,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "write_ack_before_draft_layers"
-INVARIANT = "INV-04"
+INVARIANTS = ("INV-04",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 5 (seed _layer_write_state_done); sglang#16964 -> #17338, #21125"
 
 

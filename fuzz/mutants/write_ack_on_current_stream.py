@@ -5,7 +5,9 @@ completed acks of zero-owned ranks on the current stream, which is harmless only
 was copied; here every write ack is recorded there, so the tree drains it (and unlocks the node,
 which may then be evicted from device) while the D2H on the write stream is still queued
 (evictions racing the backup, sglang#24585, #27108). Must be caught by INV-09 (a drained ack's
-transfer has landed); the harness reads the host copy when the ack drains.
+transfer has landed); ``TreeDriver.writing_check`` reads the host copy when the ack drains.
+With guards on, a ``probe_misuse(kind="evict_device")`` probe may see it first: the controller
+takes the early-finished ack for a landed copy and accepts the eviction (INV-08).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from hicache_ref.controller.operations import HiCacheAck
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "write_ack_on_current_stream"
-INVARIANT = "INV-09"
+INVARIANTS = ("INV-09", "INV-08")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 9 (seed completed acks on the current stream); sglang#24585, #27108"
 
 

@@ -5,6 +5,8 @@ to the id ``start_loading`` returned, and ``get_key_buffer(i)`` waits on layer i
 a slot of another (finished or never-used) batch makes the forward read layers whose H2D has
 not landed (the per-layer gate of #7267/#7280 defeated). Must be caught by INV-11 (a read of
 layer i happens after layer i of its batch's producer slot landed).
+Caught by a ``forward_read`` of the loading batch: ``TreeDriver.forward_read`` waits on the
+returned slot and finds rows that have not landed (INV-11).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "wrong_consumer_slot"
-INVARIANT = "INV-11"
+INVARIANTS = ("INV-11",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 8 (set_consumer / wait_until on another batch's slot); sglang#7267, #7280"
 
 

@@ -6,6 +6,9 @@ ack rows): the zero-owned rank appends its write ack at the target's last layer 
 owning ranks wait for the draft tail. With more draft than target layers the ranks' ack rows
 differ mid-run, so ranks draining MIN(ready) acks pop different node ids and their radix trees
 diverge. Must be caught by INV-14 (identical ack rows across ranks; INV-04 on every rank).
+Caught by ``TreeDriver``'s ack drain or the session's step check (the ranks' write ack
+rows differ, INV-14), or by the zero-owned rank's own controller: its next layer hook finds the
+node's early ack undrained and refuses the per-layer write (INV-02).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "zero_owned_rank_skips_draft_layers"
-INVARIANT = "INV-14"
+INVARIANTS = ("INV-14", "INV-02")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 19; F4 (seed zero-owned rank skips the draft wait); sglang#33442 family"
 
 

@@ -6,6 +6,8 @@ ids, takes the same producer slot and appends the same load ack on every rank. W
 zero-owned rank's ``start_loading`` returns -1 and appends no ack, so ranks draining MIN(ready)
 acks pop different node ids (rank disagreement as in sglang#33442, #20460). Must be caught by
 INV-14.
+Caught at the ``start_loading`` step: ``TreeDriver.start_loading`` finds the ranks took
+different producer slots (the zero-owned rank returned -1; INV-14).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "zero_owned_rank_skips_load_op"
-INVARIANT = "INV-14"
+INVARIANTS = ("INV-14",)
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 19 (seed load_cp zero-owned op); sglang#33442, #20460"
 
 

@@ -20,7 +20,9 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "cancel_without_write_sync"
-INVARIANT = "INV-15"
+INVARIANTS = ("INV-15", "INV-07")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug classes 4 and 12 (seed cancel_layer_write_state must synchronize the write stream)"
 
 

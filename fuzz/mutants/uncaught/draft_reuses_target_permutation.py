@@ -7,12 +7,17 @@ out its pages in a different order from the target's, draft rows land in the hos
 tokens. Must be caught by INV-06 (byte equality of the draft host copy); the harness sees the
 swapped rows when the ack drains (INV-09).
 
-Why the harness does not catch it (60 s, ~1000 cases): the draft host pool mirrors the target
-pool's allocation sequence (same page counts, same frees, lowest free run first), so the two
-hand out pages in the same relative order and the two sort permutations agree; they differ only
-after a random-policy fallback on a fragmented pool, which the campaign rarely reaches. Fix in
-the harness: draw the draft host pool's allocation policy (or size) independently of the
-target's, so its page order diverges.
+Why the harness does not catch it: both host pools allocate through
+``alloc_contiguous_preferred``, which returns the lowest run of consecutive free pages whenever
+one exists, so both host index lists come out sorted, both permutations are the identity and
+the mutant's reuse changes nothing. They differ only when the draft host pool is fragmented
+enough that no run fits and the policy hands out pages out of order. The focus below draws CP +
+a draft + ``direct``/``layer_first`` with different handout orders; 60 s of the ``ci`` profile
+(about 400 cases) did not reach it, nor did focuses with a small draft host pool (3-12 pages),
+``page_size`` 1 or 2 and a ``lifo`` or ``random`` draft policy (2026-12-01). Fix in the
+harness: a rule that pins scattered host pages (fragments the pools) before a backup, so
+``alloc_contiguous_preferred`` falls back to the policy; the write ack drain's byte check
+(``TreeDriver.writing_check``, INV-09) then sees the swapped draft rows.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.config import HarnessConfig
 
 NAME = "draft_reuses_target_permutation"
-INVARIANT = "INV-06"
+INVARIANTS = ("INV-09", "INV-06")
+INVARIANT = INVARIANTS[0]
+NEEDS_GUARDS = False
 BUG = "bug class 17 (seed _get_or_create_layer_write_state reused the target permutation)"
 
 
