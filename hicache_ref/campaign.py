@@ -43,7 +43,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     "misuse": ("probe_evict_host", "probe_evict_device", "probe_rewrite"),
     "other": ("reset", "noop"),
 }
-FEATURES = ("pool", "layout/io", "cp", "draft", "page")
+FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy")
 
 
 def get_rule_family(rule: str) -> str:
@@ -70,6 +70,7 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         "cp": str(config.cp_size),
         "draft": draft,
         "page": str(config.page_size),
+        "copy": config.copy_path,
     }
 
 

@@ -14,6 +14,7 @@ PoolKind = Literal["mha", "mla", "nsa"]
 Layout = Literal["layer_first", "page_first", "page_first_direct"]
 IoBackend = Literal["direct", "kernel"]
 AllocPolicy = Literal["fifo", "lifo", "random"]
+CopyPath = Literal["gather", "runs"]
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "direct": ("layer_first", "page_first_direct"),
@@ -43,6 +44,9 @@ class HarnessConfig(BaseModel):
     num_counters: int = 5
     settle_records: bool = False
     """Event records and satisfied waits complete on reaching their stream's head (GPU-like)."""
+    copy_path: CopyPath = "gather"
+    """How the host pools execute a copy: ``gather`` (index_select, the CPU path) or ``runs``
+    (the run-merged slice copies a GPU uses, ``plan_runs``), so both are fuzzed on any machine."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -77,7 +81,8 @@ class HarnessConfig(BaseModel):
     def describe(self) -> str:
         draft = f" draft={self.draft_layer_num}L" if self.has_draft else ""
         cp = f" cp={self.cp_size}" if self.uses_cp else ""
+        runs = " copy=runs" if self.copy_path == "runs" else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
-            f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}"
+            f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"
         )

@@ -40,10 +40,18 @@ def expected_rows(
     return (starts[:, None] + ramp[None, :]).reshape(len(starts), *row_shape)
 
 
+FREED_ROW_VALUE = 0.25
+"""What the tree writes into a node's device pages when it frees them (no row value is
+fractional at its first element), so a read that runs before the copy into reused pages landed
+sees poison, not the stale bytes of the node that held them before."""
+
+
 def describe_row(value: float) -> str:
     """Decode a row's first element back into (uid, draft, layer, component, position)."""
     if value == 0:
         return "an untouched (zero) row"
+    if value == FREED_ROW_VALUE:
+        return "the poison of a freed device page (nothing was copied into it yet)"
     draft = value < 0
     base = int(abs(value)) - 1
     position = base % MAX_POSITIONS

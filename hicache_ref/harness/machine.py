@@ -57,6 +57,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
         num_counters=draw(st.sampled_from([2, 5])),
         settle_records=draw(st.booleans()),
+        copy_path=draw(st.sampled_from(["gather", "runs"])),
         seed=draw(st.integers(0, 2**16)),
     )
     if capabilities and not supports(capabilities, config):

@@ -37,7 +37,7 @@ from hicache_ref.harness.adapters.base import (
     as_reservation,
     is_write_failure,
 )
-from hicache_ref.harness.content import describe_row, expected_rows
+from hicache_ref.harness.content import FREED_ROW_VALUE, describe_row, expected_rows
 from hicache_ref.harness.world import World
 from hicache_ref.invariants.checks_acks import check_ack_rows_identical
 from hicache_ref.invariants.checks_layout import check_host_slot_count, check_owner_replay
@@ -550,6 +550,7 @@ class TreeDriver:
         assert node.value is not None
         for controller in self._controllers():
             controller.evict_device(node.value)
+        self._poison_freed_pages(node)
         node.value = None
         return f"evict_device node {handle}"
 
@@ -563,7 +564,29 @@ class TreeDriver:
                 self.batch_layer = 0
         for controller in self._controllers():
             controller.evict_device(node.value)
+        self._poison_freed_pages(node)
         return f"drop node {handle}"
+
+    def _poison_freed_pages(self, node: Node) -> None:
+        """What reuse does to freed pages: another request's KV lands there. The forward stream
+        fills them with poison, so a load whose read runs before its copy cannot pass by
+        finding the bytes the same node left behind (a reload often gets its old pages back)."""
+        assert node.value is not None
+        for rank in range(len(self.world.ranks)):
+            positions = self._owned_positions(rank, node, node.value)
+            locs = self._physical(rank, node.value[positions])
+            buffers = [
+                buf
+                for draft, layer_num in self._layer_kinds()
+                for layer in range(layer_num)
+                for buf in self._pools(rank, draft)[0].layer_buffers(layer)
+            ]
+
+            def poison(buffers: list[torch.Tensor] = buffers, locs: torch.Tensor = locs) -> None:
+                for buf in buffers:
+                    buf[locs] = FREED_ROW_VALUE
+
+            self.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
 
     def evict_host(self, handle: int) -> str:
         node = self.nodes.pop(handle)

@@ -147,6 +147,7 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
             size_tokens=config.host_pages * page,
             alloc_policy=config.alloc_policy,
             seed=config.seed + 1,
+            copy_path=config.copy_path,
         )
         draft_device_pool = draft_host_pool = None
         if config.has_draft:
@@ -160,6 +161,7 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
                 size_tokens=(draft_pages or config.host_pages) * page,
                 alloc_policy=config.draft_alloc_policy,
                 seed=config.seed + 2,
+                copy_path=config.copy_path,
             )
         request = BuildRequest(
             config=config,
