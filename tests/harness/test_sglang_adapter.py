@@ -141,3 +141,22 @@ def test_a_trace_remembers_its_tree_so_the_replay_line_needs_no_flag(
     trace = session.trace()
     assert trace.header.source == str(tree)
     assert not replay(trace).failed
+
+
+UPSTREAM_CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
+
+
+@pytest.mark.parametrize("path", sorted(UPSTREAM_CORPUS.glob("*.jsonl")), ids=lambda p: p.stem)
+def test_upstream_finding_still_reproduces_and_the_reference_passes(
+    tree_0510: Path, path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each note starts "F<n> INV-xx:": upstream 0.5.10 fails that way, the reference does not
+    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
+    from hicache_ref.harness.replay import replay
+    from hicache_ref.harness.trace import Trace
+
+    monkeypatch.setenv(SRC_ENV, str(tree_0510))
+    trace = Trace.read(path)
+    expected = trace.header.note.split(":", 1)[0].split()[1]
+    assert replay(trace).signature() == expected
+    assert not replay(trace, implementation="reference").failed
