@@ -7,7 +7,9 @@ which may then be evicted from device) while the D2H on the write stream is stil
 (evictions racing the backup, sglang#24585, #27108). Must be caught by INV-09 (a drained ack's
 transfer has landed); ``TreeDriver.writing_check`` reads the host copy when the ack drains.
 With guards on, a ``probe_misuse(kind="evict_device")`` probe may see it first: the controller
-takes the early-finished ack for a landed copy and accepts the eviction (INV-08).
+takes the early-finished ack for a landed copy and accepts the eviction (INV-08), or a
+``probe_misuse(kind="evict_host")`` probe sees it accept freeing the host slots the D2H still
+writes (INV-07).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from hicache_ref.controller.operations import HiCacheAck
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "write_ack_on_current_stream"
-INVARIANTS = ("INV-09", "INV-08")
+INVARIANTS = ("INV-09", "INV-08", "INV-07")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 9 (seed completed acks on the current stream); sglang#24585, #27108"

@@ -216,13 +216,14 @@ class HiCacheMachine(RuleBasedStateMachine):
     def _start_and_read(self, loaded: list[int], reads: int, run_ops: int, drain: bool) -> None:
         if self.s.is_enabled(Step(rule="start_loading")):
             self._apply("start_loading")
-        layer_num = self.s.config.layer_num
+        config = self.s.config
+        kinds = [(False, config.layer_num)] + ([(True, config.draft_layer_num)] * config.has_draft)
         for i in range(reads if loaded else 0):
             node = loaded[i % len(loaded)]
+            draft, layer_num = kinds[(i // len(loaded)) % len(kinds)]
+            layer = (i // (len(loaded) * len(kinds))) % layer_num
             if node in self.s.candidates("forward_read"):
-                self._apply(
-                    "forward_read", node=node, layer=(i // len(loaded)) % layer_num, draft=False
-                )
+                self._apply("forward_read", node=node, layer=layer, draft=draft)
         if run_ops:
             self._apply("advance", stream="load", n=run_ops)
             self._apply("advance", stream="forward", n=run_ops)
