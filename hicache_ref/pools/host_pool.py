@@ -8,7 +8,10 @@ Mirrors SGLang 0.5.10 ``memory_pool_host.py`` with these deliberate differences:
 - one class serves every device pool kind: the host pool holds one buffer per component of its
   device pool, so the NSA indexer sidecar is moved with the KV (sglang#17085);
 - ``get_data_page`` / ``set_from_flat_data_page`` use one layout-independent byte order, so a page
-  stored under one layout reads back under another (bug class 21);
+  stored under one layout reads back under another (bug class 21; upstream's page bytes follow the
+  buffer, e.g. ``(H, page, L, D)`` per K/V under ``page_head``);
+- ``page_head`` (MHA only, as upstream) is refused at construction for MLA and NSA pools, and the
+  fork-only ``layer_page_first`` is supported for every pool kind (see ``host_layout.py``);
 - transfers are stream work launched through ``device_module.launch`` (see ``transfer.py``);
 - the size is not forced above the device pool's (tests use tiny pools).
 
@@ -45,6 +48,7 @@ from hicache_ref.pools.host_layout import (
     HostLayout,
     check_host_layout,
     check_io_backend,
+    check_layout_for_pool_kind,
     compute_host_buffer_shape,
     host_page_rows,
     host_row_index,
@@ -59,6 +63,9 @@ class HostKVCache:
 
     device_pool_kind: ClassVar[type[KVCache] | None] = None
     """The exact device pool class a subclass serves (``None``: any)."""
+
+    pool_kind: ClassVar[str | None] = None
+    """The key of ``LAYOUTS_BY_POOL_KIND`` naming the layouts this class can take."""
 
     def __init__(
         self,
@@ -86,6 +93,9 @@ class HostKVCache:
         self.device_pool = device_pool
         self.device_module: DeviceModule = device_pool.device_module
         self.layout: HostLayout = check_host_layout(layout)
+        check_layout_for_pool_kind(
+            self.layout, self._layout_pool_kind(device_pool), type(device_pool).__name__
+        )
         self.copy_path = check_copy_path(copy_path)
         self.page_size = device_pool.page_size if page_size is None else page_size
         # Verify positive pages
@@ -120,6 +130,12 @@ class HostKVCache:
         self.lock = threading.RLock()
         self._free = PageFreeList(range(self.num_pages), alloc_policy=alloc_policy, seed=seed)
         self.alloc_policy = self._free.alloc_policy
+
+    def _layout_pool_kind(self, device_pool: KVCache) -> str | None:
+        """This class's ``pool_kind``; the generic class judges an MHA pool as ``mha``."""
+        if self.pool_kind is None and isinstance(device_pool, MHATokenToKVPool):
+            return "mha"
+        return self.pool_kind
 
     def _requested_size(
         self, host_to_device_ratio: float, host_size: float, size_tokens: int | None
@@ -397,7 +413,7 @@ class HostKVCache:
     # ------------------------------------------------------------------ harness access
     def _host_key(
         self, component: str, layer_id: int, host_indices: torch.Tensor
-    ) -> tuple[torch.Tensor | int, ...]:
+    ) -> tuple[torch.Tensor | int | slice, ...]:
         if component not in self.buffers:
             raise HiCacheInputError(
                 f"unknown component {component!r}; this pool has {self.component_names()}"
@@ -426,6 +442,7 @@ class MHATokenToKVPoolHost(HostKVCache):
     """Host pool of an ``MHATokenToKVPool`` (components ``k``, ``v``)."""
 
     device_pool_kind = MHATokenToKVPool
+    pool_kind = "mha"
 
     @property
     def k_buffer(self) -> torch.Tensor:
@@ -440,6 +457,7 @@ class MLATokenToKVPoolHost(HostKVCache):
     """Host pool of an ``MLATokenToKVPool`` (component ``kv``); refuses an NSA pool (sglang#17085)."""
 
     device_pool_kind: ClassVar[type[KVCache] | None] = MLATokenToKVPool
+    pool_kind: ClassVar[str | None] = "mla"
 
     @property
     def kv_buffer(self) -> torch.Tensor:
@@ -450,6 +468,7 @@ class NSATokenToKVPoolHost(MLATokenToKVPoolHost):
     """Host pool of an ``NSATokenToKVPool`` (components ``kv`` and the sidecar ``index_k``)."""
 
     device_pool_kind = NSATokenToKVPool
+    pool_kind = "nsa"
 
     @property
     def index_k_buffer(self) -> torch.Tensor:

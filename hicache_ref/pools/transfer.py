@@ -3,7 +3,13 @@
 Semantics (both io backends, every layout): for each selected layer and every component,
 ``dst[dst_indices[i]] = src[src_indices[i]]``; d2h reads the device pool and writes the host pool,
 h2d the reverse. Upstream's kernels skip negative indices silently and the ``*_direct_pf`` paths
-misplace non-contiguous pages silently; here both are refused at launch (INV-01).
+misplace non-contiguous pages silently; here both are refused at launch (INV-01). The ``direct``
+backend moves ``page_first_direct`` and ``layer_page_first`` page by page, so those transfers
+take whole host pages and contiguous device chunks (``check_page_first_direct_chunks``).
+
+A ``page_head`` or ``page_first`` run view is strided (heads or layers interleave), so a ``runs``
+copy between it and a GPU goes through a contiguous temporary inside ``copy_``: correct bytes,
+one staging copy per run.
 
 Two ways to execute the same semantics, chosen per launch by ``copy_path``:
 
@@ -11,7 +17,8 @@ Two ways to execute the same semantics, chosen per launch by ``copy_path``:
   simulator). The closure reads the index tensors when it runs, like a kernel reading device
   indices, so a caller that mutates indices before the stream runs sees the effect.
 - ``runs``: the ``transfer_kv_direct`` way. The index pairs are merged at launch into maximal
-  runs (``page_math.plan_copy_runs``; split at host pages for ``page_first_direct``), and the
+  runs (``page_math.plan_copy_runs``; split at host pages for the ``PAGE_LOCAL_LAYOUTS``:
+  ``page_first_direct``, ``page_head``, ``layer_page_first``), and the
   closure issues one ``copy_(..., non_blocking=True)`` per run, layer and component. This is the
   path for a real GPU: slice copies between pinned host memory and device memory are ordered on
   the current stream. Planning needs the index values on the host, so a CUDA index tensor is
@@ -31,7 +38,14 @@ import torch
 from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import HiCacheInputError, PageAlignmentError, UnknownOptionError
 from hicache_ref.pools.device_pool import KVCache
-from hicache_ref.pools.host_layout import HostLayout, IoBackend, host_row_index, host_run_view
+from hicache_ref.pools.host_layout import (
+    PAGE_LOCAL_LAYOUTS,
+    HostLayout,
+    IoBackend,
+    host_row_index,
+    host_run_view,
+    is_whole_page_transfer,
+)
 from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
 from hicache_ref.pools.page_math import plan_copy_runs, split_runs_at_pages
 
@@ -111,8 +125,9 @@ def check_transfer_indices(
 def check_page_first_direct_chunks(
     host: torch.Tensor, device: torch.Tensor, page_size: int
 ) -> None:
-    """``page_first_direct`` moves whole pages: each host chunk one aligned page, each device chunk
-    contiguous (upstream reads only the first index of each chunk) (INV-01)."""
+    """``page_first_direct`` and ``layer_page_first`` under ``direct`` move whole pages: each host
+    chunk one aligned page, each device chunk contiguous (upstream reads only the first index of
+    each chunk) (INV-01)."""
     validate_page_aligned_token_indices(host, page_size, "host_indices")
     if device.numel() == 0:
         return
@@ -124,7 +139,8 @@ def check_page_first_direct_chunks(
         start = int(chunks[chunk, 0])
         raise PageAlignmentError(
             f"INV-01: device_indices chunk {chunk} holds {chunks[chunk].tolist()}; with "
-            f"page_first_direct each page chunk must be contiguous, e.g. [{start}..{start + page_size - 1}]"
+            "page_first_direct or layer_page_first each page chunk must be contiguous, e.g. "
+            f"[{start}..{start + page_size - 1}]"
         )
 
 
@@ -136,15 +152,15 @@ def plan_runs(
     layout: HostLayout,
     page_size: int,
 ) -> list[Run]:
-    """Maximal ``(src_start, dst_start, length)`` runs; none crosses a host page for
-    ``page_first_direct``."""
+    """Maximal ``(src_start, dst_start, length)`` runs; none crosses a host page for the
+    ``PAGE_LOCAL_LAYOUTS``."""
     host_list = [int(v) for v in host.tolist()]
     device_list = [int(v) for v in device.tolist()]
     if direction == "d2h":
         runs = plan_copy_runs(device_list, host_list)
     else:
         runs = plan_copy_runs(host_list, device_list)
-    if layout == "page_first_direct":
+    if layout in PAGE_LOCAL_LAYOUTS:
         runs = split_runs_at_pages(runs, page_size, split_src=direction == "h2d")
     return runs
 
@@ -241,7 +257,7 @@ def launch_transfer(
         host_size=host_size,
         device_rows=device_pool.size + device_pool.page_size,
     )
-    if io_backend == "direct" and layout == "page_first_direct":
+    if is_whole_page_transfer(io_backend, layout):
         check_page_first_direct_chunks(host, device, page_size)
     tensors = [*host_buffers.values(), host_indices, device_indices]
     tensors += [device_pool.component_buffer(name, 0) for name in device_pool.component_names()]

@@ -20,6 +20,15 @@ from hicache_ref.pools import (
 
 POOL_KINDS = ("mha", "mla", "nsa")
 SENTINEL = -7.0
+ALL_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head", "layer_page_first")
+MHA_ONLY_LAYOUTS = ("page_head",)  # upstream 0.5.10 has page_head for MHA host pools only
+
+
+def layouts_for_kind(kind: str) -> tuple[str, ...]:
+    """The host layouts a pool of ``kind`` can take (``page_head`` only for MHA)."""
+    return tuple(
+        layout for layout in ALL_LAYOUTS if kind == "mha" or layout not in MHA_ONLY_LAYOUTS
+    )
 
 
 def make_device_pool(

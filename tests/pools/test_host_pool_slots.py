@@ -56,6 +56,8 @@ def test_size_from_host_size_in_gigabytes() -> None:
         ("layer_first", (3, 16, 2, 3)),
         ("page_first", (16, 3, 2, 3)),
         ("page_first_direct", (4, 3, 4, 2, 3)),
+        ("page_head", (4, 2, 4, 3, 3)),  # (pages, heads, page, layers, head_dim), as upstream
+        ("layer_page_first", (3, 4, 4, 2, 3)),  # (layers, pages, page, heads, head_dim)
     ],
 )
 def test_layouts_shape_the_buffers(layout: str, shape: tuple[int, ...]) -> None:
@@ -68,9 +70,10 @@ def test_layouts_shape_the_buffers(layout: str, shape: tuple[int, ...]) -> None:
 def test_unknown_layout_lists_the_legal_ones() -> None:
     with pytest.raises(
         UnknownOptionError,
-        match="unknown host layout 'page_head'; legal layouts: layer_first, page_first, page_first_direct",
+        match=r"unknown host layout 'page_first_kv_split'; legal layouts: layer_first, page_first, "
+        r"page_first_direct, page_head, layer_page_first$",
     ):
-        host_pool(layout="page_head")
+        host_pool(layout="page_first_kv_split")
 
 
 def test_pinning_needs_cuda() -> None:

@@ -1,5 +1,9 @@
 """Storage page I/O: one flat byte order for every layout (bug class 21), every component in
-the page (sglang#17085), and page starts checked (INV-01)."""
+the page (sglang#17085), and page starts checked (INV-01).
+
+Upstream's page bytes follow each layout's buffer (``page_head``: ``(2, H, page, L, D)``); here
+every layout, ``page_head`` and ``layer_page_first`` included, reads and writes the one order
+``component, layer, token, *row``, so a page stored under one layout loads under any other."""
 
 from __future__ import annotations
 
@@ -8,9 +12,18 @@ import torch
 
 from hicache_ref.device import SimDevice
 from hicache_ref.errors import HiCacheInputError, PageAlignmentError
-from hicache_ref.pools import HOST_LAYOUTS, HostKVCache
+from hicache_ref.pools import HostKVCache
 
-from .builders import POOL_KINDS, make_pools, pages_to_locs
+from .builders import (
+    POOL_KINDS,
+    fill_device_rows,
+    fill_with_sentinel,
+    layouts_for_kind,
+    make_pools,
+    pages_to_locs,
+    row_values,
+)
+from .test_host_transfers import LEGAL_CASES
 
 PAGE = 4
 
@@ -34,7 +47,7 @@ def fill_host_page(pool: HostKVCache, page: int, seed: int) -> None:
 @pytest.mark.parametrize("kind", POOL_KINDS)
 def test_flat_page_is_the_same_for_every_layout(kind: str) -> None:
     pages = []
-    for layout in HOST_LAYOUTS:
+    for layout in layouts_for_kind(kind):
         _, pool = make_pools(kind, SimDevice(), layout=layout, page_size=PAGE)
         fill_host_page(pool, 3, seed=1)
         pages.append(pool.get_data_page(3 * PAGE))
@@ -54,9 +67,15 @@ def test_flat_page_order_is_component_then_layer_then_token() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", POOL_KINDS)
-@pytest.mark.parametrize("source_layout", HOST_LAYOUTS)
-@pytest.mark.parametrize("target_layout", HOST_LAYOUTS)
+CROSS_LAYOUT_CASES = [
+    (kind, source, target)
+    for kind in POOL_KINDS
+    for source in layouts_for_kind(kind)
+    for target in layouts_for_kind(kind)
+]
+
+
+@pytest.mark.parametrize(("kind", "source_layout", "target_layout"), CROSS_LAYOUT_CASES)
 def test_a_page_stored_under_one_layout_reads_back_under_another(
     kind: str, source_layout: str, target_layout: str
 ) -> None:
@@ -74,6 +93,39 @@ def test_a_page_stored_under_one_layout_reads_back_under_another(
     assert not target.read_rows(
         "kv" if kind != "mha" else "k", 0, pages_to_locs([4, 6], PAGE)
     ).any()
+
+
+@pytest.mark.parametrize(("io_backend", "layout", "kind"), LEGAL_CASES)
+@pytest.mark.parametrize("copy_path", ["gather", "runs"])
+def test_storage_page_round_trip_device_host_storage_host_device(
+    io_backend: str, layout: str, kind: str, copy_path: str
+) -> None:
+    # d2h -> get_data_page (to storage) -> set_from_flat_data_page into a fresh pool's other
+    # pages (from storage) -> h2d per layer into other device pages -> the original bytes
+    sim = SimDevice()
+    device_pool, host_pool = make_pools(kind, sim, layout=layout, copy_path=copy_path)
+    _, restored = make_pools(kind, sim, layout=layout, copy_path=copy_path)
+    fill_with_sentinel(device_pool, host_pool)
+    device_locs = pages_to_locs([5, 2], PAGE)
+    fill_device_rows(device_pool, device_locs, seed=6)
+    host_pool.backup_from_device_all_layer(
+        device_pool, pages_to_locs([3, 0], PAGE), device_locs, io_backend
+    )
+    sim.run_until_idle()
+    for source, target in ((3, 9), (0, 4)):
+        stored = host_pool.get_data_page(source * PAGE).clone()
+        assert stored.numel() == restored.get_dummy_flat_data_page().numel()
+        restored.set_from_flat_data_page(target * PAGE, stored)
+    load_locs = pages_to_locs([1, 6], PAGE)
+    for layer in range(device_pool.layer_num):
+        restored.load_to_device_per_layer(
+            device_pool, pages_to_locs([9, 4], PAGE), load_locs, layer, io_backend
+        )
+    sim.run_until_idle()
+    for component in device_pool.component_names():
+        for layer in range(device_pool.layer_num):
+            expected = row_values(device_pool, component, layer, device_locs, seed=6)
+            assert torch.equal(device_pool.read_rows(component, layer, load_locs), expected)
 
 
 def test_get_data_page_is_a_copy() -> None:

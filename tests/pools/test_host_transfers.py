@@ -1,6 +1,10 @@
 """Host <-> device transfers on SimDevice: every byte of every component round-trips for every
 layout x io backend x pool kind x page size (INV-06), rows not selected stay untouched, no byte
-moves before the stream runs, and bad transfers are refused at launch with nothing queued."""
+moves before the stream runs, and bad transfers are refused at launch with nothing queued.
+
+The legal pairs: ``direct`` drives ``layer_first``, ``page_first_direct`` (upstream 0.5.10) and
+``layer_page_first`` (the CP/draft fork); ``kernel`` drives ``layer_first``, ``page_first`` and
+``page_head`` (upstream 0.5.10, MHA pools only)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from hicache_ref.errors import (
 from hicache_ref.pools import HostKVCache, KVCache
 
 from .builders import (
+    ALL_LAYOUTS,
+    MHA_ONLY_LAYOUTS,
     POOL_KINDS,
     SENTINEL,
     fill_device_rows,
@@ -32,10 +38,35 @@ from .builders import (
 LEGAL_PAIRS = [
     ("direct", "layer_first"),
     ("direct", "page_first_direct"),
+    ("direct", "layer_page_first"),
     ("kernel", "layer_first"),
     ("kernel", "page_first"),
+    ("kernel", "page_head"),
 ]
+LEGAL_CASES = [
+    (io_backend, layout, kind)
+    for io_backend, layout in LEGAL_PAIRS
+    for kind in POOL_KINDS
+    if kind == "mha" or layout not in MHA_ONLY_LAYOUTS
+]
+"""Every legal (io_backend, layout, pool kind): page_head only with MHA pools."""
+ILLEGAL_PAIRS = [
+    (io_backend, layout)
+    for io_backend in ("direct", "kernel")
+    for layout in ALL_LAYOUTS
+    if (io_backend, layout) not in LEGAL_PAIRS
+]
+LEGAL_PAIRS_TEXT = (
+    "direct: layer_first, page_first_direct, layer_page_first; "
+    "kernel: layer_first, page_first, page_head"
+)
+WHOLE_PAGE_LAYOUTS = ["page_first_direct", "layer_page_first"]  # direct moves them page by page
 NUM_PAGES = 8
+
+
+def kind_for(layout: str) -> str:
+    """A pool kind that can take ``layout`` and has the most components (NSA, else MHA)."""
+    return "mha" if layout in MHA_ONLY_LAYOUTS else "nsa"
 
 
 def device_snapshot(pool: KVCache) -> dict[tuple[str, int], torch.Tensor]:
@@ -79,8 +110,7 @@ def assert_same(
         assert torch.equal(actual[key], tensor), f"component/layer {key} differs"
 
 
-@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
-@pytest.mark.parametrize("kind", POOL_KINDS)
+@pytest.mark.parametrize(("io_backend", "layout", "kind"), LEGAL_CASES)
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("copy_path", ["gather", "runs"])
 @pytest.mark.parametrize("per_layer_backup", [False, True])
@@ -146,7 +176,7 @@ def test_round_trip_moves_every_component_and_nothing_else(
 @pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
 def test_per_layer_backup_moves_only_that_layer(io_backend: str, layout: str) -> None:
     sim = SimDevice()
-    device_pool, host_pool = make_pools("nsa", sim, layout=layout)
+    device_pool, host_pool = make_pools(kind_for(layout), sim, layout=layout)
     fill_with_sentinel(device_pool, host_pool)
     device_locs = pages_to_locs([3, 1], 4)
     host_slots = pages_to_locs([0, 5], 4)
@@ -225,7 +255,12 @@ def test_launch_records_what_it_copies_in_the_sim_log() -> None:
 @settings(max_examples=40, deadline=None)
 @given(
     st.sampled_from(
-        [("direct", "layer_first"), ("kernel", "layer_first"), ("kernel", "page_first")]
+        [
+            ("direct", "layer_first"),
+            ("kernel", "layer_first"),
+            ("kernel", "page_first"),
+            ("kernel", "page_head"),
+        ]
     ),
     st.permutations(list(range(24))),
     st.permutations(list(range(4, 36))),
@@ -260,28 +295,39 @@ def test_gather_and_run_paths_agree_on_any_token_pairs(
 # ---------------------------------------------------------------------- refused at launch
 
 
-@pytest.fixture
-def pools() -> tuple[SimDevice, KVCache, HostKVCache]:
+@pytest.fixture(params=WHOLE_PAGE_LAYOUTS)
+def pools(request: pytest.FixtureRequest) -> tuple[SimDevice, KVCache, HostKVCache]:
+    """An MHA pool pair under a layout the direct backend moves page by page."""
     sim = SimDevice()
-    device_pool, host_pool = make_pools("mha", sim, layout="page_first_direct")
+    device_pool, host_pool = make_pools("mha", sim, layout=request.param)
     return sim, device_pool, host_pool
 
 
-@pytest.mark.parametrize(
-    ("layout", "io_backend"),
-    [("page_first", "direct"), ("page_first_direct", "kernel")],
-)
-def test_unsupported_layout_backend_pairs_are_refused(layout: str, io_backend: str) -> None:
+@pytest.mark.parametrize(("io_backend", "layout"), ILLEGAL_PAIRS)
+def test_unsupported_layout_backend_pairs_are_refused(io_backend: str, layout: str) -> None:
     sim = SimDevice()
     device_pool, host_pool = make_pools("mha", sim, layout=layout)
     locs = pages_to_locs([1], 4)
-    with pytest.raises(
-        HiCacheInputError,
-        match=f"io_backend '{io_backend}' cannot drive host layout '{layout}'; legal pairs: "
-        "direct: layer_first, page_first_direct; kernel: layer_first, page_first",
-    ):
+    message = (
+        f"io_backend '{io_backend}' cannot drive host layout '{layout}'; legal pairs: "
+        f"{LEGAL_PAIRS_TEXT}$"
+    )
+    with pytest.raises(HiCacheInputError, match=message):
         host_pool.backup_from_device_all_layer(device_pool, locs, locs, io_backend)
+    with pytest.raises(HiCacheInputError, match=message):
+        host_pool.backup_from_device_per_layer(device_pool, locs, locs, 0, io_backend)
+    with pytest.raises(HiCacheInputError, match=message):
+        host_pool.load_to_device_per_layer(device_pool, locs, locs, 0, io_backend)
     assert sim.pending_ops() == 0
+
+
+def test_illegal_pairs_are_exactly_the_four_upstream_and_the_fork_lack() -> None:
+    assert ILLEGAL_PAIRS == [
+        ("direct", "page_first"),
+        ("direct", "page_head"),
+        ("kernel", "page_first_direct"),
+        ("kernel", "layer_page_first"),
+    ]
 
 
 def test_unknown_io_backend_is_refused(pools: tuple[SimDevice, KVCache, HostKVCache]) -> None:
@@ -336,7 +382,7 @@ def test_bad_index_pairs_are_refused(host: list[int], device: list[int], message
     assert sim.pending_ops() == 0
 
 
-def test_page_first_direct_needs_one_aligned_host_page_per_chunk(
+def test_whole_page_layouts_need_one_aligned_host_page_per_chunk(
     pools: tuple[SimDevice, KVCache, HostKVCache],
 ) -> None:
     sim, device_pool, host_pool = pools
@@ -354,7 +400,7 @@ def test_page_first_direct_needs_one_aligned_host_page_per_chunk(
     assert sim.pending_ops() == 0
 
 
-def test_page_first_direct_needs_contiguous_device_chunks(
+def test_whole_page_layouts_need_contiguous_device_chunks(
     pools: tuple[SimDevice, KVCache, HostKVCache],
 ) -> None:
     sim, device_pool, host_pool = pools
@@ -371,10 +417,11 @@ def test_page_first_direct_needs_contiguous_device_chunks(
     assert sim.pending_ops() == 0
 
 
-def test_page_first_direct_accepts_an_unaligned_contiguous_device_run() -> None:
+@pytest.mark.parametrize("layout", WHOLE_PAGE_LAYOUTS)
+def test_whole_page_layouts_accept_an_unaligned_contiguous_device_run(layout: str) -> None:
     # upstream's direct pf path takes the device side as a contiguous run from its first index
     sim = SimDevice()
-    device_pool, host_pool = make_pools("mha", sim, layout="page_first_direct")
+    device_pool, host_pool = make_pools("mha", sim, layout=layout)
     device_locs = torch.arange(6, 10)
     fill_device_rows(device_pool, device_locs, seed=5)
     host_pool.backup_from_device_all_layer(

@@ -1,7 +1,9 @@
 """The same transfers on a real GPU: run-merged ``copy_(non_blocking=True)`` slices between
 pinned host buffers and CUDA device buffers, ordered on the current stream, with CUDA index
-tensors where upstream passes them (``kernel`` moves host indices to the GPU). The page checks and
-the CP layout must not synchronise on CUDA tensors (``torch.cuda.set_sync_debug_mode``)."""
+tensors where upstream passes them (``kernel`` moves host indices to the GPU), for every legal
+(io_backend, layout, pool kind), ``page_head`` (strided run views) and ``layer_page_first``
+included. The page checks and the CP layout must not synchronise on CUDA tensors
+(``torch.cuda.set_sync_debug_mode``)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from hicache_ref.pools import (
     validate_page_aligned_token_indices,
 )
 
-from .builders import POOL_KINDS, fill_device_rows, make_device_pool, pages_to_locs, row_values
-from .test_host_transfers import LEGAL_PAIRS
+from .builders import fill_device_rows, make_device_pool, pages_to_locs, row_values
+from .test_host_transfers import LEGAL_CASES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -44,8 +46,7 @@ def no_sync() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize(("io_backend", "layout"), LEGAL_PAIRS)
-@pytest.mark.parametrize("kind", POOL_KINDS)
+@pytest.mark.parametrize(("io_backend", "layout", "kind"), LEGAL_CASES)
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_round_trip_on_the_gpu(
     cuda: CudaDevice, io_backend: str, layout: str, kind: str, page_size: int
