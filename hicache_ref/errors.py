@@ -1,10 +1,15 @@
-"""The three failure channels of hicache_ref, kept apart on purpose.
+"""The failure channels of hicache_ref, kept apart on purpose.
 
 1. A capacity shortfall is a *value* (``None`` or ``HiCacheWriteFailure``), never an exception.
 2. Misuse (bad input) raises a ``HiCacheInputError`` subclass of ``ValueError`` whose message
    names the rule that was broken and the legal values.
 3. A broken invariant raises ``InvariantViolation`` naming the invariant id from
    ``specs/invariants.md``, the page/node/op involved and what would have been right.
+4. A fault of the world under a correct call (a copy or kernel that fails to launch) raises a
+   ``HiCacheFault`` subclass of ``RuntimeError``, e.g. ``TransferLaunchError``. It is neither of
+   the two above: the caller did nothing wrong, and no rule of the protocol was broken. The call
+   that raises it is rolled back (queues, acks, producer slot, in-flight state and whatever it
+   allocated are as before it), so the caller may retry it once the device recovers.
 """
 
 from __future__ import annotations
@@ -55,6 +60,27 @@ class HiCacheSetupError(HiCacheInputError):
     A subclass of ``HiCacheInputError`` on purpose: a wrong environment is bad input to the
     harness, not a bug in it, so it travels the misuse channel; ``hicache-fuzz`` answers both with
     one line on stderr and exit status 2, and a campaign never counts it as a finding."""
+
+
+class HiCacheFault(RuntimeError):
+    """The device or a pool failed under a correct call; the call was rolled back (channel 4)."""
+
+
+class TransferLaunchError(HiCacheFault):
+    """A host<->device copy failed to launch inside ``start_writing``, ``start_loading`` or a
+    per-layer CP submit. Queues, ack queues, the producer slot, the in-flight tracker and the
+    pending per-layer writes are as before the call, and the call's own allocations are freed;
+    copies already issued by the failed call have landed (the stream was synchronized), so no
+    stale copy writes into a slot the caller frees next. ``__cause__`` is the launch's error."""
+
+    def __init__(self, action: str, node_ids: list[int], cause: BaseException) -> None:
+        self.action = action
+        self.node_ids = list(node_ids)
+        super().__init__(
+            f"{action} for node(s) {self.node_ids[:8]}: a copy failed to launch "
+            f"({type(cause).__name__}: {cause}); the call was rolled back, nothing was queued "
+            "or acked (retry once the device recovers)"
+        )
 
 
 class InvariantViolation(AssertionError):

@@ -11,6 +11,10 @@ Protocol, in the order data flows:
 - the tree drains ``ack_load_queue`` and unpins the loaded nodes.
 CP shared KV (``cp_write.py``, ``cp_load.py``), draft pools (ride along every transfer) and the
 storage tier (``storage_mixin.py``) extend this core.
+
+A hybrid (full + linear attention) device pool is unwrapped to its ``full_kv_pool`` first; the
+pools get the controller's hooks only once construction can no longer fail (F19). A copy that
+fails to launch rolls its call back and raises one ``TransferLaunchError`` (``rollback.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from hicache_ref.controller.operations import (
     LayerDoneCounter,
     LayerLoadingEvent,
 )
+from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.controller.storage_mixin import StorageMixin
 from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import (
@@ -76,11 +81,13 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         storage_executor: str = "thread",
     ) -> None:
         from hicache_ref.pools.device_pool import NSATokenToKVPool
+        from hicache_ref.pools.hybrid_pool import unwrap_full_kv_pool
 
         self.tp_group = tp_group
         self.load_cache_event = load_cache_event
         self.mem_pool_device_allocator = token_to_kv_pool_allocator
-        self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
+        # A hybrid (full + linear attention) pool: HiCache caches its full-attention layers only
+        self.mem_pool_device = unwrap_full_kv_pool(token_to_kv_pool_allocator.get_kvcache())
         self.device_module = device_module or self.mem_pool_device.device_module
         if page_size < 1 or page_size != mem_pool_host.page_size:
             raise HiCacheInputError(
@@ -116,14 +123,8 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.storage_stop_event = threading.Event()
         self.stop_event = threading.Event()
 
-        # Refuse a lone draft pool before registering any hook on the device pool
-        _check_draft_pair(draft_mem_pool_device, draft_mem_pool_host)
         self.layer_done_counter = LayerDoneCounter(
             self.layer_num, self.device_module, num_counters=num_counters
-        )
-        self.mem_pool_device.register_layer_transfer_counter(self.layer_done_counter)
-        self.mem_pool_device.register_layer_backup_notifier(
-            lambda layer_id: self.on_layer_end(layer_id, source="target")
         )
 
         self.load_queue: list[CacheOperation] = []
@@ -140,8 +141,10 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.draft_mem_pool_host = None
         self.mem_pool_device_draft: KVCache | None = None
         self.mem_pool_host_draft: HostKVCache | None = None
-        if draft_mem_pool_host is not None or draft_mem_pool_device is not None:
-            self.attach_draft_pool(draft_mem_pool_device, draft_mem_pool_host)
+        has_draft_pair = draft_mem_pool_host is not None or draft_mem_pool_device is not None
+        if has_draft_pair:
+            # Refuse a bad draft pair now; it is attached (with its hooks) once nothing can fail
+            self._check_draft_attachable(draft_mem_pool_device, draft_mem_pool_host)
 
         self.write_stream = self.device_module.Stream()
         self.load_stream = self.device_module.Stream()
@@ -157,6 +160,18 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
                 )
             except ValueError as e:
                 raise UnknownOptionError(f"Failed to create storage backend: {e}") from e
+        # Hooks last, after everything that can fail: a refused constructor must not leave a
+        # half-built controller wired into the pools the process keeps (F19)
+        self._register_pool_hooks()
+        if has_draft_pair:
+            self.attach_draft_pool(draft_mem_pool_device, draft_mem_pool_host)
+
+    def _register_pool_hooks(self) -> None:
+        """Make the target device pool wait on our load events and report layer ends to us."""
+        self.mem_pool_device.register_layer_transfer_counter(self.layer_done_counter)
+        self.mem_pool_device.register_layer_backup_notifier(
+            lambda layer_id: self.on_layer_end(layer_id, source="target")
+        )
 
     # -- draft pools -------------------------------------------------------------------------------
     def attach_draft_pool(
@@ -165,8 +180,22 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         """Attach a draft (speculative) pool pair; every later transfer carries it along."""
         if draft_mem_pool_device is None and draft_mem_pool_host is None:
             return
+        device_pool = self._check_draft_attachable(draft_mem_pool_device, draft_mem_pool_host)
+        assert draft_mem_pool_host is not None  # narrowed by _check_draft_attachable
+        self.draft_mem_pool_device = device_pool
+        self.draft_mem_pool_host = draft_mem_pool_host
+        self.layer_done_counter.set_num_draft_layers(device_pool.layer_num)
+        self._register_draft_hooks(device_pool)
+
+    def _check_draft_attachable(
+        self, draft_mem_pool_device: KVCache | None, draft_mem_pool_host: HostKVCache | None
+    ) -> KVCache:
+        """Refuse a draft pair that cannot be attached; returns the device pool it transfers."""
+        from hicache_ref.pools.hybrid_pool import unwrap_full_kv_pool
+
         _check_draft_pair(draft_mem_pool_device, draft_mem_pool_host)
         assert draft_mem_pool_device is not None and draft_mem_pool_host is not None
+        draft_mem_pool_device = unwrap_full_kv_pool(draft_mem_pool_device)
         if draft_mem_pool_host.page_size != self.page_size:
             raise HiCacheInputError(
                 f"draft host pool page_size={draft_mem_pool_host.page_size} differs from "
@@ -184,9 +213,9 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
             raise HiCacheInputError(
                 "attach_draft_pool while loads are queued or undrained (attach before serving)"
             )
-        self.draft_mem_pool_device = draft_mem_pool_device
-        self.draft_mem_pool_host = draft_mem_pool_host
-        self.layer_done_counter.set_num_draft_layers(draft_mem_pool_device.layer_num)
+        return draft_mem_pool_device
+
+    def _register_draft_hooks(self, draft_mem_pool_device: KVCache) -> None:
         draft_mem_pool_device.register_layer_transfer_counter(
             DraftLayerCounterView(self.layer_done_counter, self.device_module)
         )
@@ -230,13 +259,25 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         if host_indices is None:
             return None
+        queued = len(self.write_queue), len(self.draft_write_queue)
         self.write_queue.append(CacheOperation(host_indices, device_indices, node_id, priority))
         if self.has_draft:
             self.draft_write_queue.append(
                 CacheOperation(host_indices, device_indices, node_id, priority)
             )
-        self.start_writing()
+        try:
+            self.start_writing()
+        except BaseException:
+            # start_writing rolled itself back; undo this call's op and host slots (INV-17)
+            self._dequeue_writes_from(*queued)
+            self.mem_pool_host.free(host_indices)
+            raise
         return host_indices
+
+    def _dequeue_writes_from(self, target_len: int, draft_len: int) -> None:
+        """Drop the write ops queued after the queues had these lengths."""
+        del self.write_queue[target_len:]
+        del self.draft_write_queue[draft_len:]
 
     def start_writing(self) -> None:
         """Issue every queued write as one fenced D2H on ``write_stream`` and append one ack."""
@@ -253,9 +294,21 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         if draft_op is not None:
             _, draft_host_pool = self._require_draft_pools()
             draft_host, draft_device = self.move_indices(draft_op, draft_host_pool)
+        # A copy that fails to launch leaves queues, acks and the tracker as they were
+        with rolled_back_on_failure(self, "start_writing", list(node_ids), self.write_stream):
+            self._issue_write(node_ids, host_indices, device_indices, draft_host, draft_device)
+
+    def _issue_write(
+        self,
+        node_ids: list[int],
+        host_indices: torch.Tensor | None,
+        device_indices: torch.Tensor | None,
+        draft_host: torch.Tensor | None,
+        draft_device: torch.Tensor | None,
+    ) -> None:
+        """Dequeue, launch the fenced all-layer D2H, track it and append its one ack."""
         self.write_queue.clear()
         self.draft_write_queue.clear()
-
         start_event = self.device_module.Event()
         finish_event = self.device_module.Event()
         # Fence: the D2H must see every KV store already queued on the current stream (INV-12)
@@ -325,10 +378,6 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
                 "its ack is undrained (drain with loading_check first; upstream's "
                 "has_free_load_back_slot)",
             )
-        producer_id = self.layer_done_counter.update_producer()
-        # The slot's events are about to be re-recorded: forget transfers that finished on them
-        # now, or the tracker would see the old load "in flight" again (a false INV-08).
-        self.inflight.prune()
         op = CacheOperation.merge_ops(self.load_queue) if self.load_queue else None
         draft_op = (
             CacheOperation.merge_ops(self.draft_load_queue) if self.draft_load_queue else None
@@ -340,9 +389,30 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         if draft_op is not None:
             _, draft_host_pool = self._require_draft_pools()
             draft_host, draft_device = self.move_indices(draft_op, draft_host_pool)
+        saved = take_checkpoint(self)
+        producer_id = self.layer_done_counter.update_producer()
+        # A copy that fails to launch gives the producer slot back and leaves queues as they were
+        with rolled_back_on_failure(self, "start_loading", list(node_ids), self.load_stream, saved):
+            self._issue_load(
+                producer_id, node_ids, host_indices, device_indices, draft_host, draft_device
+            )
+        return producer_id
+
+    def _issue_load(
+        self,
+        producer_id: int,
+        node_ids: list[int],
+        host_indices: torch.Tensor | None,
+        device_indices: torch.Tensor | None,
+        draft_host: torch.Tensor | None,
+        draft_device: torch.Tensor | None,
+    ) -> None:
+        """Dequeue, launch the per-layer H2D into slot ``producer_id``, track it, ack it."""
+        # The slot's events are about to be re-recorded: forget transfers that finished on them
+        # now, or the tracker would see the old load "in flight" again (a false INV-08).
+        self.inflight.prune()
         self.load_queue.clear()
         self.draft_load_queue.clear()
-
         producer_event = self.layer_done_counter.events[producer_id]
         # Fence: pages being reused may still be written by queued forward work (sglang#36738)
         producer_event.start_event.record()
@@ -368,7 +438,6 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self._append_load_ack(
             HiCacheAck(producer_event.start_event, producer_event.finish_event, list(node_ids))
         )
-        return producer_id
 
     def _issue_load_layers(
         self,

@@ -17,6 +17,7 @@ import torch
 
 from hicache_ref.controller.base import ControllerState, logger
 from hicache_ref.controller.operations import CacheOperation, HiCacheAck
+from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.errors import HiCacheInputError, InvariantViolation, LayerRangeError
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ class CpWriteMixin(ControllerState):
             # A zero-owned rank still acks, so every rank's ack rows stay identical (INV-14)
             self._append_completed_write_ack(reservation.node_id)
             return
+        queued = len(self.write_queue), len(self.draft_write_queue)
         self.write_queue.append(
             CacheOperation(
                 reservation.host_indices,
@@ -169,7 +171,13 @@ class CpWriteMixin(ControllerState):
                     reservation.priority,
                 )
             )
-        self.start_writing()
+        try:
+            self.start_writing()
+        except BaseException:
+            # start_writing rolled itself back; drop this call's ops (the slots are the caller's)
+            del self.write_queue[queued[0] :]
+            del self.draft_write_queue[queued[1] :]
+            raise
 
     def _get_or_create_layer_write_state(
         self, reservation: HiCacheWriteReservation
@@ -297,6 +305,19 @@ class CpWriteMixin(ControllerState):
         chosen = {id(s) for s in target_states} | {id(s) for s in draft_states}
         active = [s for s in unique if id(s) in chosen]
 
+        node_ids = [s.reservation.node_id for s in active]
+        # A copy that fails to launch leaves every state's progress and the acks as they were
+        with rolled_back_on_failure(self, "CP per-layer write", node_ids, self.write_stream):
+            self._issue_layer_write(active, target_states, draft_states, layer_id)
+
+    def _issue_layer_write(
+        self,
+        active: list[HiCacheLayerWriteState],
+        target_states: list[HiCacheLayerWriteState],
+        draft_states: list[HiCacheLayerWriteState],
+        layer_id: int,
+    ) -> None:
+        """Launch layer ``layer_id``'s D2H for these states; ack each state it completes."""
         # The layer's KV store was queued on the current (forward) stream; the D2H waits on it
         layer_event = self.device_module.Event()
         layer_event.record()
@@ -356,20 +377,30 @@ class CpWriteMixin(ControllerState):
                 f"layer_id={layer_id} is outside the CP backup layer range [0, {total_layers}) "
                 f"for node_id={reservation.node_id}"
             )
+        saved = take_checkpoint(self)
         state = self._get_or_create_layer_write_state(reservation)
-        self._submit_write_cp_layer_states(
-            [state], layer_id, submit_target=submit_target, submit_draft=submit_draft
-        )
+        # A failed launch also forgets a state this call registered
+        with rolled_back_on_failure(
+            self, "submit_write_cp_layer", [reservation.node_id], self.write_stream, saved
+        ):
+            self._submit_write_cp_layer_states(
+                [state], layer_id, submit_target=submit_target, submit_draft=submit_draft
+            )
 
     def submit_write_cp_per_layer(
         self, reservation: HiCacheWriteReservation, *, catch_up_all_layers: bool = True
     ) -> None:
         """Register a reservation for per-layer backup; optionally submit every layer now."""
+        saved = take_checkpoint(self)
         state = self._get_or_create_layer_write_state(reservation)
         if not catch_up_all_layers:
             return
-        for layer_id in range(state.total_layers):
-            self.submit_write_cp_layer(reservation, layer_id)
+        # A launch failing at layer k also takes back layers 0 .. k-1 of this catch-up
+        with rolled_back_on_failure(
+            self, "submit_write_cp_per_layer", [reservation.node_id], self.write_stream, saved
+        ):
+            for layer_id in range(state.total_layers):
+                self.submit_write_cp_layer(reservation, layer_id)
 
     def _write_cp(
         self, device_indices: torch.Tensor, priority: int | None = None, node_id: int = -1
@@ -379,8 +410,20 @@ class CpWriteMixin(ControllerState):
         reservation = self.reserve_write_cp(device_indices, priority, node_id)
         if isinstance(reservation, HiCacheWriteFailure):
             return reservation
-        self.submit_write_cp_per_layer(reservation)
+        try:
+            self.submit_write_cp_per_layer(reservation)
+        except BaseException:
+            # The submit rolled itself back; free the slots this call reserved (INV-17)
+            self._free_reservation(reservation)
+            raise
         return HiCacheWriteResult(metadata=reservation.metadata)
+
+    def _free_reservation(self, reservation: HiCacheWriteReservation) -> None:
+        if len(reservation.host_indices):
+            self.mem_pool_host.free(reservation.host_indices)
+        draft_host = reservation.draft_host_indices
+        if draft_host is not None and len(draft_host) and self.draft_mem_pool_host is not None:
+            self.draft_mem_pool_host.free(draft_host)
 
     def on_layer_end(self, layer_id: int, source: str = "target") -> None:
         """Layer-end hook of the device pools: submit ``layer_id`` for every pending state."""

@@ -71,6 +71,14 @@ class InflightTracker:
     def clear(self) -> None:
         self._transfers.clear()
 
+    def snapshot(self) -> list[InflightTransfer]:
+        """The tracked transfers, for rolling a failed launch back (``restore``)."""
+        return list(self._transfers)
+
+    def restore(self, saved: list[InflightTransfer]) -> None:
+        """Track exactly ``saved`` again (entries pruned since were finished: keeping is a no-op)."""
+        self._transfers[:] = saved
+
     def users_of(self, pool: PoolKey, pages: frozenset[int]) -> list[InflightTransfer]:
         self.prune()
         return [t for t in self._transfers if t.pages.get(pool, frozenset()) & pages]

@@ -9,6 +9,8 @@ Primitives in the order data flows through them:
    a CP owner pattern, INV-03) ... ``free`` them (refusing double and foreign frees, INV-05).
 4. ``MHATokenToKVPool`` / ``MLATokenToKVPool`` / ``NSATokenToKVPool``: the device KV the forward
    stores into (``notify_layer_end``) and reads (``get_key_buffer`` waits for the layer, INV-11).
+   ``HybridLinearKVPool`` (``hybrid_pool``) wraps one of them as ``full_kv_pool`` next to the
+   linear-attention state HiCache never caches; the controller unwraps it.
 5. ``HostKVCache`` (``make_host_pool``): ``alloc`` host slots -> ``backup_from_device_*`` (d2h)
    -> ``get_data_page`` to storage / ``set_from_flat_data_page`` from storage ->
    ``load_to_device_per_layer`` (h2d) -> ``free``. Transfers are stream work (``transfer``): they
@@ -47,6 +49,11 @@ from hicache_ref.pools.host_pool import (
     NSATokenToKVPoolHost,
     make_host_pool,
 )
+from hicache_ref.pools.hybrid_pool import (
+    HybridLinearKVPool,
+    interleaved_layer_ids,
+    unwrap_full_kv_pool,
+)
 from hicache_ref.pools.page_index import (
     pad_token_locs_to_page_boundary,
     validate_page_aligned_token_indices,
@@ -64,6 +71,7 @@ __all__ = [
     "CpSharedKVLayout",
     "HostKVCache",
     "HostLayout",
+    "HybridLinearKVPool",
     "IoBackend",
     "KVCache",
     "LayerBackupNotifier",
@@ -77,8 +85,10 @@ __all__ = [
     "PageFreeList",
     "PagedTokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
+    "interleaved_layer_ids",
     "make_host_pool",
     "pad_token_locs_to_page_boundary",
     "pages_to_token_locs",
+    "unwrap_full_kv_pool",
     "validate_page_aligned_token_indices",
 ]

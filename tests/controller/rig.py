@@ -24,11 +24,13 @@ from hicache_ref.invariants.models import CpHiCacheNodeMetadata
 from hicache_ref.pools import (
     CpSharedKVLayout,
     HostKVCache,
+    HybridLinearKVPool,
     KVCache,
     MHATokenToKVPool,
     MLATokenToKVPool,
     NSATokenToKVPool,
     PagedTokenToKVPoolAllocator,
+    interleaved_layer_ids,
     make_host_pool,
 )
 
@@ -80,6 +82,9 @@ class Rig:
     draft_device_pool: KVCache | None = None
     draft_host_pool: HostKVCache | None = None
     cp_layout: CpSharedKVLayout | None = None
+    hybrid_pool: HybridLinearKVPool | None = None
+    """With ``hybrid=True``: what the allocator hands the controller (``device_pool`` is its
+    ``full_kv_pool``, where the transfers land)."""
 
     def device_pools(self) -> list[tuple[KVCache, bool]]:
         """(pool, is_draft) for the target and, when attached, the draft device pool."""
@@ -114,8 +119,14 @@ def build_rig(
     num_counters: int = 5,
     cp_layout: CpSharedKVLayout | None = None,
     controller_class: type[HiCacheController] = HiCacheController,
+    hybrid: bool = False,
 ) -> Rig:
-    """One rank's pools and controller; under CP the device pool is physical."""
+    """One rank's pools and controller; under CP the device pool is physical.
+
+    ``hybrid=True`` wraps the device pool as the ``full_kv_pool`` of a ``HybridLinearKVPool``
+    (``hybrid_layer_ids``: a linear-attention layer before each full one) and gives the hybrid
+    pool to the allocator, as a hybrid model's scheduler does.
+    """
     logical_tokens = device_pages * page_size
     physical_tokens = logical_tokens
     if cp_layout is not None:
@@ -124,12 +135,15 @@ def build_rig(
     device_pool = make_device_pool(
         kind, device, size_tokens=physical_tokens, page_size=page_size, layer_num=layer_num
     )
+    hybrid_pool = None
+    if hybrid:
+        hybrid_pool = HybridLinearKVPool(device_pool, *hybrid_layer_ids(layer_num))
     allocator = PagedTokenToKVPoolAllocator(
         logical_tokens,
         page_size,
         HARNESS_DTYPE,
         device.device,
-        device_pool,
+        device_pool if hybrid_pool is None else hybrid_pool,
         alloc_policy=alloc_policy,
         seed=seed,
         cp_layout=cp_layout,
@@ -185,7 +199,13 @@ def build_rig(
         draft_device_pool,
         draft_host_pool,
         cp_layout,
+        hybrid_pool,
     )
+
+
+def hybrid_layer_ids(full_layers: int) -> tuple[list[int], list[int]]:
+    """(full, linear) model layer ids: model layer 2i is linear, 2i + 1 is full-attention i."""
+    return interleaved_layer_ids(full_layers)
 
 
 def build_cp_rigs(

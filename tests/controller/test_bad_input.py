@@ -502,3 +502,71 @@ def test_load_cp_without_pages_of_the_recorded_owners_returns_none() -> None:
     before = snapshot(rig)
     assert c.load_cp([CpNodeView(1, 2 * PAGE, reservation.metadata)], node_id=1) is None
     assert snapshot(rig) == before
+
+
+# -- F19: hooks only after everything that can fail ---------------------------------------------------
+def _broken_backend(*_: object) -> Any:
+    raise RuntimeError("the storage service is unreachable")
+
+
+@pytest.mark.parametrize(
+    ("backend", "error", "match"),
+    [
+        pytest.param(
+            "no-such-backend",
+            UnknownOptionError,
+            r"Failed to create storage backend: unknown storage backend 'no-such-backend'",
+            id="unknown-backend",
+        ),
+        pytest.param(
+            "f19-broken", RuntimeError, r"the storage service is unreachable", id="attach-raises"
+        ),
+    ],
+)
+def test_a_constructor_whose_storage_attach_fails_leaves_no_hook_on_the_pools(
+    backend: str, error: type[BaseException], match: str
+) -> None:
+    # storage attach fails after every option was accepted -> no counter, no layer-end hook
+    # on the target or the draft pool: the half-built controller is not wired in (F19)
+    from hicache_ref.storage.factory import StorageBackendFactory
+
+    rig = build_rig(SimDevice())
+    draft_device = make_device_pool("mha", rig.device, size_tokens=64, page_size=PAGE, layer_num=2)
+    pools = (rig.device_pool, draft_device)
+    for pool in pools:
+        pool.layer_transfer_counter = None
+    hooks_before = [list(pool._backup_notifiers) for pool in pools]
+    StorageBackendFactory.register_backend("f19-broken", _broken_backend, replace=True)
+    try:
+        with pytest.raises(error, match=match):
+            HiCacheController(
+                rig.allocator,
+                rig.host_pool,
+                PAGE,
+                device_module=rig.device,
+                draft_mem_pool_device=draft_device,
+                draft_mem_pool_host=make_host_pool(draft_device, size_tokens=64),
+                storage_backend=backend,
+                storage_executor="manual",
+            )
+    finally:
+        StorageBackendFactory.unregister_backend("f19-broken")
+    assert [pool.layer_transfer_counter for pool in pools] == [None, None]
+    assert [list(pool._backup_notifiers) for pool in pools] == hooks_before
+    rig.device_pool.notify_layer_end(0)  # reaches only the rig's own controller
+
+
+def test_a_constructor_with_storage_registers_its_hooks_once_it_succeeded() -> None:
+    rig = build_rig(SimDevice())
+    hooks = len(rig.device_pool._backup_notifiers)
+    c = HiCacheController(
+        rig.allocator,
+        rig.host_pool,
+        PAGE,
+        device_module=rig.device,
+        storage_backend="memory",
+        storage_executor="manual",
+    )
+    assert rig.device_pool.layer_transfer_counter is c.layer_done_counter
+    assert len(rig.device_pool._backup_notifiers) == hooks + 1
+    c.detach_storage_backend()
