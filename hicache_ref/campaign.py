@@ -43,7 +43,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     "misuse": ("probe_evict_host", "probe_evict_device", "probe_rewrite"),
     "other": ("reset", "noop"),
 }
-FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy")
+FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid")
 
 
 def get_rule_family(rule: str) -> str:
@@ -71,6 +71,7 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         "draft": draft,
         "page": str(config.page_size),
         "copy": config.copy_path,
+        "hybrid": "yes" if config.hybrid else "no",
     }
 
 

@@ -297,7 +297,7 @@ def test_gate_passes_on_the_reference(tmp_path: Path, capsys: pytest.CaptureFixt
     data = json.loads(report.read_text())
     assert data["gate"]["passed"] and data["cases"] > 0
     assert set(data["rule_families"]) == set(RULE_FAMILIES)
-    assert set(data["features"]) == {"pool", "layout/io", "cp", "draft", "page", "copy"}
+    assert set(data["features"]) == {"pool", "layout/io", "cp", "draft", "page", "copy", "hybrid"}
 
 
 def test_gate_fails_on_a_mutant_with_one_replay_line(

@@ -17,6 +17,7 @@ from hicache_ref.controller.inflight import InflightTracker, pages_of
 from hicache_ref.controller.operations import CacheOperation, HiCacheAck, LayerDoneCounter
 from hicache_ref.device.protocol import DeviceModule, StreamT
 from hicache_ref.errors import HiCacheInputError, InvariantViolation, UnknownOptionError
+from hicache_ref.pools.host_layout import LAYOUTS_BY_IO_BACKEND
 
 if TYPE_CHECKING:
     from hicache_ref.invariants.models import HiCacheLayerWriteState
@@ -29,8 +30,9 @@ logger = logging.getLogger("hicache_ref.controller")
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back", "write_behind")
 IO_BACKENDS = ("direct", "kernel")
-DIRECT_LAYOUTS = ("layer_first", "page_first_direct")
-KERNEL_LAYOUTS = ("layer_first", "page_first")
+DIRECT_LAYOUTS = LAYOUTS_BY_IO_BACKEND["direct"]
+KERNEL_LAYOUTS = LAYOUTS_BY_IO_BACKEND["kernel"]
+"""The host layouts each io backend drives: one table, in ``pools/host_layout.py``."""
 
 ACK_QUEUE_BOUND = 100_000
 """Upper bound on undrained acks per queue (TigerStyle: every queue has a bound it checks)."""
@@ -178,11 +180,11 @@ class ControllerState:
             device_indices = device_indices.cpu()
             sorted_host, order = host_indices.sort()
             return sorted_host, device_indices.index_select(0, order.to(device_indices.device))
-        if pool.layout == "page_first_direct":
-            return host_indices, device_indices.cpu()
+        if pool.layout in ("page_first_direct", "layer_page_first"):
+            return host_indices, device_indices.cpu()  # whole pages, in the host's order
         raise UnknownOptionError(
             f"host layout {pool.layout!r} cannot be used with io_backend 'direct'; legal "
-            "layouts: layer_first, page_first_direct"
+            f"layouts: {', '.join(DIRECT_LAYOUTS)}"
         )
 
     def start_writing(self) -> None:

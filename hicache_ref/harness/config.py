@@ -11,15 +11,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 PoolKind = Literal["mha", "mla", "nsa"]
-Layout = Literal["layer_first", "page_first", "page_first_direct"]
+Layout = Literal["layer_first", "page_first", "page_first_direct", "page_head", "layer_page_first"]
 IoBackend = Literal["direct", "kernel"]
 AllocPolicy = Literal["fifo", "lifo", "random"]
 CopyPath = Literal["gather", "runs"]
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
-    "direct": ("layer_first", "page_first_direct"),
-    "kernel": ("layer_first", "page_first"),
+    "direct": ("layer_first", "page_first_direct", "layer_page_first"),
+    "kernel": ("layer_first", "page_first", "page_head"),
 }
+"""The (io backend, host layout) pairs the pools drive (``pools/host_layout.py`` is the source;
+a test keeps the two equal)."""
+MHA_ONLY_LAYOUTS = ("page_head",)
 
 
 class HarnessConfig(BaseModel):
@@ -44,6 +47,9 @@ class HarnessConfig(BaseModel):
     num_counters: int = 5
     settle_records: bool = False
     """Event records and satisfied waits complete on reaching their stream's head (GPU-like)."""
+    hybrid: bool = False
+    """The allocator's KV cache is a ``HybridLinearKVPool`` (full-attention layers interleaved
+    with linear-attention ones) that the controller must unwrap to its ``full_kv_pool``."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path) or ``runs``
     (the run-merged slice copies a GPU uses, ``plan_runs``), so both are fuzzed on any machine."""
@@ -58,6 +64,8 @@ class HarnessConfig(BaseModel):
                 f"layout {self.layout!r} cannot be used with io_backend {self.io_backend!r}; "
                 f"legal: {LEGAL_LAYOUTS[self.io_backend]}"
             )
+        if self.layout in MHA_ONLY_LAYOUTS and self.pool_kind != "mha":
+            raise ValueError(f"layout {self.layout!r} holds MHA pools only (upstream: page_head)")
         if not 0 <= self.cp_size <= 8:
             raise ValueError(f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP)")
         if self.cp_size >= 1 and self.pool_kind != "nsa":
@@ -82,6 +90,7 @@ class HarnessConfig(BaseModel):
         draft = f" draft={self.draft_layer_num}L" if self.has_draft else ""
         cp = f" cp={self.cp_size}" if self.uses_cp else ""
         runs = " copy=runs" if self.copy_path == "runs" else ""
+        runs += " hybrid" if self.hybrid else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

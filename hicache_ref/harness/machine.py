@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from hicache_ref.harness.adapters.base import Implementation, supports
-from hicache_ref.harness.config import LEGAL_LAYOUTS, HarnessConfig, IoBackend, Layout, PoolKind
+from hicache_ref.harness.config import (
+    LEGAL_LAYOUTS,
+    MHA_ONLY_LAYOUTS,
+    HarnessConfig,
+    IoBackend,
+    Layout,
+    PoolKind,
+)
 from hicache_ref.harness.session import STREAMS, Session
 from hicache_ref.harness.trace import Step
 
@@ -37,8 +44,11 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     page_size = draw(st.sampled_from([1, 2, 4, 16]))
     io_backend: IoBackend = draw(st.sampled_from(["direct", "kernel"]))
     layout: Layout = draw(st.sampled_from(LEGAL_LAYOUTS[io_backend]))
-    cp_size = draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
-    pool_kind: PoolKind = "nsa" if cp_size else draw(st.sampled_from(["mha", "mla", "nsa"]))
+    mha_only = layout in MHA_ONLY_LAYOUTS
+    cp_size = 0 if mha_only else draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
+    pool_kind: PoolKind = (
+        "mha" if mha_only else "nsa" if cp_size else draw(st.sampled_from(["mha", "mla", "nsa"]))
+    )
     layer_num = draw(st.integers(1, 3))
     draft_layer_num = draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
     ranks = max(1, cp_size)
@@ -58,6 +68,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         num_counters=draw(st.sampled_from([2, 5])),
         settle_records=draw(st.booleans()),
         copy_path=draw(st.sampled_from(["gather", "runs"])),
+        hybrid=draw(st.sampled_from([False, False, True])),
         seed=draw(st.integers(0, 2**16)),
     )
     if capabilities and not supports(capabilities, config):

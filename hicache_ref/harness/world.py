@@ -131,12 +131,17 @@ def build_world(config: HarnessConfig, implementation: Implementation) -> World:
             config, config.layer_num, physical_size_tokens(config), device
         )
         cp_layout = CpSharedKVLayout(config.cp_size, rank, page) if config.uses_cp else None
+        kv_cache = device_pool
+        if config.hybrid:  # the allocator hands out a hybrid pool; the controller unwraps it
+            from hicache_ref.pools.hybrid_pool import HybridLinearKVPool, interleaved_layer_ids
+
+            kv_cache = HybridLinearKVPool(device_pool, *interleaved_layer_ids(config.layer_num))
         allocator = PagedTokenToKVPoolAllocator(
             config.device_pages * page,
             page,
             HARNESS_DTYPE,
             device.device,
-            device_pool,
+            kv_cache,
             alloc_policy=config.alloc_policy,
             seed=config.seed,
             cp_layout=cp_layout,

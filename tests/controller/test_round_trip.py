@@ -14,12 +14,10 @@ option check (``controller/base.py``) still refuses them, their cases are strict
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from hicache_ref.device import CudaDevice, DeviceModule, SimDevice, cuda_available
-from hicache_ref.errors import UnknownOptionError
 from hicache_ref.invariants.models import HiCacheWriteReservation
 
 from .rig import ATTACH_MODES, LEGAL_PAIRS, POOL_KINDS, TARGET_LAYERS, build_cp_rigs, build_rig
@@ -39,35 +37,12 @@ NEW_LAYOUT_CASES = [
 """(io_backend, layout, pool kind) of the issue 9 layouts."""
 
 
-def controller_takes(io_backend: str, layout: str, kind: str) -> bool:
-    """Whether the controller accepts this host layout and io backend at construction."""
-    try:
-        build_rig(SimDevice(), kind=kind, layout=layout, io_backend=io_backend)
-    except UnknownOptionError:
-        return False
-    return True
-
-
-def new_layout_param(io_backend: str, layout: str, kind: str | None = None) -> Any:
-    """A case of an issue 9 layout (``kind`` None: a CP case, NSA pools), a strict xfail while
-    the controller still refuses it."""
-    refused = not controller_takes(io_backend, layout, kind or "nsa")
-    mark = pytest.mark.xfail(
-        refused,
-        raises=UnknownOptionError,
-        strict=True,
-        reason=f"controller/base.py does not list {layout!r} for io_backend {io_backend!r} yet",
-    )
-    values = (io_backend, layout) if kind is None else (io_backend, layout, kind)
-    return pytest.param(*values, marks=mark, id="-".join(values))
-
-
 ONE_RANK_CASES = [
     *((io_backend, layout, kind) for io_backend, layout in LEGAL_PAIRS for kind in POOL_KINDS),
-    *(new_layout_param(*case) for case in NEW_LAYOUT_CASES),
+    *NEW_LAYOUT_CASES,
 ]
 """Every legal (io_backend, layout, pool kind) for one rank."""
-CP_PAIRS = [*LEGAL_PAIRS, new_layout_param("direct", "layer_page_first")]
+CP_PAIRS = [*LEGAL_PAIRS, ("direct", "layer_page_first")]
 """Every legal (io_backend, layout) for CP ranks (NSA pools: no page_head)."""
 
 

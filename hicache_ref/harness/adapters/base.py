@@ -50,9 +50,12 @@ CAPABILITIES = frozenset(
         "layout:layer_first",
         "layout:page_first",
         "layout:page_first_direct",
+        "layout:page_head",  # upstream's MHA-only kernel layout
+        "layout:layer_page_first",  # the fork's direct layout
         "pool:mha",
         "pool:mla",
         "pool:nsa",
+        "pool:hybrid",  # the allocator's KV cache is a HybridLinearKVPool (unwrapped to its full pool)
         "guards",  # refuses unsafe calls (free in flight, second backup) with the invariant id
     }
 )
@@ -328,6 +331,8 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("cp")
     if config.has_draft:
         needed.add("draft")
+    if config.hybrid:
+        needed.add("pool:hybrid")
     return sorted(needed - capabilities)
 
 

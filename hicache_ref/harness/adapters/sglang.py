@@ -55,14 +55,17 @@ UPSTREAM_CAPABILITIES = frozenset(
         "layout:layer_first",
         "layout:page_first",
         "layout:page_first_direct",
+        "layout:page_head",
         "pool:mha",
         "pool:mla",
         "pool:nsa",
+        "pool:hybrid",
     }
 )
 """0.5.10: write/load/start_*/evict_*/reset; no CP, no draft pools, no guards, no storage here."""
 
 SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage"}
+# the fork's move_indices also drives layer_page_first (direct) and unwraps hybrid pools
 """The fork adds CP shared KV (reserve/submit/load_cp/evict_cp_host), per-layer write-back and
 draft pools; like upstream it does not refuse unsafe calls."""
 
@@ -104,13 +107,6 @@ class _ForkEnvs:
             if name in FORK_ENV_FLAGS:
                 return _EnvFlag(name, FORK_ENV_FLAGS[name])
             raise
-
-
-class HybridLinearKVPool:
-    """Placeholder for sglang's hybrid (full + linear attention) pool: the harness draws none,
-    so the controller's unwrapping check only needs a class to test against."""
-
-    full_kv_pool: Any
 
 
 def _stub(name: str, **attrs: Any) -> types.ModuleType:
@@ -164,7 +160,7 @@ def install_stubs(tree: Path) -> None:
     if _INSTALLED[0] == tree:
         return
     from hicache_ref.invariants.models import CpHiCacheNodeMetadata
-    from hicache_ref.pools import device_pool, host_pool
+    from hicache_ref.pools import device_pool, host_pool, hybrid_pool
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
     from hicache_ref.pools.page_index import (
         pad_token_locs_to_page_boundary,
@@ -206,7 +202,7 @@ def install_stubs(tree: Path) -> None:
         MHATokenToKVPool=device_pool.MHATokenToKVPool,
         MLATokenToKVPool=device_pool.MLATokenToKVPool,
         NSATokenToKVPool=device_pool.NSATokenToKVPool,
-        HybridLinearKVPool=HybridLinearKVPool,
+        HybridLinearKVPool=hybrid_pool.HybridLinearKVPool,  # upstream unwraps it by isinstance
     )
     _stub(
         "sglang.srt.mem_cache.memory_pool_host",
