@@ -6,7 +6,9 @@ device indices with the same order. Without the permutation, token i's KV lands 
 slot of another token whenever the allocator handed out host pages out of order (or several
 ops were merged). The bug breaks INV-06 (byte equality); what catches it is
 ``TreeDriver.writing_check``, which reads the host copy when the write ack drains and finds
-swapped rows (INV-09), or the quiescence byte check (INV-06).
+swapped rows (INV-09), the quiescence byte check (INV-06), or, when a reload's H2D puts the
+rows back permuted, the forward read of the loading node right after ``start_loading``
+(INV-11: the read finds another position's row).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from hicache_ref.controller.operations import CacheOperation
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "move_indices_unpermuted_device"
-INVARIANTS = ("INV-09", "INV-06")
+INVARIANTS = ("INV-09", "INV-06", "INV-11")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 17 (move_indices sorts host indices with a permutation the device side misses)"

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hypothesis import note
+from hypothesis import note, reject
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -79,7 +79,17 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
     config = data.draw(harness_configs(implementation.capabilities))
     refine = getattr(implementation, "refine_config", None)
-    return refine(config) if refine is not None else config
+    if refine is None:
+        return config
+    refined: HarnessConfig = refine(config)
+    # a refinement is a model_copy, which skips validation: validate the world it asks for
+    try:
+        refined = HarnessConfig.model_validate(refined.model_dump())
+    except ValueError:
+        reject()  # e.g. a focus that turns on CP for an MHA-only layout: draw another
+    if not supports(implementation.capabilities, refined):
+        reject()
+    return refined
 
 
 class HiCacheMachine(RuleBasedStateMachine):
