@@ -19,11 +19,12 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, SRC_ENV, check_tree
 from hicache_ref.harness.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
 
-SGLANG_SRC_ENV = "HICACHE_SGLANG_SRC"
-SGLANG_CONTROLLER = Path("sglang/srt/managers/cache_controller.py")
+SGLANG_SRC_ENV = SRC_ENV
+SGLANG_CONTROLLER = CONTROLLER_RELPATH
 LEGAL_RULES: tuple[str, ...] = get_args(RuleName)
 _DURATION = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(s|m|h)?\s*$")
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -90,22 +91,7 @@ def check_output_file(flag: str, path_text: str) -> Path:
 # -- the sglang source tree ------------------------------------------------------------------
 def use_sglang_src(path_text: str) -> Path:
     """Check an unpacked sglang tree and export it as ``HICACHE_SGLANG_SRC`` for the adapters."""
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_dir():
-        raise HiCacheSetupError(
-            f"--sglang-src {path_text}: no such folder; pass an unpacked sglang tree "
-            f"(the folder that holds {SGLANG_CONTROLLER})"
-        )
-    if not (path / SGLANG_CONTROLLER).is_file():
-        hint = ""
-        if (path / "python" / SGLANG_CONTROLLER).is_file():
-            hint = f" (a repository checkout: pass {path / 'python'})"
-        elif path.name == "sglang" and (path.parent / SGLANG_CONTROLLER).is_file():
-            hint = f" (that is the package itself: pass its parent {path.parent})"
-        raise HiCacheSetupError(
-            f"--sglang-src {path_text}: expected {path / SGLANG_CONTROLLER}, which is missing"
-            f"{hint}; pass the folder that holds {SGLANG_CONTROLLER}"
-        )
+    path = check_tree(Path(path_text))
     os.environ[SGLANG_SRC_ENV] = str(path)
     return path
 

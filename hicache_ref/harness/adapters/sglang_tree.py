@@ -49,21 +49,25 @@ def is_tree(path: Path) -> bool:
     return (Path(path) / CONTROLLER_RELPATH).is_file()
 
 
-def check_tree(path: Path) -> Path:
-    """``path`` itself if it is a tree; else a one-line ``HiCacheSetupError``."""
+def check_tree(path: Path, label: str = "--sglang-src") -> Path:
+    """``path`` itself (resolved) if it is a tree; else a one-line ``HiCacheSetupError`` that
+    names what is missing and, for a near miss (a checkout, the package folder), the fix."""
+    given = path
     path = Path(path).expanduser().resolve()
-    if not path.exists():
+    if not path.is_dir():
         raise HiCacheSetupError(
-            f"sglang source tree {path} does not exist; point --sglang-src / {SRC_ENV} at an "
-            f"unpacked sglang (the folder that holds {CONTROLLER_RELPATH})"
+            f"{label} {given}: no such folder; pass an unpacked sglang tree (the folder that "
+            f"holds {CONTROLLER_RELPATH}; {SRC_ENV} does the same)"
         )
     if not is_tree(path):
         hint = ""
         if (path / "python" / CONTROLLER_RELPATH).is_file():
-            hint = f" (a repository checkout: use {path / 'python'})"
+            hint = f" (a repository checkout: pass {path / 'python'})"
+        elif path.name == "sglang" and (path.parent / CONTROLLER_RELPATH).is_file():
+            hint = f" (that is the package itself: pass its parent {path.parent})"
         raise HiCacheSetupError(
-            f"{path} holds no {CONTROLLER_RELPATH}{hint}; point --sglang-src / {SRC_ENV} at an "
-            "unpacked sglang tree"
+            f"{label} {given}: expected {path / CONTROLLER_RELPATH}, which is missing{hint}; "
+            f"pass the folder that holds {CONTROLLER_RELPATH}"
         )
     return path
 
@@ -170,7 +174,7 @@ def resolve_tree() -> Path:
     """The tree to gate: ``HICACHE_SGLANG_SRC`` if set, else the 0.5.10 wheel (fetched once)."""
     env = os.environ.get(SRC_ENV)
     if env:
-        return check_tree(Path(env))
+        return check_tree(Path(env), SRC_ENV)
     return fetch_wheel_tree()
 
 
@@ -179,7 +183,7 @@ def resolve_seed_tree() -> Path:
     ``HICACHE_SEED_FILE`` (the seed's re-indented controller) over the 0.5.10 wheel."""
     env = os.environ.get(SRC_ENV)
     if env:
-        return check_tree(Path(env))
+        return check_tree(Path(env), SRC_ENV)
     seed = os.environ.get(SEED_FILE_ENV)
     if not seed:
         raise HiCacheSetupError(
