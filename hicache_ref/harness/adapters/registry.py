@@ -1,5 +1,6 @@
 """Implementations by name: ``reference``, ``sglang`` and ``seed`` (adapters/sglang.py),
-``mutant:<name>`` (fuzz/mutants/<name>.py), and any registered adapter. A trace header names its implementation, so a replay rebuilds the same one.
+``mutant:<name>`` (fuzz/mutants/<name>.py), and any registered adapter. A trace header names
+its implementation (and, for sglang trees, the tree), so a replay rebuilds the same one.
 """
 
 from __future__ import annotations
