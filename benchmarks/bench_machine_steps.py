@@ -6,13 +6,18 @@ and the per-step invariant checks. Both run in the same process, interleaved, wi
 settings (no shrinking, fixed seeds), and the script reports the median over rounds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_machine_steps.py --rounds 5 --append benchmarks/RESULTS.md
+
+``--profile FILE`` also runs cProfile over our machine's runs (not the trivial machine's) and
+prints the top entries by cumulative and by own time; the rates it prints are then slower.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import platform
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -135,14 +140,24 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=40)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--append", type=Path)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="also cProfile the runs of our machine into this file and print the top entries",
+    )
     args = parser.parse_args()
+    profiler = cProfile.Profile() if args.profile else None
     os.environ.setdefault(machine_module.FAILURE_DIR_ENV, "/tmp/hicache-bench-out")
     n_rules = _count_rules(HiCacheMachine)
     trivial = make_trivial_machine(n_rules)
     trivial_rates, our_rates, protocol_rates, shares = [], [], [], []
     for r in range(args.rounds):
         trivial_rates.append(run_trivial(trivial, args.examples, args.steps, seed=r))
+        if profiler is not None:
+            profiler.enable()
         rate, protocol_rate, share = run_ours(args.examples, args.steps, seed=r)
+        if profiler is not None:
+            profiler.disable()
         our_rates.append(rate)
         protocol_rates.append(protocol_rate)
         shares.append(share)
@@ -174,6 +189,11 @@ def main() -> None:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
+    if profiler is not None:
+        profiler.dump_stats(str(args.profile))
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("cumulative").print_stats(r"hicache_ref", 40)
+        stats.sort_stats("tottime").print_stats(25)
     if args.append:
         with args.append.open("a") as f:
             f.write(text)

@@ -8,6 +8,8 @@ every value is exact; row element k adds k/1024, so a row shifted inside itself 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 HARNESS_DTYPE = torch.float64
@@ -36,8 +38,13 @@ def expected_rows(
     sign = -1.0 if draft else 1.0
     prefix = ((uid * 64 + layer) * 8 + component) * MAX_POSITIONS + 1
     starts = sign * (positions.to(HARNESS_DTYPE) + float(prefix))
-    ramp = torch.arange(numel, dtype=HARNESS_DTYPE) / 1024.0
-    return (starts[:, None] + ramp[None, :]).reshape(len(starts), *row_shape)
+    return (starts[:, None] + _ramp(numel)[None, :]).reshape(len(starts), *row_shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _ramp(numel: int) -> torch.Tensor:
+    """``k / 1024`` for each element k of a row (shared, never written to)."""
+    return torch.arange(numel, dtype=HARNESS_DTYPE) / 1024.0
 
 
 FREED_ROW_VALUE = 0.25

@@ -30,7 +30,7 @@ from hicache_ref.harness.adapters.base import (
     unsupported_reasons,
 )
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.trace import Step, StepArg, Trace, TraceHeader
 from hicache_ref.harness.tree import TreeDriver
 from hicache_ref.harness.world import build_world
 from hicache_ref.invariants.registry import (
@@ -78,6 +78,7 @@ class Session:
         self.steps: list[Step] = []
         self.outcomes: list[str] = []
         self._candidates: dict[str, list[int]] = {}
+        self._handlers = self._build_handlers()
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
         override = getattr(implementation, "snapshot", None)  # an adapter may read itself
         self._snapshot_rank: SnapshotFn = override if callable(override) else snapshot_rank
@@ -238,44 +239,50 @@ class Session:
         return outcome
 
     def _dispatch(self, step: Step) -> str:
-        t, a = self.tree, step.args
-        handlers: dict[str, Callable[[], str]] = {
-            "prefill": lambda: t.prefill(
+        return self._handlers[step.rule](step.args)
+
+    def _build_handlers(self) -> dict[str, Callable[[Mapping[str, StepArg]], str]]:
+        """Each rule's handler over its step's args (built once per session, not per step)."""
+        t = self.tree
+
+        def node(a: Mapping[str, StepArg]) -> int:
+            return int(a["node"])
+
+        def layer(a: Mapping[str, StepArg]) -> int:
+            return int(a["layer"])
+
+        return {
+            "prefill": lambda a: t.prefill(
                 int(a["tokens"]),
                 bool(a.get("early_reserve", False)),
                 int(a["handle"]),
                 batch=bool(a.get("batch", True)),
             ),
-            "store_layer": lambda: t.store_layer(int(a["node"]), int(a["layer"]), bool(a["draft"])),
-            "layer_end": lambda: t.layer_end(int(a["layer"]), bool(a["draft"])),
-            "reserve": lambda: t.reserve(int(a["node"])),
-            "submit_layer": lambda: t.submit_layer(
-                int(a["node"]), int(a["layer"]), bool(a["draft"])
-            ),
-            "drain_write": t.writing_check,
-            "drain_load": t.loading_check,
-            "forward_layer": t.forward_layer,
-            "write": lambda: t.write_backup(int(a["node"])),
-            "start_writing": self._start_writing,
-            "load": lambda: t.load_back(int(a["node"])),
-            "start_loading": t.start_loading,
-            "forward_read": lambda: t.forward_read(
-                int(a["node"]), int(a["layer"]), bool(a["draft"])
-            ),
-            "advance": lambda: self._advance(str(a["stream"]), int(a["n"])),
-            "synchronize": lambda: self._synchronize(str(a["stream"])),
-            "drain_acks": lambda: f"{t.writing_check()}; {t.loading_check()}",
-            "cancel": lambda: t.cancel_backup(int(a["node"])),
-            "evict_device": lambda: t.evict_device(int(a["node"])),
-            "drop": lambda: t.drop(int(a["node"])),
-            "evict_host": lambda: t.evict_host(int(a["node"])),
-            "reset": t.reset,
-            "probe_evict_host": lambda: t.probe("evict_host", int(a["node"])),
-            "probe_evict_device": lambda: t.probe("evict_device", int(a["node"])),
-            "probe_rewrite": lambda: t.probe("rewrite", int(a["node"])),
-            "noop": lambda: "noop",
+            "store_layer": lambda a: t.store_layer(node(a), layer(a), bool(a["draft"])),
+            "layer_end": lambda a: t.layer_end(layer(a), bool(a["draft"])),
+            "reserve": lambda a: t.reserve(node(a)),
+            "submit_layer": lambda a: t.submit_layer(node(a), layer(a), bool(a["draft"])),
+            "drain_write": lambda a: t.writing_check(),
+            "drain_load": lambda a: t.loading_check(),
+            "forward_layer": lambda a: t.forward_layer(),
+            "write": lambda a: t.write_backup(node(a)),
+            "start_writing": lambda a: self._start_writing(),
+            "load": lambda a: t.load_back(node(a)),
+            "start_loading": lambda a: t.start_loading(),
+            "forward_read": lambda a: t.forward_read(node(a), layer(a), bool(a["draft"])),
+            "advance": lambda a: self._advance(str(a["stream"]), int(a["n"])),
+            "synchronize": lambda a: self._synchronize(str(a["stream"])),
+            "drain_acks": lambda a: f"{t.writing_check()}; {t.loading_check()}",
+            "cancel": lambda a: t.cancel_backup(node(a)),
+            "evict_device": lambda a: t.evict_device(node(a)),
+            "drop": lambda a: t.drop(node(a)),
+            "evict_host": lambda a: t.evict_host(node(a)),
+            "reset": lambda a: t.reset(),
+            "probe_evict_host": lambda a: t.probe("evict_host", node(a)),
+            "probe_evict_device": lambda a: t.probe("evict_device", node(a)),
+            "probe_rewrite": lambda a: t.probe("rewrite", node(a)),
+            "noop": lambda a: "noop",
         }
-        return handlers[step.rule]()
 
     def _start_writing(self) -> str:
         for rank in self.world.ranks:

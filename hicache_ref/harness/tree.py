@@ -64,6 +64,21 @@ class Node:
     loading: bool = False
     producer_id: int | None = None
     pending_reads: int = 0
+    # caches of what the harness derives from ``value`` (rebuilt when ``value`` is replaced)
+    placement_of: torch.Tensor | None = field(default=None, repr=False)
+    placement: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )  # rank -> (owned positions, physical locs)
+    rows_positions: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    rows_cache: dict[tuple[int, bool, int, int, tuple[int, ...]], torch.Tensor] = field(
+        default_factory=dict, repr=False
+    )  # (rank, draft, layer, component, row shape) -> the oracle's rows at ``rows_positions``
+    host_rows_of: list[torch.Tensor] | None = field(default=None, repr=False)
+    host_rows_cache: dict[tuple[int, bool, int, int, tuple[int, ...]], torch.Tensor] = field(
+        default_factory=dict, repr=False
+    )  # the same key -> the oracle's rows at the host positions of ``owned_positions``
+    holdings_key: tuple[object, ...] | None = field(default=None, repr=False)
+    holdings: NodeHoldings | None = field(default=None, repr=False)
 
     @property
     def on_device(self) -> bool:
@@ -135,6 +150,47 @@ class TreeDriver:
         assert layout is not None
         mask = layout.owned_by_this_rank(locs[: node.logical_len])
         return positions[mask]
+
+    def _placement(self, rank: int, node: Node) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owned positions, physical locs) of the node's device copy on ``rank``.
+
+        Computed from the harness's own layout once per ``node.value`` (a node's device locs
+        never change in place; ``load_back`` replaces the tensor), not once per store or read.
+        """
+        value = node.value
+        assert value is not None
+        if node.placement_of is not value:
+            node.placement_of, node.placement = value, {}
+        hit = node.placement.get(rank)
+        if hit is None:
+            positions = self._owned_positions(rank, node, value)
+            old = node.rows_positions.get(rank)
+            if old is None or not torch.equal(old, positions):
+                # the oracle's rows depend only on the positions: keep them across a reload
+                # that owns the same positions (always, without CP)
+                node.rows_positions[rank] = positions
+                node.rows_cache = {k: v for k, v in node.rows_cache.items() if k[0] != rank}
+            hit = (positions, self._physical(rank, value[positions]))
+            node.placement[rank] = hit
+        return hit
+
+    def _device_rows(
+        self,
+        rank: int,
+        node: Node,
+        draft: bool,
+        layer: int,
+        component: int,
+        row_shape: tuple[int, ...],
+    ) -> torch.Tensor:
+        """The content oracle's rows for the node's positions on ``rank`` (cached; read only)."""
+        positions, _ = self._placement(rank, node)
+        key = (rank, draft, layer, component, row_shape)
+        rows = node.rows_cache.get(key)
+        if rows is None:
+            rows = expected_rows(node.handle, draft, layer, component, positions, row_shape)
+            node.rows_cache[key] = rows
+        return rows
 
     def _physical(self, rank: int, locs: torch.Tensor) -> torch.Tensor:
         layout = self.world.ranks[rank].cp_layout
@@ -281,12 +337,10 @@ class TreeDriver:
     def _enqueue_store(self, rank: int, node: Node, draft: bool, layer: int) -> None:
         assert node.value is not None
         pool, _ = self._pools(rank, draft)
-        positions = self._owned_positions(rank, node, node.value)
-        locs = self._physical(rank, node.value[positions])
+        _, locs = self._placement(rank, node)
         buffers = pool.layer_buffers(layer)
-        uid = node.handle
         payload = [
-            expected_rows(uid, draft, layer, c, positions, tuple(buf.shape[1:]))
+            self._device_rows(rank, node, draft, layer, c, tuple(buf.shape[1:]))
             for c, buf in enumerate(buffers)
         ]
 
@@ -305,11 +359,10 @@ class TreeDriver:
             rank.controller.layer_done_counter.set_consumer(consumer)
             pool, _ = self._pools(rank_index, draft)
             pool.get_key_buffer(layer)  # waits until this layer landed (INV-11)
-            positions = self._owned_positions(rank_index, node, node.value)
-            locs = self._physical(rank_index, node.value[positions])
+            _, locs = self._placement(rank_index, node)
             buffers = pool.layer_buffers(layer)
             expected = [
-                expected_rows(node.handle, draft, layer, c, positions, tuple(buf.shape[1:]))
+                self._device_rows(rank_index, node, draft, layer, c, tuple(buf.shape[1:]))
                 for c, buf in enumerate(buffers)
             ]
             node.pending_reads += 1
@@ -551,7 +604,7 @@ class TreeDriver:
         for controller in self._controllers():
             controller.evict_device(node.value)
         self._poison_freed_pages(node)
-        node.value = None
+        node.value, node.placement_of = None, None
         return f"evict_device node {handle}"
 
     def drop(self, handle: int) -> str:
@@ -573,8 +626,7 @@ class TreeDriver:
         finding the bytes the same node left behind (a reload often gets its old pages back)."""
         assert node.value is not None
         for rank in range(len(self.world.ranks)):
-            positions = self._owned_positions(rank, node, node.value)
-            locs = self._physical(rank, node.value[positions])
+            _, locs = self._placement(rank, node)
             buffers = [
                 buf
                 for draft, layer_num in self._layer_kinds()
@@ -676,7 +728,7 @@ class TreeDriver:
                 len(node.owned_positions[rank_index])
             )
         assert node.value is not None
-        return bool(len(self._owned_positions(rank_index, node, node.value)))
+        return bool(len(self._placement(rank_index, node)[0]))
 
     def _probe_call(self, kind: str, node: Node, rank_index: int) -> str:
         controller = self.world.ranks[rank_index].controller
@@ -724,8 +776,8 @@ class TreeDriver:
                 for layer in range(layer_num):
                     for c, name in enumerate(host_pool.device_pool.component_names()):
                         actual = host_pool.read_rows(name, layer, slots)
-                        rows = expected_rows(
-                            node.handle, draft, layer, c, positions, tuple(actual.shape[1:])
+                        rows = self._host_rows(
+                            rank_index, node, (draft, layer, c), positions, tuple(actual.shape[1:])
                         )
                         self._check_rows(
                             actual,
@@ -734,6 +786,26 @@ class TreeDriver:
                             f"{when}: host copy of node {node.handle} "
                             f"{'draft' if draft else 'target'} layer {layer} {name} rank {rank_index}",
                         )
+
+    def _host_rows(
+        self,
+        rank_index: int,
+        node: Node,
+        row_of: tuple[bool, int, int],
+        positions: torch.Tensor,
+        row_shape: tuple[int, ...],
+    ) -> torch.Tensor:
+        """The oracle's rows at the node's host positions (cached while the harness's recorded
+        layout, ``owned_positions``, is the same list; the positions depend on nothing else)."""
+        if node.host_rows_of is not node.owned_positions:
+            node.host_rows_of, node.host_rows_cache = node.owned_positions, {}
+        draft, layer, component = row_of
+        key = (rank_index, draft, layer, component, row_shape)
+        rows = node.host_rows_cache.get(key)
+        if rows is None:
+            rows = expected_rows(node.handle, draft, layer, component, positions, row_shape)
+            node.host_rows_cache[key] = rows
+        return rows
 
     def _host_positions(
         self, rank_index: int, node: Node, draft: bool
@@ -769,14 +841,13 @@ class TreeDriver:
     def check_device_bytes(self, node: Node, inv_id: str, when: str) -> None:
         assert node.value is not None
         for rank_index in range(len(self.world.ranks)):
-            positions = self._owned_positions(rank_index, node, node.value)
-            locs = self._physical(rank_index, node.value[positions])
+            _, locs = self._placement(rank_index, node)
             for draft, layer_num in self._layer_kinds():
                 pool, _ = self._pools(rank_index, draft)
                 for layer in range(min(layer_num, node.layers_stored)):
                     for c, buf in enumerate(pool.layer_buffers(layer)):
-                        rows = expected_rows(
-                            node.handle, draft, layer, c, positions, tuple(buf.shape[1:])
+                        rows = self._device_rows(
+                            rank_index, node, draft, layer, c, tuple(buf.shape[1:])
                         )
                         self._check_rows(
                             buf[locs],
@@ -806,27 +877,37 @@ class TreeDriver:
     # -- the harness's model, for the session's checks ------------------------------------------
     def model(self) -> HarnessModel:
         """What the tree recorded about its nodes' pages, as plain data (``invariants/``)."""
+        nodes = tuple(self._holdings(node) for node in self.nodes.values())
+        return HarnessModel(num_counters=self.config.num_counters, nodes=nodes)
+
+    def _holdings(self, node: Node) -> NodeHoldings:
+        """One node's pages, rebuilt only when a tensor it reads (or its backup) changed."""
+        if self.config.uses_cp:
+            metas = node.cp_meta or [None] * len(self.world.ranks)
+            host_of = [meta.host_indices if meta else None for meta in metas]
+            draft_of = [meta.draft_host_indices if meta else None for meta in metas]
+        else:
+            host_of = list(node.host_value)
+            draft_of = []
+        key = (node.value, node.backup, *host_of, *draft_of)
+        cached = node.holdings_key
+        if (
+            node.holdings is not None
+            and cached is not None
+            and len(cached) == len(key)
+            and all(a is b for a, b in zip(cached, key, strict=True))
+        ):
+            return node.holdings
         page = self.config.page_size
-        nodes = []
-        for node in self.nodes.values():
-            device = _pages(node.value, page) if node.value is not None else frozenset()
-            host, draft = [], []
-            for r in range(len(self.world.ranks)):
-                if self.config.uses_cp:
-                    meta = node.cp_meta[r] if node.cp_meta else None
-                    host.append(_pages(meta.host_indices, page) if meta else frozenset())
-                    slots = meta.draft_host_indices if meta else None
-                    draft.append(_pages(slots, page) if slots is not None else frozenset())
-                else:
-                    value = node.host_value[r]
-                    host.append(_pages(value, page) if value is not None else frozenset())
-                    draft.append(frozenset())
-            nodes.append(
-                NodeHoldings(
-                    node.handle, node.node_id, device, tuple(host), tuple(draft), node.backup
-                )
-            )
-        return HarnessModel(num_counters=self.config.num_counters, nodes=tuple(nodes))
+        device = _pages(node.value, page) if node.value is not None else frozenset()
+        host = tuple(_pages(t, page) if t is not None else frozenset() for t in host_of)
+        if self.config.uses_cp:
+            draft = tuple(_pages(t, page) if t is not None else frozenset() for t in draft_of)
+        else:
+            draft = tuple(frozenset() for _ in self.world.ranks)
+        node.holdings = NodeHoldings(node.handle, node.node_id, device, host, draft, node.backup)
+        node.holdings_key = key
+        return node.holdings
 
 
 def handle_of(node: Node) -> int:

@@ -53,6 +53,8 @@ def get_aligned_page_starts(indices: torch.Tensor, page_size: int) -> list[int] 
     form on small tensors, where each torch op costs microseconds. Reads values (CPU only).
     """
     assert page_size > 0 and indices.dim() == 1 and indices.numel() % page_size == 0
+    if indices.numel() <= SMALL_INDEX_COUNT:
+        return _aligned_page_starts_of_list(indices.tolist(), page_size)
     rows = indices.reshape(-1, page_size)
     if not torch.equal(rows, rows[:, :1] + _page_offsets(page_size, indices.dtype)):
         return None
@@ -60,6 +62,22 @@ def get_aligned_page_starts(indices: torch.Tensor, page_size: int) -> list[int] 
     if all(start >= 0 and start % page_size == 0 for start in starts):
         return starts
     return None
+
+
+SMALL_INDEX_COUNT = 512
+"""Up to this many indices a Python pass over ``tolist()`` beats the vectorized test."""
+
+
+def _aligned_page_starts_of_list(values: list[int], page_size: int) -> list[int] | None:
+    """``get_aligned_page_starts`` over plain ints (the same answer, without torch ops)."""
+    starts = values[::page_size]
+    for page, start in enumerate(starts):
+        if start < 0 or start % page_size != 0:
+            return None
+        base = page * page_size
+        if values[base : base + page_size] != list(range(start, start + page_size)):
+            return None
+    return starts
 
 
 def find_page_misalignment(indices: torch.Tensor, page_size: int, what: str) -> Problem | None:

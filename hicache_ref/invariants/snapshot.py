@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,12 @@ class RankSnapshot:
     gate_answers: tuple[tuple[int, bool], ...] | None = None
     """``node_has_undrained_write_ack(id)`` for the model's node ids; None without a gate."""
 
-    @property
+    # cached: several checks read the rows of one snapshot per step (callers never mutate them)
+    @cached_property
     def write_rows(self) -> list[list[int]]:
         return [list(ack.node_ids) for ack in self.write_acks]
 
-    @property
+    @cached_property
     def load_rows(self) -> list[list[int]]:
         return [list(ack.node_ids) for ack in self.load_acks]
 

@@ -343,7 +343,7 @@ def supports(capabilities: frozenset[str], config: HarnessConfig) -> bool:
 # -- snapshots ----------------------------------------------------------------------------------
 def _ack_rows(queue: AckQueue) -> tuple[AckRow, ...]:
     return tuple(
-        AckRow(tuple(int(n) for n in ack.node_ids), bool(ack.finish_event.query())) for ack in queue
+        AckRow(tuple(map(int, ack.node_ids)), bool(ack.finish_event.query())) for ack in queue
     )
 
 
@@ -355,15 +355,15 @@ def snapshot_rank(rank: RankLike, gate_ids: Iterable[int] = ()) -> RankSnapshot:
     """
     controller, per_layer, gate_fn = rank.controller, rank.per_layer, rank.gate
     pending = (
-        frozenset(int(n) for n in per_layer.pending_layer_writes)
+        frozenset(map(int, per_layer.pending_layer_writes))
         if per_layer is not None
         else frozenset()
     )
-    gate = (
-        tuple((int(n), bool(gate_fn.node_has_undrained_write_ack(n))) for n in gate_ids)
-        if gate_fn is not None
-        else None
-    )
+    if gate_fn is not None:
+        asks = gate_fn.node_has_undrained_write_ack
+        gate: tuple[tuple[int, bool], ...] | None = tuple((int(n), bool(asks(n))) for n in gate_ids)
+    else:
+        gate = None
     counter = controller.layer_done_counter
     draft_pool = rank.draft_host_pool if rank.cp_layout is not None else None
     return RankSnapshot(
@@ -376,6 +376,6 @@ def snapshot_rank(rank: RankLike, gate_ids: Iterable[int] = ()) -> RankSnapshot:
         pending_layer_writes=pending,
         producer_slots=int(getattr(counter, "num_counters", 0)),
         producer_index=int(getattr(counter, "producer_index", -1)),
-        consumer_indices=tuple(int(i) for i in getattr(counter, "consumer_indices", ())),
+        consumer_indices=tuple(map(int, getattr(counter, "consumer_indices", ()))),
         gate_answers=gate,
     )
