@@ -5,10 +5,8 @@ size, with draft pools whose layer count is smaller and larger than the target's
 with 1, 2 and 4 simulated ranks sharing one device. The CUDA twins at the bottom run a subset on
 ``CudaDevice`` with real streams; on a CPU-only machine they are skipped.
 
-The host layouts of issue 9, ``layer_page_first`` (direct, every pool kind, CP included) and
-``page_head`` (kernel, MHA only), are in every parametrization. While the controller's own
-option check (``controller/base.py``) still refuses them, their cases are strict xfails on that
-``UnknownOptionError``; once the controller takes them they run as ordinary cases.
+The host layouts ``layer_page_first`` (direct, every pool kind, CP included) and ``page_head``
+(kernel, MHA only) are in every parametrization, like the others.
 """
 
 from __future__ import annotations
