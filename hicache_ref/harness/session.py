@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hicache_ref.device.protocol import StreamT
 from hicache_ref.errors import InvariantViolation
@@ -46,6 +47,18 @@ STREAMS = ("forward", "write", "load")
 DRAIN_ROUNDS_MAX = 10_000
 REFUSABLE_RULES = ("prefill", "write", "load", "reserve")  # a "refused: ..." outcome: INV-17
 SnapshotFn = Callable[[RankLike, Iterable[int]], RankSnapshot]
+
+
+class StepObserver(Protocol):
+    """Something that follows a session step by step (the lockstep oracle, a CP collective).
+
+    ``after_step`` runs after each applied step's own checks, ``after_finish`` after the
+    quiescence checks; raising ``InvariantViolation`` fails the case like any other check.
+    """
+
+    def after_step(self, session: Session, step: Step, outcome: str) -> None: ...
+
+    def after_finish(self, session: Session) -> None: ...
 
 
 @dataclass
@@ -82,6 +95,7 @@ class Session:
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
         override = getattr(implementation, "snapshot", None)  # an adapter may read itself
         self._snapshot_rank: SnapshotFn = override if callable(override) else snapshot_rank
+        self.observers: list[StepObserver] = []  # called after each applied step and at finish
 
     # -- the trace -----------------------------------------------------------------------------
     def trace(self, note: str = "") -> Trace:
@@ -236,6 +250,8 @@ class Session:
             self._run_checks(RESET_CHECKS, self.snapshots(gate_ids))
         self.check_step_invariants(after)
         self._last_snapshots = after
+        for observer in self.observers:
+            observer.after_step(self, step, outcome)
         return outcome
 
     def _dispatch(self, step: Step) -> str:
@@ -383,3 +399,5 @@ class Session:
             if node.backup == "done":
                 t.check_host_bytes(node, "INV-06", "quiescence")
         self._run_checks(checks, snapshots)
+        for observer in self.observers:
+            observer.after_finish(self)

@@ -346,7 +346,7 @@ class TreeDriver:
 
         def store() -> None:
             for buf, rows in zip(buffers, payload, strict=True):
-                buf[locs] = rows
+                buf[locs] = rows.to(buf.device, non_blocking=True)
 
         self.world.device.launch(store, label=f"store n{node.handle} L{layer}", kind="kernel")
 
@@ -863,6 +863,10 @@ class TreeDriver:
     ) -> None:
         """The rows hold the content oracle's bytes (INV-06; INV-09 at a drain, INV-11 read)."""
         self._count(inv_id)
+        if (
+            actual.device != expected.device
+        ):  # a GPU world: the content oracle's rows are on the CPU
+            actual = actual.to(expected.device)
         if torch.equal(actual, expected):
             return  # exact: the oracle's rows are never 0 or NaN, so equal values are equal bytes
         check_bytes_equal(

@@ -9,10 +9,11 @@ views the tree driver calls (``Rank.cp``, ``Rank.per_layer``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from hicache_ref.device.protocol import StreamT
+from hicache_ref.device.protocol import DeviceModule, StreamT
 from hicache_ref.device.sim import SimDevice
 from hicache_ref.harness.adapters.base import (
     BuildRequest,
@@ -53,10 +54,25 @@ class Rank:
     gate: UndrainedGateLike | None = None  # the controller, if it has the undrained-ack gate
 
 
+class HarnessDevice(DeviceModule, Protocol):
+    """What the harness needs beyond ``DeviceModule``: the forward stream, and a way to let the
+    queued work run. ``SimDevice`` has it natively; a real GPU's campaign device maps
+    ``advance`` to a timing perturbation and ``run_until_idle`` to a synchronize."""
+
+    @property
+    def default_stream(self) -> StreamT: ...
+
+    def advance(self, stream: StreamT, n: int = 1) -> int: ...
+
+    def is_idle(self) -> bool: ...
+
+    def run_until_idle(self) -> None: ...
+
+
 @dataclass
 class World:
     config: HarnessConfig
-    device: SimDevice
+    device: HarnessDevice
     ranks: list[Rank]
     capabilities: frozenset[str] = frozenset()
 
@@ -71,7 +87,7 @@ class World:
 
 
 def make_device_pool(
-    config: HarnessConfig, layer_num: int, size_tokens: int, device: SimDevice
+    config: HarnessConfig, layer_num: int, size_tokens: int, device: DeviceModule
 ) -> KVCache:
     from hicache_ref.pools.device_pool import MHATokenToKVPool, MLATokenToKVPool, NSATokenToKVPool
 
@@ -117,16 +133,31 @@ def _views(
     return cp, per_layer
 
 
-def build_world(config: HarnessConfig, implementation: Implementation) -> World:
+def build_world(
+    config: HarnessConfig,
+    implementation: Implementation,
+    *,
+    device: HarnessDevice | None = None,
+    only_ranks: Sequence[int] | None = None,
+) -> World:
+    """The world of one case: by default a SimDevice and every CP rank in this process.
+
+    ``device`` replaces the simulator (a GPU campaign's device); ``only_ranks`` builds just those
+    ranks (a multi-process CP world builds one rank per process, each with the full config).
+    """
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
     from hicache_ref.pools.host_pool import make_host_pool
 
-    device = SimDevice(seed=config.seed, settle_records=config.settle_records)
+    if device is None:
+        device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
     capabilities = implementation.capabilities
     page = config.page_size
-    for rank in range(config.num_ranks):
+    wanted = range(config.num_ranks) if only_ranks is None else only_ranks
+    for rank in wanted:
+        if not 0 <= rank < config.num_ranks:
+            raise ValueError(f"rank {rank} is outside the config's ranks [0, {config.num_ranks})")
         device_pool = make_device_pool(
             config, config.layer_num, physical_size_tokens(config), device
         )
