@@ -14,7 +14,7 @@ PoolKind = Literal["mha", "mla", "nsa"]
 Layout = Literal["layer_first", "page_first", "page_first_direct", "page_head", "layer_page_first"]
 IoBackend = Literal["direct", "kernel"]
 AllocPolicy = Literal["fifo", "lifo", "random"]
-CopyPath = Literal["gather", "runs"]
+CopyPath = Literal["gather", "runs", "batch", "triton"]
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "direct": ("layer_first", "page_first_direct", "layer_page_first"),
@@ -51,8 +51,10 @@ class HarnessConfig(BaseModel):
     """The allocator's KV cache is a ``HybridLinearKVPool`` (full-attention layers interleaved
     with linear-attention ones) that the controller must unwrap to its ``full_kv_pool``."""
     copy_path: CopyPath = "gather"
-    """How the host pools execute a copy: ``gather`` (index_select, the CPU path) or ``runs``
-    (the run-merged slice copies a GPU uses, ``plan_runs``), so both are fuzzed on any machine."""
+    """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
+    (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
+    executed by ``memmove`` on the simulator; not with ``page_head``) or ``triton`` (the
+    zero-copy kernel, under Triton's interpreter here), so each is fuzzed on any machine."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -89,7 +91,7 @@ class HarnessConfig(BaseModel):
     def describe(self) -> str:
         draft = f" draft={self.draft_layer_num}L" if self.has_draft else ""
         cp = f" cp={self.cp_size}" if self.uses_cp else ""
-        runs = " copy=runs" if self.copy_path == "runs" else ""
+        runs = f" copy={self.copy_path}" if self.copy_path != "gather" else ""
         runs += " hybrid" if self.hybrid else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"

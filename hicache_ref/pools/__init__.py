@@ -15,6 +15,12 @@ Primitives in the order data flows through them:
    -> ``get_data_page`` to storage / ``set_from_flat_data_page`` from storage ->
    ``load_to_device_per_layer`` (h2d) -> ``free``. Transfers are stream work (``transfer``): they
    are checked at launch and move bytes when the stream runs.
+6. The copy paths of a transfer (``copy_path``), after ``transfer_checks`` validated its index
+   pairs (INV-01): ``gather`` (CPU reference), ``runs`` (one ``copy_`` per merged run), and
+   ``fast_transfer``'s two: ``batch``: ``copy_plan`` (index pairs -> byte offsets, once per
+   transfer; a few adds per layer) -> ``copy_engine`` (one ``cudaMemcpyBatchAsync`` per layer,
+   or ``memmove`` on the simulator); ``triton``: ``triton_copy`` (a zero-copy kernel over the
+   pinned host pool).
 
 ``PageFreeList`` (``free_pages``) is the shared bookkeeping behind both allocators, with the
 ``fifo`` / ``lifo`` / ``random`` handout policies.

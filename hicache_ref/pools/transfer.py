@@ -11,7 +11,7 @@ A ``page_head`` or ``page_first`` run view is strided (heads or layers interleav
 copy between it and a GPU goes through a contiguous temporary inside ``copy_``: correct bytes,
 one staging copy per run.
 
-Two ways to execute the same semantics, chosen per launch by ``copy_path``:
+Four ways to execute the same semantics, chosen per launch by ``copy_path``:
 
 - ``gather``: vectorised advanced indexing. Only when every tensor involved is on the CPU (the
   simulator). The closure reads the index tensors when it runs, like a kernel reading device
@@ -24,8 +24,33 @@ Two ways to execute the same semantics, chosen per launch by ``copy_path``:
   the current stream. Planning needs the index values on the host, so a CUDA index tensor is
   copied to the CPU here: the one host sync in the transfer path, unavoidable in pure torch
   (upstream's direct backend does the same ``.cpu()``).
+- ``batch``: the copy engine at the PCIe ceiling. The pairs are validated once, merged into
+  runs of rows contiguous on both sides and turned into byte offsets per component
+  (``copy_plan``), one plan per transfer (``fast_transfer``); each layer then adds its two base
+  addresses and issues one ``cudaMemcpyBatchAsync`` (``copy_engine``) on the current stream,
+  or, on the CPU, one ``memmove`` per copy when the stream runs. ``page_first`` and
+  ``page_head`` are refused (``BATCH_REFUSED_LAYOUTS``): their layers are one copy per token
+  row (or head), and the copy engine pays per copy; use ``triton`` (or ``runs``) there.
+  Measured on an H200 (32,768 tokens x 61 layers, random pages, ``benchmarks/transfer.py``):
+  page 64 (64-74 KB copies) reaches 98% of a pinned copy per direction with no SM used (a
+  matmul beside it slows by <= 2%), and 66-101% of both pinned directions with load and backup
+  at once (bound by the runtime's ~0.5-0.7 ms of CPU per layer and direction); page 16 (16-18
+  KB copies) falls to 7% for H2D (the copy engine reads small host copies slowly) and 34-69%
+  for D2H.
+- ``triton``: a zero-copy Triton kernel reading or writing the pinned host pool directly
+  (``triton_copy``), index tensors on the device, every layout; on the CPU it runs under
+  Triton's interpreter. Measured: ~91% of pinned per direction with a 132-program grid at page
+  16 and 64, 32-37% (H2D) with 32 programs; it competes with compute for SMs.
 
 ``auto`` picks ``gather`` when everything is on the CPU and ``runs`` otherwise.
+
+``batch`` and ``triton`` keep their plans in ``PLAN_CACHE`` (keyed by the index tensors'
+identity and in-place version), so the per-layer loads of one batch validate and plan once; a
+CUDA index tensor is copied to the CPU once per plan, for the checks and the pointer arithmetic
+(``TRANSFER_STATS.index_host_copies`` counts these syncs). With CPU index tensors nothing on the
+``batch`` issue path synchronizes the host. Like ``runs`` (and unlike ``gather``), ``batch``
+reads the index values at launch; ``triton`` reads its device-side indices when the kernel runs
+(a CPU index tensor is copied to the device at launch, through pinned memory).
 """
 
 from __future__ import annotations
@@ -36,8 +61,9 @@ from typing import Literal
 import torch
 
 from hicache_ref.device.protocol import DeviceModule
-from hicache_ref.errors import HiCacheInputError, PageAlignmentError, UnknownOptionError
+from hicache_ref.errors import HiCacheInputError, UnknownOptionError
 from hicache_ref.pools.device_pool import KVCache
+from hicache_ref.pools.fast_transfer import PLAN_CACHE, launch_fast_transfer
 from hicache_ref.pools.host_layout import (
     PAGE_LOCAL_LAYOUTS,
     HostLayout,
@@ -46,14 +72,61 @@ from hicache_ref.pools.host_layout import (
     host_run_view,
     is_whole_page_transfer,
 )
-from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
 from hicache_ref.pools.page_math import plan_copy_runs, split_runs_at_pages
+from hicache_ref.pools.transfer_checks import (
+    TRANSFER_STATS,
+    Direction,
+    check_page_first_direct_chunks,
+    check_transfer_indices,
+)
 
-Direction = Literal["d2h", "h2d"]
-CopyPath = Literal["auto", "gather", "runs"]
-COPY_PATHS: tuple[CopyPath, ...] = ("auto", "gather", "runs")
+__all__ = [
+    "COPY_PATHS",
+    "PLAN_CACHE",
+    "TRANSFER_STATS",
+    "CopyPath",
+    "Direction",
+    "check_copy_path",
+    "check_copy_path_for_layout",
+    "check_page_first_direct_chunks",
+    "check_transfer_indices",
+    "copy_paths_for_layout",
+    "launch_transfer",
+    "plan_runs",
+]
+
+CopyPath = Literal["auto", "gather", "runs", "batch", "triton"]
+COPY_PATHS: tuple[CopyPath, ...] = ("auto", "gather", "runs", "batch", "triton")
 
 Run = tuple[int, int, int]
+
+BATCH_REFUSED_LAYOUTS: dict[HostLayout, str] = {
+    "page_first": (
+        "its slots interleave the layers, so a layer is one copy per token row (measured on an "
+        "H200: 1-3% of a pinned copy, ~1.5 us of CPU per row)"
+    ),
+    "page_head": "its rows split into one head_dim piece per head, smaller still than a row",
+}
+"""Layouts ``batch`` refuses, and why: the copy engine pays per copy, and these layouts
+fragment one layer into one copy per row (or per head)."""
+
+
+def copy_paths_for_layout(layout: HostLayout) -> tuple[CopyPath, ...]:
+    """The copy paths that can drive ``layout``."""
+    return tuple(
+        path for path in COPY_PATHS if path != "batch" or layout not in BATCH_REFUSED_LAYOUTS
+    )
+
+
+def check_copy_path_for_layout(copy_path: CopyPath, layout: HostLayout) -> None:
+    """Refuse ``batch`` for the layouts whose layers are not contiguous runs of rows."""
+    # Verify the copy path can move this layout's layers as a few large copies
+    if copy_path not in copy_paths_for_layout(layout):
+        raise HiCacheInputError(
+            f"copy_path={copy_path!r} cannot drive host layout {layout!r}: "
+            f"{BATCH_REFUSED_LAYOUTS[layout]}; legal copy paths for it: "
+            f"{', '.join(copy_paths_for_layout(layout))}"
+        )
 
 
 def check_copy_path(copy_path: str) -> CopyPath:
@@ -63,85 +136,6 @@ def check_copy_path(copy_path: str) -> CopyPath:
             f"unknown copy_path {copy_path!r}; legal values: {', '.join(COPY_PATHS)}"
         )
     return copy_path
-
-
-def _host_values(indices: torch.Tensor) -> torch.Tensor:
-    """Index values on the CPU as int64 (a CUDA tensor costs one sync; see the module doc)."""
-    return indices.to(device="cpu", dtype=torch.int64)
-
-
-def check_transfer_indices(
-    host_indices: torch.Tensor,
-    device_indices: torch.Tensor,
-    *,
-    direction: Direction,
-    host_size: int,
-    device_rows: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check a transfer's index pair and return their CPU int64 values.
-
-    Equal lengths, no negative index (sgl-kernel skips them silently; we refuse), every index
-    inside its pool, and no destination written twice (the result would depend on copy order).
-    """
-    check_index_tensor(host_indices, "host_indices")
-    check_index_tensor(device_indices, "device_indices")
-    # Verify one device loc per host slot
-    if host_indices.numel() != device_indices.numel():
-        raise HiCacheInputError(
-            f"host_indices has {host_indices.numel()} entries but device_indices has "
-            f"{device_indices.numel()}; a transfer copies pairs, so the lengths must match"
-        )
-    host = _host_values(host_indices)
-    device = _host_values(device_indices)
-    for name, values, bound in (
-        ("host_indices", host, host_size),
-        ("device_indices", device, device_rows),
-    ):
-        if values.numel() == 0:
-            continue
-        # Verify no negative index (sgl-kernel would skip it and leave the row stale)
-        if int(values.min()) < 0:
-            position = int((values < 0).nonzero()[0, 0])
-            raise HiCacheInputError(
-                f"{name}[{position}]={int(values[position])} is negative; sgl-kernel silently "
-                "skips negative indices, so they are refused here"
-            )
-        # Verify every index addresses a row of its pool
-        if int(values.max()) >= bound:
-            position = int((values >= bound).nonzero()[0, 0])
-            raise HiCacheInputError(
-                f"{name}[{position}]={int(values[position])} is outside its pool's rows [0, {bound})"
-            )
-    destination, name = (host, "host_indices") if direction == "d2h" else (device, "device_indices")
-    # Verify no destination row is written twice
-    if torch.unique(destination).numel() != destination.numel():
-        raise HiCacheInputError(
-            f"{name} (the {direction} destination) repeats a row; each destination row may be "
-            "written once per transfer"
-        )
-    return host, device
-
-
-def check_page_first_direct_chunks(
-    host: torch.Tensor, device: torch.Tensor, page_size: int
-) -> None:
-    """``page_first_direct`` and ``layer_page_first`` under ``direct`` move whole pages: each host
-    chunk one aligned page, each device chunk contiguous (upstream reads only the first index of
-    each chunk) (INV-01)."""
-    validate_page_aligned_token_indices(host, page_size, "host_indices")
-    if device.numel() == 0:
-        return
-    chunks = device.view(-1, page_size)
-    expected = chunks[:, :1] + torch.arange(page_size, dtype=torch.int64)
-    bad = (chunks != expected).any(dim=1)
-    if bool(bad.any()):
-        chunk = int(bad.nonzero()[0, 0])
-        start = int(chunks[chunk, 0])
-        raise PageAlignmentError(
-            f"INV-01: device_indices chunk {chunk} holds {chunks[chunk].tolist()}; with "
-            "page_first_direct or layer_page_first each page chunk must be contiguous, e.g. "
-            f"[{start}..{start + page_size - 1}]"
-        )
 
 
 def plan_runs(
@@ -250,6 +244,24 @@ def launch_transfer(
     label: str,
 ) -> None:
     """Check, plan and launch one transfer on the current stream (the bytes move when it runs)."""
+    if copy_path == "batch" or copy_path == "triton":
+        check_copy_path_for_layout(copy_path, layout)
+        launch_fast_transfer(
+            device_module=device_module,
+            device_pool=device_pool,
+            host_buffers=host_buffers,
+            layout=layout,
+            page_size=page_size,
+            host_size=host_size,
+            direction=direction,
+            io_backend=io_backend,
+            layer_ids=layer_ids,
+            host_indices=host_indices,
+            device_indices=device_indices,
+            copy_path=copy_path,
+            label=label,
+        )
+        return
     host, device = check_transfer_indices(
         host_indices,
         device_indices,

@@ -1,0 +1,356 @@
+"""The fast copy paths of a transfer: ``batch`` (the copy engine) and ``triton`` (a kernel).
+
+``launch_fast_transfer`` looks the transfer's plan up in ``PLAN_CACHE`` (same index tensors,
+same in-place version: the per-layer loads of one batch), or validates the pairs (INV-01) and
+builds one (``build_fast_plan``: byte offsets per component for ``batch``, device-side indices
+for ``triton``), then launches one closure on the current stream: per layer, ``batch`` adds the
+layer's base addresses to the plan's offsets and hands the arrays to ``cudaMemcpyBatchAsync``
+(``copy_engine``, on CUDA) or to ``memmove`` (on the simulator, when the stream runs); ``triton``
+launches ``triton_copy``'s kernel per layer and component. ``transfer.launch_transfer`` decides
+which path runs and refuses the layouts ``batch`` cannot move well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from hicache_ref.device.protocol import DeviceModule
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.pools.copy_engine import load_cuda_batch_copier, memmove_copies
+from hicache_ref.pools.copy_plan import (
+    ComponentCopies,
+    HostRowGeometry,
+    PlanCache,
+    PointerArrays,
+    check_contiguous,
+    check_copies_in_bounds,
+    compute_host_row_geometry,
+    layer_pointer_arrays,
+    plan_component_copies,
+    plan_row_runs,
+)
+from hicache_ref.pools.device_pool import KVCache
+from hicache_ref.pools.host_layout import HostLayout, IoBackend, is_whole_page_transfer
+from hicache_ref.pools.transfer_checks import (
+    TRANSFER_STATS,
+    Direction,
+    check_page_first_direct_chunks,
+    check_transfer_indices,
+)
+from hicache_ref.pools.triton_copy import is_triton_available, launch_row_copy
+
+FastCopyPath = Literal["batch", "triton"]
+
+PLAN_CACHE = PlanCache()
+"""Plans of the last few index-tensor pairs (see ``PlanCache``)."""
+
+
+@dataclass(frozen=True)
+class FastPlan:
+    """What ``batch`` and ``triton`` reuse across launches with the same index tensors."""
+
+    host: torch.Tensor
+    """Validated host indices (CPU int64)."""
+    device: torch.Tensor
+    """Validated device indices (CPU int64)."""
+    geometries: dict[str, HostRowGeometry]
+    copies: dict[str, ComponentCopies]
+    """``batch``: byte offsets per component (empty for ``triton``)."""
+    kernel_indices: tuple[torch.Tensor, torch.Tensor] | None
+    """``triton``: (host, device) indices on the device that runs the kernel."""
+
+
+def _plan_key(
+    *,
+    copy_path: FastCopyPath,
+    direction: Direction,
+    layout: HostLayout,
+    page_size: int,
+    host_size: int,
+    io_backend: IoBackend,
+    device_pool: KVCache,
+    host_buffers: dict[str, torch.Tensor],
+) -> tuple[object, ...]:
+    shapes = tuple((name, tuple(buffer.shape)) for name, buffer in host_buffers.items())
+    return (
+        copy_path,
+        direction,
+        layout,
+        page_size,
+        host_size,
+        io_backend,
+        device_pool.size + device_pool.page_size,
+        device_pool.layer_num,
+        str(device_pool.dtype),
+        str(device_pool.device),
+        shapes,
+    )
+
+
+def _kernel_indices(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Contiguous int64 indices on ``device`` (a CPU tensor goes through pinned memory, so the
+    copy does not block the host)."""
+    values = indices.to(torch.int64).contiguous()
+    if values.device == device:
+        return values
+    if device.type == "cuda" and values.device.type == "cpu":
+        values = values.pin_memory()
+    return values.to(device, non_blocking=True)
+
+
+def build_fast_plan(
+    *,
+    copy_path: FastCopyPath,
+    host: torch.Tensor,
+    device: torch.Tensor,
+    layout: HostLayout,
+    page_size: int,
+    host_size: int,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+) -> FastPlan:
+    """Geometry per component, then byte offsets (``batch``) or kernel indices (``triton``)."""
+    row_shapes = device_pool.component_row_shapes()
+    geometries = {
+        name: compute_host_row_geometry(
+            layout, host_size, device_pool.layer_num, page_size, row_shapes[name]
+        )
+        for name in device_pool.component_names()
+    }
+    if copy_path == "triton":
+        target = device_pool.device
+        return FastPlan(
+            host,
+            device,
+            geometries,
+            {},
+            (_kernel_indices(host_indices, target), _kernel_indices(device_indices, target)),
+        )
+    first = geometries[device_pool.component_names()[0]]
+    runs = plan_row_runs(first, host, device)
+    copies = {
+        name: plan_component_copies(name, runs, geometry, host_buffers[name].element_size())
+        for name, geometry in geometries.items()
+    }
+    return FastPlan(host, device, geometries, copies, None)
+
+
+def _check_fast_buffers(
+    copy_path: FastCopyPath,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    layer_ids: Sequence[int],
+) -> None:
+    on_gpu = device_pool.device.type == "cuda"
+    # Verify the executor exists here (Triton installed) and the host pool is where it reads
+    if copy_path == "triton" and not is_triton_available():
+        raise HiCacheInputError(
+            "copy_path='triton' needs the triton package (pip install triton); "
+            "use copy_path='batch' or 'runs'"
+        )
+    for name, buffer in host_buffers.items():
+        check_contiguous(buffer, f"host buffer {name!r}")
+        if buffer.device.type != "cpu":
+            raise HiCacheInputError(
+                f"copy_path={copy_path!r} moves between a CPU host pool and a device pool; host "
+                f"buffer {name!r} is on {buffer.device}"
+            )
+        if copy_path == "triton" and on_gpu and not buffer.is_pinned():
+            raise HiCacheInputError(
+                f"copy_path='triton' reads host buffer {name!r} from the GPU, so it must be "
+                "pinned (pin_memory=True); use copy_path='batch' or 'runs' for pageable memory"
+            )
+    for layer_id in layer_ids:
+        for name in device_pool.component_names():
+            check_contiguous(
+                device_pool.component_buffer(name, layer_id), f"device buffer {name!r}"
+            )
+
+
+def _batch_closure(
+    *,
+    direction: Direction,
+    plan: FastPlan,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    layer_ids: Sequence[int],
+) -> Callable[[], None]:
+    names = device_pool.component_names()
+    for layer_id in layer_ids:
+        for name in names:
+            buffer = device_pool.component_buffer(name, layer_id)
+            check_copies_in_bounds(
+                plan.copies[name],
+                host_buffer=host_buffers[name],
+                device_buffer_nbytes=buffer.numel() * buffer.element_size(),
+                layer_id=layer_id,
+            )
+    d2h = direction == "d2h"
+    on_gpu = device_pool.device.type == "cuda"
+    copier = load_cuda_batch_copier() if on_gpu else None
+    host_ptrs = {name: host_buffers[name].data_ptr() for name in names}
+
+    def run() -> None:
+        for layer_id in layer_ids:
+            arrays = [
+                layer_pointer_arrays(
+                    plan.copies[name],
+                    host_base=host_ptrs[name]
+                    + layer_id * plan.copies[name].host_layer_stride_bytes,
+                    device_base=device_pool.component_buffer(name, layer_id).data_ptr(),
+                    d2h=d2h,
+                )
+                for name in names
+            ]
+            batch = arrays[0] if len(arrays) == 1 else _concat(arrays)
+            TRANSFER_STATS.batch_layers_issued += 1
+            if copier is None:
+                memmove_copies(batch.dsts, batch.srcs, batch.sizes)
+            else:
+                copier.issue_on_stream(
+                    batch.dsts, batch.srcs, batch.sizes, d2h=d2h, device=device_pool.device
+                )
+
+    return run
+
+
+def _concat(arrays: list[PointerArrays]) -> PointerArrays:
+    return PointerArrays(
+        dsts=torch.cat([a.dsts for a in arrays]),
+        srcs=torch.cat([a.srcs for a in arrays]),
+        sizes=torch.cat([a.sizes for a in arrays]),
+    )
+
+
+def _triton_closure(
+    *,
+    direction: Direction,
+    plan: FastPlan,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    layer_ids: Sequence[int],
+) -> Callable[[], None]:
+    assert plan.kernel_indices is not None
+    host_indices, device_indices = plan.kernel_indices
+
+    def run() -> None:
+        for layer_id in layer_ids:
+            for name in device_pool.component_names():
+                launch_row_copy(
+                    host_buffer=host_buffers[name],
+                    device_buffer=device_pool.component_buffer(name, layer_id),
+                    host_indices=host_indices,
+                    device_indices=device_indices,
+                    geometry=plan.geometries[name],
+                    layer_id=layer_id,
+                    d2h=direction == "d2h",
+                )
+
+    return run
+
+
+def _fast_plan(
+    *,
+    copy_path: FastCopyPath,
+    device_pool: KVCache,
+    host_buffers: dict[str, torch.Tensor],
+    layout: HostLayout,
+    page_size: int,
+    host_size: int,
+    direction: Direction,
+    io_backend: IoBackend,
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+) -> FastPlan:
+    """The cached plan of these index tensors, or validate (INV-01) and build one."""
+    key = _plan_key(
+        copy_path=copy_path,
+        direction=direction,
+        layout=layout,
+        page_size=page_size,
+        host_size=host_size,
+        io_backend=io_backend,
+        device_pool=device_pool,
+        host_buffers=host_buffers,
+    )
+    cached = PLAN_CACHE.get(host_indices, device_indices, key)
+    if isinstance(cached, FastPlan):
+        return cached
+    host, device = check_transfer_indices(
+        host_indices,
+        device_indices,
+        direction=direction,
+        host_size=host_size,
+        device_rows=device_pool.size + device_pool.page_size,
+    )
+    if is_whole_page_transfer(io_backend, layout):
+        check_page_first_direct_chunks(host, device, page_size)
+    plan = build_fast_plan(
+        copy_path=copy_path,
+        host=host,
+        device=device,
+        layout=layout,
+        page_size=page_size,
+        host_size=host_size,
+        host_buffers=host_buffers,
+        device_pool=device_pool,
+        host_indices=host_indices,
+        device_indices=device_indices,
+    )
+    PLAN_CACHE.put(host_indices, device_indices, key, plan)
+    return plan
+
+
+def launch_fast_transfer(
+    *,
+    device_module: DeviceModule,
+    device_pool: KVCache,
+    host_buffers: dict[str, torch.Tensor],
+    layout: HostLayout,
+    page_size: int,
+    host_size: int,
+    direction: Direction,
+    io_backend: IoBackend,
+    layer_ids: Sequence[int],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    copy_path: FastCopyPath,
+    label: str,
+) -> None:
+    """Plan (or reuse the plan) and launch one ``batch`` or ``triton`` transfer."""
+    _check_fast_buffers(copy_path, host_buffers, device_pool, layer_ids)
+    plan = _fast_plan(
+        copy_path=copy_path,
+        device_pool=device_pool,
+        host_buffers=host_buffers,
+        layout=layout,
+        page_size=page_size,
+        host_size=host_size,
+        direction=direction,
+        io_backend=io_backend,
+        host_indices=host_indices,
+        device_indices=device_indices,
+    )
+    make_closure = _batch_closure if copy_path == "batch" else _triton_closure
+    fn = make_closure(
+        direction=direction,
+        plan=plan,
+        host_buffers=host_buffers,
+        device_pool=device_pool,
+        layer_ids=layer_ids,
+    )
+    meta: dict[str, object] = {
+        "direction": direction,
+        "layer_ids": tuple(layer_ids),
+        "host_indices": plan.host,
+        "device_indices": plan.device,
+        "io_backend": io_backend,
+        "components": device_pool.component_names(),
+    }
+    device_module.launch(fn, label=label, kind="copy", meta=meta)

@@ -1,0 +1,113 @@
+"""Index checks of a transfer (INV-01) and the transfer path's counters.
+
+``check_transfer_indices`` validates one index pair (lengths, signs, bounds, unique
+destinations) and returns the values on the CPU; ``check_page_first_direct_chunks`` adds the
+whole-page rule of the ``direct`` backend's page-local layouts. A CUDA index tensor is copied to
+the CPU for these checks, one host sync, counted in ``TRANSFER_STATS.index_host_copies``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from hicache_ref.errors import HiCacheInputError, PageAlignmentError
+from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
+
+Direction = Literal["d2h", "h2d"]
+
+
+@dataclass
+class TransferStats:
+    """Process-wide counters of the transfer path (read by tests and benchmarks)."""
+
+    index_host_copies: int = 0
+    """CUDA index tensors copied to the CPU (each one a host sync)."""
+    batch_layers_issued: int = 0
+    """Layer batches handed to an executor by ``batch``."""
+
+
+TRANSFER_STATS = TransferStats()
+
+
+def _host_values(indices: torch.Tensor) -> torch.Tensor:
+    """Index values on the CPU as int64 (a CUDA tensor costs one sync; see the module doc)."""
+    if indices.device.type != "cpu":
+        TRANSFER_STATS.index_host_copies += 1
+    return indices.to(device="cpu", dtype=torch.int64)
+
+
+def check_transfer_indices(
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    *,
+    direction: Direction,
+    host_size: int,
+    device_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check a transfer's index pair and return their CPU int64 values.
+
+    Equal lengths, no negative index (sgl-kernel skips them silently; we refuse), every index
+    inside its pool, and no destination written twice (the result would depend on copy order).
+    """
+    check_index_tensor(host_indices, "host_indices")
+    check_index_tensor(device_indices, "device_indices")
+    # Verify one device loc per host slot
+    if host_indices.numel() != device_indices.numel():
+        raise HiCacheInputError(
+            f"host_indices has {host_indices.numel()} entries but device_indices has "
+            f"{device_indices.numel()}; a transfer copies pairs, so the lengths must match"
+        )
+    host = _host_values(host_indices)
+    device = _host_values(device_indices)
+    for name, values, bound in (
+        ("host_indices", host, host_size),
+        ("device_indices", device, device_rows),
+    ):
+        if values.numel() == 0:
+            continue
+        # Verify no negative index (sgl-kernel would skip it and leave the row stale)
+        if int(values.min()) < 0:
+            position = int((values < 0).nonzero()[0, 0])
+            raise HiCacheInputError(
+                f"{name}[{position}]={int(values[position])} is negative; sgl-kernel silently "
+                "skips negative indices, so they are refused here"
+            )
+        # Verify every index addresses a row of its pool
+        if int(values.max()) >= bound:
+            position = int((values >= bound).nonzero()[0, 0])
+            raise HiCacheInputError(
+                f"{name}[{position}]={int(values[position])} is outside its pool's rows [0, {bound})"
+            )
+    destination, name = (host, "host_indices") if direction == "d2h" else (device, "device_indices")
+    # Verify no destination row is written twice
+    if torch.unique(destination).numel() != destination.numel():
+        raise HiCacheInputError(
+            f"{name} (the {direction} destination) repeats a row; each destination row may be "
+            "written once per transfer"
+        )
+    return host, device
+
+
+def check_page_first_direct_chunks(
+    host: torch.Tensor, device: torch.Tensor, page_size: int
+) -> None:
+    """``page_first_direct`` and ``layer_page_first`` under ``direct`` move whole pages: each host
+    chunk one aligned page, each device chunk contiguous (upstream reads only the first index of
+    each chunk) (INV-01)."""
+    validate_page_aligned_token_indices(host, page_size, "host_indices")
+    if device.numel() == 0:
+        return
+    chunks = device.view(-1, page_size)
+    expected = chunks[:, :1] + torch.arange(page_size, dtype=torch.int64)
+    bad = (chunks != expected).any(dim=1)
+    if bool(bad.any()):
+        chunk = int(bad.nonzero()[0, 0])
+        start = int(chunks[chunk, 0])
+        raise PageAlignmentError(
+            f"INV-01: device_indices chunk {chunk} holds {chunks[chunk].tolist()}; with "
+            "page_first_direct or layer_page_first each page chunk must be contiguous, e.g. "
+            f"[{start}..{start + page_size - 1}]"
+        )

@@ -1,0 +1,226 @@
+"""The fast copy paths on a real GPU: ``batch`` (``cudaMemcpyBatchAsync`` on the copy engine)
+and ``triton`` (the zero-copy kernel) between pinned host pools and CUDA device pools, for every
+legal (path, io_backend, layout, pool kind), byte-equal to the gather semantics computed on CPU
+copies of the same buffers (moved rows and untouched rows). With CPU index tensors the issue
+path must not synchronize the host; CUDA index tensors cost one host copy each per plan."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hicache_ref.device import CudaDevice, cuda_available
+from hicache_ref.pools import HostKVCache, KVCache, make_host_pool
+from hicache_ref.pools.copy_engine import load_cuda_batch_copier
+from hicache_ref.pools.host_layout import host_row_index
+from hicache_ref.pools.transfer import PLAN_CACHE, TRANSFER_STATS, copy_paths_for_layout
+from hicache_ref.pools.triton_copy import is_triton_available, triton_grid
+
+from .builders import make_device_pool, pages_to_locs
+from .test_host_transfers import LEGAL_CASES
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU"),
+]
+NEEDS_TRITON = pytest.mark.skipif(not is_triton_available(), reason="needs the triton package")
+WHOLE_PAGE = ("page_first_direct", "layer_page_first")
+CASES = [
+    pytest.param(
+        path, io_backend, layout, kind,
+        marks=[NEEDS_TRITON] if path == "triton" else [],
+        id=f"{path}-{io_backend}-{layout}-{kind}",
+    )
+    for path in ("batch", "triton")
+    for io_backend, layout, kind in LEGAL_CASES
+    if path == "triton" or "batch" in copy_paths_for_layout(layout)  # type: ignore[arg-type]
+]  # fmt: skip
+
+
+@pytest.fixture
+def cuda() -> Iterator[CudaDevice]:
+    device = CudaDevice()
+    yield device
+    device.synchronize()
+
+
+def gpu_pools(
+    cuda: CudaDevice, kind: str, layout: str, page_size: int, copy_path: str
+) -> tuple[KVCache, HostKVCache]:
+    device_pool = make_device_pool(kind, cuda, size=8 * page_size, page_size=page_size)
+    host_pool = make_host_pool(
+        device_pool, layout=layout, size_tokens=8 * page_size, copy_path=copy_path
+    )
+    assert all(buffer.is_pinned() for buffer in host_pool.buffers.values())
+    generator = torch.Generator().manual_seed(page_size)
+    for name in device_pool.component_names():
+        for layer in range(device_pool.layer_num):
+            buffer = device_pool.component_buffer(name, layer)
+            buffer.copy_(torch.randn(buffer.shape, generator=generator))
+        host_pool.buffers[name].copy_(
+            torch.randn(host_pool.buffers[name].shape, generator=generator)
+        )
+    return device_pool, host_pool
+
+
+def snapshot(
+    device_pool: KVCache, host_pool: HostKVCache
+) -> tuple[dict[str, torch.Tensor], dict[tuple[str, int], torch.Tensor]]:
+    host = {name: buffer.clone() for name, buffer in host_pool.buffers.items()}
+    device = {
+        (name, layer): device_pool.component_buffer(name, layer).cpu()
+        for name in device_pool.component_names()
+        for layer in range(device_pool.layer_num)
+    }
+    return host, device
+
+
+def apply_gather(
+    state: tuple[dict[str, torch.Tensor], dict[tuple[str, int], torch.Tensor]],
+    *,
+    direction: str,
+    layout: str,
+    page_size: int,
+    host: torch.Tensor,
+    device: torch.Tensor,
+) -> None:
+    """The reference semantics, on CPU copies: ``dst[dst_indices[i]] = src[src_indices[i]]``."""
+    host_buffers, device_buffers = state
+    for (name, layer), device_buffer in device_buffers.items():
+        key = host_row_index(layout, layer, host, page_size)  # type: ignore[arg-type]
+        if direction == "d2h":
+            host_buffers[name][key] = device_buffer[device]
+        else:
+            device_buffer[device] = host_buffers[name][key]
+
+
+def index_pairs(io_backend: str, layout: str, page_size: int) -> tuple[torch.Tensor, ...]:
+    """Host slots, backup device locs and load device locs (unordered pages; an unaligned
+    contiguous device run for the whole-page layouts)."""
+    host = pages_to_locs([6, 1, 3, 2], page_size)
+    if io_backend == "direct" and layout in WHOLE_PAGE and page_size > 1:
+        shift = page_size // 2
+        backup = torch.cat([torch.arange(page_size) + p * page_size + shift for p in (5, 2, 6, 0)])
+        load = torch.cat([torch.arange(page_size) + p * page_size + shift for p in (1, 4, 3, 7)])
+        return host, backup, load
+    return host, pages_to_locs([5, 2, 7, 8], page_size), pages_to_locs([1, 4, 6, 5], page_size)
+
+
+@pytest.mark.parametrize(("copy_path", "io_backend", "layout", "kind"), CASES)
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_fast_path_round_trip_matches_the_gather_semantics(
+    cuda: CudaDevice, copy_path: str, io_backend: str, layout: str, kind: str, page_size: int
+) -> None:
+    device_pool, host_pool = gpu_pools(cuda, kind, layout, page_size, copy_path)
+    host, backup_locs, load_locs = index_pairs(io_backend, layout, page_size)
+    expected = snapshot(device_pool, host_pool)
+    # the kernel backend hands CUDA host indices (move_indices), the direct backend CPU ones
+    host_arg = host.cuda() if io_backend == "kernel" else host
+    write_stream, load_stream = cuda.Stream(), cuda.Stream()
+    # backup every layer on a write stream -> host rows of the backup locs
+    with cuda.stream(write_stream):
+        host_pool.backup_from_device_all_layer(
+            device_pool, host_arg, backup_locs.cuda(), io_backend
+        )
+    write_stream.synchronize()
+    apply_gather(
+        expected, direction="d2h", layout=layout, page_size=page_size, host=host,
+        device=backup_locs,
+    )  # fmt: skip
+    # load layer by layer on a load stream into other device pages
+    with cuda.stream(load_stream):
+        for layer in range(device_pool.layer_num):
+            host_pool.load_to_device_per_layer(
+                device_pool, host_arg, load_locs.cuda(), layer, io_backend
+            )
+    load_stream.synchronize()
+    apply_gather(
+        expected, direction="h2d", layout=layout, page_size=page_size, host=host,
+        device=load_locs,
+    )  # fmt: skip
+    actual = snapshot(device_pool, host_pool)
+    for name, buffer in expected[0].items():
+        assert torch.equal(actual[0][name], buffer), f"host buffer {name} differs"
+    for key, buffer in expected[1].items():
+        assert torch.equal(actual[1][key], buffer), f"device buffer {key} differs"
+
+
+@pytest.mark.parametrize("copy_path", ["batch", pytest.param("triton", marks=NEEDS_TRITON)])
+def test_issue_with_cpu_indices_does_not_sync_the_host(cuda: CudaDevice, copy_path: str) -> None:
+    device_pool, host_pool = gpu_pools(cuda, "mla", "layer_first", 16, copy_path)
+    host, backup_locs, load_locs = index_pairs("direct", "layer_first", 16)
+    stream = cuda.Stream()
+    with cuda.stream(stream):  # warm-up: load the runtime / compile the kernel
+        host_pool.load_to_device_per_layer(device_pool, host, load_locs, 0, "direct")
+    stream.synchronize()
+    # the loads overwrite one backed-up page later in the same stream: keep the backed-up bytes
+    backed_up = [
+        device_pool.read_rows("kv", layer, backup_locs) for layer in range(device_pool.layer_num)
+    ]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with cuda.stream(stream):
+            host_pool.backup_from_device_all_layer(device_pool, host, backup_locs, "direct")
+            for layer in range(device_pool.layer_num):
+                host_pool.load_to_device_per_layer(device_pool, host, load_locs, layer, "direct")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream.synchronize()
+    for layer in range(device_pool.layer_num):
+        assert torch.equal(host_pool.read_rows("kv", layer, host), backed_up[layer])
+        assert torch.equal(device_pool.read_rows("kv", layer, load_locs), backed_up[layer])
+
+
+def test_cuda_indices_cost_one_host_copy_each_per_plan(cuda: CudaDevice) -> None:
+    device_pool, host_pool = gpu_pools(cuda, "nsa", "layer_first", 4, "batch")
+    host, _, load_locs = index_pairs("kernel", "layer_first", 4)
+    host_arg, device_arg = host.cuda(), load_locs.cuda()
+    PLAN_CACHE.clear()
+    copies = TRANSFER_STATS.index_host_copies
+    with cuda.stream(cuda.Stream()):
+        for layer in range(device_pool.layer_num):
+            host_pool.load_to_device_per_layer(device_pool, host_arg, device_arg, layer, "kernel")
+    # two CUDA index tensors -> two host copies for the first layer, none for the others
+    assert TRANSFER_STATS.index_host_copies - copies == 2
+    cuda.synchronize()
+
+
+def test_batch_on_the_legacy_default_stream_goes_through_a_side_stream(cuda: CudaDevice) -> None:
+    copier = load_cuda_batch_copier()
+    print(f"cudart: {copier.path} runtime {copier.runtime_version}")
+    device_pool, host_pool = gpu_pools(cuda, "mla", "layer_first", 4, "batch")
+    host, backup_locs, _ = index_pairs("direct", "layer_first", 4)
+    reroutes = copier.default_stream_reroutes
+    assert torch.cuda.current_stream().cuda_stream == 0
+    host_pool.backup_from_device_all_layer(device_pool, host, backup_locs, "direct")
+    torch.cuda.current_stream().synchronize()  # the side stream's work is ordered before this
+    assert copier.default_stream_reroutes - reroutes == device_pool.layer_num
+    for layer in range(device_pool.layer_num):
+        assert torch.equal(
+            host_pool.read_rows("kv", layer, host), device_pool.read_rows("kv", layer, backup_locs)
+        )
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("grid", [1, 8, 132, 1000])
+def test_triton_grid_sizes_all_move_every_row(cuda: CudaDevice, grid: int) -> None:
+    device_pool, host_pool = gpu_pools(cuda, "mha", "page_head", 16, "triton")
+    host, backup_locs, load_locs = index_pairs("kernel", "page_head", 16)
+    layers, names = range(device_pool.layer_num), device_pool.component_names()
+    backed_up = {
+        (n, layer): device_pool.read_rows(n, layer, backup_locs) for n in names for layer in layers
+    }
+    with triton_grid(grid), cuda.stream(cuda.Stream()):
+        host_pool.backup_from_device_all_layer(
+            device_pool, host.cuda(), backup_locs.cuda(), "kernel"
+        )
+        for layer in layers:
+            host_pool.load_to_device_per_layer(
+                device_pool, host.cuda(), load_locs.cuda(), layer, "kernel"
+            )
+    cuda.synchronize()
+    for (name, layer), rows in backed_up.items():
+        assert torch.equal(host_pool.read_rows(name, layer, host), rows)
+        assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)
