@@ -79,10 +79,14 @@ def bench_settings(examples: int, steps: int) -> settings:
     )
 
 
-def run_trivial(machine: type[RuleBasedStateMachine], examples: int, steps: int, seed: int) -> float:
+def run_trivial(
+    machine: type[RuleBasedStateMachine], examples: int, steps: int, seed: int
+) -> float:
     STEPS["n"] = 0
     start = time.perf_counter()
-    run_state_machine_as_test(hypothesis_seed(seed)(machine), settings=bench_settings(examples, steps))
+    run_state_machine_as_test(
+        hypothesis_seed(seed)(machine), settings=bench_settings(examples, steps)
+    )
     return STEPS["n"] / (time.perf_counter() - start)
 
 
@@ -125,7 +129,9 @@ def run_ours(examples: int, steps: int, seed: int) -> tuple[float, float, float]
                 counted["rules"] += 1
 
         start = time.perf_counter()
-        run_state_machine_as_test(hypothesis_seed(seed)(Counted), settings=bench_settings(examples, steps))
+        run_state_machine_as_test(
+            hypothesis_seed(seed)(Counted), settings=bench_settings(examples, steps)
+        )
         elapsed = time.perf_counter() - start
     finally:
         Session.apply = original_apply  # type: ignore[method-assign]

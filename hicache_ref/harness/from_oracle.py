@@ -8,6 +8,10 @@ controller that carries the planted bug must fail it, and the reference must pas
 The translation is exact for every tree/controller call; ``Advance(stream)`` becomes one
 ``advance(stream, 1)`` of the simulated device, whose ops are finer-grained than the oracle's,
 so a translated trace is a valid program with the same calls but possibly a gentler schedule.
+
+Every op becomes steps of the harness's atomic rules (``rules.RULES``, the same records the
+session applies), so an oracle ``process_*`` transition meets the harness rule of the same verb:
+``Store`` -> ``store_layer``, ``OnLayerEnd`` -> ``layer_end``, ``ReserveWriteCp`` -> ``reserve``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import Step, StepArg, Trace, TraceHeader
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.trace import RuleName, Step, StepArg, Trace, TraceHeader
 from hicache_ref.oracle import ops as o
 from hicache_ref.oracle.config import OracleConfig
 
@@ -47,60 +52,66 @@ def steps_for_ops(ops: Sequence[o.Op], config: OracleConfig) -> tuple[Step, ...]
     return tuple(steps)
 
 
+def _step(rule: RuleName, args: dict[str, StepArg] | None = None) -> Step:
+    """A step of one of the harness's atomic rules (its record says what it does)."""
+    assert rule in RULES, f"{rule!r} has no rule record (hicache_ref/harness/rules.py)"
+    return Step(rule=rule, args=args or {})
+
+
 def _translate(op: o.Op, config: OracleConfig, backed: set[int]) -> list[Step]:
     args: dict[str, StepArg]
     if isinstance(op, o.Insert):
         tokens = config.node_tokens[op.node]
         args = {"tokens": tokens, "early_reserve": False, "handle": op.node, "batch": False}
-        return [Step(rule="prefill", args=args)]
+        return [_step("prefill", args)]
     if isinstance(op, o.Store):
         args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
-        return [Step(rule="store_layer", args=args)]
+        return [_step("store_layer", args)]
     if isinstance(op, o.Write):
         backed.add(op.node)
         args = {"node": op.node}
-        return [Step(rule="write", args=args)]
+        return [_step("write", args)]
     if isinstance(op, o.ReserveWriteCp):
         backed.add(op.node)
         args = {"node": op.node}
-        return [Step(rule="reserve", args=args)]
+        return [_step("reserve", args)]
     if isinstance(op, o.SubmitLayer):
         args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
-        return [Step(rule="submit_layer", args=args)]
+        return [_step("submit_layer", args)]
     if isinstance(op, o.OnLayerEnd):
         args = {"layer": op.layer, "draft": op.source == "draft"}
-        return [Step(rule="layer_end", args=args)]
+        return [_step("layer_end", args)]
     if isinstance(op, o.CancelLayerWrite):
         backed.discard(op.node)
         args = {"node": op.node}
-        return [Step(rule="cancel", args=args)]
+        return [_step("cancel", args)]
     if isinstance(op, o.DrainWriteAcks):
-        return [Step(rule="drain_write")]
+        return [_step("drain_write")]
     if isinstance(op, o.DrainLoadAcks):
-        return [Step(rule="drain_load")]
+        return [_step("drain_load")]
     if isinstance(op, o.EvictDevice):
-        rule = "evict_device" if op.node in backed else "drop"
+        rule: RuleName = "evict_device" if op.node in backed else "drop"
         args = {"node": op.node}
-        return [Step(rule=rule, args=args)]  # type: ignore[arg-type]
+        return [_step(rule, args)]
     if isinstance(op, o.EvictHost):
         backed.discard(op.node)
         args = {"node": op.node}
-        return [Step(rule="evict_host", args=args)]
+        return [_step("evict_host", args)]
     if isinstance(op, o.Load):
         args = {"node": op.node}
-        return [Step(rule="load", args=args)]
+        return [_step("load", args)]
     if isinstance(op, o.StartLoading):
-        return [Step(rule="start_loading")]
+        return [_step("start_loading")]
     if isinstance(op, o.ForwardRead):
         args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
-        return [Step(rule="forward_read", args=args)]
+        return [_step("forward_read", args)]
     if isinstance(op, o.Advance):
         args = {"stream": op.stream, "n": 1}
-        return [Step(rule="advance", args=args)]
+        return [_step("advance", args)]
     if isinstance(op, o.Reset):
         backed.clear()
-        return [Step(rule="reset")]
-    return [Step(rule="noop")]  # Noop, and CopyLanded (a harness report, not a call)
+        return [_step("reset")]
+    return [_step("noop")]  # Noop, and CopyLanded (a harness report, not a call)
 
 
 def trace_for_ops(

@@ -1,18 +1,25 @@
 """The Hypothesis state machine: rules named after protocol verbs, all applied through a Session.
 
-Each case draws a configuration the implementation supports, then a program of rules. Rules pick
-nodes among the candidates the session offers (``@precondition`` keeps impossible rules out; no
-``assume``), and mirror nothing in bundles: the session holds the state, so invariants and
-preconditions can see it. ``prefill`` and ``round_trip`` are always valid, so swarm
-testing never leaves a case with nothing to do; compound rules (``offload``, ``reload``,
-``round_trip``) spend most steps on the load path, where shipped corruption lives. After every step the session checks its invariants; teardown
-runs the quiescence checks. When a case fails, the machine writes the trace and prints one line
-that replays it.
+Each case draws a configuration the implementation supports, then a program of rules. The
+atomic machine rules are generated from the rule records (``rules.RULES``: every record with a
+``draw``), one method per record named after it, whose precondition is the record's ``offered``
+and whose arguments are the record's strategies; the session then checks the step against the
+same record. Rules pick nodes among the candidates the session offers (``@precondition`` keeps
+impossible rules out; no ``assume``), and mirror nothing in bundles: the session holds the
+state, so invariants and preconditions can see it. Compound rules compose atomic steps:
+``prefill`` (and compute), ``forward_layer`` (all layers), ``drain_acks`` (maybe flush writes
+first), ``offload``, ``cancel_and_reuse``, ``reload``, ``reload_staggered`` and
+``round_trip``; ``prefill`` and ``round_trip`` are always valid, so swarm testing never leaves
+a case with nothing to do, and the reload compounds keep the load path, where shipped
+corruption lives, above a fifth of the applied steps (``LOAD_PATH_SHARE_MIN``). After every
+step the session checks its invariants; teardown runs the quiescence checks. When a case
+fails, the machine writes the trace and prints one line that replays it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +36,21 @@ from hicache_ref.harness.config import (
     Layout,
     PoolKind,
 )
-from hicache_ref.harness.session import STREAMS, Session
+from hicache_ref.harness.lockstep import attach_lockstep
+from hicache_ref.harness.rules import RULES, RuleRecord
+from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step
+from hicache_ref.pools.transfer import copy_paths_for_layout
 
 FAILURE_DIR_ENV = "HICACHE_FUZZ_OUT"
 DEFAULT_FAILURE_DIR = Path("fuzz/out")
 LAST_FAILURE: dict[str, str] = {}
 STATS_SINKS: list[Any] = []  # callables receiving each finished Session (campaign summaries)
+DRAWN_COPY_PATHS = ("gather", "runs", "batch")
+"""Copy paths a case draws: the simulator's gather, and the two GPU paths (run-merged copies,
+the copy engine's batched page copies, executed on the CPU by ``memmove`` from the same pointer
+plan). ``triton`` is left to the transfer tests: its CPU interpreter is too slow per step."""
+LOAD_PATH_SHARE_MIN = 0.20  # of applied steps, on the reference (tests/harness/test_rules.py)
 
 
 @st.composite
@@ -45,6 +60,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     io_backend: IoBackend = draw(st.sampled_from(["direct", "kernel"]))
     layout: Layout = draw(st.sampled_from(LEGAL_LAYOUTS[io_backend]))
     mha_only = layout in MHA_ONLY_LAYOUTS
+    layout_paths = copy_paths_for_layout(layout)  # the copy engine's batch refuses some layouts
     cp_size = 0 if mha_only else draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
     pool_kind: PoolKind = (
         "mha" if mha_only else "nsa" if cp_size else draw(st.sampled_from(["mha", "mla", "nsa"]))
@@ -67,7 +83,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
         num_counters=draw(st.sampled_from([2, 5])),
         settle_records=draw(st.booleans()),
-        copy_path=draw(st.sampled_from(["gather", "runs"])),
+        copy_path=draw(st.sampled_from([p for p in DRAWN_COPY_PATHS if p in layout_paths])),
         hybrid=draw(st.sampled_from([False, False, True])),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -145,6 +161,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     def setup(self, config: st.DataObject) -> None:
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name)
+        attach_lockstep(self.session)  # the pure oracle follows every step
 
     @rule(tokens=st.integers(1, 40), early_reserve=st.booleans(), compute_now=st.booleans())
     def prefill(self, tokens: int, early_reserve: bool, compute_now: bool) -> None:
@@ -159,11 +176,6 @@ class HiCacheMachine(RuleBasedStateMachine):
         self._apply("forward_layer")
         while all_layers and self.s.tree.batch_layer > 0:
             self._apply("forward_layer")
-
-    @precondition(lambda self: self._has("write"))
-    @rule(pick=st.integers(0, 63))
-    def write(self, pick: int) -> None:
-        self._apply("write", node=self._pick("write", pick))
 
     @precondition(lambda self: self._has("write"))
     @rule(pick=st.integers(0, 63))
@@ -251,35 +263,61 @@ class HiCacheMachine(RuleBasedStateMachine):
         if drain:
             self._apply("drain_load")
 
+    @precondition(lambda self: self._has("cancel"))
+    @rule(pick=st.integers(0, 63), run_ops=st.integers(0, 8))
+    def cancel_and_reuse(self, pick: int, run_ops: int) -> None:
+        """Compound: roll back a pending per-layer backup (its host slots are freed) -> the CPU
+        scribbles every free host slot while copies are queued -> part of the write stream
+        runs (a copy still writing a freed slot overwrites the scribble) (atomic steps)."""
+        self._apply("cancel", node=self._pick("cancel", pick))
+        if self.s.is_enabled(Step(rule="scribble_free_host")):
+            self._apply("scribble_free_host")
+        if run_ops:
+            self._apply("advance", stream="write", n=run_ops)
+
     @precondition(lambda self: self._has("load"))
-    @rule(pick=st.integers(0, 63))
-    def load(self, pick: int) -> None:
-        self._apply("load", node=self._pick("load", pick))
-
-    @precondition(lambda self: self.session is not None and bool(self.s.tree.queued_loads))
-    @rule()
-    def start_loading(self) -> None:
-        self._apply("start_loading")
-
-    @precondition(lambda self: self._has("forward_read"))
-    @rule(pick=st.integers(0, 63), layer=st.integers(0, 3), draft=st.booleans())
-    def forward_read_layer(self, pick: int, layer: int, draft: bool) -> None:
-        node = self.s.tree.nodes[self._pick("forward_read", pick)]
-        draft = draft and self.s.config.has_draft
-        limit = min(
-            self.s.config.draft_layer_num if draft else self.s.config.layer_num, node.layers_stored
-        )
-        if limit > 0:
-            self._apply("forward_read", node=node.handle, layer=layer % limit, draft=draft)
-
-    @precondition(lambda self: self.session is not None and not self.s.world.device.is_idle())
-    @rule(stream=st.sampled_from(STREAMS), n=st.integers(0, 16))
-    def advance(self, stream: str, n: int) -> None:
-        """Run ``n`` queued ops of one stream (``n == 0``: the host synchronizes it)."""
-        if n == 0:
-            self._apply("synchronize", stream=stream)
-        else:
-            self._apply("advance", stream=stream, n=n)
+    @rule(
+        picks=st.lists(st.integers(0, 63), min_size=2, max_size=3),
+        reads=st.integers(1, 6),
+        run_ops=st.integers(0, 6),
+        drain=st.booleans(),
+    )
+    def reload_staggered(self, picks: list[int], reads: int, run_ops: int, drain: bool) -> None:
+        """Compound: up to three nodes, each loaded by its own start_loading (a producer slot
+        each) -> forward reads of all of them in one batch (``forward_read_batch``: one wait
+        that must cover every slot's layer event; one read per node without
+        ``multi_consumer``) -> part of the H2D runs -> maybe drain (atomic steps)."""
+        loaded: list[int] = []
+        for pick in picks:
+            if self._has("load"):
+                node = self._pick("load", pick)
+                self._apply("load", node=node)
+                loaded.append(node)
+                if self.s.is_enabled(Step(rule="start_loading")):
+                    self._apply("start_loading")
+        config = self.s.config
+        kinds = [(False, config.layer_num)] + ([(True, config.draft_layer_num)] * config.has_draft)
+        for i in range(reads if len(loaded) >= 2 else 0):
+            draft, layer_num = kinds[i % len(kinds)]
+            layer = (i // len(kinds)) % layer_num
+            batch = Step(
+                rule="forward_read_batch",
+                args={"nodes": ",".join(map(str, loaded)), "layer": layer, "draft": draft},
+            )
+            if self.s.is_enabled(batch):
+                self._apply("forward_read_batch", **batch.args)
+                continue
+            for node in loaded:
+                single = Step(
+                    rule="forward_read", args={"node": node, "layer": layer, "draft": draft}
+                )
+                if self.s.is_enabled(single):
+                    self._apply("forward_read", **single.args)
+        if run_ops:
+            self._apply("advance", stream="load", n=run_ops)
+            self._apply("advance", stream="forward", n=run_ops)
+        if drain:
+            self._apply("drain_load")
 
     @precondition(
         lambda self: (
@@ -293,45 +331,6 @@ class HiCacheMachine(RuleBasedStateMachine):
             self._apply("start_writing")
         self._apply("drain_acks")
 
-    @precondition(
-        lambda self: (
-            self._has("probe_evict_host")
-            or self._has("probe_evict_device")
-            or self._has("probe_rewrite")
-        )
-    )
-    @rule(kind=st.sampled_from(["evict_host", "evict_device", "rewrite"]), pick=st.integers(0, 63))
-    def probe_misuse(self, kind: str, pick: int) -> None:
-        """Try an unsafe call on a node whose copy is in flight; the controller must refuse."""
-        rule_name = f"probe_{kind}"
-        if self._has(rule_name):
-            self._apply(rule_name, node=self._pick(rule_name, pick))
-
-    @precondition(lambda self: self._has("cancel"))
-    @rule(pick=st.integers(0, 63))
-    def cancel_layer_write_state(self, pick: int) -> None:
-        self._apply("cancel", node=self._pick("cancel", pick))
-
-    @precondition(lambda self: self._has("evict_device"))
-    @rule(pick=st.integers(0, 63))
-    def evict_device(self, pick: int) -> None:
-        self._apply("evict_device", node=self._pick("evict_device", pick))
-
-    @precondition(lambda self: self._has("drop"))
-    @rule(pick=st.integers(0, 63))
-    def drop_request(self, pick: int) -> None:
-        self._apply("drop", node=self._pick("drop", pick))
-
-    @precondition(lambda self: self._has("evict_host"))
-    @rule(pick=st.integers(0, 63))
-    def evict_host(self, pick: int) -> None:
-        self._apply("evict_host", node=self._pick("evict_host", pick))
-
-    @precondition(lambda self: self.session is not None and len(self.s.tree.nodes) >= 3)
-    @rule()
-    def reset(self) -> None:
-        self._apply("reset")
-
     def teardown(self) -> None:
         if self.session is None or self.failed:
             return
@@ -343,6 +342,32 @@ class HiCacheMachine(RuleBasedStateMachine):
         finally:
             for sink in STATS_SINKS:
                 sink(self.session)
+
+
+def _atomic_rule(record: RuleRecord) -> Callable[..., None]:
+    """The machine rule of one atomic record: draw its strategies, choose, apply."""
+    draw = record.draw
+    assert draw is not None, f"rule {record.name} has no draw"
+
+    def apply_record(self: HiCacheMachine, **drawn: Any) -> None:
+        args = draw.choose(self.s, drawn)
+        if args is not None:
+            self._apply(record.name, **args)
+
+    apply_record.__name__ = apply_record.__qualname__ = record.name
+    apply_record.__doc__ = f"Atomic ({record.family}): {record.doc}."
+    offered = draw.offered
+    strategies: dict[str, st.SearchStrategy[Any]] = dict(draw.strategies)
+    ruled = rule(**strategies)(apply_record)  # type: ignore[call-overload]  # (a dict of kwargs)
+    guarded = precondition(lambda self: self.session is not None and offered(self.s))(ruled)
+    return guarded  # type: ignore[no-any-return]
+
+
+for _record in RULES.values():
+    if _record.draw is not None:
+        # Verify a generated rule does not hide a compound rule of the same name
+        assert _record.name not in HiCacheMachine.__dict__, f"{_record.name}: compound or atomic?"
+        setattr(HiCacheMachine, _record.name, _atomic_rule(_record))
 
 
 def machine_for(implementation: Implementation, name: str) -> type[HiCacheMachine]:

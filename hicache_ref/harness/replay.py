@@ -1,13 +1,23 @@
-"""Replay a trace without Hypothesis, and shrink it further by delta debugging over steps."""
+"""Replay a trace without Hypothesis, and shrink it further by delta debugging over steps.
+
+A replay runs on the device its header names (``device``: a ``cuda`` trace rebuilds the same
+spin schedule from its config seed and ``perturbation``), unless the caller picks another.
+Both go through ``Session.apply``, so a step means what its record in ``rules.py`` says; a
+skipped step keeps its record's reason (``ReplayResult.skipped``, ``render_skips``), which is
+also how the minimizer knows which steps it may drop at the end.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.lockstep import attach_lockstep
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, Trace
+from hicache_ref.harness.world import use_device
 
 
 @dataclass(frozen=True)
@@ -17,6 +27,8 @@ class ReplayResult:
     steps_applied: int
     outcomes: tuple[str, ...]
     error: BaseException | None
+    skipped: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Step index -> why its rule was not enabled (``rules.RuleRecord.why_not``)."""
 
     @property
     def failed(self) -> bool:
@@ -29,20 +41,45 @@ class ReplayResult:
         inv = getattr(self.error, "inv_id", None)
         return inv if isinstance(inv, str) else type(self.error).__name__
 
+    def render_skips(self, steps: tuple[Step, ...]) -> list[str]:
+        """One line per skipped step: its index, the step, and why it did not run."""
+        return [
+            f"step {i}: {steps[i].render()} skipped: {why}"
+            for i, why in sorted(self.skipped.items())
+            if i < len(steps)
+        ]
 
-def replay(trace: Trace, *, implementation: str | None = None, finish: bool = True) -> ReplayResult:
-    """Apply every step of ``trace`` to a fresh world, then (optionally) the quiescence checks."""
+
+def replay(
+    trace: Trace,
+    *,
+    implementation: str | None = None,
+    finish: bool = True,
+    device: str | None = None,
+) -> ReplayResult:
+    """Apply every step of ``trace`` to a fresh world, then (optionally) the quiescence checks.
+
+    The world runs on ``device``, by default the one the trace's header names.
+    """
     name = implementation or trace.header.implementation
     source = trace.header.source if name == trace.header.implementation else ""
-    session = Session(trace.header.config, get_implementation(name, source), name)
-    try:
-        for step in trace.steps:
-            session.apply(step)
-        if finish:
-            session.finish()
-    except Exception as exc:  # the failure is the result; callers decide what to do with it
-        return ReplayResult(len(session.outcomes), tuple(session.outcomes), exc)
-    return ReplayResult(len(session.outcomes), tuple(session.outcomes), None)
+    with use_device(device or trace.header.device, trace.header.perturbation):
+        session = Session(trace.header.config, get_implementation(name, source), name)
+        attach_lockstep(session)  # the pure oracle follows every step
+        try:
+            for step in trace.steps:
+                session.apply(step)
+            if finish:
+                session.finish()
+        except Exception as exc:  # the failure is the result; callers decide what to do with it
+            return _result(session, exc)
+    return _result(session, None)
+
+
+def _result(session: Session, error: BaseException | None) -> ReplayResult:
+    """The replay's result, with the reason each skipped step's rule gave (``rules.py``)."""
+    skipped = MappingProxyType(dict(session.skip_reasons))
+    return ReplayResult(len(session.outcomes), tuple(session.outcomes), error, skipped)
 
 
 def minimize(
@@ -51,9 +88,14 @@ def minimize(
     implementation: str | None = None,
     still_fails: Callable[[ReplayResult], bool] | None = None,
     max_replays: int = 2000,
+    device: str | None = None,
 ) -> Trace:
     """Delta debugging (ddmin) over steps: the smallest trace that still fails the same way."""
-    original = replay(trace, implementation=implementation)
+
+    def run(candidate: Trace) -> ReplayResult:
+        return replay(candidate, implementation=implementation, device=device)
+
+    original = run(trace)
     if not original.failed:
         return trace
     target = original.signature()
@@ -67,17 +109,17 @@ def minimize(
         while start < len(steps) and replays < max_replays:
             candidate = steps[:start] + steps[start + chunk :]
             replays += 1
-            if keep(replay(trace.with_steps(tuple(candidate)), implementation=implementation)):
+            if keep(run(trace.with_steps(tuple(candidate)))):
                 steps = candidate
                 removed_any = True
             else:
                 start += chunk
         if not removed_any:
             chunk //= 2
-    # Drop steps that were skipped anyway (their precondition never held)
-    final = replay(trace.with_steps(tuple(steps)), implementation=implementation)
-    applied = [s for s, o in zip(steps, final.outcomes, strict=False) if o != "skipped"]
+    # Drop steps that were skipped anyway (their rule was never enabled: ``final.skipped``)
+    final = run(trace.with_steps(tuple(steps)))
+    applied = [s for i, s in enumerate(steps[: len(final.outcomes)]) if i not in final.skipped]
     candidate_trace = trace.with_steps(tuple(applied))
-    if keep(replay(candidate_trace, implementation=implementation)):
+    if keep(run(candidate_trace)):
         return candidate_trace
     return trace.with_steps(tuple(steps))

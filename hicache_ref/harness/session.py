@@ -10,8 +10,12 @@ by one node, every resident copy holding the bytes the content oracle predicts.
 The checks live in ``invariants/registry.py``, one entry per invariant id, over per-rank
 snapshots (``adapters/base.snapshot_rank``: ack rows from the implementation, pages from the
 harness's own pools) and the tree's model of its nodes; the session only decides when each runs
-and counts the runs per id (``SessionStats.checks_by_id``). Rules the implementation cannot do
-(its capabilities, e.g. no ``per_layer_write``) are skipped, so traces stay replayable.
+and counts the runs per id (``SessionStats.checks_by_id``). What each rule needs and does is
+its record in ``rules.py`` (``RULES``); a step whose rule is not enabled now (a node that is
+not a candidate, a capability the implementation lacks, e.g. no ``per_layer_write``) is
+skipped with the record's reason (``skip_reasons``), so traces stay replayable. While the free
+slots hold the harness's poison (``scribble_free_host``, ``reset_in_flight``) every step also
+verifies it (``byte_checks.FreeSlotWatch``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from hicache_ref.harness.adapters.base import (
     unsupported_reasons,
 )
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import Step, StepArg, Trace, TraceHeader
+from hicache_ref.harness.rules import RULES, STREAMS
+from hicache_ref.harness.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.tree import TreeDriver
 from hicache_ref.harness.world import build_world
 from hicache_ref.invariants.registry import (
@@ -43,9 +48,9 @@ from hicache_ref.invariants.registry import (
 )
 from hicache_ref.invariants.snapshot import RankSnapshot
 
-STREAMS = ("forward", "write", "load")
 DRAIN_ROUNDS_MAX = 10_000
-REFUSABLE_RULES = ("prefill", "write", "load", "reserve")  # a "refused: ..." outcome: INV-17
+REFUSABLE_RULES = tuple(name for name, r in RULES.items() if r.refusable)  # "refused": INV-17
+__all__ = ["DRAIN_ROUNDS_MAX", "STREAMS", "Session", "SessionStats", "StepObserver"]
 SnapshotFn = Callable[[RankLike, Iterable[int]], RankSnapshot]
 
 
@@ -85,13 +90,13 @@ class Session:
         self.implementation = implementation
         self.impl_name = impl_name
         self.world = build_world(config, implementation)
-        self.capabilities = self.world.capabilities  # declared, checked against the class
+        self.capabilities: frozenset[str] = self.world.capabilities  # declared, checked
         self.stats = SessionStats()
-        self.tree = TreeDriver(self.world, checks=self.stats.checks_by_id)
+        self.tree: TreeDriver = TreeDriver(self.world, checks=self.stats.checks_by_id)
         self.steps: list[Step] = []
         self.outcomes: list[str] = []
+        self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
         self._candidates: dict[str, list[int]] = {}
-        self._handlers = self._build_handlers()
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
         override = getattr(implementation, "snapshot", None)  # an adapter may read itself
         self._snapshot_rank: SnapshotFn = override if callable(override) else snapshot_rank
@@ -115,101 +120,20 @@ class Session:
         return cached
 
     def _compute_candidates(self, rule: str) -> list[int]:
-        t = self.tree
-        total = t.total_layers
-        if rule == "write":
-            return t.handles(
-                lambda n: n.on_device and n.layers_stored == total and n.backup == "none"
-            )
-        if rule == "load":
-            if self._undrained_loads() + 1 > self.config.num_counters:
-                return []
-            return t.handles(lambda n: not n.on_device and n.backup == "done" and not n.loading)
-        if rule == "forward_read":
-            return t.handles(
-                lambda n: (
-                    n.on_device
-                    and n.layers_stored > 0
-                    and (not n.loading or n.producer_id is not None)
-                )
-            )
-        if rule == "probe_evict_host":
-            return [h for h in t.handles(lambda n: n.backup == "in_flight") if t.write_in_flight(h)]
-        if rule == "probe_evict_device":
-            return [
-                h
-                for h in t.handles(lambda n: n.on_device)
-                if t.write_in_flight(h) or t.load_in_flight(h)
-            ]
-        if rule == "probe_rewrite":
-            return t.handles(lambda n: n.backup == "in_flight" and n.on_device)
-        if rule == "cancel":
-            return [
-                h
-                for h in t.handles(lambda n: n.backup == "in_flight")
-                if t.has_pending_layer_write(h)
-            ]
-        if rule == "evict_device":
-            return t.handles(
-                lambda n: (
-                    n.on_device and n.backup == "done" and not n.loading and n.pending_reads == 0
-                )
-            )
-        if rule == "drop":
-            return t.handles(lambda n: n.on_device and n.backup == "none" and not n.loading)
-        if rule == "evict_host":
-            return t.handles(lambda n: not n.on_device and n.backup == "done" and not n.loading)
-        return []
+        record = RULES.get(rule)
+        if record is None or record.candidates is None:
+            return []
+        return record.candidates(self)
 
     def _undrained_loads(self) -> int:
         return len(self.world.ranks[0].controller.ack_load_queue)
 
+    def why_disabled(self, step: Step) -> str | None:
+        """None when ``step`` may run now, else its rule's reason (``rules.RuleRecord.why_not``)."""
+        return RULES[step.rule].why_not(self, step.args)
+
     def is_enabled(self, step: Step) -> bool:
-        rule, args = step.rule, step.args
-        if rule == "forward_layer":
-            return bool(self.tree.batch)
-        if rule in ("reserve", "submit_layer", "layer_end") and not self.world.per_layer_write:
-            return False  # early reservations and layer-end-driven writes need per_layer_write
-        if rule.startswith("probe_"):
-            return "guards" in self.capabilities and int(args.get("node", -1)) in self.candidates(
-                rule
-            )
-        if rule in ("write", "load", "cancel", "evict_device", "drop", "evict_host"):
-            return int(args.get("node", -1)) in self.candidates(rule)
-        if rule == "forward_read":
-            node = self.tree.node(int(args.get("node", -1)))
-            if node is None or int(args.get("node", -1)) not in self.candidates(rule):
-                return False
-            layer, draft = int(args.get("layer", 0)), bool(args.get("draft", False))
-            limit = self.config.draft_layer_num if draft else self.config.layer_num
-            return 0 <= layer < min(limit, node.layers_stored)
-        if rule in ("store_layer", "reserve", "submit_layer"):
-            node = self.tree.node(int(args.get("node", -1)))
-            if node is None or not node.on_device:
-                return False
-            if rule == "reserve":
-                return self.config.uses_cp and node.backup == "none" and not node.loading
-            if rule == "submit_layer":
-                return bool(node.reservations) and node.backup == "in_flight"
-            draft = bool(args.get("draft", False))
-            limit = self.config.draft_layer_num if draft else self.config.layer_num
-            return 0 <= int(args.get("layer", -1)) < limit and not node.loading
-        if rule == "layer_end":
-            draft = bool(args.get("draft", False))
-            limit = self.config.draft_layer_num if draft else self.config.layer_num
-            return 0 <= int(args.get("layer", -1)) < limit
-        if rule == "start_loading":
-            return bool(self.tree.queued_loads) and (
-                self._undrained_loads() < self.config.num_counters
-            )
-        if rule == "advance":
-            return args.get("stream") in STREAMS and int(args.get("n", 0)) >= 1
-        if rule == "synchronize":
-            return args.get("stream") in STREAMS
-        if rule == "prefill":
-            handle = int(args.get("handle", self.tree.next_handle))
-            return int(args.get("tokens", 0)) >= 1 and handle not in self.tree.nodes
-        return rule in ("start_writing", "drain_acks", "drain_write", "drain_load", "reset", "noop")
+        return self.why_disabled(step) is None
 
     # -- applying steps ------------------------------------------------------------------------
     def apply(self, step: Step) -> str:
@@ -226,27 +150,32 @@ class Session:
             step = Step(rule="prefill", args={**step.args, "handle": self.tree.next_handle})
         self.steps.append(step)
         self.stats.steps += 1
-        if not self.is_enabled(step):
+        record = RULES[step.rule]
+        reason = record.why_not(self, step.args)
+        if reason is not None:
             self.stats.skipped += 1
+            self.skip_reasons[len(self.outcomes)] = reason
             self.outcomes.append("skipped")
             return "skipped"
         self.stats.rules[step.rule] += 1
-        watch_refusal = step.rule in REFUSABLE_RULES or step.rule.startswith("probe_")
+        watch_refusal = record.refusable or record.probe
         # the state before this step is the state the previous step's checks read
         before = (self._last_snapshots or self.snapshots()) if watch_refusal else None
-        gate_ids = list(range(self.tree.next_node_id)) if step.rule == "reset" else []
+        gate_ids = list(range(self.tree.next_node_id)) if record.resets else []
         self._last_snapshots = None
-        outcome = self._dispatch(step)
+        outcome = record.process(self, step.args)
         self.outcomes.append(outcome)
+        if self.tree.watch.active:
+            self.tree.watch.verify()  # Verify no copy landed in a poisoned free slot
         after = self.snapshots()
-        if before is not None and (outcome.startswith("refused") or step.rule.startswith("probe_")):
+        if before is not None and (outcome.startswith("refused") or record.probe):
             self.check_refusal_changed_nothing(before, after, f"{step.rule} ({outcome})")
         elif before is not None and step.rule == "prefill" and "; refused:" in outcome:
             # the node's pages stay; its refused early reservation must leave nothing behind
             self.check_refusal_changed_nothing(
                 before, after, f"early reservation ({outcome})", may_change=("device pages",)
             )
-        if step.rule == "reset":
+        if record.resets:
             self._run_checks(RESET_CHECKS, self.snapshots(gate_ids))
         self.check_step_invariants(after)
         self._last_snapshots = after
@@ -254,58 +183,8 @@ class Session:
             observer.after_step(self, step, outcome)
         return outcome
 
-    def _dispatch(self, step: Step) -> str:
-        return self._handlers[step.rule](step.args)
-
-    def _build_handlers(self) -> dict[str, Callable[[Mapping[str, StepArg]], str]]:
-        """Each rule's handler over its step's args (built once per session, not per step)."""
-        t = self.tree
-
-        def node(a: Mapping[str, StepArg]) -> int:
-            return int(a["node"])
-
-        def layer(a: Mapping[str, StepArg]) -> int:
-            return int(a["layer"])
-
-        return {
-            "prefill": lambda a: t.prefill(
-                int(a["tokens"]),
-                bool(a.get("early_reserve", False)),
-                int(a["handle"]),
-                batch=bool(a.get("batch", True)),
-            ),
-            "store_layer": lambda a: t.store_layer(node(a), layer(a), bool(a["draft"])),
-            "layer_end": lambda a: t.layer_end(layer(a), bool(a["draft"])),
-            "reserve": lambda a: t.reserve(node(a)),
-            "submit_layer": lambda a: t.submit_layer(node(a), layer(a), bool(a["draft"])),
-            "drain_write": lambda a: t.writing_check(),
-            "drain_load": lambda a: t.loading_check(),
-            "forward_layer": lambda a: t.forward_layer(),
-            "write": lambda a: t.write_backup(node(a)),
-            "start_writing": lambda a: self._start_writing(),
-            "load": lambda a: t.load_back(node(a)),
-            "start_loading": lambda a: t.start_loading(),
-            "forward_read": lambda a: t.forward_read(node(a), layer(a), bool(a["draft"])),
-            "advance": lambda a: self._advance(str(a["stream"]), int(a["n"])),
-            "synchronize": lambda a: self._synchronize(str(a["stream"])),
-            "drain_acks": lambda a: f"{t.writing_check()}; {t.loading_check()}",
-            "cancel": lambda a: t.cancel_backup(node(a)),
-            "evict_device": lambda a: t.evict_device(node(a)),
-            "drop": lambda a: t.drop(node(a)),
-            "evict_host": lambda a: t.evict_host(node(a)),
-            "reset": lambda a: t.reset(),
-            "probe_evict_host": lambda a: t.probe("evict_host", node(a)),
-            "probe_evict_device": lambda a: t.probe("evict_device", node(a)),
-            "probe_rewrite": lambda a: t.probe("rewrite", node(a)),
-            "noop": lambda a: "noop",
-        }
-
-    def _start_writing(self) -> str:
-        for rank in self.world.ranks:
-            rank.controller.start_writing()
-        return "start_writing"
-
-    def _advance(self, stream: str, n: int) -> str:
+    def advance(self, stream: str, n: int) -> str:
+        """Run ``n`` queued ops of one stream (on every rank for the copy streams)."""
         device = self.world.device
         if stream == "forward":
             return f"forward ran {device.advance(device.default_stream, n)} op(s)"
@@ -314,7 +193,7 @@ class Session:
         ]
         return f"{stream} ran {ran} op(s)"
 
-    def _synchronize(self, stream: str) -> str:
+    def synchronize(self, stream: str) -> str:
         """Host waits for a stream (what cancel_layer_write_state and a CPU read do)."""
         if stream == "forward":
             self.world.device.default_stream.synchronize()
@@ -368,11 +247,11 @@ class Session:
         # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
         pending = [h for h in t.nodes if t.has_pending_layer_write(h)]
         for handle in pending:
-            for draft, layer_num in t._layer_kinds():
+            for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):
                     t.store_layer(handle, layer, draft)
         if pending:
-            for draft, layer_num in t._layer_kinds():
+            for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):
                     t.layer_end(layer, draft)
         if t.queued_loads:
@@ -388,6 +267,8 @@ class Session:
                 break
         else:
             raise InvariantViolation("INV-16", "acks never drained at quiescence")
+        if t.watch.active:
+            t.watch.verify()  # Verify no late copy landed in a poisoned free slot
         # Verify no ack is left once every submission was acked (INV-16), then every resident
         # copy's bytes (INV-06), then the pages (INV-05) and the per-layer states (INV-15)
         checks = dict(QUIESCENCE_CHECKS)

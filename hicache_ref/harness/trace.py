@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.config import HarnessConfig
 
@@ -44,6 +45,9 @@ RuleName = Literal[
     "submit_layer",
     "drain_write",
     "drain_load",
+    "forward_read_batch",
+    "scribble_free_host",
+    "reset_in_flight",
 ]
 StepArg = int | bool | str
 
@@ -71,6 +75,13 @@ class TraceHeader(BaseModel):
     source: str = ""
     """Where the implementation's code came from, when it is not this package: the sglang tree
     of ``sglang``/``seed`` (so the printed replay line rebuilds the same controller)."""
+    device: Literal["sim", "cuda"] = "sim"
+    """The device the case ran on; a replay builds the same (a ``cuda`` trace needs a GPU)."""
+    perturbation: Perturbation | None = None
+    """On ``cuda``: the spin schedule's parameters (with the config's seed, the same spins)."""
+    cp_processes: int = 0
+    """0: the CP ranks ran in lockstep in one process; n >= 2: one process per rank
+    (``hicache_ref.distributed``), and ``replay`` spawns n processes again."""
 
 
 class Trace(BaseModel):

@@ -1,14 +1,18 @@
-"""The tree-side driver: what SGLang's radix cache does around the controller, written once.
+"""The tree-side driver: what SGLang's radix cache does around the controller, as verbs.
 
-It owns the radix nodes (here a flat table: the harness needs lifecycles, not prefix matching),
-locks a node before its backup, drains only a FIFO prefix of completed acks (MIN over CP ranks),
-unlocks per node id, pins a loading node until its ack, sets the consumer slot before a forward
-read, and evicts host copies only when no op reads them. The state machines and the trace
-replayer both drive the controller through this class, and every rule returns a short outcome
-string so a trace says what happened.
+It owns the radix nodes (``node_model.py``; a flat table: the harness needs lifecycles, not
+prefix matching), locks a node before its backup, drains only a FIFO prefix of completed acks
+(MIN over CP ranks), unlocks per node id, pins a loading node until its ack, sets the consumer
+slot(s) before a forward read, and evicts host copies only when no op reads them. The state
+machines and the trace replayer both drive the controller through this class, and every verb
+returns a short outcome string so a trace says what happened.
 
-Node lifecycle (specs/protocol.md): computing -> device -> backing_up -> backed_up ->
-evicted (host only) -> loading -> backed_up; a node never backed up can be dropped.
+The verbs, in the order data flows: prefill -> forward_layer / store_layer / layer_end ->
+write_backup / reserve / submit_layer -> writing_check -> evict_device / drop -> load_back ->
+start_loading -> forward_read / forward_read_batch -> loading_check -> evict_host ->
+cancel_backup -> reset / reset_in_flight; and ``scribble_free_host``, the CPU writing into free
+host slots while copies run. Where bytes live per rank is ``rank_geometry.py``, every byte
+comparison and the free-slot poison ``byte_checks.py``, the misuse probes ``probes.py``.
 
 The driver calls implementations only through the contract of ``adapters/base.py`` and trusts
 none of their bookkeeping: where a node's bytes live on each rank (owned positions, padding,
@@ -20,9 +24,9 @@ backups go through ``submit_write_cp_all_layer`` and nothing is reserved early.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from itertools import islice
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -31,67 +35,28 @@ from hicache_ref.harness.adapters.base import (
     AckQueue,
     ControllerLike,
     CpControllerLike,
-    CpMetadataLike,
     PerLayerWriteLike,
-    WriteReservationLike,
     as_reservation,
     is_write_failure,
 )
-from hicache_ref.harness.content import FREED_ROW_VALUE, describe_row, expected_rows
+from hicache_ref.harness.byte_checks import ByteChecks, FreeSlotWatch
+from hicache_ref.harness.content import FREED_ROW_VALUE
+from hicache_ref.harness.node_model import CpNodeView, Node, compute_holdings, handle_of
+from hicache_ref.harness.probes import MisuseProbes
+from hicache_ref.harness.rank_geometry import RankGeometry
 from hicache_ref.harness.world import World
 from hicache_ref.invariants.checks_acks import check_ack_rows_identical
-from hicache_ref.invariants.checks_layout import check_host_slot_count, check_owner_replay
-from hicache_ref.invariants.checks_transfer import check_bytes_equal
-from hicache_ref.invariants.snapshot import HarnessModel, NodeHoldings
-from hicache_ref.pools.device_pool import KVCache
-from hicache_ref.pools.host_pool import HostKVCache
+from hicache_ref.invariants.snapshot import HarnessModel
+
+__all__ = ["Node", "TreeDriver", "handle_of"]
 
 
-@dataclass
-class Node:
-    handle: int
-    node_id: int
-    logical_len: int
-    value: torch.Tensor | None  # logical device locs [:logical_len], identical on every rank
-    layers_stored: int = 0
-    backup: str = "none"  # none | in_flight | done
-    host_value: list[torch.Tensor | None] = field(default_factory=list)  # non-CP, per rank
-    cp_meta: list[CpMetadataLike | None] = field(default_factory=list)  # CP, per rank
-    reservations: list[WriteReservationLike] = field(default_factory=list)  # CP, per rank
-    # recorded by the harness at write time, from its own CP layout (never the metadata's):
-    page_owners: list[int] = field(default_factory=list)  # owner rank of each padded page
-    owned_positions: list[torch.Tensor] = field(default_factory=list)  # per rank, padded span
-    loading: bool = False
-    producer_id: int | None = None
-    pending_reads: int = 0
-    # caches of what the harness derives from ``value`` (rebuilt when ``value`` is replaced)
-    placement_of: torch.Tensor | None = field(default=None, repr=False)
-    placement: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(
-        default_factory=dict, repr=False
-    )  # rank -> (owned positions, physical locs)
-    rows_positions: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    rows_cache: dict[tuple[int, bool, int, int, tuple[int, ...]], torch.Tensor] = field(
-        default_factory=dict, repr=False
-    )  # (rank, draft, layer, component, row shape) -> the oracle's rows at ``rows_positions``
-    host_rows_of: list[torch.Tensor] | None = field(default=None, repr=False)
-    host_rows_cache: dict[tuple[int, bool, int, int, tuple[int, ...]], torch.Tensor] = field(
-        default_factory=dict, repr=False
-    )  # the same key -> the oracle's rows at the host positions of ``owned_positions``
-    holdings_key: tuple[object, ...] | None = field(default=None, repr=False)
-    holdings: NodeHoldings | None = field(default=None, repr=False)
+@runtime_checkable
+class MultiConsumerCounterLike(Protocol):
+    """``layer_done_counter`` with capability ``multi_consumer``: one forward batch waits on
+    the layer events of several producer slots (the reference's and the seed's counters)."""
 
-    @property
-    def on_device(self) -> bool:
-        return self.value is not None
-
-
-@dataclass
-class _CpNodeView:
-    """What ``load_cp`` reads from a node (id, host_len, cp_hicache) for one rank."""
-
-    id: int
-    host_len: int
-    cp_hicache: CpMetadataLike
+    def set_consumer(self, index: int | Sequence[int], /) -> None: ...
 
 
 class TreeDriver:
@@ -111,6 +76,10 @@ class TreeDriver:
         self.batch: list[int] = []  # nodes of the forward batch being computed
         self.batch_layer = 0  # the next layer that batch stores
         self.acked_loads = 0
+        self.geometry = RankGeometry(world, self.checks)
+        self.bytes = ByteChecks(world, self.geometry, self.checks)
+        self.watch = FreeSlotWatch(world, self.geometry, self.bytes)
+        self.probes = MisuseProbes(self)
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -123,10 +92,14 @@ class TreeDriver:
     def handles(self, predicate: Callable[[Node], bool]) -> list[int]:
         return sorted(h for h, n in self.nodes.items() if predicate(n))
 
+    def layer_kinds(self) -> list[tuple[bool, int]]:
+        """(draft, layer_num) of the target and, when there is one, the draft pool."""
+        return self.geometry.layer_kinds()
+
     def _controllers(self) -> list[ControllerLike]:
         return [rank.controller for rank in self.world.ranks]
 
-    def _cp_controllers(self) -> list[CpControllerLike]:
+    def cp_controllers(self) -> list[CpControllerLike]:
         """Every rank's controller as the CP contract (only on a CP world)."""
         out = [rank.cp for rank in self.world.ranks]
         assert all(c is not None for c in out), "CP verbs on a world without CP"
@@ -136,105 +109,25 @@ class TreeDriver:
         """Every rank's controller as the per-layer contract (empty without per_layer_write)."""
         return [rank.per_layer for rank in self.world.ranks if rank.per_layer is not None]
 
-    def _meta(self, node: Node, rank: int) -> CpMetadataLike:
-        meta = node.cp_meta[rank]
-        assert meta is not None, f"node {node.handle} has no CP metadata on rank {rank}"
-        return meta
-
-    def _owned_positions(self, rank: int, node: Node, locs: torch.Tensor) -> torch.Tensor:
-        """Positions (< logical_len) of ``locs`` whose page this rank owns (all when no CP)."""
-        positions = torch.arange(node.logical_len)
-        if not self.config.uses_cp:
-            return positions
-        layout = self.world.ranks[rank].cp_layout
-        assert layout is not None
-        mask = layout.owned_by_this_rank(locs[: node.logical_len])
-        return positions[mask]
-
-    def _placement(self, rank: int, node: Node) -> tuple[torch.Tensor, torch.Tensor]:
-        """(owned positions, physical locs) of the node's device copy on ``rank``.
-
-        Computed from the harness's own layout once per ``node.value`` (a node's device locs
-        never change in place; ``load_back`` replaces the tensor), not once per store or read.
-        """
-        value = node.value
-        assert value is not None
-        if node.placement_of is not value:
-            node.placement_of, node.placement = value, {}
-        hit = node.placement.get(rank)
-        if hit is None:
-            positions = self._owned_positions(rank, node, value)
-            old = node.rows_positions.get(rank)
-            if old is None or not torch.equal(old, positions):
-                # the oracle's rows depend only on the positions: keep them across a reload
-                # that owns the same positions (always, without CP)
-                node.rows_positions[rank] = positions
-                node.rows_cache = {k: v for k, v in node.rows_cache.items() if k[0] != rank}
-            hit = (positions, self._physical(rank, value[positions]))
-            node.placement[rank] = hit
-        return hit
-
-    def _device_rows(
-        self,
-        rank: int,
-        node: Node,
-        draft: bool,
-        layer: int,
-        component: int,
-        row_shape: tuple[int, ...],
-    ) -> torch.Tensor:
-        """The content oracle's rows for the node's positions on ``rank`` (cached; read only)."""
-        positions, _ = self._placement(rank, node)
-        key = (rank, draft, layer, component, row_shape)
-        rows = node.rows_cache.get(key)
-        if rows is None:
-            rows = expected_rows(node.handle, draft, layer, component, positions, row_shape)
-            node.rows_cache[key] = rows
-        return rows
-
-    def _physical(self, rank: int, locs: torch.Tensor) -> torch.Tensor:
-        layout = self.world.ranks[rank].cp_layout
-        if layout is None:
-            return locs
-        physical: torch.Tensor = layout.logical_locs_to_physical(locs)
-        return physical
-
-    def _pools(self, rank: int, draft: bool) -> tuple[KVCache, HostKVCache]:
-        r = self.world.ranks[rank]
-        if not draft:
-            return r.device_pool, r.host_pool
-        assert r.draft_device_pool is not None and r.draft_host_pool is not None
-        return r.draft_device_pool, r.draft_host_pool
-
-    def _padded_locs(self, locs: torch.Tensor) -> torch.Tensor:
-        """``locs`` padded to whole pages, as the harness pads them (each page is contiguous)."""
-        page = self.config.page_size
-        pages = torch.div(locs[::page], page, rounding_mode="floor")
-        return (pages[:, None] * page + torch.arange(page)).reshape(-1)
-
-    def _record_layout(self, node: Node) -> None:
-        """Record, from the harness's CP layout, each page's owner and each rank's positions."""
-        assert node.value is not None
-        page = self.config.page_size
-        padded = self._padded_locs(node.value)
-        node.owned_positions = []
-        for rank in self.world.ranks:
-            assert rank.cp_layout is not None
-            mask = rank.cp_layout.owned_by_this_rank(padded)
-            node.owned_positions.append(mask.nonzero(as_tuple=True)[0])
-        layout = self.world.ranks[0].cp_layout
-        assert layout is not None
-        pages = torch.div(padded[::page], page, rounding_mode="floor")
-        node.page_owners = [int(o) for o in layout.owner_for_logical_pages(pages).tolist()]
-
     def _count(self, inv_id: str) -> None:
         self.checks[inv_id] += 1
 
-    def _layer_kinds(self) -> list[tuple[bool, int]]:
-        kinds = [(False, self.config.layer_num)]
-        if self.config.has_draft:
-            kinds.append((True, self.config.draft_layer_num))
-        return kinds
+    # -- what the probes and the byte checks answer (their modules hold the code) --------------
+    def write_in_flight(self, handle: int, rank: int | None = None) -> bool:
+        return self.probes.write_in_flight(handle, rank)
+
+    def load_in_flight(self, handle: int, rank: int | None = None) -> bool:
+        return self.probes.load_in_flight(handle, rank)
+
+    def probe(self, kind: str, handle: int) -> str:
+        """A misuse probe (``probes.py``): the controller must refuse and change nothing."""
+        return self.probes.probe(kind, handle)
+
+    def check_host_bytes(self, node: Node, inv_id: str, when: str) -> None:
+        self.bytes.check_host_bytes(node, inv_id, when)
+
+    def check_device_bytes(self, node: Node, inv_id: str, when: str) -> None:
+        self.bytes.check_device_bytes(node, inv_id, when)
 
     # -- prefill and the forward pass ----------------------------------------------------------
     def prefill(
@@ -287,7 +180,7 @@ class TreeDriver:
         batch = [self.nodes[h] for h in self.batch]
         layer = self.batch_layer
         assert batch and layer < self.total_layers
-        for draft, layer_num in self._layer_kinds():
+        for draft, layer_num in self.geometry.layer_kinds():
             if layer >= layer_num:
                 continue
             for node in batch:
@@ -296,7 +189,7 @@ class TreeDriver:
                 for rank in range(len(self.world.ranks)):
                     self._enqueue_store(rank, node, draft, layer)
             for rank in range(len(self.world.ranks)):
-                pool, _ = self._pools(rank, draft)
+                pool, _ = self.geometry.pools(rank, draft)
                 pool.notify_layer_end(layer)
         for node in batch:
             node.layers_stored = layer + 1
@@ -317,7 +210,7 @@ class TreeDriver:
     def layer_end(self, layer: int, draft: bool) -> str:
         """The device pools' layer-end hooks for ``layer`` (drives pending per-layer writes)."""
         for rank in range(len(self.world.ranks)):
-            pool, _ = self._pools(rank, draft)
+            pool, _ = self.geometry.pools(rank, draft)
             pool.notify_layer_end(layer)
         return f"layer_end {layer} ({'draft' if draft else 'target'})"
 
@@ -336,17 +229,17 @@ class TreeDriver:
 
     def _enqueue_store(self, rank: int, node: Node, draft: bool, layer: int) -> None:
         assert node.value is not None
-        pool, _ = self._pools(rank, draft)
-        _, locs = self._placement(rank, node)
+        pool, _ = self.geometry.pools(rank, draft)
+        _, locs = self.geometry.placement(rank, node)
         buffers = pool.layer_buffers(layer)
         payload = [
-            self._device_rows(rank, node, draft, layer, c, tuple(buf.shape[1:]))
+            self.bytes.staged_rows(rank, node, (draft, layer, c), buf)
             for c, buf in enumerate(buffers)
-        ]
+        ]  # on the buffers' device before the launch: the store itself never syncs the host
 
         def store() -> None:
             for buf, rows in zip(buffers, payload, strict=True):
-                buf[locs] = rows.to(buf.device, non_blocking=True)
+                buf[locs] = rows
 
         self.world.device.launch(store, label=f"store n{node.handle} L{layer}", kind="kernel")
 
@@ -357,36 +250,57 @@ class TreeDriver:
         consumer = node.producer_id if node.loading and node.producer_id is not None else -1
         for rank_index, rank in enumerate(self.world.ranks):
             rank.controller.layer_done_counter.set_consumer(consumer)
-            pool, _ = self._pools(rank_index, draft)
+            pool, _ = self.geometry.pools(rank_index, draft)
             pool.get_key_buffer(layer)  # waits until this layer landed (INV-11)
-            _, locs = self._placement(rank_index, node)
-            buffers = pool.layer_buffers(layer)
-            expected = [
-                self._device_rows(rank_index, node, draft, layer, c, tuple(buf.shape[1:]))
-                for c, buf in enumerate(buffers)
-            ]
-            node.pending_reads += 1
-
-            def read(
-                buffers: list[torch.Tensor] = buffers,
-                expected: list[torch.Tensor] = expected,
-                locs: torch.Tensor = locs,
-                rank_index: int = rank_index,
-            ) -> None:
-                node.pending_reads -= 1
-                for c, (buf, rows) in enumerate(zip(buffers, expected, strict=True)):
-                    self._check_rows(
-                        buf[locs],
-                        rows,
-                        "INV-11",
-                        f"forward read of node {handle} {'draft' if draft else 'target'} "
-                        f"layer {layer} component {c} on rank {rank_index}",
-                    )
-
-            self.world.device.launch(read, label=f"read n{handle} L{layer}", kind="kernel")
+            self._launch_read(rank_index, node, layer, draft)
         for rank in self.world.ranks:
             rank.controller.layer_done_counter.set_consumer(-1)
         return f"read layer {layer} of node {handle}"
+
+    def forward_read_batch(self, handles: Sequence[int], layer: int, draft: bool) -> str:
+        """One forward batch reads one layer of several nodes, loaded by different
+        ``start_loading`` calls: the consumer is every producer slot of the batch at once
+        (capability ``multi_consumer``), and the one wait must cover each slot's layer event."""
+        nodes = [self.nodes[h] for h in handles]
+        consumers = sorted(
+            {n.producer_id for n in nodes if n.loading and n.producer_id is not None}
+        )
+        for rank_index, rank in enumerate(self.world.ranks):
+            counter = rank.controller.layer_done_counter
+            assert isinstance(counter, MultiConsumerCounterLike), "multi_consumer was declared"
+            counter.set_consumer(consumers)
+            pool, _ = self.geometry.pools(rank_index, draft)
+            pool.get_key_buffer(layer)  # waits until this layer landed in every slot (INV-11)
+            for node in nodes:
+                self._launch_read(rank_index, node, layer, draft)
+        for rank in self.world.ranks:
+            rank.controller.layer_done_counter.set_consumer(-1)
+        return f"read layer {layer} of nodes {list(handles)} (consumers {consumers})"
+
+    def _launch_read(self, rank_index: int, node: Node, layer: int, draft: bool) -> None:
+        """Queue a read of one layer of the node on the forward stream; it checks the bytes."""
+        pool, _ = self.geometry.pools(rank_index, draft)
+        _, locs = self.geometry.placement(rank_index, node)
+        buffers = pool.layer_buffers(layer)
+        expected = [
+            self.bytes.device_rows(rank_index, node, draft, layer, c, tuple(buf.shape[1:]))
+            for c, buf in enumerate(buffers)
+        ]
+        node.pending_reads += 1
+        handle = node.handle
+
+        def read() -> None:
+            node.pending_reads -= 1
+            for c, (buf, rows) in enumerate(zip(buffers, expected, strict=True)):
+                self.bytes.check_rows(
+                    buf[locs],
+                    rows,
+                    "INV-11",
+                    f"forward read of node {handle} {'draft' if draft else 'target'} "
+                    f"layer {layer} component {c} on rank {rank_index}",
+                )
+
+        self.world.device.launch(read, label=f"read n{handle} L{layer}", kind="kernel")
 
     # -- write back ----------------------------------------------------------------------------
     def write_backup(self, handle: int) -> str:
@@ -406,7 +320,7 @@ class TreeDriver:
         """Reserve on every rank, agree, then submit: a rank-local failure must not ack alone."""
         assert node.value is not None
         assert catch_up or self.world.per_layer_write, "early reservations need per_layer_write"
-        controllers = self._cp_controllers()
+        controllers = self.cp_controllers()
         results = [c.reserve_write_cp(node.value, node_id=node.node_id) for c in controllers]
         reservations = [as_reservation(r) for r in results]
         if any(r is None for r in reservations):
@@ -417,10 +331,10 @@ class TreeDriver:
             return f"refused: {', '.join(reasons)}"
         held = [r for r in reservations if r is not None]
         node.cp_meta = [r.metadata for r in held]
-        self._record_layout(node)
+        self.geometry.record_layout(node)
         for rank_index in range(len(controllers)):
-            for draft in self._host_copies():
-                self._host_slots(rank_index, node, draft)  # Verify the slot counts (INV-13)
+            for draft in self.geometry.host_copies():
+                self.geometry.host_slots(rank_index, node, draft)  # Verify the slot counts (INV-13)
         per_layer = self._per_layer_controllers()
         for rank_index, reservation in enumerate(held):
             if per_layer:
@@ -433,10 +347,6 @@ class TreeDriver:
         self._start_backup(node)
         return f"reserve node {handle_of(node)} on {len(results)} rank(s)"
 
-    def _host_copies(self) -> list[bool]:
-        """Which host copies a CP node has: the target, and the draft when a draft pool exists."""
-        return [False, True] if self.config.has_draft else [False]
-
     def _start_backup(self, node: Node) -> None:
         node.backup = "in_flight"
         self.ongoing_write[node.node_id] = node.handle
@@ -445,9 +355,9 @@ class TreeDriver:
         """Roll back a pending per-layer backup: cancel, then free the reserved host slots."""
         node = self.nodes[handle]
         per_layer = self._per_layer_controllers()
-        for rank_index, controller in enumerate(self._cp_controllers()):
+        for rank_index, controller in enumerate(self.cp_controllers()):
             per_layer[rank_index].cancel_layer_write_state(node.node_id)
-            controller.evict_cp_host(self._meta(node, rank_index))
+            controller.evict_cp_host(self.geometry.meta(node, rank_index))
         node.backup = "none"
         node.cp_meta = [None] * len(self.world.ranks)
         node.reservations = []
@@ -530,8 +440,10 @@ class TreeDriver:
         assert node.value is None and node.backup == "done" and not node.loading
         results: list[torch.Tensor | None] = []
         if self.config.uses_cp:
-            for rank_index, cp in enumerate(self._cp_controllers()):
-                view = _CpNodeView(node.node_id, node.logical_len, self._meta(node, rank_index))
+            for rank_index, cp in enumerate(self.cp_controllers()):
+                view = CpNodeView(
+                    node.node_id, node.logical_len, self.geometry.meta(node, rank_index)
+                )
                 results.append(cp.load_cp([view], node_id=node.node_id))
         else:
             for rank_index, controller in enumerate(self._controllers()):
@@ -547,33 +459,11 @@ class TreeDriver:
             raise InvariantViolation("INV-14", "CP ranks disagree on a load_cp allocation")
         node.value = allocations[0]
         if self.config.uses_cp:
-            self._check_owner_replay(node)
+            self.geometry.check_owner_replay(node)
         node.loading = True
         self.ongoing_load[node.node_id] = handle
         self.queued_loads.append(handle)
         return f"load node {handle} -> {allocations[0].numel()} locs"
-
-    def _check_owner_replay(self, node: Node) -> None:
-        """The fresh pages repeat the owners the harness recorded at write time (INV-03)."""
-        assert node.value is not None
-        page = self.config.page_size
-        layout = self.world.ranks[0].cp_layout
-        assert layout is not None
-        padded = self._padded_locs(node.value)  # visible spans start page-aligned
-        pages = torch.div(padded[::page], page, rounding_mode="floor")
-        owners = layout.owner_for_logical_pages(pages).tolist()
-        owner_of = {int(p): int(o) for p, o in zip(pages.tolist(), owners, strict=True)}
-        self._count("INV-03")
-        try:
-            check_owner_replay(
-                padded,
-                node.page_owners,
-                page,
-                self.config.cp_size,
-                owner_of_page=owner_of.__getitem__,
-            )
-        except InvariantViolation as violation:
-            raise InvariantViolation("INV-03", f"node {node.handle}: {violation.detail}") from None
 
     def start_loading(self) -> str:
         ids = [controller.start_loading() for controller in self._controllers()]
@@ -626,12 +516,12 @@ class TreeDriver:
         finding the bytes the same node left behind (a reload often gets its old pages back)."""
         assert node.value is not None
         for rank in range(len(self.world.ranks)):
-            _, locs = self._placement(rank, node)
+            _, locs = self.geometry.placement(rank, node)
             buffers = [
                 buf
-                for draft, layer_num in self._layer_kinds()
+                for draft, layer_num in self.geometry.layer_kinds()
                 for layer in range(layer_num)
-                for buf in self._pools(rank, draft)[0].layer_buffers(layer)
+                for buf in self.geometry.pools(rank, draft)[0].layer_buffers(layer)
             ]
 
             def poison(buffers: list[torch.Tensor] = buffers, locs: torch.Tensor = locs) -> None:
@@ -646,113 +536,58 @@ class TreeDriver:
             self.batch.remove(handle)
             if not self.batch:
                 self.batch_layer = 0
-        self._evict_host_copies(node, tuple(range(len(self.world.ranks))))
+        self.evict_host_copies(node, tuple(range(len(self.world.ranks))))
         return f"evict_host node {handle}"
 
-    def _evict_host_copies(self, node: Node, ranks: tuple[int, ...]) -> None:
+    def evict_host_copies(self, node: Node, ranks: tuple[int, ...]) -> None:
         for rank_index in ranks:
             if self.config.uses_cp:
-                self._cp_controllers()[rank_index].evict_cp_host(self._meta(node, rank_index))
+                self.cp_controllers()[rank_index].evict_cp_host(
+                    self.geometry.meta(node, rank_index)
+                )
             else:
                 host = node.host_value[rank_index]
                 assert host is not None
                 self.world.ranks[rank_index].controller.evict_host(host)
 
-    # -- misuse probes --------------------------------------------------------------------------
-    def write_in_flight(self, handle: int, rank: int | None = None) -> bool:
-        """Whether the node's backup copy may still run on ``rank`` (any rank when None)."""
-        node = self.nodes[handle]
-        ranks = range(len(self.world.ranks)) if rank is None else (rank,)
-        for r in ranks:
-            controller = self.world.ranks[r].controller
-            per_layer = self.world.ranks[r].per_layer
-            if per_layer is not None and node.node_id in per_layer.pending_layer_writes:
-                return True
-            for ack in controller.ack_write_queue:
-                if node.node_id in ack.node_ids and not ack.finish_event.query():
-                    return True
-        return False
-
-    def load_in_flight(self, handle: int, rank: int | None = None) -> bool:
-        node = self.nodes[handle]
-        if not node.loading or node.producer_id is None:
-            return False
-        ranks = range(len(self.world.ranks)) if rank is None else (rank,)
-        return any(
-            node.node_id in ack.node_ids and not ack.finish_event.query()
-            for r in ranks
-            for ack in self.world.ranks[r].controller.ack_load_queue
+    # -- host writes from the CPU ----------------------------------------------------------------
+    def scribble_free_host(self) -> str:
+        """The CPU writes into every host slot the harness's pools report free, while copies
+        are queued (what a storage prefetch into freed slots does). A D2H that still writes a
+        freed slot overwrites the scribble (seen by the watch, INV-07); an H2D that still reads
+        one loads the scribble (seen by the device byte checks)."""
+        written = self.watch.poison_free(
+            "host",
+            "INV-07",
+            "a copy wrote host slots after they were freed (free host slots only once every "
+            "copy into them landed: synchronize the write stream before the rollback frees)",
         )
-
-    def probe(self, kind: str, handle: int) -> str:
-        """Ask the controller to do something unsafe; it must refuse and change nothing.
-
-        The tree never does these on its own, so without probes a controller that lost its
-        guard would pass every case (the mutants in fuzz/mutants/*ignores* / *during* show it).
-        """
-        node = self.nodes[handle]
-        expected = {
-            "evict_host": ("INV-07", "INV-15"),
-            "evict_device": ("INV-08",),
-            "rewrite": ("INV-02",),
-        }[kind]
-        for rank_index in range(len(self.world.ranks)):
-            if not self._rank_uses_slots(kind, node, rank_index):
-                continue  # this rank copies nothing for the node: there is nothing to protect
-            busy = self.write_in_flight(handle, rank_index) or (
-                kind == "evict_device" and self.load_in_flight(handle, rank_index)
-            )
-            if kind != "rewrite" and not busy:
-                continue  # this rank's copy already landed: freeing would be legitimate here
-            try:
-                outcome = self._probe_call(kind, node, rank_index)
-            except InvariantViolation as refusal:
-                if refusal.inv_id not in expected:
-                    raise
-                continue
-            if outcome == "refused":
-                continue
-            raise InvariantViolation(
-                expected[0],
-                f"rank {rank_index} accepted {kind} of node {handle} while its copy is still in "
-                f"flight (it must refuse with {'/'.join(expected)} and change nothing)",
-            )
-        return f"probe {kind} node {handle}: refused"
-
-    def _rank_uses_slots(self, kind: str, node: Node, rank_index: int) -> bool:
-        if not self.config.uses_cp or kind == "rewrite":
-            return True
-        if kind == "evict_host":
-            # the harness's own layout says whether this rank holds host slots of the node
-            return node.cp_meta[rank_index] is not None and bool(
-                len(node.owned_positions[rank_index])
-            )
-        assert node.value is not None
-        return bool(len(self._placement(rank_index, node)[0]))
-
-    def _probe_call(self, kind: str, node: Node, rank_index: int) -> str:
-        controller = self.world.ranks[rank_index].controller
-        assert kind == "evict_host" or node.value is not None
-        if kind == "evict_host":
-            self._evict_host_copies(node, (rank_index,))
-        elif kind == "evict_device" and node.value is not None:
-            controller.evict_device(node.value)
-        elif self.config.uses_cp and node.value is not None:
-            cp = self._cp_controllers()[rank_index]
-            result = cp.reserve_write_cp(node.value, node_id=node.node_id)
-            if is_write_failure(result) and result.reason == "undrained_ack":
-                return "refused"
-            reservation = as_reservation(result)
-            if reservation is not None:
-                cp.evict_cp_host(reservation.metadata)  # undo, then report the acceptance
-        elif node.value is not None:
-            controller.write(node.value, node_id=node.node_id)
-        return "accepted"
+        return f"scribbled {written} free host slot(s)"
 
     # -- reset ---------------------------------------------------------------------------------
     def reset(self) -> str:
         """Tree reset at idle: controller reset, pools cleared, node ids restart at 0."""
         self.world.device.run_until_idle()
+        self._reset_world()
+        return "reset"
+
+    def reset_in_flight(self) -> str:
+        """Tree reset while copies are queued (capability ``reset_drains``): the forward batch
+        at hand finishes, then every controller resets with its write and load copies still
+        queued. Every free page and slot is then poisoned: a copy that lands after the reset
+        (the reset did not wait for its streams) is caught in pages about to be reused."""
+        self.world.forward_stream.synchronize()
+        queued = not self.world.device.is_idle()
+        self._reset_world()
+        why = (
+            "a copy queued before reset() landed after it (reset must synchronize the write "
+            "and load streams before clearing its queues)"
+        )
+        pages = self.watch.poison_free("device", "INV-18", why)
+        slots = self.watch.poison_free("host", "INV-18", why)
+        return f"reset with copies {'queued' if queued else 'done'}; poisoned {pages} + {slots}"
+
+    def _reset_world(self) -> None:
         for rank in self.world.ranks:
             rank.controller.reset()
             rank.host_pool.clear()
@@ -765,174 +600,13 @@ class TreeDriver:
         self.queued_loads.clear()
         self.batch, self.batch_layer = [], 0
         self.next_node_id = 0
-        return "reset"
-
-    # -- byte checks ---------------------------------------------------------------------------
-    def check_host_bytes(self, node: Node, inv_id: str, when: str) -> None:
-        for rank_index in range(len(self.world.ranks)):
-            for draft, layer_num in self._layer_kinds():
-                _, host_pool = self._pools(rank_index, draft)
-                positions, slots = self._host_positions(rank_index, node, draft)
-                for layer in range(layer_num):
-                    for c, name in enumerate(host_pool.device_pool.component_names()):
-                        actual = host_pool.read_rows(name, layer, slots)
-                        rows = self._host_rows(
-                            rank_index, node, (draft, layer, c), positions, tuple(actual.shape[1:])
-                        )
-                        self._check_rows(
-                            actual,
-                            rows,
-                            inv_id,
-                            f"{when}: host copy of node {node.handle} "
-                            f"{'draft' if draft else 'target'} layer {layer} {name} rank {rank_index}",
-                        )
-
-    def _host_rows(
-        self,
-        rank_index: int,
-        node: Node,
-        row_of: tuple[bool, int, int],
-        positions: torch.Tensor,
-        row_shape: tuple[int, ...],
-    ) -> torch.Tensor:
-        """The oracle's rows at the node's host positions (cached while the harness's recorded
-        layout, ``owned_positions``, is the same list; the positions depend on nothing else)."""
-        if node.host_rows_of is not node.owned_positions:
-            node.host_rows_of, node.host_rows_cache = node.owned_positions, {}
-        draft, layer, component = row_of
-        key = (rank_index, draft, layer, component, row_shape)
-        rows = node.host_rows_cache.get(key)
-        if rows is None:
-            rows = expected_rows(node.handle, draft, layer, component, positions, row_shape)
-            node.host_rows_cache[key] = rows
-        return rows
-
-    def _host_positions(
-        self, rank_index: int, node: Node, draft: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(positions < logical_len held on this rank's host, their host slots).
-
-        The positions come from the harness's layout (``Node.owned_positions``); only the slots
-        are the implementation's, and their number must match (INV-13).
-        """
-        if not self.config.uses_cp:
-            host = node.host_value[rank_index]  # draft copies reuse the target slots
-            assert host is not None
-            return torch.arange(node.logical_len), host
-        owned = node.owned_positions[rank_index]
-        keep = owned < node.logical_len
-        return owned[keep], self._host_slots(rank_index, node, draft)[keep]
-
-    def _host_slots(self, rank_index: int, node: Node, draft: bool) -> torch.Tensor:
-        """The host (or draft host) slots the implementation chose for the node on a rank,
-        after checking there is exactly one per position the harness's layout says it owns."""
-        meta = self._meta(node, rank_index)
-        slots = meta.draft_host_indices if draft else meta.host_indices
-        owned = len(node.owned_positions[rank_index])
-        self._count("INV-13")
-        check_host_slot_count(
-            0 if slots is None else len(slots),
-            owned,
-            f"node {node.handle} rank {rank_index}",
-            pool="draft host" if draft else "host",
-        )
-        return slots if slots is not None else torch.empty((0,), dtype=torch.int64)
-
-    def check_device_bytes(self, node: Node, inv_id: str, when: str) -> None:
-        assert node.value is not None
-        for rank_index in range(len(self.world.ranks)):
-            _, locs = self._placement(rank_index, node)
-            for draft, layer_num in self._layer_kinds():
-                pool, _ = self._pools(rank_index, draft)
-                for layer in range(min(layer_num, node.layers_stored)):
-                    for c, buf in enumerate(pool.layer_buffers(layer)):
-                        rows = self._device_rows(
-                            rank_index, node, draft, layer, c, tuple(buf.shape[1:])
-                        )
-                        self._check_rows(
-                            buf[locs],
-                            rows,
-                            inv_id,
-                            f"{when}: device copy of node {node.handle} "
-                            f"{'draft' if draft else 'target'} layer {layer} component {c} "
-                            f"rank {rank_index}",
-                        )
-
-    def _check_rows(
-        self, actual: torch.Tensor, expected: torch.Tensor, inv_id: str, where: str
-    ) -> None:
-        """The rows hold the content oracle's bytes (INV-06; INV-09 at a drain, INV-11 read)."""
-        self._count(inv_id)
-        if (
-            actual.device != expected.device
-        ):  # a GPU world: the content oracle's rows are on the CPU
-            actual = actual.to(expected.device)
-        if torch.equal(actual, expected):
-            return  # exact: the oracle's rows are never 0 or NaN, so equal values are equal bytes
-        check_bytes_equal(
-            actual,
-            expected,
-            where,
-            inv_id=inv_id,
-            describe_row=_describe,
-            fix="bytes moved before their copy landed, or into the wrong slots",
-        )
+        self.watch.clear()
 
     # -- the harness's model, for the session's checks ------------------------------------------
     def model(self) -> HarnessModel:
         """What the tree recorded about its nodes' pages, as plain data (``invariants/``)."""
-        nodes = tuple(self._holdings(node) for node in self.nodes.values())
+        page, ranks = self.config.page_size, len(self.world.ranks)
+        nodes = tuple(
+            compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
+        )
         return HarnessModel(num_counters=self.config.num_counters, nodes=nodes)
-
-    def _holdings(self, node: Node) -> NodeHoldings:
-        """One node's pages, rebuilt only when a tensor it reads (or its backup) changed."""
-        if self.config.uses_cp:
-            metas = node.cp_meta or [None] * len(self.world.ranks)
-            host_of = [meta.host_indices if meta else None for meta in metas]
-            draft_of = [meta.draft_host_indices if meta else None for meta in metas]
-        else:
-            host_of = list(node.host_value)
-            draft_of = []
-        key = (node.value, node.backup, *host_of, *draft_of)
-        cached = node.holdings_key
-        if (
-            node.holdings is not None
-            and cached is not None
-            and len(cached) == len(key)
-            and all(a is b for a, b in zip(cached, key, strict=True))
-        ):
-            return node.holdings
-        page = self.config.page_size
-        device = _pages(node.value, page) if node.value is not None else frozenset()
-        host = tuple(_pages(t, page) if t is not None else frozenset() for t in host_of)
-        if self.config.uses_cp:
-            draft = tuple(_pages(t, page) if t is not None else frozenset() for t in draft_of)
-        else:
-            draft = tuple(frozenset() for _ in self.world.ranks)
-        node.holdings = NodeHoldings(node.handle, node.node_id, device, host, draft, node.backup)
-        node.holdings_key = key
-        return node.holdings
-
-
-def handle_of(node: Node) -> int:
-    return node.handle
-
-
-def _describe(row: torch.Tensor) -> str:
-    return describe_row(float(row.reshape(-1)[0]))
-
-
-_PAGES_CACHE: dict[int, tuple[torch.Tensor, int, frozenset[int]]] = {}
-_PAGES_CACHE_BOUND = 4096
-
-
-def _pages(indices: torch.Tensor, page: int) -> frozenset[int]:
-    """The pages an index tensor covers (cached per tensor: node tensors never change)."""
-    hit = _PAGES_CACHE.get(id(indices))
-    if hit is not None and hit[0] is indices and hit[1] == page:
-        return hit[2]
-    pages = frozenset(torch.unique(indices // page).tolist()) if indices.numel() else frozenset()
-    if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
-        _PAGES_CACHE.clear()
-    _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique
-    return pages

@@ -88,9 +88,7 @@ def test_each_world_gets_its_own_device_module(tree_0510: Path) -> None:
 
 
 def test_a_folder_without_the_controller_is_one_setup_error(tmp_path: Path) -> None:
-    with pytest.raises(
-        HiCacheSetupError, match=r"cache_controller\.py, which is missing"
-    ):
+    with pytest.raises(HiCacheSetupError, match=r"cache_controller\.py, which is missing"):
         check_tree(tmp_path)
     with pytest.raises(HiCacheSetupError, match="no such folder"):
         check_tree(tmp_path / "missing")

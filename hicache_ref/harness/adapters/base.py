@@ -57,6 +57,10 @@ CAPABILITIES = frozenset(
         "pool:nsa",
         "pool:hybrid",  # the allocator's KV cache is a HybridLinearKVPool (unwrapped to its full pool)
         "guards",  # refuses unsafe calls (free in flight, second backup) with the invariant id
+        "multi_consumer",  # layer_done_counter.set_consumer takes a list of producer slots and
+        # wait_until waits on every one of them (one forward batch over several loads)
+        "reset_drains",  # reset() synchronizes the write and load streams before clearing, so
+        # no copy issued before it lands after it (a reset with copies in flight is safe)
     }
 )
 

@@ -62,12 +62,17 @@ UPSTREAM_CAPABILITIES = frozenset(
         "pool:hybrid",
     }
 )
-"""0.5.10: write/load/start_*/evict_*/reset; no CP, no draft pools, no guards, no storage here."""
+"""0.5.10: write/load/start_*/evict_*/reset; no CP, no draft pools, no guards, no storage here.
+Neither 0.5.10's nor 0.5.23's ``LayerDoneCounter.set_consumer(index: int)`` takes a list (its
+``wait_until`` compares the index with 0: no ``multi_consumer``), and neither ``reset()``
+synchronizes a stream before clearing the queues (no ``reset_drains``)."""
 
-SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage"}
+SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage", "reset_drains"}
 # the fork's move_indices also drives layer_page_first (direct) and unwraps hybrid pools
 """The fork adds CP shared KV (reserve/submit/load_cp/evict_cp_host), per-layer write-back and
-draft pools; like upstream it does not refuse unsafe calls."""
+draft pools; like upstream it does not refuse unsafe calls. Its ``LayerDoneCounter`` takes a
+list of consumer slots and waits on each (``multi_consumer``); its ``reset()`` clears the queues
+without synchronizing the write or load stream (no ``reset_drains``)."""
 
 FORK_ENV_FLAGS: dict[str, object] = {
     "SGLANG_CP_SHARED_KV_BS_GT1_TIMING": False,

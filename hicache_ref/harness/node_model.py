@@ -1,0 +1,112 @@
+"""The tree's model of its radix nodes: one ``Node`` per handle, and the pages each one holds.
+
+A node's lifecycle (specs/protocol.md): computing -> device -> backing_up -> backed_up ->
+evicted (host only) -> loading -> backed_up; a node never backed up can be dropped. The driver
+(``tree.py``) moves nodes along it; ``compute_holdings`` turns one node into the plain
+``NodeHoldings`` the session's checks read (``invariants/snapshot.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hicache_ref.harness.adapters.base import CpMetadataLike, WriteReservationLike
+from hicache_ref.invariants.snapshot import NodeHoldings
+
+
+@dataclass
+class Node:
+    handle: int
+    node_id: int
+    logical_len: int
+    value: torch.Tensor | None  # logical device locs [:logical_len], identical on every rank
+    layers_stored: int = 0
+    backup: str = "none"  # none | in_flight | done
+    host_value: list[torch.Tensor | None] = field(default_factory=list)  # non-CP, per rank
+    cp_meta: list[CpMetadataLike | None] = field(default_factory=list)  # CP, per rank
+    reservations: list[WriteReservationLike] = field(default_factory=list)  # CP, per rank
+    # recorded by the harness at write time, from its own CP layout (never the metadata's):
+    page_owners: list[int] = field(default_factory=list)  # owner rank of each padded page
+    owned_positions: list[torch.Tensor] = field(default_factory=list)  # per rank, padded span
+    loading: bool = False
+    producer_id: int | None = None
+    pending_reads: int = 0
+    # caches of what the harness derives from ``value`` (rebuilt when ``value`` is replaced)
+    placement_of: torch.Tensor | None = field(default=None, repr=False)
+    placement: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )  # rank -> (owned positions, physical locs)
+    rows_positions: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    rows_cache: dict[tuple[int, bool, int, int, tuple[int, ...]], torch.Tensor] = field(
+        default_factory=dict, repr=False
+    )  # (rank, draft, layer, component, row shape) -> the oracle's rows at ``rows_positions``
+    host_rows_of: list[torch.Tensor] | None = field(default=None, repr=False)
+    host_rows_cache: dict[tuple[int, bool, int, int, tuple[int, ...]], torch.Tensor] = field(
+        default_factory=dict, repr=False
+    )  # the same key -> the oracle's rows at the host positions of ``owned_positions``
+    holdings_key: tuple[object, ...] | None = field(default=None, repr=False)
+    holdings: NodeHoldings | None = field(default=None, repr=False)
+
+    @property
+    def on_device(self) -> bool:
+        return self.value is not None
+
+
+@dataclass
+class CpNodeView:
+    """What ``load_cp`` reads from a node (id, host_len, cp_hicache) for one rank."""
+
+    id: int
+    host_len: int
+    cp_hicache: CpMetadataLike
+
+
+def handle_of(node: Node) -> int:
+    return node.handle
+
+
+def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> NodeHoldings:
+    """One node's pages, rebuilt only when a tensor it reads (or its backup) changed."""
+    if uses_cp:
+        metas = node.cp_meta or [None] * num_ranks
+        host_of = [meta.host_indices if meta else None for meta in metas]
+        draft_of = [meta.draft_host_indices if meta else None for meta in metas]
+    else:
+        host_of = list(node.host_value)
+        draft_of = []
+    key = (node.value, node.backup, *host_of, *draft_of)
+    cached = node.holdings_key
+    if (
+        node.holdings is not None
+        and cached is not None
+        and len(cached) == len(key)
+        and all(a is b for a, b in zip(cached, key, strict=True))
+    ):
+        return node.holdings
+    device = _pages(node.value, page) if node.value is not None else frozenset()
+    host = tuple(_pages(t, page) if t is not None else frozenset() for t in host_of)
+    if uses_cp:
+        draft = tuple(_pages(t, page) if t is not None else frozenset() for t in draft_of)
+    else:
+        draft = tuple(frozenset() for _ in range(num_ranks))
+    node.holdings = NodeHoldings(node.handle, node.node_id, device, host, draft, node.backup)
+    node.holdings_key = key
+    return node.holdings
+
+
+_PAGES_CACHE: dict[int, tuple[torch.Tensor, int, frozenset[int]]] = {}
+_PAGES_CACHE_BOUND = 4096
+
+
+def _pages(indices: torch.Tensor, page: int) -> frozenset[int]:
+    """The pages an index tensor covers (cached per tensor: node tensors never change)."""
+    hit = _PAGES_CACHE.get(id(indices))
+    if hit is not None and hit[0] is indices and hit[1] == page:
+        return hit[2]
+    pages = frozenset(torch.unique(indices // page).tolist()) if indices.numel() else frozenset()
+    if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
+        _PAGES_CACHE.clear()
+    _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique
+    return pages

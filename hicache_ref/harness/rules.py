@@ -1,0 +1,655 @@
+"""Every atomic rule of the harness, defined once: one ``RuleRecord`` (``rule_record.py``) per
+trace step name.
+
+A record says, for one rule, in the order a step goes through it:
+
+- ``candidates``: the nodes it may act on now (``Session.candidates``), when it takes a node;
+- ``why_not`` (``_rule_<name>``): None when the step may run now, else a short reason, which
+  the session records for a skipped step (``Session.why_disabled``, the replayer's
+  ``ReplayResult.skipped``), as the oracle's ``_rule_*`` answer ``why_disabled``;
+- ``process`` (``process_<name>``): what it does to the world (a tree driver verb), returning
+  the outcome string of the trace; flags say which session checks run around it (``refusable``:
+  INV-17 on a refusal, ``probe``: a misuse probe, ``resets``: INV-18 after it);
+- ``draw``: how the Hypothesis machine draws its arguments (strategies, then ``choose`` turns
+  the drawn values into step arguments against the session); None for rules only compound
+  machine rules or translated oracle traces use.
+
+``Session`` (enabled/apply), the machine (its atomic rules are generated from the records),
+the replayer and the minimizer all read ``RULES``; ``trace.RuleName`` must name exactly these
+rules (``tests/harness/test_rules.py``). Rule names and argument names are a stable format:
+traces in ``fuzz/corpus`` name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from hypothesis import strategies as st
+
+from hicache_ref.harness.rule_record import (
+    MULTI_CONSUMER,
+    PICK,
+    RESET_DRAINS,
+    STREAMS,
+    Args,
+    Draw,
+    RuleRecord,
+    always,
+    candidate_rule,
+    copies_queued,
+    device_busy,
+    layer_in_range,
+    layer_limit,
+    needs_per_layer_write,
+    node_arg,
+    parse_handles,
+    pick_candidate,
+    pick_draw,
+    undrained_loads,
+)
+from hicache_ref.harness.trace import StepArg
+
+if TYPE_CHECKING:
+    from hicache_ref.harness.session import Session
+
+__all__ = ["MULTI_CONSUMER", "RESET_DRAINS", "RULES", "STREAMS", "Draw", "RuleRecord"]
+
+
+# -- the forward --------------------------------------------------------------------------------
+def _rule_prefill(session: Session, args: Args) -> str | None:
+    if int(args.get("tokens", 0)) < 1:
+        return "a prefill needs tokens >= 1"
+    handle = int(args.get("handle", session.tree.next_handle))
+    if handle in session.tree.nodes:
+        return f"handle {handle} is taken"
+    return None
+
+
+def process_prefill(session: Session, args: Args) -> str:
+    return session.tree.prefill(
+        int(args["tokens"]),
+        bool(args.get("early_reserve", False)),
+        int(args["handle"]),
+        batch=bool(args.get("batch", True)),
+    )
+
+
+def _rule_forward_layer(session: Session, args: Args) -> str | None:
+    return None if session.tree.batch else "no forward batch is being computed"
+
+
+def process_forward_layer(session: Session, args: Args) -> str:
+    return session.tree.forward_layer()
+
+
+def _rule_store_layer(session: Session, args: Args) -> str | None:
+    node = session.tree.node(node_arg(args))
+    if node is None or not node.on_device:
+        return f"node {node_arg(args)} is not on device"
+    if node.loading:
+        return f"node {node_arg(args)} is loading"
+    return layer_in_range(session, args)
+
+
+def process_store_layer(session: Session, args: Args) -> str:
+    return session.tree.store_layer(node_arg(args), int(args["layer"]), bool(args["draft"]))
+
+
+def _rule_layer_end(session: Session, args: Args) -> str | None:
+    return needs_per_layer_write(session) or layer_in_range(session, args)
+
+
+def process_layer_end(session: Session, args: Args) -> str:
+    return session.tree.layer_end(int(args["layer"]), bool(args["draft"]))
+
+
+# -- the write path -----------------------------------------------------------------------------
+def _candidates_write(session: Session) -> list[int]:
+    total = session.tree.total_layers
+    return session.tree.handles(
+        lambda n: n.on_device and n.layers_stored == total and n.backup == "none"
+    )
+
+
+def process_write(session: Session, args: Args) -> str:
+    return session.tree.write_backup(node_arg(args))
+
+
+def process_start_writing(session: Session, args: Args) -> str:
+    for rank in session.world.ranks:
+        rank.controller.start_writing()
+    return "start_writing"
+
+
+def _rule_reserve(session: Session, args: Args) -> str | None:
+    node = session.tree.node(node_arg(args))
+    if (why := needs_per_layer_write(session)) is not None:
+        return why
+    if node is None or not node.on_device:
+        return f"node {node_arg(args)} is not on device"
+    if not session.config.uses_cp or node.backup != "none" or node.loading:
+        return f"node {node_arg(args)} has a backup or is loading (or the world has no CP)"
+    return None
+
+
+def process_reserve(session: Session, args: Args) -> str:
+    return session.tree.reserve(node_arg(args))
+
+
+def _rule_submit_layer(session: Session, args: Args) -> str | None:
+    node = session.tree.node(node_arg(args))
+    if (why := needs_per_layer_write(session)) is not None:
+        return why
+    if node is None or not node.on_device:
+        return f"node {node_arg(args)} is not on device"
+    if not node.reservations or node.backup != "in_flight":
+        return f"node {node_arg(args)} has no reservation in flight"
+    return None
+
+
+def process_submit_layer(session: Session, args: Args) -> str:
+    return session.tree.submit_layer(node_arg(args), int(args["layer"]), bool(args["draft"]))
+
+
+def process_drain_write(session: Session, args: Args) -> str:
+    return session.tree.writing_check()
+
+
+def _candidates_cancel(session: Session) -> list[int]:
+    t = session.tree
+    return [h for h in t.handles(lambda n: n.backup == "in_flight") if t.has_pending_layer_write(h)]
+
+
+def process_cancel(session: Session, args: Args) -> str:
+    return session.tree.cancel_backup(node_arg(args))
+
+
+# -- the load path ------------------------------------------------------------------------------
+def _candidates_load(session: Session) -> list[int]:
+    if undrained_loads(session) + 1 > session.config.num_counters:
+        return []
+    return session.tree.handles(lambda n: not n.on_device and n.backup == "done" and not n.loading)
+
+
+def process_load(session: Session, args: Args) -> str:
+    return session.tree.load_back(node_arg(args))
+
+
+def _rule_start_loading(session: Session, args: Args) -> str | None:
+    if not session.tree.queued_loads:
+        return "no load is queued"
+    if undrained_loads(session) >= session.config.num_counters:
+        return "every producer slot is held by an undrained load ack (INV-10)"
+    return None
+
+
+def process_start_loading(session: Session, args: Args) -> str:
+    return session.tree.start_loading()
+
+
+def _candidates_forward_read(session: Session) -> list[int]:
+    return session.tree.handles(
+        lambda n: (
+            n.on_device and n.layers_stored > 0 and (not n.loading or n.producer_id is not None)
+        )
+    )
+
+
+def _rule_forward_read(session: Session, args: Args) -> str | None:
+    node = session.tree.node(node_arg(args))
+    if node is None or node_arg(args) not in session.candidates("forward_read"):
+        return f"node {node_arg(args)} is not readable (on device, stored, its load started)"
+    return layer_in_range(session, args, node.layers_stored)
+
+
+def process_forward_read(session: Session, args: Args) -> str:
+    return session.tree.forward_read(node_arg(args), int(args["layer"]), bool(args["draft"]))
+
+
+def _choose_forward_read(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg] | None:
+    handle = pick_candidate(session, "forward_read", int(drawn["pick"]))
+    node = session.tree.nodes[handle]
+    draft = bool(drawn["draft"]) and session.config.has_draft
+    limit = min(layer_limit(session, draft), node.layers_stored)
+    if limit <= 0:
+        return None
+    return {"node": handle, "layer": int(drawn["layer"]) % limit, "draft": draft}
+
+
+def _rule_forward_read_batch(session: Session, args: Args) -> str | None:
+    if MULTI_CONSUMER not in session.capabilities:
+        return "set_consumer takes one producer slot here (no multi_consumer)"
+    handles = parse_handles(args)
+    if handles is None or len(handles) < 2 or len(set(handles)) != len(handles):
+        return "a batch reads two or more distinct nodes (nodes='h1,h2,...')"
+    readable = session.candidates("forward_read")
+    for handle in handles:
+        if handle not in readable:
+            return f"node {handle} is not readable (on device, stored, its load started)"
+    stored = min(session.tree.nodes[h].layers_stored for h in handles)
+    return layer_in_range(session, args, stored)
+
+
+def process_forward_read_batch(session: Session, args: Args) -> str:
+    handles = parse_handles(args)
+    assert handles is not None
+    return session.tree.forward_read_batch(handles, int(args["layer"]), bool(args["draft"]))
+
+
+def _choose_forward_read_batch(
+    session: Session, drawn: Mapping[str, Any]
+) -> dict[str, StepArg] | None:
+    """Distinct readable nodes: one loading node per producer slot first, then drawn ones."""
+    readable = session.candidates("forward_read")
+    if len(readable) < 2:
+        return None
+    nodes = session.tree.nodes
+    by_slot: dict[int, int] = {}
+    for handle in readable:
+        producer = nodes[handle].producer_id
+        if nodes[handle].loading and producer is not None:
+            by_slot.setdefault(producer, handle)
+    picks = [int(p) for p in drawn["picks"]]
+    chosen = list(by_slot.values())[: len(picks)]
+    for pick in picks:
+        handle = readable[pick % len(readable)]
+        if len(chosen) < len(picks) and handle not in chosen:
+            chosen.append(handle)
+    if len(chosen) < 2:
+        chosen = readable[:2]
+    draft = bool(drawn["draft"]) and session.config.has_draft
+    limit = min(layer_limit(session, draft), *(nodes[h].layers_stored for h in chosen))
+    if limit <= 0:
+        return None
+    layer = int(drawn["layer"]) % limit
+    return {"nodes": ",".join(map(str, chosen)), "layer": layer, "draft": draft}
+
+
+def process_drain_load(session: Session, args: Args) -> str:
+    return session.tree.loading_check()
+
+
+def process_drain_acks(session: Session, args: Args) -> str:
+    return f"{session.tree.writing_check()}; {session.tree.loading_check()}"
+
+
+# -- eviction -----------------------------------------------------------------------------------
+def _candidates_evict_device(session: Session) -> list[int]:
+    return session.tree.handles(
+        lambda n: n.on_device and n.backup == "done" and not n.loading and n.pending_reads == 0
+    )
+
+
+def process_evict_device(session: Session, args: Args) -> str:
+    return session.tree.evict_device(node_arg(args))
+
+
+def _candidates_drop(session: Session) -> list[int]:
+    return session.tree.handles(lambda n: n.on_device and n.backup == "none" and not n.loading)
+
+
+def process_drop(session: Session, args: Args) -> str:
+    return session.tree.drop(node_arg(args))
+
+
+def _candidates_evict_host(session: Session) -> list[int]:
+    return session.tree.handles(lambda n: not n.on_device and n.backup == "done" and not n.loading)
+
+
+def process_evict_host(session: Session, args: Args) -> str:
+    return session.tree.evict_host(node_arg(args))
+
+
+# -- streams and the host -----------------------------------------------------------------------
+def _rule_advance(session: Session, args: Args) -> str | None:
+    if args.get("stream") not in STREAMS or int(args.get("n", 0)) < 1:
+        return f"advance needs a stream in {STREAMS} and n >= 1"
+    return None
+
+
+def process_advance(session: Session, args: Args) -> str:
+    return session.advance(str(args["stream"]), int(args["n"]))
+
+
+def _rule_synchronize(session: Session, args: Args) -> str | None:
+    return None if args.get("stream") in STREAMS else f"synchronize needs a stream in {STREAMS}"
+
+
+def process_synchronize(session: Session, args: Args) -> str:
+    return session.synchronize(str(args["stream"]))
+
+
+def _rule_scribble_free_host(session: Session, args: Args) -> str | None:
+    return None if device_busy(session) else "no copy is queued (a scribble would race nothing)"
+
+
+def _offered_scribble(session: Session) -> bool:
+    """While a scribble is watched a new one adds little (the machine waits for its horizon)."""
+    return copies_queued(session) and not session.tree.watch.active
+
+
+def process_scribble_free_host(session: Session, args: Args) -> str:
+    return session.tree.scribble_free_host()
+
+
+# -- misuse probes ------------------------------------------------------------------------------
+def _candidates_probe_evict_host(session: Session) -> list[int]:
+    t = session.tree
+    return [h for h in t.handles(lambda n: n.backup == "in_flight") if t.write_in_flight(h)]
+
+
+def _candidates_probe_evict_device(session: Session) -> list[int]:
+    t = session.tree
+    return [
+        h for h in t.handles(lambda n: n.on_device) if t.write_in_flight(h) or t.load_in_flight(h)
+    ]
+
+
+def _candidates_probe_rewrite(session: Session) -> list[int]:
+    return session.tree.handles(lambda n: n.backup == "in_flight" and n.on_device)
+
+
+def _probe_rule(rule: str, what: str) -> Callable[[Session, Args], str | None]:
+    in_candidates = candidate_rule(rule, what)
+
+    def why_not(session: Session, args: Args) -> str | None:
+        if "guards" not in session.capabilities:
+            return "the implementation refuses nothing (no guards): probes are off"
+        return in_candidates(session, args)
+
+    return why_not
+
+
+def _process_probe(kind: str) -> Callable[[Session, Args], str]:
+    return lambda session, args: session.tree.probe(kind, node_arg(args))
+
+
+# -- reset --------------------------------------------------------------------------------------
+def process_reset(session: Session, args: Args) -> str:
+    return session.tree.reset()
+
+
+def _rule_reset_in_flight(session: Session, args: Args) -> str | None:
+    if RESET_DRAINS not in session.capabilities:
+        return "reset() does not wait for its streams here (no reset_drains): use reset"
+    return None if device_busy(session) else "no copy is queued (use reset)"
+
+
+def process_reset_in_flight(session: Session, args: Args) -> str:
+    return session.tree.reset_in_flight()
+
+
+def process_noop(session: Session, args: Args) -> str:
+    return "noop"
+
+
+def _offered_reset(session: Session) -> bool:
+    return len(session.tree.nodes) >= 3
+
+
+def _no_args(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
+    return {}
+
+
+# -- the records --------------------------------------------------------------------------------
+_FORWARD_READ_WHAT = "readable (on device, stored, its load started)"
+_RECORDS: tuple[RuleRecord, ...] = (
+    RuleRecord(
+        "prefill",
+        "forward",
+        "a request's prefill: new pages (the forward stores them layer by layer)",
+        _rule_prefill,
+        process_prefill,
+        refusable=True,
+    ),
+    RuleRecord(
+        "forward_layer",
+        "forward",
+        "one layer of the forward batch: every node's store, then the layer hooks",
+        _rule_forward_layer,
+        process_forward_layer,
+    ),
+    RuleRecord(
+        "store_layer",
+        "forward",
+        "one layer's KV store of one node (oracle traces)",
+        _rule_store_layer,
+        process_store_layer,
+    ),
+    RuleRecord(
+        "layer_end",
+        "forward",
+        "the pools' layer-end hooks (drive pending per-layer writes)",
+        _rule_layer_end,
+        process_layer_end,
+    ),
+    RuleRecord(
+        "write",
+        "write path",
+        "back up a computed device node (write / reserve_write_cp + submit)",
+        candidate_rule("write", "on device, computed and not backed up"),
+        process_write,
+        candidates=_candidates_write,
+        draw=pick_draw("write"),
+        refusable=True,
+    ),
+    RuleRecord(
+        "start_writing",
+        "write path",
+        "flush queued writes",
+        always,
+        process_start_writing,
+    ),
+    RuleRecord(
+        "reserve",
+        "write path",
+        "an early CP reservation of an existing node",
+        _rule_reserve,
+        process_reserve,
+        refusable=True,
+    ),
+    RuleRecord(
+        "submit_layer",
+        "write path",
+        "submit one layer of a reserved node",
+        _rule_submit_layer,
+        process_submit_layer,
+    ),
+    RuleRecord(
+        "drain_write",
+        "write path",
+        "drain the ready prefix of the write acks",
+        always,
+        process_drain_write,
+    ),
+    RuleRecord(
+        "cancel",
+        "write path",
+        "roll back a pending per-layer backup, then free its host slots",
+        candidate_rule("cancel", "backing up with a pending per-layer write"),
+        process_cancel,
+        candidates=_candidates_cancel,
+        draw=pick_draw("cancel"),
+    ),
+    RuleRecord(
+        "load",
+        "load path",
+        "load a host-only node back (load / load_cp)",
+        candidate_rule("load", "host only and not loading, with a producer slot free"),
+        process_load,
+        candidates=_candidates_load,
+        draw=pick_draw("load"),
+        refusable=True,
+    ),
+    RuleRecord(
+        "start_loading",
+        "load path",
+        "start the queued loads on one producer slot",
+        _rule_start_loading,
+        process_start_loading,
+        draw=Draw({}, _no_args, lambda s: bool(s.tree.queued_loads)),
+    ),
+    RuleRecord(
+        "forward_read",
+        "load path",
+        "the forward reads one layer of a node (waits on its producer slot)",
+        _rule_forward_read,
+        process_forward_read,
+        candidates=_candidates_forward_read,
+        draw=Draw(
+            {"pick": PICK, "layer": st.integers(0, 3), "draft": st.booleans()},
+            _choose_forward_read,
+            lambda s: bool(s.candidates("forward_read")),
+        ),
+    ),
+    RuleRecord(
+        "forward_read_batch",
+        "load path",
+        "one forward batch reads one layer of several nodes of different producer slots",
+        _rule_forward_read_batch,
+        process_forward_read_batch,
+        draw=Draw(
+            {
+                "picks": st.lists(PICK, min_size=2, max_size=3),
+                "layer": st.integers(0, 3),
+                "draft": st.booleans(),
+            },
+            _choose_forward_read_batch,
+            lambda s: MULTI_CONSUMER in s.capabilities and len(s.candidates("forward_read")) >= 2,
+        ),
+    ),
+    RuleRecord(
+        "drain_load",
+        "load path",
+        "drain the ready prefix of the load acks",
+        always,
+        process_drain_load,
+    ),
+    RuleRecord(
+        "drain_acks",
+        "acks",
+        "the scheduler's per-step check: drain both ack queues",
+        always,
+        process_drain_acks,
+    ),
+    RuleRecord(
+        "evict_device",
+        "eviction",
+        "free a backed-up node's device pages",
+        candidate_rule("evict_device", "backed up, on device, idle"),
+        process_evict_device,
+        candidates=_candidates_evict_device,
+        draw=pick_draw("evict_device"),
+    ),
+    RuleRecord(
+        "drop",
+        "eviction",
+        "free a node never backed up",
+        candidate_rule("drop", "on device, not backed up, not loading"),
+        process_drop,
+        candidates=_candidates_drop,
+        draw=pick_draw("drop"),
+    ),
+    RuleRecord(
+        "evict_host",
+        "eviction",
+        "free a host-only node's host copy",
+        candidate_rule("evict_host", "host only and not loading"),
+        process_evict_host,
+        candidates=_candidates_evict_host,
+        draw=pick_draw("evict_host"),
+    ),
+    RuleRecord(
+        "advance",
+        "streams",
+        "run n queued ops of one stream",
+        _rule_advance,
+        process_advance,
+        draw=Draw(
+            {"stream": st.sampled_from(STREAMS), "n": st.integers(1, 16)},
+            lambda s, d: {"stream": str(d["stream"]), "n": int(d["n"])},
+            device_busy,
+        ),
+    ),
+    RuleRecord(
+        "synchronize",
+        "streams",
+        "the host waits for one stream",
+        _rule_synchronize,
+        process_synchronize,
+    ),
+    RuleRecord(
+        "scribble_free_host",
+        "eviction",
+        "the CPU writes into every free host slot while copies are queued",
+        _rule_scribble_free_host,
+        process_scribble_free_host,
+        draw=Draw({}, _no_args, _offered_scribble),
+    ),
+    RuleRecord(
+        "probe_evict_host",
+        "misuse",
+        "evict_host of a node whose backup is in flight: must be refused (INV-07/INV-15)",
+        _probe_rule("probe_evict_host", "backing up with its copy in flight"),
+        _process_probe("evict_host"),
+        candidates=_candidates_probe_evict_host,
+        draw=pick_draw("probe_evict_host"),
+        probe=True,
+    ),
+    RuleRecord(
+        "probe_evict_device",
+        "misuse",
+        "evict_device of a node whose copy is in flight: must be refused (INV-08)",
+        _probe_rule("probe_evict_device", "on device with a copy in flight"),
+        _process_probe("evict_device"),
+        candidates=_candidates_probe_evict_device,
+        draw=pick_draw("probe_evict_device"),
+        probe=True,
+    ),
+    RuleRecord(
+        "probe_rewrite",
+        "misuse",
+        "a second backup of a node whose backup is in flight: must be refused (INV-02)",
+        _probe_rule("probe_rewrite", "on device with its backup in flight"),
+        _process_probe("rewrite"),
+        candidates=_candidates_probe_rewrite,
+        draw=pick_draw("probe_rewrite"),
+        probe=True,
+    ),
+    RuleRecord(
+        "reset",
+        "other",
+        "tree reset at idle",
+        always,
+        process_reset,
+        draw=Draw({}, _no_args, _offered_reset),
+        resets=True,
+    ),
+    RuleRecord(
+        "reset_in_flight",
+        "other",
+        "tree reset with copies queued (the implementation's reset must drain its streams)",
+        _rule_reset_in_flight,
+        process_reset_in_flight,
+        draw=Draw(
+            {},
+            _no_args,
+            lambda s: RESET_DRAINS in s.capabilities and _offered_reset(s) and copies_queued(s),
+        ),
+        resets=True,
+    ),
+    RuleRecord("noop", "other", "nothing (an oracle op with no call)", always, process_noop),
+)
+
+RULES: Mapping[str, RuleRecord] = MappingProxyType({r.name: r for r in _RECORDS})
+"""Every atomic rule by name, in the order the campaign report and the machine list them."""
+
+
+def rule_families() -> dict[str, tuple[str, ...]]:
+    """The rules of each family (what ``campaign.RULE_FAMILIES`` counts), from the records."""
+    families: dict[str, list[str]] = {}
+    for record in _RECORDS:
+        families.setdefault(record.family, []).append(record.name)
+    return {family: tuple(names) for family, names in families.items()}

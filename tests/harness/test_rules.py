@@ -1,0 +1,83 @@
+"""A rule is defined once: the records of ``harness/rules.py`` are what the trace format names,
+what the session applies, what the machine draws and what the campaign counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+from hicache_ref.campaign import RULE_FAMILIES, run_campaign
+from hicache_ref.harness.adapters import ReferenceImplementation
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.machine import LOAD_PATH_SHARE_MIN, HiCacheMachine
+from hicache_ref.harness.replay import replay
+from hicache_ref.harness.rules import RULES, rule_families
+from hicache_ref.harness.session import Session
+from hicache_ref.harness.trace import RuleName, Step, Trace, TraceHeader
+
+LOAD_PATH_CAMPAIGN_SECONDS = 15
+
+
+def test_trace_rule_names_are_exactly_the_records() -> None:
+    # RuleName (the stable trace format) <-> one record per atomic rule
+    assert sorted(get_args(RuleName)) == sorted(RULES)
+    assert all(name == record.name for name, record in RULES.items())
+
+
+def test_records_pair_a_rule_with_its_process_as_the_oracle_does() -> None:
+    # _rule_<name> says when (and why not), process_<name> what; shared helpers may serve many
+    for name, record in RULES.items():
+        process = record.process.__name__
+        assert process in (f"process_{name}", "<lambda>"), (name, process)
+        assert record.doc and record.family
+
+
+def test_campaign_families_agree_with_the_records() -> None:
+    # every rule the campaign report names sits in the family its record gives it
+    families = rule_families()
+    for family, names in RULE_FAMILIES.items():
+        for name in names:
+            assert name in families[family], f"{name}: campaign says {family!r}"
+
+
+def test_every_drawn_record_is_a_generated_machine_rule() -> None:
+    # a record with a draw -> a machine method of its name, generated (not hand-written)
+    for name, record in RULES.items():
+        method = getattr(HiCacheMachine, name, None)
+        if record.draw is None:
+            continue
+        assert method is not None, f"{name} has a draw but no machine rule"
+        assert "generated" in (method.__doc__ or "") or record.doc in (method.__doc__ or "")
+
+
+def test_a_skipped_step_keeps_its_records_reason() -> None:
+    # evict_host of a node that does not exist -> skipped, and the replay says why
+    session = Session(HarnessConfig(), ReferenceImplementation(), "reference")
+    assert session.apply(Step(rule="evict_host", args={"node": 42})) == "skipped"
+    assert session.why_disabled(Step(rule="evict_host", args={"node": 42})) == (
+        "node 42 is not host only and not loading"
+    )
+    steps = (Step(rule="advance", args={"stream": "write", "n": 0}), Step(rule="noop"))
+    result = replay(Trace(header=TraceHeader(config=HarnessConfig()), steps=steps))
+    assert result.outcomes == ("skipped", "noop")
+    assert result.render_skips(steps) == [
+        "step 0: advance(stream='write', n=0) skipped: advance needs a stream in "
+        "('forward', 'write', 'load') and n >= 1"
+    ]
+
+
+def test_the_load_path_keeps_a_fifth_of_the_applied_steps(tmp_path: Path) -> None:
+    # a short campaign on the reference -> load, start_loading, reads, drains >= 20% of steps
+    report = run_campaign(
+        "reference",
+        seconds=LOAD_PATH_CAMPAIGN_SECONDS,
+        profile="ci",
+        seed=0,
+        out_dir=tmp_path,
+        progress=False,
+    )
+    load_path = set(rule_families()["load path"])
+    applied = sum(report.rules.values())
+    share = sum(n for rule, n in report.rules.items() if rule in load_path) / applied
+    assert not report.failures
+    assert share >= LOAD_PATH_SHARE_MIN, dict(report.rules)
