@@ -22,7 +22,7 @@ from hicache_ref.device.sim import SimEvent
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "layer_backup_without_store_fence"
-INVARIANTS = ("INV-09", "INV-06")
+INVARIANTS = ("INV-09", "INV-06", "INV-12")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 11 (seed store/copy ordering race); vLLM#45704, vLLM#31341"

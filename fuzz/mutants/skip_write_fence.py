@@ -20,7 +20,7 @@ from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "skip_write_fence"
-INVARIANTS = ("INV-09", "INV-06")
+INVARIANTS = ("INV-09", "INV-06", "INV-12")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 11; sglang#38463, vLLM#45704 (D2H not ordered after the KV store)"

@@ -15,7 +15,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "wrong_consumer_slot"
-INVARIANTS = ("INV-11",)
+INVARIANTS = ("INV-11", "INV-10")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 8 (set_consumer / wait_until on another batch's slot); sglang#7267, #7280"

@@ -14,7 +14,10 @@ CUDA semantics reproduced on purpose:
 - ``wait`` on a never-recorded event is a no-op.
 
 Every executed op is appended to ``log`` (the happens-before log: stream order plus the record
-each wait was bound to), and all scheduling choices come from one seed.
+each wait was bound to) and handed to every ``on_execute`` listener, and all scheduling
+choices come from one seed. ``tagged(**tags)`` is a view of the device whose launches carry
+``tags`` in their meta, so a listener can tell whose op ran (the lockstep oracle hands each
+rank's host pools one, to learn which rank and pool a copy moved).
 """
 
 from __future__ import annotations
@@ -230,6 +233,10 @@ class SimDevice:
             op.meta = dict(meta)
         self._current._enqueue(op)
 
+    def tagged(self, **tags: object) -> TaggedLaunch:
+        """A view of this device whose ``launch`` adds ``tags`` to every op's meta."""
+        return TaggedLaunch(self, tags)
+
     # -- simulator surface -----------------------------------------------------------------------
     @property
     def streams(self) -> tuple[SimStream, ...]:
@@ -337,3 +344,28 @@ class SimDevice:
             if s._queue
         ]
         raise SimDeadlock("no stream can make progress: " + "; ".join(blocked))
+
+
+class TaggedLaunch:
+    """A ``SimDevice`` whose launches carry fixed tags in their meta (see ``SimDevice.tagged``).
+
+    Everything but ``launch`` is the device's own (streams, events, the log), so the view can
+    stand wherever the device does; only the meta of the ops it launches differs.
+    """
+
+    def __init__(self, device: SimDevice, tags: dict[str, object]) -> None:
+        self.sim = device
+        self.tags = dict(tags)
+
+    def launch(
+        self,
+        fn: Callable[[], None],
+        *,
+        label: str,
+        kind: OpKind = "copy",
+        meta: dict[str, object] | None = None,
+    ) -> None:
+        self.sim.launch(fn, label=label, kind=kind, meta={**(meta or {}), **self.tags})
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sim, name)

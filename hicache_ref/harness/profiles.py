@@ -40,3 +40,18 @@ def make_settings(
         database=None,
         **values,  # type: ignore[arg-type]
     )
+
+
+LOCKSTEP_ENV = "HICACHE_LOCKSTEP"
+LOCKSTEP_BY_PROFILE: dict[str, bool] = {"ci": True, "dev": True, "campaign": False}
+"""Whether ``harness/lockstep.attach_lockstep`` follows cases under each profile (the oracle
+costs steps/s; a campaign wants throughput). ``HICACHE_LOCKSTEP=0|1`` overrides."""
+
+
+def lockstep_enabled(profile: str | None = None) -> bool:
+    """Whether the oracle steps in lockstep with the harness under ``profile``."""
+    forced = os.environ.get(LOCKSTEP_ENV)
+    if forced is not None:
+        return forced not in ("", "0", "false", "off")
+    name = profile or os.environ.get(PROFILE_ENV, "ci")
+    return LOCKSTEP_BY_PROFILE.get(name, False)

@@ -25,8 +25,13 @@ Primitives, in the order data flows through them:
 5. ack     ``Advance("load")`` runs the H2D; ``DrainLoadAcks()`` unpins (``loading_check``).
 
 Plus ``Advance(stream)``, ``CopyLanded(...)`` (a harness reports an executed copy),
-``Reset()`` and ``Noop()``. ``check_invariants(state)`` returns every ``Violation`` (INV-02..18
-where expressible); ``ProtocolVariant`` flags plant one bug each (``PLANTED_BUGS``).
+``ForwardRan()`` (a harness reports an executed forward store or read), ``Reset()`` and
+``Noop()``. A harness grows the node universe as it inserts (``Insert(node, tokens=...)``
+under ``OracleConfig(max_tokens=...)``) and drains what its tree drained
+(``DrainWriteAcks(count)``), with ``OracleConfig(harness_schedule=True)`` admitting the
+harness tree's looser schedule; ``harness/lockstep.py`` steps the oracle this way.
+``check_invariants(state)`` returns every ``Violation`` (INV-02..18 where expressible);
+``ProtocolVariant`` flags plant one bug each (``PLANTED_BUGS``).
 Query functions (``get_*``) answer what a harness compares: slot owners and their in-flight
 users, predicted and expected tags, ack rows, lifecycles and locks.
 """
@@ -51,6 +56,7 @@ from hicache_ref.oracle.ops import (
     DrainWriteAcks,
     EvictDevice,
     EvictHost,
+    ForwardRan,
     ForwardRead,
     Insert,
     Load,
@@ -114,6 +120,7 @@ __all__ = [
     "DrainWriteAcks",
     "EvictDevice",
     "EvictHost",
+    "ForwardRan",
     "ForwardRead",
     "InFlightUse",
     "Insert",

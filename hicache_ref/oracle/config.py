@@ -7,7 +7,7 @@ Everything here is frozen and hashable, because it rides inside every oracle sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Literal
 
@@ -92,12 +92,18 @@ def make_variant(*flags: str) -> ProtocolVariant:
 
 @dataclass(frozen=True)
 class OracleConfig:
-    """Pool geometry and the fixed node universe. Sizes are in pages; every rank is alike.
+    """Pool geometry and the node universe. Sizes are in pages; every rank is alike.
 
     ``cp_size == 0`` is the plain (non-CP) controller: one rank, no per-layer write API.
     ``cp_size >= 1`` is CP shared KV over ``cp_size`` ranks driven in lockstep; logical device
     page ``p`` is owned by rank ``page_owner_table[p]`` (default ``p % cp_size``).
     Node ``n`` holds ``node_tokens[n]`` tokens on ``ceil(tokens / page_size)`` whole pages.
+    The universe grows as a harness inserts nodes (``Insert(node, tokens=...)``, see
+    ``with_node_tokens``); ``max_tokens`` fixes the content-tag stride so that every tag keeps its
+    meaning when it does (0: ``max(node_tokens)``, for a fixed universe).
+    ``harness_schedule`` admits the harness tree's looser, still correct schedule (see
+    ``step``): stores of each pool in layer order, reads of any stored or loaded layer, and
+    frees of a node whose own forward work is still queued (the forward stream is FIFO).
     With ``settle_records`` an event record runs as soon as it reaches the head of its stream
     (a GPU completes it with the work ahead of it); without it each record needs an ``Advance``.
     """
@@ -114,6 +120,8 @@ class OracleConfig:
     page_owner_table: tuple[int, ...] = ()
     settle_records: bool = True
     variant: ProtocolVariant = field(default_factory=ProtocolVariant)
+    max_tokens: int = 0
+    harness_schedule: bool = False
 
     def __post_init__(self) -> None:
         # Verify every size is positive, so the oracle never models an empty pool by accident
@@ -130,8 +138,15 @@ class OracleConfig:
             raise HiCacheInputError(
                 f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP); num_counters >= 1"
             )
-        if not self.node_tokens or min(self.node_tokens) < 1:
-            raise HiCacheInputError("node_tokens must name at least one node, each >= 1 token")
+        if (not self.node_tokens and self.max_tokens < 1) or min(self.node_tokens, default=1) < 1:
+            raise HiCacheInputError(
+                "node_tokens must name at least one node (or max_tokens >= 1 for a universe that "
+                "grows), each >= 1 token"
+            )
+        if self.max_tokens and max(self.node_tokens, default=0) > self.max_tokens:
+            raise HiCacheInputError(
+                f"node_tokens {self.node_tokens} exceed max_tokens={self.max_tokens}"
+            )
         if self.page_owner_table:
             self._check_owner_table()
 
@@ -176,7 +191,22 @@ class OracleConfig:
     @cached_property
     def token_stride(self) -> int:
         """Distinct tokens per node in a content tag (see ``geometry.compute_token_tag``)."""
-        return max(self.node_tokens)
+        return self.max_tokens or max(self.node_tokens)
+
+    def with_node_tokens(self, node: int, tokens: int) -> OracleConfig:
+        """This world with node ``node`` holding ``tokens`` tokens: the universe grows by one
+        node (``node == num_nodes``) or an id is re-sized (ids restart after a reset)."""
+        # Verify the universe grows one id at a time and the tag stride is fixed (max_tokens)
+        if not 0 <= node <= self.num_nodes:
+            raise HiCacheInputError(
+                f"node {node} would leave a hole in the universe [0, {self.num_nodes})"
+            )
+        if not self.max_tokens or not 1 <= tokens <= self.max_tokens:
+            raise HiCacheInputError(
+                f"a growing universe needs max_tokens >= tokens={tokens} (got {self.max_tokens})"
+            )
+        sizes = (*self.node_tokens[:node], tokens, *self.node_tokens[node + 1 :])
+        return replace(self, node_tokens=sizes)
 
     def page_owner(self, page: int) -> int:
         """The rank that owns logical device page ``page``."""
@@ -198,5 +228,5 @@ class OracleConfig:
             f"nodes={self.node_tokens} page={self.page_size} layers={self.layer_num} "
             f"draft={self.draft_layer_num} device_pages={self.device_pages} "
             f"host_pages={self.host_pages} cp={self.cp_size} counters={self.num_counters} "
-            f"planted={bugs}"
+            f"planted={bugs}{' harness_schedule' if self.harness_schedule else ''}"
         )

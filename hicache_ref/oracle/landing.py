@@ -5,18 +5,24 @@ pairs for that rank), brings its stream up to it (the device evidently passed th
 of it, so their records run), moves that rank's tags, and settles the stream: records right
 behind the copy run, fully landed copies leave. A report that matches no queued copy is a
 transfer the oracle did not predict (INV-06); slots that are not whole pages break INV-01.
+
+``ForwardRan``: the device ran the next forward store or read; the oracle runs its forward
+stream up to it. A wait ahead of it whose record has not run is a read that passed its layer
+gate too early (INV-11).
 """
 
 from __future__ import annotations
 
-from hicache_ref.oracle.config import LOAD, WRITE
+from hicache_ref.oracle.config import FORWARD, LOAD, WRITE
 from hicache_ref.oracle.geometry import compute_channel, compute_pages_of_slots
 from hicache_ref.oracle.ops import CopyLanded
 from hicache_ref.oracle.state import (
     CopyPages,
     Observation,
     OracleState,
+    ReadKv,
     RecordEvent,
+    StoreKv,
     WaitEvent,
     evolve,
     replace_at,
@@ -59,7 +65,10 @@ def _land_one(
             f"{sorted(reported)} matches no queued copy (the oracle did not predict it)"
         )
         return with_fault(state, "INV-06", message), ()
-    state, observations = _pass_waits_ahead(state, index, position)
+    if state.config.harness_schedule:
+        state, observations = _drop_waits_ahead(state, index, position, op)
+    else:
+        state, observations = _pass_waits_ahead(state, index, position)
     queue = state.streams[index]
     position = queue.index(_find_op(queue, op, channel, reported))
     copy = queue[position]
@@ -105,6 +114,29 @@ def _pass_waits_ahead(state: OracleState, index: int, position: int) -> Step:
     return state, observations
 
 
+def _drop_waits_ahead(state: OracleState, index: int, position: int, op: CopyLanded) -> Step:
+    """A harness reports every op the device ran, so a wait ahead of the landed copy whose
+    record has not run is a copy that ran before the event it must wait on: a fault."""
+    queue = state.streams[index]
+    ahead = [q for q in queue[:position] if isinstance(q, WaitEvent)]
+    if not ahead:
+        return state, ()
+    inv_id, fenced = (
+        ("INV-12", "the KV stores it backs up")
+        if op.direction == "d2h"
+        else ("INV-08", "the forward work still using its device pages")
+    )
+    # Verify the device ran the copy only after the events its stream waits on (INV-12/INV-08)
+    state = with_fault(
+        state,
+        inv_id,
+        f"{op.direction} copy of layer {op.layer} ({op.pool}) on rank {op.rank} ran before "
+        f"{[w.event for w in ahead]} was recorded: it is not ordered after {fenced}",
+    )
+    rest = tuple(q for q in queue if q not in ahead)
+    return evolve(state, streams=replace_at(state.streams, index, rest)), ()
+
+
 def _settle(state: OracleState, index: int) -> OracleState:
     """Pop landed copies and run records at the head of stream ``index``."""
     while state.streams[index]:
@@ -117,3 +149,25 @@ def _settle(state: OracleState, index: int) -> OracleState:
         else:
             return state
     return state
+
+
+def process_forward_ran(state: OracleState) -> Step:
+    """Run the forward stream through its next ``StoreKv``/``ReadKv``; see the module docstring."""
+    observations: tuple[Observation, ...] = ()
+    while True:
+        head = state.streams[FORWARD][0]
+        if isinstance(head, WaitEvent):
+            # Verify the device passed this wait only after its record ran (INV-11, bug class 8)
+            state = with_fault(
+                state,
+                "INV-11",
+                f"the forward ran past a wait on {head.event} before that event was recorded "
+                f"complete (a read ran before its layer landed)",
+            )
+            queue = state.streams[FORWARD][1:]
+            state = evolve(state, streams=replace_at(state.streams, FORWARD, queue))
+            continue
+        state, seen = execute_head(state, FORWARD)
+        observations += seen
+        if isinstance(head, StoreKv | ReadKv):
+            return state, observations

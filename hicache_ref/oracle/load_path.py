@@ -116,6 +116,8 @@ def process_start_loading(state: OracleState) -> Step:
             channel = compute_channel(config.layer_num, True, layer)
             copy = CopyPages("h2d", channel, nodes, _load_pairs(state, nodes, channel))
             streams = enqueue(streams, LOAD, copy)
+            if config.harness_schedule:  # the controller's draft layer event (complete_draft)
+                streams = enqueue_record(streams, LOAD, ("ldraft", slot, layer))
         if layer < config.layer_num:
             copy = CopyPages("h2d", layer, nodes, _load_pairs(state, nodes, layer))
             streams = enqueue(streams, LOAD, copy)
@@ -139,10 +141,15 @@ def process_start_loading(state: OracleState) -> Step:
     return state, (Observation("start_loading", values=(slot,)),)
 
 
-def process_drain_load_acks(state: OracleState) -> Step:
-    """``loading_check``: pop the FIFO prefix of completed load acks and unpin their nodes."""
+def process_drain_load_acks(state: OracleState, tree_count: int | None = None) -> Step:
+    """``loading_check``: pop the FIFO prefix of completed load acks and unpin their nodes.
+
+    ``tree_count``: as for ``process_drain_write_acks``.
+    """
     streams = state.streams
-    if state.config.variant.drain_ignores_finish:
+    if tree_count is not None:
+        count = min(tree_count, *(len(queue) for queue in state.load_acks))
+    elif state.config.variant.drain_ignores_finish:
         count = min(len(queue) for queue in state.load_acks)
     else:
         count = min(
@@ -180,8 +187,12 @@ def process_forward_read(state: OracleState, op: ForwardRead) -> Step:
     record = state.nodes[op.node]
     channel = compute_channel(config.layer_num, op.pool == "draft", op.layer)
     streams = state.streams
-    if not config.variant.skip_layer_gate:
-        streams = enqueue_wait(streams, FORWARD, ("lload", record.load_slot, op.layer))
+    # The harness's forward gates on the producer slot only while the node is loading
+    gated = not config.harness_schedule or record.lifecycle == "load_in_flight"
+    # a draft read waits on the draft layer's own event where the controller records one
+    kind = "ldraft" if config.harness_schedule and op.pool == "draft" else "lload"
+    if not config.variant.skip_layer_gate and gated:
+        streams = enqueue_wait(streams, FORWARD, (kind, record.load_slot, op.layer))
     streams = enqueue(streams, FORWARD, ReadKv(op.node, channel, record.device_pages))
     reads = (*record.reads_issued, channel)
     state = with_node(state, op.node, evolve(record, reads_issued=reads))

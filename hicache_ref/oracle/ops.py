@@ -15,10 +15,15 @@ from hicache_ref.oracle.config import Direction, Pool, StreamName
 
 @dataclass(frozen=True)
 class Insert:
-    """The tree inserts node ``node`` with freshly allocated device pages (prefill)."""
+    """The tree inserts node ``node`` with freshly allocated device pages (prefill).
+
+    ``tokens`` (a harness's insert) sizes the node first: the universe grows by this id, or an
+    absent id is re-sized (``OracleConfig.with_node_tokens``).
+    """
 
     node: int
     device_pages: tuple[int, ...] | None = None
+    tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,13 @@ class CancelLayerWrite:
 
 @dataclass(frozen=True)
 class DrainWriteAcks:
-    """``writing_check``: drain the FIFO prefix of completed write acks and unlock their nodes."""
+    """``writing_check``: drain the FIFO prefix of completed write acks and unlock their nodes.
+
+    ``count`` (a harness's drain) is how many acks the tree drained; any that the oracle does
+    not see completed is an INV-09 fault. None: the oracle drains its own completed prefix.
+    """
+
+    count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,12 @@ class ForwardRead:
 
 @dataclass(frozen=True)
 class DrainLoadAcks:
-    """``loading_check``: drain the FIFO prefix of completed load acks and unpin their nodes."""
+    """``loading_check``: drain the FIFO prefix of completed load acks and unpin their nodes.
+
+    ``count``: as for ``DrainWriteAcks``.
+    """
+
+    count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +156,16 @@ class CopyLanded:
     device_locs: tuple[int, ...]
     pool: Pool = "target"
     rank: int = 0
+
+
+@dataclass(frozen=True)
+class ForwardRan:
+    """A harness reports that the device ran the next queued forward store or read.
+
+    The oracle runs its forward stream up to and including its next ``StoreKv``/``ReadKv``
+    (event records ahead of it run; a wait ahead of it whose record has not run means the
+    device ran the op before the event it waits on: an INV-11 fault, and the op runs anyway).
+    """
 
 
 @dataclass(frozen=True)
@@ -169,6 +195,7 @@ Op = (
     | DrainLoadAcks
     | Advance
     | CopyLanded
+    | ForwardRan
     | Reset
     | Noop
 )

@@ -9,6 +9,7 @@ interchangeable with every other of its class (the bounded checker's symmetry re
 from __future__ import annotations
 
 from hicache_ref.errors import HiCacheInputError
+from hicache_ref.oracle.config import FORWARD
 from hicache_ref.oracle.geometry import (
     FREE,
     GARBAGE,
@@ -106,8 +107,12 @@ def free_device_pages(state: OracleState, node: int) -> OracleState:
                 f"evict_device(node={node}) frees device page {page} held by "
                 f"{state.device_holders[page]} (double or foreign free)",
             )
-    # Verify no queued op still uses the pages (INV-08, bug class 10)
-    busy = _device_pages_in_use(state, set(pages))
+    # Verify no queued op still uses the pages (INV-08, bug class 10); under the harness's
+    # schedule queued forward work may still use them (the forward stream is FIFO, and every
+    # later user of the pages, a store, a fenced copy, is ordered after it)
+    relaxed = state.config.harness_schedule
+    own = _forward_pages(state) if relaxed else set()
+    busy = _device_pages_in_use(state, set(pages), skip_forward=relaxed)
     if busy:
         state = with_fault(
             state,
@@ -123,7 +128,8 @@ def free_device_pages(state: OracleState, node: int) -> OracleState:
             f"device pages of node {node} freed while its load ack is undrained",
         )
     holders = set_holders(state.device_holders, pages, FREE)
-    slots = tuple(s for p in pages for s in compute_page_slots(p, state.config.page_size))
+    wiped = tuple(p for p in pages if p not in own)  # queued stores/reads still see them
+    slots = tuple(s for p in wiped for s in compute_page_slots(p, state.config.page_size))
     tags = tuple(_wipe(per_channel, slots) for per_channel in state.device_tags)
     return evolve(state, device_holders=holders, device_tags=tags)
 
@@ -191,12 +197,25 @@ def _wipe_host(state: OracleState, pool: int, rank: int, pages: tuple[int, ...])
     return evolve(state, host_tags=host_tags)
 
 
-def _device_pages_in_use(state: OracleState, pages: set[int]) -> set[int]:
+def _forward_pages(state: OracleState) -> set[int]:
+    """Device pages that queued forward stores and reads still use."""
+    return {
+        page
+        for op in state.streams[FORWARD]
+        if isinstance(op, StoreKv | ReadKv)
+        for page in op.pages
+    }
+
+
+def _device_pages_in_use(
+    state: OracleState, pages: set[int], skip_forward: bool = False
+) -> set[int]:
     busy: set[int] = set()
     for queue in state.streams:
         for op in queue:
             if isinstance(op, StoreKv | ReadKv):
-                busy.update(pages.intersection(op.pages))
+                if not skip_forward:
+                    busy.update(pages.intersection(op.pages))
             elif isinstance(op, CopyPages):
                 busy.update(pages.intersection(d for _, _, d in op.pairs))
     return busy

@@ -46,7 +46,8 @@ HOST_RESIDENT: frozenset[Lifecycle] = frozenset(
 
 EventName = tuple[str, int, int]
 """An event: ``(kind, a, b)``. Kinds: ``fence``/``wstart``/``wfin`` (a = node), ``wlayer``
-(a = layer), ``lstart``/``lfin`` (a = producer slot), ``lload`` (a = slot, b = layer)."""
+(a = layer), ``lstart``/``lfin`` (a = producer slot), ``lload`` (a = slot, b = layer), and
+under ``harness_schedule`` ``ldraft`` (a = slot, b = draft layer: after that layer's draft copy)."""
 
 NODE_EVENT_KINDS = frozenset({"fence", "wstart", "wfin"})
 """Event kinds whose first field is a node id."""

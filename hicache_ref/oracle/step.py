@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.oracle.config import FORWARD, STREAMS, OracleConfig
 from hicache_ref.oracle.geometry import compute_channel
-from hicache_ref.oracle.landing import process_copy_landed
+from hicache_ref.oracle.landing import process_copy_landed, process_forward_ran
 from hicache_ref.oracle.load_path import (
     process_drain_load_acks,
     process_forward_read,
@@ -28,6 +28,7 @@ from hicache_ref.oracle.ops import (
     DrainWriteAcks,
     EvictDevice,
     EvictHost,
+    ForwardRan,
     ForwardRead,
     Insert,
     Load,
@@ -41,7 +42,7 @@ from hicache_ref.oracle.ops import (
     SubmitLayer,
     Write,
 )
-from hicache_ref.oracle.state import Observation, OracleState, ReadKv, StoreKv, evolve
+from hicache_ref.oracle.state import NodeState, Observation, OracleState, ReadKv, StoreKv, evolve
 from hicache_ref.oracle.streams import execute_head, is_head_ready, settle_records
 from hicache_ref.oracle.tree import (
     process_evict_device,
@@ -70,7 +71,8 @@ def why_disabled(state: OracleState, op: Op) -> str | None:
     """Why ``op`` is not enabled in ``state`` (the broken rule), or None if it is enabled."""
     config = state.config
     node = getattr(op, "node", None)
-    if node is not None and not 0 <= node < config.num_nodes:
+    grows = isinstance(op, Insert) and op.tokens is not None and node == config.num_nodes
+    if node is not None and not 0 <= node < config.num_nodes and not grows:
         return f"node {node} is outside the universe [0, {config.num_nodes})"
     return _rule_for(state, op)
 
@@ -144,7 +146,10 @@ def _has_forward_use(state: OracleState, node: int) -> bool:
 
 
 def _rule_insert(state: OracleState, op: Insert) -> str | None:
-    if state.nodes[op.node].lifecycle != "absent":
+    config = state.config
+    if op.tokens is not None and not 1 <= op.tokens <= config.max_tokens:
+        return f"a sized insert needs 1 <= tokens={op.tokens} <= max_tokens={config.max_tokens}"
+    if op.node < config.num_nodes and state.nodes[op.node].lifecycle != "absent":
         return "node ids are inserted once per epoch (TreeNode.counter only grows)"
     return None
 
@@ -156,6 +161,8 @@ def _rule_store(state: OracleState, op: Store) -> str | None:
         return f"layer {op.layer} is outside [0, {config.layers_of(op.pool)}) of pool {op.pool}"
     if record.lifecycle not in ("device_only", "backup_in_flight"):
         return f"only a freshly inserted node is stored (lifecycle {record.lifecycle})"
+    if config.harness_schedule:
+        return None  # the harness's forward stores each pool's layers in order, any layer again
     channel = compute_channel(config.layer_num, op.pool == "draft", op.layer)
     if channel in record.stores_issued:
         return "each layer of a node is stored once"
@@ -170,7 +177,7 @@ def _all_stored(state: OracleState, node: int) -> bool:
 
 def _rule_write(state: OracleState, op: Write) -> str | None:
     record = state.nodes[op.node]
-    if op.node in state.cancelled:
+    if op.node in state.cancelled and not state.config.harness_schedule:
         return "a rolled-back node is not backed up again this epoch (keeps the model finite)"
     if record.lifecycle != "device_only":
         return f"write_backup needs a device-only node (lifecycle {record.lifecycle})"
@@ -183,7 +190,7 @@ def _rule_reserve(state: OracleState, op: ReserveWriteCp) -> str | None:
     if not state.config.uses_cp:
         return "reserve_write_cp needs the CP layout (cp_size >= 1)"
     record = state.nodes[op.node]
-    if op.node in state.cancelled:
+    if op.node in state.cancelled and not state.config.harness_schedule:
         return "a rolled-back node is not backed up again this epoch (keeps the model finite)"
     if record.lifecycle != "device_only":
         return f"reserve_write_cp needs a device-only node (lifecycle {record.lifecycle})"
@@ -203,6 +210,8 @@ def _rule_submit(state: OracleState, op: SubmitLayer) -> str | None:
     channel = compute_channel(config.layer_num, op.pool == "draft", op.layer)
     if channel not in state.nodes[op.node].stores_issued:
         return "a layer is submitted after its KV store was queued"
+    if config.harness_schedule:
+        return None  # the controller submits any layer not yet submitted, in any order
     if op.layer != _next_layer(state, op.node, op.pool):
         return "layers of a per-layer write are submitted in order"
     return None
@@ -222,10 +231,22 @@ def _rule_on_layer_end(state: OracleState, op: OnLayerEnd) -> str | None:
     channel = compute_channel(config.layer_num, op.source == "draft", op.layer)
     if not state.pending_layer_writes:
         return "no pending per-layer write (the hook would return at once)"
+    if config.harness_schedule:
+        return _rule_harness_layer_end(state, op, channel)
     if any(channel not in state.nodes[p.node].stores_issued for p in state.pending_layer_writes):
         return "the layer hook fires after the layer's KV store of every pending node"
     if any(_next_layer(state, p.node, op.source) != op.layer for p in state.pending_layer_writes):
         return "the layer hooks fire in layer order for every pending write"
+    return None
+
+
+def _rule_harness_layer_end(state: OracleState, op: OnLayerEnd, channel: int) -> str | None:
+    """The harness's hooks fire for any layer: a pending write that already submitted it skips
+    it (as the controller does); every other pending node must have the layer's store queued."""
+    for pending in state.pending_layer_writes:
+        done = pending.target_done if op.source == "target" else pending.draft_done
+        if op.layer not in done and channel not in state.nodes[pending.node].stores_issued:
+            return "the layer hook fires after the layer's KV store of every pending node"
     return None
 
 
@@ -245,7 +266,7 @@ def _rule_evict_device(state: OracleState, op: EvictDevice) -> str | None:
         return f"evict_device needs an evictable device copy (lifecycle {record.lifecycle})"
     if record.lock_ref > 0 and record.lifecycle != "load_in_flight":
         return "evict skips nodes with lock_ref > 0"
-    if _has_forward_use(state, op.node):
+    if _has_forward_use(state, op.node) and not state.config.harness_schedule:
         return "the node's queued forward store/read still holds it"
     return None
 
@@ -287,11 +308,30 @@ def _rule_forward_read(state: OracleState, op: ForwardRead) -> str | None:
     if not 0 <= op.layer < config.layers_of(op.pool):
         return f"layer {op.layer} is outside [0, {config.layers_of(op.pool)}) of pool {op.pool}"
     record = state.nodes[op.node]
+    channel = compute_channel(config.layer_num, op.pool == "draft", op.layer)
+    if config.harness_schedule:
+        return _rule_harness_read(record, channel)
     if record.lifecycle not in ("load_in_flight", "loaded"):
         return "the forward reads a loaded-back node after start_loading"
-    channel = compute_channel(config.layer_num, op.pool == "draft", op.layer)
     if channel in record.reads_issued or channel != len(record.reads_issued):
         return "a forward reads each layer once, in order: target layers, then draft layers"
+    return None
+
+
+def _rule_harness_read(record: NodeState, channel: int) -> str | None:
+    """The harness's forward reads any stored layer of a device node, or any loaded layer."""
+    if record.lifecycle in ("load_in_flight", "loaded"):
+        return None
+    if record.lifecycle not in ("device_only", "backup_in_flight", "backed_up"):
+        return f"the forward reads a node on device (lifecycle {record.lifecycle})"
+    if channel not in record.stores_issued:
+        return f"the forward reads channel {channel} after its KV store was queued"
+    return None
+
+
+def _rule_forward_ran(state: OracleState) -> str | None:
+    if not any(isinstance(op, StoreKv | ReadKv) for op in state.streams[FORWARD]):
+        return "no forward store or read is queued (the device ran work the oracle never saw)"
     return None
 
 
@@ -346,6 +386,8 @@ def _rule_for(state: OracleState, op: Op) -> str | None:
             return _rule_advance(state, op)
         case CopyLanded():
             return _rule_copy_landed(state, op)
+        case ForwardRan():
+            return _rule_forward_ran(state)
         case DrainWriteAcks() | DrainLoadAcks() | Reset() | Noop():
             return None
 
@@ -368,7 +410,7 @@ def _apply(state: OracleState, op: Op) -> Step:
         case CancelLayerWrite():
             return process_cancel_layer_write(state, op.node)
         case DrainWriteAcks():
-            return process_drain_write_acks(state)
+            return process_drain_write_acks(state, op.count)
         case EvictDevice():
             return process_evict_device(state, op.node)
         case EvictHost():
@@ -380,11 +422,13 @@ def _apply(state: OracleState, op: Op) -> Step:
         case ForwardRead():
             return process_forward_read(state, op)
         case DrainLoadAcks():
-            return process_drain_load_acks(state)
+            return process_drain_load_acks(state, op.count)
         case Advance():
             return execute_head(state, STREAMS.index(op.stream))
         case CopyLanded():
             return process_copy_landed(state, op)
+        case ForwardRan():
+            return process_forward_ran(state)
         case Reset():
             return process_reset(state)
         case Noop():

@@ -24,8 +24,17 @@ from hicache_ref.oracle.streams import enqueue, synchronize_all
 from hicache_ref.oracle.write_path import Step
 
 
+def size_node(state: OracleState, node: int, tokens: int) -> OracleState:
+    """``state`` whose universe holds node ``node`` with ``tokens`` tokens (grown or re-sized)."""
+    config = state.config.with_node_tokens(node, tokens)
+    nodes = state.nodes if node < len(state.nodes) else (*state.nodes, NodeState())
+    return evolve(state, config=config, nodes=nodes)
+
+
 def process_insert(state: OracleState, op: Insert) -> Step:
     """Prefill: allocate the node's device pages; a full device pool is a shortfall value."""
+    if op.tokens is not None:
+        state = size_node(state, op.node, op.tokens)
     config = state.config
     count = config.node_pages(op.node)
     if op.device_pages is not None:

@@ -105,6 +105,8 @@ def _reserve(
     record = state.nodes[node]
     owners = tuple(config.page_owner(p) for p in record.device_pages)
     demand = compute_host_demand(owners, config.num_ranks)
+    if node in state.cancelled:  # backed up again (harness_schedule): a new write, not the old
+        state = evolve(state, cancelled=tuple(n for n in state.cancelled if n != node))
     target = choose_host_pages(state.host_holders[0], demand, explicit)
     draft: RankPages | None = ()
     if config.has_draft:
@@ -260,7 +262,9 @@ def process_cancel_layer_write(state: OracleState, node: int) -> Step:
         remaining = tuple(p for p in state.pending_layer_writes if p.node != node)
         state = evolve(state, pending_layer_writes=remaining)
     observations: tuple[Observation, ...] = ()
-    if not variant.cancel_without_sync:
+    # A harness reported the copies the cancel's synchronize ran; any still queued now were
+    # not drained, and the free below flags them (INV-07)
+    if not variant.cancel_without_sync and not state.config.harness_schedule:
         state, observations = synchronize_stream(state, WRITE)
     state = free_host_pages(state, node)
     record = state.nodes[node]
@@ -278,10 +282,16 @@ def process_cancel_layer_write(state: OracleState, node: int) -> Step:
     return evolve(state, cancelled=cancelled), (*observations, Observation("cancelled", node))
 
 
-def process_drain_write_acks(state: OracleState) -> Step:
-    """``writing_check``: pop the MIN-over-ranks FIFO prefix of completed acks, unlock nodes."""
+def process_drain_write_acks(state: OracleState, tree_count: int | None = None) -> Step:
+    """``writing_check``: pop the MIN-over-ranks FIFO prefix of completed acks, unlock nodes.
+
+    ``tree_count`` (a harness's drain): pop that many instead; ``check_drained_ack`` records an
+    INV-09 fault for each one that was not completed.
+    """
     streams = state.streams
-    if state.config.variant.drain_ignores_finish:
+    if tree_count is not None:
+        count = min(tree_count, *(len(queue) for queue in state.write_acks))
+    elif state.config.variant.drain_ignores_finish:
         count = min(len(queue) for queue in state.write_acks)
     else:
         count = min(

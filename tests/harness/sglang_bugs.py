@@ -52,7 +52,11 @@ class WriteSkipsStartWait(PlantedBug):
     DESCRIPTION = "the D2H copy no longer waits for the forward stream's start event"
     OLD = "            start_event.wait(self.write_stream)\n"
     NEW = "            pass  # BUG: no start_event.wait\n"
-    INVARIANTS = ("INV-09", "INV-06")
+    INVARIANTS = (
+        "INV-09",
+        "INV-06",
+        "INV-12",
+    )  # INV-12: the lockstep oracle sees the copy pass its fence
     STREAM_ORDER = True
 
 
@@ -65,7 +69,11 @@ class WriteStartRecordedOnWriteStream(PlantedBug):
         "        with device_module.stream(self.write_stream):\n"
         "            start_event.record()  # BUG: on the write stream, not the forward\n"
     )
-    INVARIANTS = ("INV-09", "INV-06")
+    INVARIANTS = (
+        "INV-09",
+        "INV-06",
+        "INV-12",
+    )  # INV-12: the lockstep oracle sees the copy pass its fence
     STREAM_ORDER = True
 
 
