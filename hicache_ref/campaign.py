@@ -2,7 +2,9 @@
 
 ``run_campaign`` runs seeded rounds until the time is up, keeps the trace of every new failure
 (minimized with ddmin) and counts failures that a selected ``KnownFinding`` explains without
-stopping for them. ``CampaignReport`` says what the campaign exercised: steps, rules and rule
+stopping for them. ``device="cuda"`` runs the same machines on a GPU (``world.use_device``):
+each world gets a ``PerturbedDevice`` whose seeded spins vary the timing, and each failing
+trace's header records the device and the perturbation, so its replay runs the same schedule. ``CampaignReport`` says what the campaign exercised: steps, rules and rule
 families, the configuration features drawn, invariant checks (by id when the session counts
 them), and each failure with the one line that replays it.
 """
@@ -10,6 +12,7 @@ them), and each failure with the one line that replays it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -19,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Flaky, Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
+from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.harness import machine as machine_module
+from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.known_findings import KnownFinding, match_known_finding
@@ -32,16 +37,20 @@ from hicache_ref.harness.profiles import make_settings
 from hicache_ref.harness.replay import minimize
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.world import check_device_kind, on_device, use_device
+
+MINIMIZE_REPLAYS_MAX = 1000
+"""ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     "write path": ("write", "start_writing", "drain_write", "reserve", "submit_layer", "cancel"),
-    "load path": ("load", "start_loading", "forward_read", "drain_load"),
-    "eviction": ("evict_device", "evict_host", "drop"),
+    "load path": ("load", "start_loading", "forward_read", "forward_read_batch", "drain_load"),
+    "eviction": ("evict_device", "evict_host", "drop", "scribble_free_host"),
     "streams": ("advance", "synchronize"),
     "forward": ("prefill", "forward_layer", "store_layer", "layer_end"),
     "acks": ("drain_acks",),
     "misuse": ("probe_evict_host", "probe_evict_device", "probe_rewrite"),
-    "other": ("reset", "noop"),
+    "other": ("reset", "reset_in_flight", "noop"),
 }
 FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid")
 
@@ -81,11 +90,48 @@ def get_failure_invariant(exc: BaseException) -> str:
     return inv if isinstance(inv, str) else type(exc).__name__
 
 
+def get_root_failure(exc: BaseException) -> BaseException:
+    """The failure inside an exception group (Hypothesis' ``FlakyFailure`` wraps the first run's
+    error when a re-run passed, which a GPU's timing can make happen), else ``exc`` itself."""
+    inner = getattr(exc, "exceptions", None)
+    if not inner:
+        return exc
+    leaves = [get_root_failure(e) for e in inner if isinstance(e, BaseException)]
+    violations = [e for e in leaves if isinstance(getattr(e, "inv_id", None), str)]
+    return (violations or leaves or [exc])[0]
+
+
+class RecordedFailure(Exception):
+    """A failure known from its trace's note only: Hypothesis saw it, then its re-run drew a
+    different program (a real device's timing changes which rules are enabled) and it raised a
+    ``Flaky`` error of its own. ``inv_id`` is the recorded failure's invariant or type."""
+
+    def __init__(self, note: str) -> None:
+        super().__init__(note)
+        kind, _, rest = note.partition(": ")
+        found = re.match(r"(INV-\d\d)\b", rest)
+        self.inv_id = found.group(1) if found else kind
+
+
+def get_campaign_failure(exc: BaseException) -> BaseException:
+    """What a round's exception says was found: the root failure, or for a Hypothesis ``Flaky``
+    error with nothing inside, the failure its last trace recorded (``RecordedFailure``)."""
+    failure = get_root_failure(exc)
+    last = machine_module.LAST_FAILURE.get("path")
+    if isinstance(failure, Flaky) and last is not None:
+        note = Trace.read(Path(last)).header.note
+        if note:
+            return RecordedFailure(note)
+    return failure
+
+
 @dataclass
 class CampaignReport:
     implementation: str
     profile: str
     seed: int
+    device: str = "sim"
+    perturbation: Perturbation | None = None
     seconds: float = 0.0
     rounds: int = 0
     cases: int = 0
@@ -117,6 +163,13 @@ class CampaignReport:
             self.features[name][value] += 1
 
     @property
+    def device_label(self) -> str:
+        if self.device == "sim":
+            return "SimDevice"
+        spins = f", {self.perturbation.describe()}" if self.perturbation is not None else ""
+        return f"{self.device} (perturbed{spins})"
+
+    @property
     def families(self) -> Counter[str]:
         counts: Counter[str] = Counter({family: 0 for family in RULE_FAMILIES})
         for rule, count in self.rules.items():
@@ -132,6 +185,8 @@ class CampaignReport:
             "implementation": self.implementation,
             "profile": self.profile,
             "seed": self.seed,
+            "device": self.device,
+            "perturbation": None if self.perturbation is None else self.perturbation.model_dump(),
             "seconds": round(self.seconds, 2),
             "rounds": self.rounds,
             "cases": self.cases,
@@ -155,7 +210,8 @@ class CampaignReport:
     def render(self, *, replay_lines: bool = True) -> str:
         """The summary; ``replay_lines=False`` leaves the replay lines to the caller (the gate)."""
         lines = [
-            f"hicache-fuzz: {self.implementation} on SimDevice, profile {self.profile}, seed {self.seed}",
+            f"hicache-fuzz: {self.implementation} on {self.device_label}, profile {self.profile}, "
+            f"seed {self.seed}",
             f"  {self.cases} cases, {self.steps} steps ({self.skipped_steps} skipped) in "
             f"{self.seconds:.1f}s = {self.steps / max(self.seconds, 1e-9):.0f} steps/s; "
             f"{self.invariant_checks} invariant checks; {len(self.configs)} distinct configs",
@@ -211,17 +267,55 @@ def run_campaign(
     minimize_failures: bool = True,
     shrink: bool = True,
     known: Sequence[KnownFinding] = (),
+    device: str = "sim",
+    perturbation: Perturbation | None = None,
+    minimize_replays: int = MINIMIZE_REPLAYS_MAX,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
     A failure that one of ``known`` explains is counted in ``known_hits`` and the campaign goes
     on with the next round (its round ends there: Hypothesis stops a round at its first failure).
+    On ``device="cuda"`` the worlds run on the GPU with ``perturbation`` (default
+    ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``.
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
-    implementation = get_implementation(impl)
+    kind = check_device_kind(device)
+    spins = (perturbation or DEFAULT_PERTURBATION) if kind != "sim" else None
+    with use_device(kind, spins):
+        implementation = on_device(get_implementation(impl), kind)
+        report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
+        _run_rounds(
+            report,
+            implementation,
+            seconds=seconds,
+            out_dir=out_dir,
+            examples_per_round=examples_per_round,
+            stop_on_failure=stop_on_failure,
+            progress=progress,
+            minimize_replays=minimize_replays if minimize_failures else 0,
+            shrink=shrink,
+            known=known,
+        )
+    return report
+
+
+def _run_rounds(
+    report: CampaignReport,
+    implementation: Implementation,
+    *,
+    seconds: float,
+    out_dir: Path,
+    examples_per_round: int | None,
+    stop_on_failure: bool,
+    progress: bool,
+    minimize_replays: int,
+    shrink: bool,
+    known: Sequence[KnownFinding],
+) -> None:
+    """The campaign's rounds, under the device binding ``run_campaign`` set up."""
+    impl, profile, seed = report.implementation, report.profile, report.seed
     machine_class = machine_for(implementation, impl)
-    report = CampaignReport(impl, profile, seed)
     machine_module.STATS_SINKS.append(report.absorb)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -248,7 +342,10 @@ def run_campaign(
                     f"(capabilities: {sorted(implementation.capabilities)}); fix its capabilities"
                 ) from exc
             except Exception as exc:  # a found bug: record it, keep its trace
-                is_new = _absorb_failure(report, exc, out_dir, round_seed, minimize_failures, known)
+                failure = get_campaign_failure(exc)
+                is_new = _absorb_failure(
+                    report, failure, out_dir, round_seed, minimize_replays, known
+                )
                 if is_new and stop_on_failure:
                     break
             finally:
@@ -259,7 +356,6 @@ def run_campaign(
         if bar is not None:
             bar.close()
     report.seconds = time.monotonic() - start
-    return report
 
 
 def _absorb_failure(
@@ -267,7 +363,7 @@ def _absorb_failure(
     exc: BaseException,
     out_dir: Path,
     round_seed: int,
-    do_minimize: bool,
+    minimize_replays: int,
     known: Sequence[KnownFinding],
 ) -> bool:
     """Count a known failure or record a new one; True when it is new."""
@@ -279,29 +375,44 @@ def _absorb_failure(
     if any(f["invariant"] == invariant for f in report.failures):
         report.repeats[invariant] += 1
         return True
-    record = _record_failure(exc, out_dir, report.implementation, round_seed, do_minimize)
+    record = _record_failure(exc, out_dir, report, round_seed, minimize_replays)
     report.failures.append({**record, "invariant": invariant})
     return True
 
 
 def _record_failure(
-    exc: BaseException, out_dir: Path, impl: str, round_seed: int, do_minimize: bool
+    exc: BaseException,
+    out_dir: Path,
+    report: CampaignReport,
+    round_seed: int,
+    minimize_replays: int,
 ) -> dict[str, str]:
     error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     last = machine_module.LAST_FAILURE.get("path")
     record = {"error": error, "seed": str(round_seed), "trace": ""}
     if last is None:
         return record
-    stamp = f"{impl.replace(':', '-')}-seed{round_seed}"
+    stamp = f"{report.implementation.replace(':', '-')}-seed{round_seed}"
     kept = out_dir / f"failure-{stamp}.jsonl"
+    # the header says where the case ran (the machine's printed line names this file too)
+    trace = stamp_device(Trace.read(Path(last)), report.device, report.perturbation)
+    trace.write(Path(last))
     shutil.copyfile(last, kept)
     record["trace"] = str(kept)
-    if do_minimize:
-        small = minimize(Trace.read(kept), max_replays=1000)
+    if minimize_replays > 0:
+        small = minimize(trace, max_replays=minimize_replays)
         small_path = small.write(out_dir / f"failure-{stamp}-min.jsonl")
         record["trace"] = str(small_path)
         record["steps"] = str(len(small.steps))
     return record
+
+
+def stamp_device(trace: Trace, device: str, perturbation: Perturbation | None) -> Trace:
+    """``trace`` with its header naming ``device`` and the perturbation it ran under."""
+    if device == "sim" and perturbation is None:
+        return trace
+    header = trace.header.model_copy(update={"device": device, "perturbation": perturbation})
+    return Trace(header=header, steps=trace.steps)
 
 
 def _progress_bar(total: float, enabled: bool) -> Any:

@@ -3,23 +3,42 @@
 Streams and events are torch's own objects; ``launch`` runs the closure at once, so the torch
 kernels it issues are queued on the current CUDA stream, which is exactly the ordering the
 controller's events describe.
+
+``cuda_campaign_device`` is what a harness campaign runs on: a ``PerturbedDevice``
+(``device/perturb.py``) over ``CudaDevice`` with its own forward stream and seeded
+``torch.cuda._sleep`` spins before stream work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import cast
 
 import torch
 
+from hicache_ref.device.perturb import (
+    DEFAULT_PERTURBATION,
+    Perturbation,
+    PerturbationSchedule,
+    PerturbedDevice,
+)
 from hicache_ref.device.protocol import EventT, OpKind, StreamT
-from hicache_ref.errors import HiCacheInputError
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 
 
 def cuda_available() -> bool:
     """Whether a CUDA device can be used in this process."""
     return bool(torch.cuda.is_available())
+
+
+def require_cuda(what: str = "--device cuda") -> None:
+    """Raise a one-line ``HiCacheSetupError`` unless a CUDA GPU can be used here."""
+    if not cuda_available():
+        raise HiCacheSetupError(
+            f"{what} needs a CUDA GPU, and torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}); run on a GPU machine, or use --device sim"
+        )
 
 
 class CudaDevice:
@@ -69,3 +88,34 @@ class CudaDevice:
         meta: dict[str, object] | None = None,
     ) -> None:
         fn()
+
+
+def spin_current_stream(cycles: int) -> None:
+    """Queue a kernel that spins ``cycles`` GPU clock cycles on the current stream."""
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+
+
+def cuda_campaign_device(
+    seed: int, perturbation: Perturbation = DEFAULT_PERTURBATION, device_index: int = 0
+) -> PerturbedDevice:
+    """A fresh campaign device on one GPU: a forward stream of its own, made torch's current
+    stream (as sglang's scheduler runs the forward on its own stream), and seeded spins.
+
+    It first waits for the GPU to go idle: a case that failed mid-way leaves copies queued on
+    its streams, and the caching allocator may hand their freed pool memory to this world."""
+    base = CudaDevice(device_index)
+    base.synchronize()
+    forward = base.Stream()
+    torch.cuda.set_stream(cast(torch.cuda.Stream, forward))
+    schedule = PerturbationSchedule(seed, perturbation)
+    return PerturbedDevice(base, schedule, spin_current_stream, forward)
+
+
+@contextmanager
+def keep_current_stream() -> Iterator[None]:
+    """Restore torch's current CUDA stream on exit (campaign devices replace it per world)."""
+    previous = torch.cuda.current_stream()
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(previous)

@@ -7,6 +7,11 @@ in ``fuzz/mutants/<name>.py``). ``guards=False`` runs each mutant with the ``gua
 off, as for upstream SGLang (the machine's misuse probes are then disabled); mutants with
 ``NEEDS_GUARDS = True`` are skipped there, since only a probe can see them.
 
+``device="cuda"`` runs the catalogue on a GPU, one mutant after another in this process (one
+device): a GPU campaign has no misuse probes, so ``NEEDS_GUARDS`` mutants are skipped, and so are
+mutants built from the simulator's internals (their module holds ``device.sim`` objects such as
+``SimEvent``), which cannot run on a real device.
+
 ``add_arguments`` and ``cli_mutants`` are the ``hicache-fuzz mutants`` subcommand.
 """
 
@@ -29,8 +34,13 @@ from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_modu
 from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.world import DEVICE_KINDS, check_device_kind
+
+SIM_MODULE = "hicache_ref.device.sim"
 
 MINIMIZE_REPLAYS_MAX = 1000
+CUDA_MINIMIZE_REPLAYS_MAX = 80
+"""ddmin's replays on a GPU (each replay runs real copies and spins: ~0.1-1 s)."""
 _INV_ID = re.compile(r"INV-\d\d")
 
 
@@ -69,6 +79,8 @@ class CatalogueReport:
     guards: bool
     seconds: float
     skipped: tuple[str, ...] = ()  # NEEDS_GUARDS mutants left out of a guards-off run
+    device: str = "sim"
+    sim_only: tuple[str, ...] = ()  # mutants built from SimDevice internals, left out on cuda
 
     @property
     def missed(self) -> list[str]:
@@ -101,6 +113,8 @@ class CatalogueReport:
             "missed": self.missed,
             "unpinned": self.unpinned,
             "skipped_needs_guards": list(self.skipped),
+            "device": self.device,
+            "skipped_sim_only": list(self.sim_only),
             "median_seconds_to_kill": None if median is None else round(median, 2),
             "rows": [row.as_json() for row in self.rows],
         }
@@ -112,13 +126,17 @@ class CatalogueReport:
         )
         lines = [
             f"hicache-fuzz mutants: profile {self.profile}, seed {self.seed}, up to "
-            f"{self.seconds:g}s each, guards {'on' if self.guards else 'off'}",
+            f"{self.seconds:g}s each, guards {'on' if self.guards else 'off'}, "
+            f"device {self.device}",
             header,
             "-" * len(header),
         ]
         lines += [_render_row(row) for row in self.rows]
         if self.skipped:
-            lines.append(f"skipped (NEEDS_GUARDS, guards off): {', '.join(self.skipped)}")
+            why = "guards off" if self.device == "sim" else "no probes on a GPU"
+            lines.append(f"skipped (NEEDS_GUARDS, {why}): {', '.join(self.skipped)}")
+        if self.sim_only:
+            lines.append(f"skipped (built from SimDevice internals): {', '.join(self.sim_only)}")
         median = self.median_seconds_to_kill
         killed = sum(row.killed for row in self.rows)
         lines.append(
@@ -149,30 +167,37 @@ def run_catalogue(
     guards: bool = True,
     jobs: int | None = None,
     shrink: bool = True,
+    device: str = "sim",
 ) -> CatalogueReport:
     """Run a bounded campaign against each mutant (``jobs`` processes at once) and report.
 
     With ``guards=False`` the mutants that declare ``NEEDS_GUARDS = True`` are left out: with
     the probes disabled nothing can see them, by construction. ``shrink=False`` skips ddmin
     (``shrunk_length`` is then None); the invariant that fired is the same, since ddmin keeps
-    only candidates that fail with the same signature.
+    only candidates that fail with the same signature. ``device="cuda"`` runs on the GPU, in
+    this process (see the module docstring for what it leaves out).
     """
     assert seconds > 0, f"seconds must be positive, got {seconds}"
     if profile not in PROFILES:
         raise UnknownOptionError(f"unknown profile {profile!r}; legal: {', '.join(PROFILES)}")
+    kind = check_device_kind(device)
     asked = list(names) if names else list_mutants()
-    skipped = () if guards else tuple(name for name in asked if is_guard_mutant(name))
-    chosen = [name for name in asked if name not in skipped]
+    probes = guards and kind == "sim"  # a GPU campaign runs no misuse probes
+    skipped = () if probes else tuple(name for name in asked if is_guard_mutant(name))
+    sim_only = () if kind == "sim" else tuple(n for n in asked if is_sim_only_mutant(n))
+    chosen = [name for name in asked if name not in skipped and name not in sim_only]
     assert jobs is None or jobs >= 1, f"jobs must be at least 1, got {jobs}"
     workers = max(1, min(jobs or os.cpu_count() or 1, len(chosen) or 1))
-    tasks = [(name, seconds, profile, seed, str(out_dir), guards, shrink) for name in chosen]
+    if kind != "sim":
+        workers = 1  # one GPU: the mutants take turns on it
+    tasks = [(name, seconds, profile, seed, str(out_dir), guards, shrink, kind) for name in chosen]
     if workers == 1:
         rows = [_run_one(*task) for task in tasks]
     else:
         # spawn: a fresh interpreter per worker, never a fork of a process holding torch threads
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             rows = list(pool.map(_run_one, *zip(*tasks, strict=True)))
-    return CatalogueReport(tuple(rows), profile, seed, guards, seconds, skipped)
+    return CatalogueReport(tuple(rows), profile, seed, guards, seconds, skipped, kind, sim_only)
 
 
 def declared_invariants(module: Any) -> tuple[str, ...]:
@@ -188,8 +213,28 @@ def is_guard_mutant(name: str) -> bool:
     return bool(getattr(load_mutant_module(name), "NEEDS_GUARDS", False))
 
 
+def is_sim_only_mutant(name: str) -> bool:
+    """Whether the mutant is built from SimDevice internals (it holds ``device.sim`` objects,
+    e.g. a ``SimEvent`` subclass), so it cannot run on a real device."""
+    module = load_mutant_module(name)
+    return any(
+        getattr(value, "__module__", "") == SIM_MODULE
+        or any(
+            getattr(base, "__module__", "") == SIM_MODULE for base in getattr(value, "__mro__", ())
+        )
+        for value in vars(module).values()
+    )
+
+
 def _run_one(
-    name: str, seconds: float, profile: str, seed: int, out_dir: str, guards: bool, shrink: bool
+    name: str,
+    seconds: float,
+    profile: str,
+    seed: int,
+    out_dir: str,
+    guards: bool,
+    shrink: bool,
+    device: str = "sim",
 ) -> MutantRow:
     """One mutant: campaign, ddmin the first failure, replay it for the invariant that fired."""
     from hicache_ref.cli import run_campaign  # lazily: the CLI imports this module
@@ -205,6 +250,7 @@ def _run_one(
         progress=False,
         minimize_failures=False,
         shrink=False,
+        device=device,
     )
     row = MutantRow(
         name=name,
@@ -225,12 +271,14 @@ def _run_one(
     path = Path(report.failures[0]["trace"])
     if not shrink:
         return replace(row, fired=replay(Trace.read(path)).signature(), trace=str(path))
-    return _shrink(row, path)
+    return _shrink(
+        row, path, MINIMIZE_REPLAYS_MAX if device == "sim" else CUDA_MINIMIZE_REPLAYS_MAX
+    )
 
 
-def _shrink(row: MutantRow, path: Path) -> MutantRow:
+def _shrink(row: MutantRow, path: Path, max_replays: int = MINIMIZE_REPLAYS_MAX) -> MutantRow:
     """ddmin the failing trace next to it (``failure-<impl>-seed<N>-min.jsonl``) and replay."""
-    small = minimize(Trace.read(path), max_replays=MINIMIZE_REPLAYS_MAX)
+    small = minimize(Trace.read(path), max_replays=max_replays)
     small_path = small.write(path.with_name(f"{path.stem}-min.jsonl"))
     result = replay(small)
     return replace(
@@ -254,6 +302,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"switch the {GUARDS!r} capability off (probes disabled, as for upstream SGLang); "
         "mutants with NEEDS_GUARDS = True are skipped",
     )
+    parser.add_argument(
+        "--device",
+        default="sim",
+        choices=DEVICE_KINDS,
+        help="sim (default) or cuda: the catalogue on a GPU with timing perturbation, one "
+        "mutant at a time (NEEDS_GUARDS and SimDevice-built mutants are skipped there)",
+    )
 
 
 def cli_mutants(args: argparse.Namespace) -> int:
@@ -266,6 +321,7 @@ def cli_mutants(args: argparse.Namespace) -> int:
         out_dir=Path(args.out),
         guards=not args.no_guards,
         jobs=args.jobs,
+        device=args.device,
     )
     print(report.render())
     if args.json:

@@ -5,16 +5,25 @@ agree; each rank's device pool is physical (it holds only the pages that rank ow
 also fixes the implementation's capabilities once: what its adapter declares, checked against
 what its controller class has (``adapters/base.check_declared_capabilities``), and the typed
 views the tree driver calls (``Rank.cp``, ``Rank.per_layer``).
+
+The device kind is chosen around the world, not inside it: ``use_device("cuda", perturbation)``
+binds a factory that ``build_world`` calls for every world built under it (a campaign, a
+replay of a ``cuda`` trace), and ``on_device`` narrows an implementation to what a real GPU can
+run (``copy_path="runs"``; no misuse probes, which would race the GPU's own progress).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.device.protocol import DeviceModule, StreamT
 from hicache_ref.device.sim import SimDevice
+from hicache_ref.errors import UnknownOptionError
 from hicache_ref.harness.adapters.base import (
     BuildRequest,
     ControllerLike,
@@ -142,15 +151,20 @@ def build_world(
 ) -> World:
     """The world of one case: by default a SimDevice and every CP rank in this process.
 
-    ``device`` replaces the simulator (a GPU campaign's device); ``only_ranks`` builds just those
-    ranks (a multi-process CP world builds one rank per process, each with the full config).
+    ``device`` replaces the simulator (a GPU campaign's device; without it, the factory
+    ``use_device`` bound, if any); ``only_ranks`` builds just those ranks (a multi-process CP
+    world builds one rank per process, each with the full config).
     """
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
     from hicache_ref.pools.host_pool import make_host_pool
 
     if device is None:
-        device = SimDevice(seed=config.seed, settle_records=config.settle_records)
+        factory = _DEVICE_FACTORY.get()
+        if factory is not None:
+            device = factory(config)
+        else:
+            device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
     capabilities = implementation.capabilities
     page = config.page_size
@@ -230,3 +244,98 @@ def build_world(
             )
         )
     return World(config, device, ranks, capabilities)
+
+
+# -- the device kind of the worlds built in a context ------------------------------------------
+DeviceKind = Literal["sim", "cuda"]
+DEVICE_KINDS: tuple[DeviceKind, ...] = ("sim", "cuda")
+DeviceFactory = Callable[[HarnessConfig], HarnessDevice]
+DeviceBinding = Callable[[Perturbation], AbstractContextManager[DeviceFactory | None]]
+"""Given the perturbation, a context that prepares the device kind and yields its factory."""
+
+_DEVICE_FACTORY: ContextVar[DeviceFactory | None] = ContextVar(
+    "hicache_device_factory", default=None
+)
+
+
+def gpu_config(config: HarnessConfig) -> HarnessConfig:
+    """What a GPU world's configuration must say: a GPU copy path (``gather`` is CPU-only, so it
+    becomes the run-merged ``runs``; ``runs`` and the copy engine's ``batch`` stay as drawn), and
+    records that complete with the work ahead of them (as they do on a GPU)."""
+    copy_path = "runs" if config.copy_path in ("gather", "auto") else config.copy_path
+    return config.model_copy(update={"copy_path": copy_path, "settle_records": True})
+
+
+GPU_UNSUPPORTED = frozenset({"guards"})
+"""Capabilities a GPU campaign leaves out: a misuse probe reads "copy in flight" and then asks
+the controller, and a real copy may land in between, so an acceptance would prove nothing."""
+
+
+@contextmanager
+def _sim_binding(perturbation: Perturbation) -> Iterator[DeviceFactory | None]:
+    yield None  # build_world's own SimDevice
+
+
+@contextmanager
+def _cuda_binding(perturbation: Perturbation) -> Iterator[DeviceFactory | None]:
+    from hicache_ref.device.cuda import cuda_campaign_device, keep_current_stream, require_cuda
+
+    require_cuda()
+    with keep_current_stream():
+        yield lambda config: cuda_campaign_device(config.seed, perturbation)
+
+
+DEVICE_BINDINGS: dict[str, DeviceBinding] = {"sim": _sim_binding, "cuda": _cuda_binding}
+"""How each device kind is set up around its worlds (tests may bind a fake under ``cuda``)."""
+
+
+def check_device_kind(kind: str) -> DeviceKind:
+    """``kind`` typed, or an ``UnknownOptionError`` naming the legal kinds."""
+    for legal in DEVICE_KINDS:
+        if kind == legal:
+            return legal
+    raise UnknownOptionError(f"unknown device {kind!r}; legal: {', '.join(DEVICE_KINDS)}")
+
+
+@contextmanager
+def use_device(kind: str, perturbation: Perturbation | None = None) -> Iterator[None]:
+    """Every world ``build_world`` makes in this context runs on a ``kind`` device.
+
+    On ``cuda`` each world gets a fresh ``PerturbedDevice`` whose spin schedule is seeded with
+    the world's config seed and ``perturbation`` (so a trace replays the same schedule); a
+    machine without a GPU gets one ``HiCacheSetupError`` line.
+    """
+    binding = DEVICE_BINDINGS[check_device_kind(kind)]
+    with binding(perturbation or DEFAULT_PERTURBATION) as factory:
+        token = _DEVICE_FACTORY.set(factory)
+        try:
+            yield
+        finally:
+            _DEVICE_FACTORY.reset(token)
+
+
+class _OnGpu:
+    """An implementation as a GPU campaign runs it (``on_device``); everything else is its own."""
+
+    def __init__(self, inner: Implementation) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.capabilities = inner.capabilities - GPU_UNSUPPORTED
+
+    def build_controller(self, request: BuildRequest) -> ControllerLike:
+        return self._inner.build_controller(request)
+
+    def refine_config(self, config: HarnessConfig) -> HarnessConfig:
+        refine = getattr(self._inner, "refine_config", None)
+        refined: HarnessConfig = refine(config) if refine is not None else config
+        return gpu_config(refined)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)  # snapshot, source_tree, controller_class, ...
+
+
+def on_device(implementation: Implementation, kind: str) -> Implementation:
+    """``implementation`` as a ``kind`` campaign draws its worlds (unchanged on ``sim``)."""
+    if check_device_kind(kind) == "sim":
+        return implementation
+    return _OnGpu(implementation)
