@@ -3,6 +3,8 @@ the mutant catalogue.
 
 hicache-fuzz run                      # default campaign: reference controller, SimDevice, 60 s
 hicache-fuzz run --impl mutant:extra_write_ack --seconds 30 --json report.json
+hicache-fuzz run --cp-processes 2 --seconds 60   # CP ranks one per process (gloo; nccl: GPUs)
+hicache-fuzz run --device cuda --seconds 60   # the same machines on a GPU, timing perturbed
 hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m --known all
 hicache-fuzz replay fuzz/out/failure-reference.jsonl
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
@@ -47,6 +49,7 @@ from hicache_ref.harness.known_findings import (
 from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.world import DEVICE_KINDS
 
 __all__ = ["CampaignReport", "main", "run_campaign"]
 
@@ -65,6 +68,10 @@ class _Parser(argparse.ArgumentParser):
 # -- run and gate ----------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     """A campaign; stops at the first failure unless --keep-going."""
+    if args.cp_processes:  # one process per CP rank (hicache_ref/distributed)
+        from hicache_ref.distributed.commands import run_cp_command
+
+        return run_cp_command(args)
     report = _campaign(args, seconds=args.seconds, known=())
     print(report.render())
     _write_json(args, report.as_json())
@@ -143,6 +150,7 @@ def _campaign(
         progress=not args.no_progress,
         shrink=args.hypothesis_shrink,
         known=known,
+        device=args.device,
     )
 
 
@@ -155,7 +163,11 @@ def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
 # -- traces ----------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
     trace = _trace_for(args)
-    result = replay(trace, implementation=args.impl)
+    if trace.header.cp_processes:  # recorded across processes: spawn them again
+        from hicache_ref.distributed.commands import replay_cp_command
+
+        return replay_cp_command(args, trace, Path(args.trace))
+    result = replay(trace, implementation=args.impl, device=args.device)
     for step, outcome in zip(trace.steps, result.outcomes, strict=False):
         print(f"  {step.render():<48} -> {outcome}")
     if result.error is not None:
@@ -172,7 +184,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_minimize(args: argparse.Namespace) -> int:
     output = check_output_file("-o/--output", args.output)
     trace = _trace_for(args)
-    small = minimize(trace, implementation=args.impl)
+    if trace.header.cp_processes:  # ddmin replays in one process: it would judge another world
+        raise HiCacheInputError(
+            f"trace {args.trace} was recorded across {trace.header.cp_processes} processes and "
+            "minimize replays in one; replay it with hicache-fuzz replay instead"
+        )
+    small = minimize(trace, implementation=args.impl, device=args.device)
     path = small.write(output)
     print(f"minimized {len(trace.steps)} -> {len(small.steps)} steps: {path}")
     return EXIT_OK
@@ -232,6 +249,12 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--profile", default="ci", choices=sorted(PROFILES))
     parser.add_argument(
+        "--device",
+        default="sim",
+        choices=DEVICE_KINDS,
+        help="sim (default: SimDevice) or cuda (a GPU, timing perturbed by seeded spins)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="round k of the campaign uses seed + k (default 0)"
     )
     parser.add_argument("--out", default="fuzz/out", help="where failing traces are written")
@@ -248,6 +271,12 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a JSONL trace (fuzz/out/failure-*.jsonl, fuzz/corpus/)")
     parser.add_argument("--impl", default=None, help="override the trace's implementation")
     parser.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
+    parser.add_argument(
+        "--device",
+        default=None,
+        choices=DEVICE_KINDS,
+        help="override the trace's device (default: the one its header names)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,6 +288,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_campaign_arguments(run)
     run.add_argument("--seconds", type=parse_duration, default=60.0, help="60, 90s, 2m, ...")
     run.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
+    run.add_argument(
+        "--cp-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run CP worlds of N ranks, one process per rank (torch.distributed; N >= 2)",
+    )
+    run.add_argument(
+        "--backend",
+        default="gloo",
+        help="with --cp-processes: gloo (CPU, default) or nccl (one GPU per rank)",
+    )
     run.set_defaults(func=cmd_run)
     gate = sub.add_parser("gate", help="fail only on a failure no known finding explains")
     _add_campaign_arguments(gate)

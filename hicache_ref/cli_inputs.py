@@ -187,3 +187,43 @@ def _first_error(exc: ValidationError) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- a CP world across processes (``run --cp-processes N --backend gloo|nccl``) ---------------
+CP_PROCESSES_MAX = 8  # HarnessConfig.cp_size's bound
+
+
+def check_cp_processes(flag: str, processes: int) -> int:
+    """One process per CP rank: at least two (one is the lockstep world), at most cp_size's 8."""
+    if not 2 <= processes <= CP_PROCESSES_MAX:
+        raise HiCacheInputError(
+            f"{flag} {processes}: a CP world across processes needs 2 to {CP_PROCESSES_MAX} "
+            "ranks (one rank is the ordinary single-process campaign: leave the flag out)"
+        )
+    return processes
+
+
+def check_cp_backend(flag: str, backend: str, processes: int) -> str:
+    """``gloo`` runs anywhere (CPU); ``nccl`` needs one CUDA GPU per rank."""
+    if backend not in ("gloo", "nccl"):
+        raise HiCacheInputError(f"{flag} {backend!r} is unknown; legal: gloo, nccl")
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < processes:
+            raise HiCacheInputError(
+                f"{flag} nccl needs one CUDA GPU per rank: {processes} ranks but {gpus} GPU(s) "
+                "visible; use --backend gloo on this machine"
+            )
+    return backend
+
+
+def check_cp_implementation(flag: str, name: str, capabilities: frozenset[str]) -> str:
+    """The implementation must do CP shared KV for its ranks to be spread over processes."""
+    if "cp" not in capabilities:
+        raise HiCacheInputError(
+            f"{flag}: implementation {name!r} lacks the 'cp' capability (CP shared KV), so "
+            "its ranks cannot be spread over processes; pick one with CP, e.g. reference or seed"
+        )
+    return name

@@ -100,13 +100,15 @@ def check_producer_slots(snapshots: Snapshots, model: HarnessModel) -> None:
 def check_pages_conserved(snapshots: Snapshots, model: HarnessModel) -> None:
     """INV-05 on every rank: the pools' allocated pages are exactly the nodes' pages, once each."""
     device = {n.handle: n.device_pages for n in model.nodes}  # logical: the same on every rank
-    for snap in snapshots:
+    # the model lists holdings by the world's rank list (one rank per process in a
+    # multi-process CP world), so index by position and name the rank by its id
+    for position, snap in enumerate(snapshots):
         r = snap.rank
         check_pages_owned_once(snap.device_pages, device, f"rank {r} device allocator")
-        host = {n.handle: n.host_pages[r] for n in model.nodes}
+        host = {n.handle: n.host_pages[position] for n in model.nodes}
         check_pages_owned_once(snap.host_pages, host, f"rank {r} host pool")
         if snap.draft_host_pages is not None:
-            draft = {n.handle: n.draft_host_pages[r] for n in model.nodes}
+            draft = {n.handle: n.draft_host_pages[position] for n in model.nodes}
             check_pages_owned_once(snap.draft_host_pages, draft, f"rank {r} draft host pool")
 
 
