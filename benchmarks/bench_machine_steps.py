@@ -38,6 +38,7 @@ from hypothesis.stateful import (
 from hicache_ref.harness import machine as machine_module
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.machine import HiCacheMachine, machine_for
+from hicache_ref.harness.profiles import LOCKSTEP_ENV
 from hicache_ref.harness.session import Session
 
 STEPS = {"n": 0}
@@ -90,8 +91,13 @@ def run_trivial(
     return STEPS["n"] / (time.perf_counter() - start)
 
 
-def run_ours(examples: int, steps: int, seed: int) -> tuple[float, float, float]:
+def run_ours(
+    examples: int, steps: int, seed: int, *, lockstep: bool = False
+) -> tuple[float, float, float]:
     """(rule steps/s, protocol steps/s, share of time inside Session.apply).
+
+    ``lockstep`` turns the pure oracle on beside every step (``HICACHE_LOCKSTEP``), so the
+    cost of the lockstep oracle is measured on the same seeds in the same run.
 
     A rule step is one Hypothesis rule call (what the trivial machine counts); compound rules
     (offload, reload, prefill with compute_now) apply several protocol steps each.
@@ -118,6 +124,7 @@ def run_ours(examples: int, steps: int, seed: int) -> tuple[float, float, float]
         finally:
             checking["s"] += time.perf_counter() - t0
 
+    os.environ[LOCKSTEP_ENV] = "1" if lockstep else "0"
     Session.apply = timed_apply  # type: ignore[method-assign]
     Session.check_step_invariants = timed_check  # type: ignore[method-assign]
     try:
@@ -157,6 +164,7 @@ def main() -> None:
     n_rules = _count_rules(HiCacheMachine)
     trivial = make_trivial_machine(n_rules)
     trivial_rates, our_rates, protocol_rates, shares = [], [], [], []
+    lockstep_rates: list[float] = []
     for r in range(args.rounds):
         trivial_rates.append(run_trivial(trivial, args.examples, args.steps, seed=r))
         if profiler is not None:
@@ -167,6 +175,7 @@ def main() -> None:
         our_rates.append(rate)
         protocol_rates.append(protocol_rate)
         shares.append(share)
+        lockstep_rates.append(run_ours(args.examples, args.steps, seed=r, lockstep=True)[1])
     t_med, o_med = statistics.median(trivial_rates), statistics.median(our_rates)
     lines = [
         "",
@@ -185,6 +194,11 @@ def main() -> None:
         f"| HiCacheMachine, reference, SimDevice (rule steps) | {o_med:,.0f} | {', '.join(f'{x:,.0f}' for x in our_rates)} |",
         f"| HiCacheMachine, protocol steps (Session.apply) | {statistics.median(protocol_rates):,.0f} | "
         f"{', '.join(f'{x:,.0f}' for x in protocol_rates)} |",
+        f"| the same, with the lockstep oracle (protocol steps) | {statistics.median(lockstep_rates):,.0f} | "
+        f"{', '.join(f'{x:,.0f}' for x in lockstep_rates)} |",
+        "",
+        f"Lockstep oracle: {statistics.median(protocol_rates) / statistics.median(lockstep_rates):.2f}x "
+        "the time per protocol step (same seeds, same run; the rows above it run without it).",
         "",
         f"Ratio (rule steps): {o_med / t_med:.2f} of the ceiling (target >= 0.5). Time inside Session.apply "
         f"(controller + SimDevice + tree + per-step checks): {statistics.median(shares):.0%} of the run; "

@@ -8,14 +8,13 @@
 - ``reset_in_flight``: a reset with copies queued (capability ``reset_drains``); every free
   page and slot is then poisoned, so a copy that lands after the reset shows up (INV-18).
 
-Each story replays a short trace on a planted bug (a mutant defined here, or an uncaught one of
-``fuzz/mutants/uncaught/``) and on the reference: the first fails with the rule's invariant,
+Each story replays a short trace on a planted bug (a mutant defined here, or one of the
+catalogue's in ``fuzz/mutants/``) and on the reference: the first fails with the rule's invariant,
 the second passes.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,13 @@ from hicache_ref.controller.operations import LayerDoneCounter
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.adapters.registry import register_implementation
+from hicache_ref.harness.adapters.registry import get_implementation, register_implementation
 from hicache_ref.harness.adapters.sglang import SEED_CAPABILITIES, UPSTREAM_CAPABILITIES
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.replay import ReplayResult, replay
 from hicache_ref.harness.trace import Step, StepArg, Trace, TraceHeader
 
 REPO = Path(__file__).resolve().parents[2]
-UNCAUGHT = REPO / "fuzz" / "mutants" / "uncaught"
 
 
 def _step(rule: str, **args: StepArg) -> Step:
@@ -79,15 +77,6 @@ class ResetWithoutDrainController(HiCacheController):
                 stream.synchronize = sync  # type: ignore[method-assign]
 
 
-def _uncaught_mutant(name: str) -> MutantImplementation:
-    spec = importlib.util.spec_from_file_location(f"uncaught_{name}", UNCAUGHT / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    implementation: MutantImplementation = module.implementation()
-    return implementation
-
-
 register_implementation(
     "test:first-slot", lambda: MutantImplementation(FirstSlotController, "first-slot")
 )
@@ -96,7 +85,8 @@ register_implementation(
     lambda: MutantImplementation(ResetWithoutDrainController, "reset-without-drain"),
 )
 register_implementation(
-    "test:cancel-without-write-sync", lambda: _uncaught_mutant("cancel_without_write_sync")
+    "test:cancel-without-write-sync",
+    lambda: get_implementation("mutant:cancel_without_write_sync"),  # caught in the catalogue
 )
 
 
@@ -194,11 +184,19 @@ def _cancel_then_scribble() -> list[Step]:
 
 
 @pytest.mark.parametrize("cp_size", [1, 2])
-def test_a_cancel_that_does_not_drain_the_write_stream_is_caught(cp_size: int) -> None:
-    # fuzz/mutants/uncaught/cancel_without_write_sync: the stale D2H lands in freed slots
+def test_a_cancel_that_does_not_drain_the_write_stream_is_caught(
+    cp_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fuzz/mutants/cancel_without_write_sync: the stale D2H lands in freed slots
     config = HarnessConfig(
         page_size=2, layer_num=2, cp_size=cp_size, pool_kind="nsa", device_pages=16, host_pages=8
     )
+    # the lockstep oracle sees the early free at the cancel itself (INV-07, step 2) ...
+    on_mutant = _replay("test:cancel-without-write-sync", config, _cancel_then_scribble())
+    assert on_mutant.signature() == "INV-07", on_mutant.error
+    assert "lockstep at step 2 (cancel" in str(on_mutant.error)
+    # ... and without it, the CPU scribble is what catches the stale copy landing
+    monkeypatch.setenv("HICACHE_LOCKSTEP", "0")
     on_mutant = _replay("test:cancel-without-write-sync", config, _cancel_then_scribble())
     assert on_mutant.signature() == "INV-07", on_mutant.error
     assert "scribble into a free host slot" in str(on_mutant.error)
