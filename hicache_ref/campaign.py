@@ -32,6 +32,7 @@ from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.known_findings import KnownFinding, match_known_finding
+from hicache_ref.harness.lockstep import LockstepOracle
 from hicache_ref.harness.machine import machine_for
 from hicache_ref.harness.profiles import make_settings
 from hicache_ref.harness.replay import minimize
@@ -150,9 +151,16 @@ class CampaignReport:
     """Further new failures of an invariant already in ``failures`` (not minimized again)."""
     known_hits: Counter[str] = field(default_factory=Counter)
     """Failures explained by a selected known finding, by finding id."""
+    lockstep_cases: int = 0
+    """Cases the pure oracle followed step by step (``harness/lockstep.py``)."""
+    lockstep_steps: int = 0
 
     def absorb(self, session: Session) -> None:
         self.cases += 1
+        for observer in session.observers:
+            if isinstance(observer, LockstepOracle) and observer.off_reason is None:
+                self.lockstep_cases += 1
+                self.lockstep_steps += observer.steps
         self.steps += session.stats.steps
         self.skipped_steps += session.stats.skipped
         self.invariant_checks += session.stats.invariant_checks
@@ -205,6 +213,7 @@ class CampaignReport:
             "failures": self.failures,
             "repeats": dict(sorted(self.repeats.items())),
             "known_hits": dict(sorted(self.known_hits.items())),
+            "lockstep": {"cases": self.lockstep_cases, "steps": self.lockstep_steps},
         }
 
     def render(self, *, replay_lines: bool = True) -> str:
@@ -220,6 +229,11 @@ class CampaignReport:
             + ", ".join(f"{f} {s:.0%}" for f, s in self.family_shares().items()),
             "  configs: " + "; ".join(_render_feature(n, c) for n, c in self.features.items()),
         ]
+        lines.append(
+            f"  lockstep oracle: {self.lockstep_cases} of {self.cases} cases, "
+            f"{self.lockstep_steps} steps compared"
+            + ("" if self.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)")
+        )
         if self.checks_by_id:
             lines.append(
                 "  checks by invariant: "
