@@ -157,7 +157,7 @@ class CampaignReport:
 
     def absorb(self, session: Session) -> None:
         self.cases += 1
-        for observer in session.observers:
+        for observer in getattr(session, "observers", ()):  # a report fed plain stats has none
             if isinstance(observer, LockstepOracle) and observer.off_reason is None:
                 self.lockstep_cases += 1
                 self.lockstep_steps += observer.steps
