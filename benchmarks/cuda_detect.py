@@ -5,7 +5,9 @@ stream work (``hicache_ref/device/perturb.py``) so a missing happens-before show
 This script measures how fast that finds real stream-order bugs:
 
 - seeded mutants whose bug is a missing or misplaced event (they run on any device):
-  ``write_ack_on_current_stream``, ``load_ack_before_last_layer``, ``draft_read_without_wait``;
+  ``write_ack_on_current_stream``, ``load_ack_before_last_layer``, ``draft_read_without_wait``,
+  and the three missing fences ``skip_load_fence``, ``skip_write_fence``,
+  ``layer_backup_without_store_fence``;
 - the ``STREAM_ORDER`` bugs planted in upstream sglang 0.5.10's controller
   (``tests/harness/sglang_bugs.py``), gated through ``--impl sglang`` with the patched file
   executed against the CUDA campaign device.
@@ -59,10 +61,16 @@ from hicache_ref.harness.known_findings import get_known_findings  # noqa: E402
 from hicache_ref.harness.replay import minimize, replay  # noqa: E402
 from hicache_ref.harness.trace import Trace  # noqa: E402
 
-MUTANTS = ("write_ack_on_current_stream", "load_ack_before_last_layer", "draft_read_without_wait")
-"""Stream-order mutants that run on a GPU. ``skip_load_fence``, ``skip_write_fence`` and
-``layer_backup_without_store_fence`` are stream-order too, but built on ``SimEvent``: they
-cannot run on a real device until rewritten over ``device_module.Event()``."""
+MUTANTS = (
+    "write_ack_on_current_stream",
+    "load_ack_before_last_layer",
+    "draft_read_without_wait",
+    "skip_load_fence",
+    "skip_write_fence",
+    "layer_backup_without_store_fence",
+)
+"""The catalogue's stream-order mutants; each runs on a GPU (the fence mutants drop a wait
+through ``adapters.unfenced``, over the device's own events)."""
 BUGS_FILE = ROOT / "tests" / "harness" / "sglang_bugs.py"
 TREE_FILES = (
     "sglang/srt/environ.py",

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from hicache_ref.controller.cache_controller import HiCacheController
-from hicache_ref.device.sim import SimEvent
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.adapters.unfenced import UnfencedDevice
 
 NAME = "layer_backup_without_store_fence"
 INVARIANTS = ("INV-09", "INV-06", "INV-12")
@@ -28,30 +28,12 @@ NEEDS_GUARDS = False
 BUG = "bug class 11 (seed store/copy ordering race); vLLM#45704, vLLM#31341"
 
 
-class _UnfencedEvent(SimEvent):
-    def wait(self, stream: Any = None) -> None:
-        return  # MUTATION: the write stream never waits for the layer's store
-
-
-class _UnfencedDevice:
-    """Forwards everything, but hands out events whose ``wait`` does nothing."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def Event(self, enable_timing: bool = False) -> SimEvent:
-        return _UnfencedEvent(self._inner, enable_timing)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 class Controller(HiCacheController):
     def _submit_write_cp_layer_states(
         self, states: list[Any], layer_id: int, **kwargs: bool
     ) -> None:
         device_module = self.device_module
-        self.device_module = _UnfencedDevice(device_module)
+        self.device_module = UnfencedDevice(device_module)  # MUTATION: its waits do nothing
         try:
             super()._submit_write_cp_layer_states(states, layer_id, **kwargs)
         finally:

@@ -14,12 +14,10 @@ drain in ``TreeDriver.loading_check`` (INV-09), or the quiescence bytes (INV-06)
 
 from __future__ import annotations
 
-from typing import Any
-
 from hicache_ref.controller.cache_controller import HiCacheController
-from hicache_ref.device.sim import SimEvent
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.adapters.unfenced import UnfencedEvent
 from hicache_ref.harness.config import HarnessConfig
 
 NAME = "skip_load_fence"
@@ -29,17 +27,12 @@ NEEDS_GUARDS = False
 BUG = "sglang#36738 (H2D into reused pages not ordered after queued forward work); bug class 10"
 
 
-class _UnfencedEvent(SimEvent):
-    def wait(self, stream: Any = None) -> None:
-        return  # MUTATION: the load stream never waits for queued forward work
-
-
 class Controller(HiCacheController):
     def start_loading(self) -> int:
         if self.load_queue or self.draft_load_queue:
             counter = self.layer_done_counter
             slot = counter.events[(counter.producer_index + 1) % counter.num_counters]
-            slot.start_event = _UnfencedEvent(self.device_module)  # type: ignore[arg-type]
+            slot.start_event = UnfencedEvent(self.device_module.Event())  # MUTATION: no fence
         return super().start_loading()
 
 

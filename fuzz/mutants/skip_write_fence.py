@@ -12,12 +12,10 @@ quiescence byte check (INV-06).
 
 from __future__ import annotations
 
-from typing import Any
-
 from hicache_ref.controller.cache_controller import HiCacheController
-from hicache_ref.device.sim import SimEvent
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
+from hicache_ref.harness.adapters.unfenced import UnfencedDevice
 
 NAME = "skip_write_fence"
 INVARIANTS = ("INV-09", "INV-06", "INV-12")
@@ -26,28 +24,10 @@ NEEDS_GUARDS = False
 BUG = "bug class 11; sglang#38463, vLLM#45704 (D2H not ordered after the KV store)"
 
 
-class _UnfencedEvent(SimEvent):
-    def wait(self, stream: Any = None) -> None:
-        return  # MUTATION: the write stream never waits for the fence
-
-
-class _UnfencedDevice:
-    """Forwards everything, but hands out events whose ``wait`` does nothing."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def Event(self, enable_timing: bool = False) -> SimEvent:
-        return _UnfencedEvent(self._inner, enable_timing)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 class Controller(HiCacheController):
     def start_writing(self) -> None:
         device_module = self.device_module
-        self.device_module = _UnfencedDevice(device_module)
+        self.device_module = UnfencedDevice(device_module)  # MUTATION: its waits do nothing
         try:
             super().start_writing()
         finally:
