@@ -6,14 +6,15 @@ builds one (``build_fast_plan``: byte offsets per component for ``batch``, devic
 for ``triton``), then launches one closure on the current stream: per layer, ``batch`` adds the
 layer's base addresses to the plan's offsets and hands the arrays to ``cudaMemcpyBatchAsync``
 (``copy_engine``, on CUDA) or to ``memmove`` (on the simulator, when the stream runs); ``triton``
-launches ``triton_copy``'s kernel per layer and component. ``transfer.launch_transfer`` decides
+launches ``triton_copy``'s kernel per layer and component, its arguments prepared when the
+transfer is planned. ``transfer.launch_transfer`` decides
 which path runs and refuses the layouts ``batch`` cannot move well.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -41,7 +42,7 @@ from hicache_ref.pools.transfer_checks import (
     check_page_first_direct_chunks,
     check_transfer_indices,
 )
-from hicache_ref.pools.triton_copy import is_triton_available, launch_row_copy
+from hicache_ref.pools.triton_copy import is_triton_available, prepare_row_copy
 
 FastCopyPath = Literal["batch", "triton"]
 
@@ -62,6 +63,12 @@ class FastPlan:
     """``batch``: byte offsets per component (empty for ``triton``)."""
     kernel_indices: tuple[torch.Tensor, torch.Tensor] | None
     """``triton``: (host, device) indices on the device that runs the kernel."""
+    closures: dict[tuple[object, ...], Callable[[], None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Launch closures already built from this plan, by ``_closure_key`` (the per-layer loads of
+    one batch build each once). A closure keeps its buffers alive, so a key's addresses cannot
+    be reused by another buffer while it is cached."""
 
 
 def _plan_key(
@@ -89,6 +96,27 @@ def _plan_key(
         str(device_pool.device),
         shapes,
     )
+
+
+CLOSURES_PER_PLAN_MAX = 256
+"""Closures one plan keeps (a per-layer load of 61 layers builds 61)."""
+
+
+def _closure_key(
+    direction: Direction,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    layer_ids: Sequence[int],
+) -> tuple[object, ...]:
+    """What a closure depends on besides its plan: the buffers it moves between, by address
+    and strides (so another view of the same memory is checked and built anew)."""
+    names = device_pool.component_names()
+    device = tuple(
+        (buffer.data_ptr(), buffer.stride())
+        for buffer in (device_pool.component_buffer(n, layer) for layer in layer_ids for n in names)
+    )
+    host = tuple((host_buffers[n].data_ptr(), host_buffers[n].stride()) for n in names)
+    return (direction, tuple(layer_ids), host, device)
 
 
 def _kernel_indices(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -238,19 +266,24 @@ def _triton_closure(
 ) -> Callable[[], None]:
     assert plan.kernel_indices is not None
     host_indices, device_indices = plan.kernel_indices
+    per_component = [
+        prepare_row_copy(
+            host_buffer=host_buffers[name],
+            device_buffers=[device_pool.component_buffer(name, layer) for layer in layer_ids],
+            host_indices=host_indices,
+            device_indices=device_indices,
+            geometry=plan.geometries[name],
+            layer_ids=layer_ids,
+            d2h=direction == "d2h",
+        )
+        for name in device_pool.component_names()
+    ]
+    # layer by layer, each layer's components in order (a per-layer load lands layer l first)
+    launches = [run for layer in zip(*per_component, strict=True) for run in layer]
 
     def run() -> None:
-        for layer_id in layer_ids:
-            for name in device_pool.component_names():
-                launch_row_copy(
-                    host_buffer=host_buffers[name],
-                    device_buffer=device_pool.component_buffer(name, layer_id),
-                    host_indices=host_indices,
-                    device_indices=device_indices,
-                    geometry=plan.geometries[name],
-                    layer_id=layer_id,
-                    d2h=direction == "d2h",
-                )
+        for launch in launches:
+            launch()
 
     return run
 
@@ -323,8 +356,8 @@ def launch_fast_transfer(
     copy_path: FastCopyPath,
     label: str,
 ) -> None:
-    """Plan (or reuse the plan) and launch one ``batch`` or ``triton`` transfer."""
-    _check_fast_buffers(copy_path, host_buffers, device_pool, layer_ids)
+    """Plan (or reuse the plan and its closure) and launch one ``batch`` or ``triton``
+    transfer."""
     plan = _fast_plan(
         copy_path=copy_path,
         device_pool=device_pool,
@@ -337,14 +370,21 @@ def launch_fast_transfer(
         host_indices=host_indices,
         device_indices=device_indices,
     )
-    make_closure = _batch_closure if copy_path == "batch" else _triton_closure
-    fn = make_closure(
-        direction=direction,
-        plan=plan,
-        host_buffers=host_buffers,
-        device_pool=device_pool,
-        layer_ids=layer_ids,
-    )
+    key = _closure_key(direction, host_buffers, device_pool, layer_ids)
+    fn = plan.closures.get(key)
+    if fn is None:
+        _check_fast_buffers(copy_path, host_buffers, device_pool, layer_ids)
+        make_closure = _batch_closure if copy_path == "batch" else _triton_closure
+        fn = make_closure(
+            direction=direction,
+            plan=plan,
+            host_buffers=host_buffers,
+            device_pool=device_pool,
+            layer_ids=layer_ids,
+        )
+        if len(plan.closures) >= CLOSURES_PER_PLAN_MAX:
+            plan.closures.clear()
+        plan.closures[key] = fn
     meta: dict[str, object] = {
         "direction": direction,
         "layer_ids": tuple(layer_ids),

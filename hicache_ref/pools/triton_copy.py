@@ -2,10 +2,24 @@
 
 The kernel reads or writes the host buffer directly through unified addressing (a pinned
 buffer's host address is valid on the GPU), so no staging buffer and no copy engine is used; it
-costs SMs instead. A persistent grid of ``grid`` programs walks the index pairs
-(``i = pid, pid + grid, ...``); each pair moves one token row of one layer as ``piece_num``
-contiguous vectors of 4-byte words (one piece per row, or one per head under ``page_head``),
-addressed by ``HostRowGeometry``. Index tensors are read on the device when the kernel runs.
+costs SMs instead. A persistent grid of ``grid`` programs walks the index pairs in tiles of
+``rows`` pairs (tile ``t = pid, pid + grid, ...``); each pair moves one token row of one layer
+as ``piece_num`` contiguous vectors of 4-byte words (one piece per row, or one per head under
+``page_head``), addressed by ``HostRowGeometry``. Index tensors are read on the device when the
+kernel runs.
+
+Why tiles: a zero-copy read of host memory waits a PCIe round trip (~1-2 us), so a program
+that moves one 1 KB row at a time keeps ~1 KB in flight and 8 programs move ~5 GB/s whatever
+the link can do. A tile of ``rows`` rows issues all its loads before its first store, so the
+bytes in flight grow with ``grid * rows``; offsets carry a 16-byte alignment hint (``VEC``
+words) where every stride allows it, so the loads are 16-byte vectors.
+
+``prepare_row_copy`` does the per-transfer work once (word views, strides, the launch's
+constant arguments) and returns one closure per layer; the closure is the whole per-layer
+issue cost. The integer arguments are not specialized (``INT_ARGUMENTS``), so after the first
+launch through Triton's JIT the compiled kernel is called directly (``_RUNNERS``, keyed by the
+constants, grid and pointer alignments its compilation depends on), skipping the JIT's
+dispatch. ``triton_grid`` and ``triton_tile`` set the launch shape for a block of code.
 
 On the CPU (``SimDevice``) the same kernel runs under Triton's interpreter when Triton is
 installed, so the differential tests can compare it with the gather path; ``is_triton_available``
@@ -16,8 +30,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,10 +40,35 @@ import torch
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.pools.copy_plan import HostRowGeometry
 
-TRITON_GRID_DEFAULT = 132
-"""Programs of the persistent grid (one per SM of an H100/H200: the measured ceiling)."""
+TRITON_GRID_DEFAULT = 8
+"""Programs of the persistent grid: with 32-row tiles, 8 programs (8 of an H200's 132 SMs)
+move what 132 do (benchmarks/RESULTS.md), and leave the rest to the forward pass."""
+TRITON_ROWS_DEFAULT = 32
+"""Index pairs per tile (see the module doc): 16 left 8 programs at 71-81% of the link."""
+TRITON_WARPS_DEFAULT = 8
+"""Warps per program."""
+VECTOR_BYTES = 16
+"""The widest load or store the hint asks for."""
+
+
+@dataclass(frozen=True)
+class TritonTile:
+    """How one program moves its pairs: ``rows`` pairs per tile, ``warps`` warps."""
+
+    rows: int = TRITON_ROWS_DEFAULT
+    warps: int = TRITON_WARPS_DEFAULT
+
 
 _grid = [TRITON_GRID_DEFAULT]
+_tile = [TritonTile()]
+
+
+def _check_power_of_two(what: str, value: int, at_most: int) -> None:
+    # Verify a power of two Triton can compile (tl.arange and num_warps need one)
+    if value < 1 or value & (value - 1) or value > at_most:
+        raise HiCacheInputError(
+            f"triton {what} must be a power of two in 1..{at_most}, got {value}"
+        )
 
 
 @contextmanager
@@ -45,29 +85,62 @@ def triton_grid(programs: int) -> Iterator[None]:
         _grid[0] = previous
 
 
+@contextmanager
+def triton_tile(rows: int, warps: int = TRITON_WARPS_DEFAULT) -> Iterator[None]:
+    """Within the block, each program moves ``rows`` pairs per tile with ``warps`` warps."""
+    _check_power_of_two("tile rows", rows, 256)
+    _check_power_of_two("warps", warps, 32)
+    previous = _tile[0]
+    _tile[0] = TritonTile(rows, warps)
+    try:
+        yield
+    finally:
+        _tile[0] = previous
+
+
 def current_triton_grid() -> int:
     """The grid ``copy_path='triton'`` launches now (``TRITON_GRID_DEFAULT`` outside blocks)."""
     return _grid[0]
 
 
+def current_triton_tile() -> TritonTile:
+    """The tile ``copy_path='triton'`` launches now."""
+    return _tile[0]
+
+
+@functools.cache
 def is_triton_available() -> bool:
-    """Whether ``import triton`` can work in this environment."""
+    """Whether ``import triton`` can work in this environment (looked up once: the lookup
+    walks ``sys.path``, tens of us on the issue path)."""
     return importlib.util.find_spec("triton") is not None
 
 
-def compute_word_dtype(geometry: HostRowGeometry, element_size: int) -> torch.dtype:
-    """The widest word (4, 2 or 1 bytes) that divides every piece and stride of ``geometry``."""
-    spans = (
+def _spans(geometry: HostRowGeometry) -> tuple[int, ...]:
+    return (
         geometry.piece_numel,
         geometry.layer_stride,
         geometry.page_stride,
         geometry.slot_stride,
         geometry.piece_stride,
     )
+
+
+def compute_word_dtype(geometry: HostRowGeometry, element_size: int) -> torch.dtype:
+    """The widest word (4, 2 or 1 bytes) that divides every piece and stride of ``geometry``."""
     for word, dtype in ((4, torch.int32), (2, torch.int16)):
-        if all(span * element_size % word == 0 for span in spans):
+        if all(span * element_size % word == 0 for span in _spans(geometry)):
             return dtype
     return torch.uint8
+
+
+def compute_vector_words(geometry: HostRowGeometry, element_size: int, word_size: int) -> int:
+    """Words per 16-byte vector when every piece, stride and device row keeps that alignment
+    (then every row offset is a multiple of it), else 1 (no hint)."""
+    vector = VECTOR_BYTES // word_size
+    spans = (*_spans(geometry), geometry.piece_numel * geometry.piece_num)
+    if all(span * element_size % VECTOR_BYTES == 0 for span in spans):
+        return vector
+    return 1
 
 
 def as_words(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -98,26 +171,48 @@ def _paged_row_copy(  # type: ignore[no-untyped-def]
     PIECE_NUM: tl.constexpr,
     PIECE_WORDS: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
     D2H: tl.constexpr,
 ):
-    """Triton source: pairs ``pid, pid + grid, ...``; one row (``PIECE_NUM`` pieces) each."""
+    """Triton source: tiles of ``ROWS`` pairs at ``pid, pid + grid, ...``; one row each."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
-    mask = cols < PIECE_WORDS
-    for i in range(pid, n, programs):
-        slot = tl.load(host_idx_ptr + i).to(tl.int64)
-        loc = tl.load(device_idx_ptr + i).to(tl.int64)
+    col_mask = cols < PIECE_WORDS
+    rows = tl.arange(0, ROWS)
+    for start in range(pid * ROWS, n, programs * ROWS):
+        pair = start + rows
+        row_mask = pair < n
+        slot = tl.load(host_idx_ptr + pair, mask=row_mask, other=0).to(tl.int64)
+        loc = tl.load(device_idx_ptr + pair, mask=row_mask, other=0).to(tl.int64)
         page = slot // page_size
         host_row = host_layer_base + page * page_stride + (slot - page * page_size) * slot_stride
-        device_row = loc * device_row_stride
+        host_row = tl.multiple_of(host_row, VEC)
+        device_row = tl.multiple_of(loc * device_row_stride, VEC)
+        mask = row_mask[:, None] & col_mask[None, :]
         for piece in tl.static_range(PIECE_NUM):
-            host_at = host_ptr + host_row + piece * piece_stride + cols
-            device_at = device_ptr + device_row + piece * PIECE_WORDS + cols
+            host_at = host_ptr + (host_row + piece * piece_stride)[:, None] + cols[None, :]
+            device_at = device_ptr + (device_row + piece * PIECE_WORDS)[:, None] + cols[None, :]
             if D2H:
                 tl.store(host_at, tl.load(device_at, mask=mask), mask=mask)
             else:
                 tl.store(device_at, tl.load(host_at, mask=mask), mask=mask)
+
+
+INT_ARGUMENTS = (
+    "n",
+    "host_layer_base",
+    "page_size",
+    "page_stride",
+    "slot_stride",
+    "piece_stride",
+    "device_row_stride",
+)
+"""Not specialized on their values, so one compiled kernel serves every layer and transfer."""
+
+_RUNNERS: dict[tuple[object, ...], Callable[..., None]] = {}
+"""Compiled kernels bound to their grid, by everything their compilation depends on."""
 
 
 @functools.cache
@@ -128,11 +223,105 @@ def _kernel(interpret: bool) -> Any:
     if interpret:
         interpreter = importlib.import_module("triton.runtime.interpreter")
         return interpreter.InterpretedFunction(_paged_row_copy)
-    return importlib.import_module("triton").jit(_paged_row_copy)
+    triton = importlib.import_module("triton")
+    return triton.jit(_paged_row_copy, do_not_specialize=INT_ARGUMENTS)
+
+
+def _alignment_key(*tensors: torch.Tensor) -> tuple[bool, ...]:
+    # Triton specializes a pointer on 16-byte alignment: a runner is reused only when it matches
+    return tuple(tensor.data_ptr() % 16 == 0 for tensor in tensors)
 
 
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+_WORD_SIZES = {torch.int32: 4, torch.int16: 2, torch.uint8: 1}
+
+
+def prepare_row_copy(
+    *,
+    host_buffer: torch.Tensor,
+    device_buffers: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    geometry: HostRowGeometry,
+    layer_ids: Sequence[int],
+    d2h: bool,
+    grid: int | None = None,
+    tile: TritonTile | None = None,
+) -> list[Callable[[], None]]:
+    """One launch closure per layer of one component (``device_buffers[k]`` is the device
+    buffer of ``layer_ids[k]``); each runs on the current stream. The indices must be on the
+    device that runs the kernel: CUDA for a CUDA pool, CPU for the interpreter."""
+    programs = current_triton_grid() if grid is None else grid
+    shape = current_triton_tile() if tile is None else tile
+    # Verify a positive grid and a pair per index
+    if programs < 1:
+        raise HiCacheInputError(f"triton grid must be >= 1 programs, got {programs}")
+    assert host_indices.numel() == device_indices.numel()
+    assert len(device_buffers) == len(layer_ids)
+    n = host_indices.numel()
+    if n == 0:
+        return [lambda: None for _ in layer_ids]
+    element_size = host_buffer.element_size()
+    word = compute_word_dtype(geometry, element_size)
+    word_size = _WORD_SIZES[word]
+    piece_words = _words(geometry.piece_numel, element_size, word_size)
+    kernel = _kernel(not device_buffers[0].is_cuda if device_buffers else True)
+    launch: Callable[..., Any] = kernel[(max(1, min(programs, -(-n // shape.rows))),)]
+    host_words = as_words(host_buffer, word)
+    strides = (
+        geometry.page_size,
+        _words(geometry.page_stride, element_size, word_size),
+        _words(geometry.slot_stride, element_size, word_size),
+        _words(geometry.piece_stride, element_size, word_size),
+        piece_words * geometry.piece_num,
+    )
+    constants: dict[str, Any] = {
+        "PIECE_NUM": geometry.piece_num,
+        "PIECE_WORDS": piece_words,
+        "BLOCK": _next_power_of_two(piece_words),
+        "ROWS": shape.rows,
+        "VEC": compute_vector_words(geometry, element_size, word_size),
+        "D2H": d2h,
+    }
+    if device_buffers and device_buffers[0].is_cuda:
+        constants["num_warps"] = shape.warps
+
+    on_gpu = bool(device_buffers) and device_buffers[0].is_cuda
+    constant_values = tuple(v for k, v in constants.items() if k != "num_warps")
+    grid_size = max(1, min(programs, -(-n // shape.rows)))
+    device_index = device_buffers[0].device.index if on_gpu else None
+
+    def layer_launch(device_words: torch.Tensor, layer_base: int) -> Callable[[], None]:
+        arguments = (
+            host_words, device_words, host_indices, device_indices, n, layer_base, *strides,
+        )  # fmt: skip
+        key = (
+            constant_values, shape.warps, grid_size, device_index, host_words.dtype,
+            _alignment_key(host_words, device_words, host_indices, device_indices),
+        )  # fmt: skip
+
+        def run() -> None:
+            # a compiled kernel called directly costs a few us; the JIT's dispatch, tens
+            runner = _RUNNERS.get(key) if on_gpu else None
+            if runner is not None:
+                runner(*arguments, *constant_values)
+                return
+            compiled = launch(*arguments, **constants)
+            if on_gpu and compiled is not None:
+                _RUNNERS[key] = compiled[(grid_size, 1, 1)]
+
+        return run
+
+    return [
+        layer_launch(
+            as_words(buffer, word),
+            _words(layer_id * geometry.layer_stride, element_size, word_size),
+        )
+        for buffer, layer_id in zip(device_buffers, layer_ids, strict=True)
+    ]
 
 
 def launch_row_copy(
@@ -145,37 +334,18 @@ def launch_row_copy(
     layer_id: int,
     d2h: bool,
     grid: int | None = None,
+    tile: TritonTile | None = None,
 ) -> None:
-    """Launch one layer of one component (on the current stream; the indices must be on the
-    device that runs the kernel: CUDA for a CUDA pool, CPU for the interpreter)."""
-    programs = current_triton_grid() if grid is None else grid
-    # Verify a positive grid and a pair per index
-    if programs < 1:
-        raise HiCacheInputError(f"triton grid must be >= 1 programs, got {programs}")
-    assert host_indices.numel() == device_indices.numel()
-    n = host_indices.numel()
-    if n == 0:
-        return
-    element_size = host_buffer.element_size()
-    word = compute_word_dtype(geometry, element_size)
-    word_size = torch.empty((), dtype=word).element_size()
-    piece_words = _words(geometry.piece_numel, element_size, word_size)
-    kernel = _kernel(not device_buffer.is_cuda)
-    launch: Callable[..., None] = kernel[(min(programs, n),)]
-    launch(
-        as_words(host_buffer, word),
-        as_words(device_buffer, word),
-        host_indices,
-        device_indices,
-        n,
-        _words(layer_id * geometry.layer_stride, element_size, word_size),
-        geometry.page_size,
-        _words(geometry.page_stride, element_size, word_size),
-        _words(geometry.slot_stride, element_size, word_size),
-        _words(geometry.piece_stride, element_size, word_size),
-        piece_words * geometry.piece_num,
-        PIECE_NUM=geometry.piece_num,
-        PIECE_WORDS=piece_words,
-        BLOCK=_next_power_of_two(piece_words),
-        D2H=d2h,
+    """Launch one layer of one component now (``prepare_row_copy`` for a single layer)."""
+    (run,) = prepare_row_copy(
+        host_buffer=host_buffer,
+        device_buffers=[device_buffer],
+        host_indices=host_indices,
+        device_indices=device_indices,
+        geometry=geometry,
+        layer_ids=[layer_id],
+        d2h=d2h,
+        grid=grid,
+        tile=tile,
     )
+    run()

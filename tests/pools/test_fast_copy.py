@@ -38,7 +38,12 @@ from hicache_ref.pools.copy_plan import (
 )
 from hicache_ref.pools.host_layout import compute_host_buffer_shape, host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
-from hicache_ref.pools.triton_copy import is_triton_available, triton_grid
+from hicache_ref.pools.triton_copy import (
+    compute_vector_words,
+    is_triton_available,
+    triton_grid,
+    triton_tile,
+)
 
 from .builders import ALL_LAYOUTS, pages_to_locs
 from .test_host_transfers import LEGAL_CASES
@@ -223,12 +228,17 @@ def test_batch_path_moves_exactly_the_bytes_of_the_gather_path(case: dict[str, A
 
 
 @NEEDS_TRITON
-@given(case=transfers(paths=("triton",)), grid=st.sampled_from([1, 3, 8]))
+@given(
+    case=transfers(paths=("triton",)),
+    grid=st.sampled_from([1, 3, 8]),
+    rows=st.sampled_from([1, 2, 16]),
+)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_triton_kernel_moves_exactly_the_bytes_of_the_gather_path(
-    case: dict[str, Any], grid: int
+    case: dict[str, Any], grid: int, rows: int
 ) -> None:
-    with triton_grid(grid):
+    # tiles of 1, 2 or 16 pairs: a last partial tile and several tiles per program included
+    with triton_grid(grid), triton_tile(rows, warps=4):
         fast = run_transfer(case, "triton")
     assert_same_bytes(fast, run_transfer(case, "gather"))
 
@@ -484,3 +494,17 @@ def test_copy_engine_binding_raises_on_a_failed_call_and_refuses_the_default_str
         copier.issue(*arrays, d2h=False, device_index=0, stream_handle=0)
     with pytest.raises(CopyEngineError, match="needs CUDA runtime 12\\.8"):
         CudaBatchCopier(_FakeRuntime(0), "fake", 12060)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("rows", "warps"), [(0, 4), (3, 4), (512, 4), (16, 0), (16, 6), (16, 64)])
+def test_a_triton_tile_that_cannot_compile_is_refused_in_one_line(rows: int, warps: int) -> None:
+    with pytest.raises(HiCacheInputError, match="power of two"), triton_tile(rows, warps):
+        pass
+
+
+def test_the_vector_hint_is_given_only_where_every_stride_keeps_16_bytes() -> None:
+    # MLA rows of 576 bf16 (1,152 B) keep 16-byte offsets; rows of 7 bf16 (14 B) do not
+    mla = compute_host_row_geometry("layer_first", 64, 2, 16, (576,))
+    odd = compute_host_row_geometry("layer_first", 64, 2, 16, (7,))
+    assert compute_vector_words(mla, 2, 4) == 4
+    assert compute_vector_words(odd, 2, 2) == 1

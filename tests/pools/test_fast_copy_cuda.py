@@ -16,7 +16,7 @@ from hicache_ref.pools import HostKVCache, KVCache, make_host_pool
 from hicache_ref.pools.copy_engine import load_cuda_batch_copier
 from hicache_ref.pools.host_layout import host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, TRANSFER_STATS, copy_paths_for_layout
-from hicache_ref.pools.triton_copy import is_triton_available, triton_grid
+from hicache_ref.pools.triton_copy import is_triton_available, triton_grid, triton_tile
 
 from .builders import make_device_pool, pages_to_locs
 from .test_host_transfers import LEGAL_CASES
@@ -205,14 +205,17 @@ def test_batch_on_the_legacy_default_stream_goes_through_a_side_stream(cuda: Cud
 
 @NEEDS_TRITON
 @pytest.mark.parametrize("grid", [1, 8, 132, 1000])
-def test_triton_grid_sizes_all_move_every_row(cuda: CudaDevice, grid: int) -> None:
+@pytest.mark.parametrize(("tile_rows", "warps"), [(1, 4), (16, 8), (64, 16)])
+def test_triton_grid_sizes_all_move_every_row(
+    cuda: CudaDevice, grid: int, tile_rows: int, warps: int
+) -> None:
     device_pool, host_pool = gpu_pools(cuda, "mha", "page_head", 16, "triton")
     host, backup_locs, load_locs = index_pairs("kernel", "page_head", 16)
     layers, names = range(device_pool.layer_num), device_pool.component_names()
     backed_up = {
         (n, layer): device_pool.read_rows(n, layer, backup_locs) for n in names for layer in layers
     }
-    with triton_grid(grid), cuda.stream(cuda.Stream()):
+    with triton_grid(grid), triton_tile(tile_rows, warps), cuda.stream(cuda.Stream()):
         host_pool.backup_from_device_all_layer(
             device_pool, host.cuda(), backup_locs.cuda(), "kernel"
         )
@@ -221,6 +224,35 @@ def test_triton_grid_sizes_all_move_every_row(cuda: CudaDevice, grid: int) -> No
                 device_pool, host.cuda(), load_locs.cuda(), layer, "kernel"
             )
     cuda.synchronize()
+    for (name, layer), rows in backed_up.items():
+        assert torch.equal(host_pool.read_rows(name, layer, host), rows)
+        assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)
+
+
+@NEEDS_TRITON
+def test_after_the_first_launch_the_compiled_kernel_is_called_directly(cuda: CudaDevice) -> None:
+    # layer 0 goes through Triton's JIT and leaves a runner; every later layer (another base
+    # offset, unspecialized) reuses it and still lands its own rows
+    from hicache_ref.pools.triton_copy import _RUNNERS
+
+    _RUNNERS.clear()
+    device_pool, host_pool = gpu_pools(cuda, "mla", "layer_first", 16, "triton")
+    host, backup_locs, load_locs = index_pairs("direct", "layer_first", 16)
+    layers, names = range(device_pool.layer_num), device_pool.component_names()
+    backed_up = {
+        (n, layer): device_pool.read_rows(n, layer, backup_locs) for n in names for layer in layers
+    }
+    with cuda.stream(cuda.Stream()):
+        host_pool.backup_from_device_all_layer(
+            device_pool, host.cuda(), backup_locs.cuda(), "direct"
+        )
+        runners = len(_RUNNERS)
+        for layer in layers:
+            host_pool.load_to_device_per_layer(
+                device_pool, host.cuda(), load_locs.cuda(), layer, "direct"
+            )
+    cuda.synchronize()
+    assert runners >= 1 and len(_RUNNERS) >= runners
     for (name, layer), rows in backed_up.items():
         assert torch.equal(host_pool.read_rows(name, layer, host), rows)
         assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)
