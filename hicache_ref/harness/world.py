@@ -35,6 +35,7 @@ from hicache_ref.harness.adapters.base import (
 )
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.content import HARNESS_DTYPE
+from hicache_ref.pools.triton_copy import is_triton_available
 
 if TYPE_CHECKING:
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
@@ -258,11 +259,18 @@ _DEVICE_FACTORY: ContextVar[DeviceFactory | None] = ContextVar(
 )
 
 
-def gpu_config(config: HarnessConfig) -> HarnessConfig:
-    """What a GPU world's configuration must say: a GPU copy path (``gather`` is CPU-only, so it
-    becomes the run-merged ``runs``; ``runs`` and the copy engine's ``batch`` stay as drawn), and
-    records that complete with the work ahead of them (as they do on a GPU)."""
-    copy_path = "runs" if config.copy_path in ("gather", "auto") else config.copy_path
+def gpu_config(config: HarnessConfig, *, triton: bool | None = None) -> HarnessConfig:
+    """What a GPU world's configuration must say: a GPU copy path, and records that complete
+    with the work ahead of them (as they do on a GPU).
+
+    ``gather`` is CPU-only: it becomes the run-merged ``runs``, or, for odd config seeds where
+    Triton is installed (``triton``, default: looked up), the zero-copy ``triton`` kernel, so a
+    GPU campaign fuzzes the kernel on real streams too; ``runs`` and the copy engine's ``batch``
+    stay as drawn. The choice follows the config alone, so a replay makes it again."""
+    copy_path = config.copy_path
+    if copy_path in ("gather", "auto"):
+        use_triton = is_triton_available() if triton is None else triton
+        copy_path = "triton" if use_triton and config.seed % 2 else "runs"
     return config.model_copy(update={"copy_path": copy_path, "settle_records": True})
 
 

@@ -40,6 +40,7 @@ from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.replay import replay
 from hicache_ref.harness.trace import Trace, TraceHeader
+from hicache_ref.harness.world import gpu_config
 
 
 # -- the fake: an eager device whose spins are recorded --------------------------------------------
@@ -370,3 +371,15 @@ def test_a_flaky_rerun_without_inner_errors_reports_the_recorded_trace(tmp_path:
         machine_module.LAST_FAILURE.clear()
     assert isinstance(found, RecordedFailure)
     assert get_failure_invariant(found) == "INV-11"
+
+
+def test_a_gpu_world_runs_the_simulators_gather_as_runs_or_the_triton_kernel() -> None:
+    # gather is CPU-only: on a GPU it becomes runs for even seeds and triton for odd ones (where
+    # Triton is installed), decided by the config alone so a replay decides the same
+    even, odd = HarnessConfig(seed=4), HarnessConfig(seed=5)
+    assert gpu_config(even, triton=True).copy_path == "runs"
+    assert gpu_config(odd, triton=True).copy_path == "triton"
+    assert gpu_config(odd, triton=False).copy_path == "runs"
+    drawn_batch = HarnessConfig(seed=5, copy_path="batch")
+    assert gpu_config(drawn_batch, triton=True).copy_path == "batch"
+    assert gpu_config(odd, triton=True).settle_records
