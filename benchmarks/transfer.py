@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,13 @@ from hicache_ref.pools import (
 )
 from hicache_ref.pools.host_layout import host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
-from hicache_ref.pools.triton_copy import is_triton_available, triton_grid
+from hicache_ref.pools.triton_copy import (
+    TRITON_ROWS_DEFAULT,
+    TRITON_WARPS_DEFAULT,
+    is_triton_available,
+    triton_grid,
+    triton_tile,
+)
 
 IO_BACKEND = {"layer_first": "direct", "page_first": "kernel", "page_first_direct": "direct",
               "layer_page_first": "direct", "page_head": "kernel"}  # fmt: skip
@@ -173,13 +179,24 @@ class Path_:
     name: str
     copy_path: str
     grid: int | None = None
+    tile: tuple[int, int] | None = None
+    """Triton: (rows per tile, warps)."""
 
     @property
     def label(self) -> str:
-        return self.name if self.grid is None else f"{self.name} grid {self.grid}"
+        if self.grid is None:
+            return self.name
+        rows, warps = self.tile or (TRITON_ROWS_DEFAULT, TRITON_WARPS_DEFAULT)
+        return f"{self.name} grid {self.grid} tile {rows}x{warps}w"
 
     def context(self) -> Any:
-        return triton_grid(self.grid) if self.grid is not None else nullcontext()
+        if self.grid is None:
+            return nullcontext()
+        stack = ExitStack()
+        stack.enter_context(triton_grid(self.grid))
+        if self.tile is not None:
+            stack.enter_context(triton_tile(*self.tile))
+        return stack
 
 
 def issue_loads(world: World, path: Path_, issue_us: list[float] | None = None) -> None:
@@ -369,7 +386,9 @@ def run(args: argparse.Namespace) -> int:
     paths = [Path_(name, name) for name in args.paths if name in ("runs", "batch")]
     if "triton" in args.paths:
         if is_triton_available():
-            paths += [Path_("triton", "triton", grid) for grid in args.grids]
+            paths += [
+                Path_("triton", "triton", grid, tile) for tile in args.tiles for grid in args.grids
+            ]
         else:
             say("triton is not installed: skipping the triton paths")
     copier_line = ""
@@ -643,6 +662,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="page sizes that time the slow reference path 'runs' (page 16 adds "
                         "~4 min to a full run)")  # fmt: skip
     parser.add_argument("--grids", default="8,32,132", help="triton persistent grid sizes")
+    parser.add_argument("--tiles", default=f"{TRITON_ROWS_DEFAULT}x{TRITON_WARPS_DEFAULT}",
+                        help="triton tiles as ROWSxWARPS, comma separated (1x4: one row at a "
+                        "time, the first kernel)")  # fmt: skip
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--pinned-gib", type=float, default=1.0)
     parser.add_argument("--bidir-cases", default="mla:64:layer_first,mha:64:layer_first",
@@ -669,6 +691,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.layouts = args.layouts.split(",")
     args.paths = args.paths.split(",")
     args.grids = [int(g) for g in args.grids.split(",")]
+    try:
+        args.tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    except ValueError:
+        parser.error(f"--tiles {args.tiles!r}: give ROWSxWARPS pairs such as 16x8,1x4")
+    if any(len(t) != 2 for t in args.tiles):
+        parser.error(f"--tiles {args.tiles!r}: give ROWSxWARPS pairs such as 16x8,1x4")
     args.runs_page_sizes = {int(p) for p in args.runs_page_sizes.split(",")}
     args.bidir_cases = set(args.bidir_cases.split(","))
     args.subset_paths = set(args.subset_paths.split(","))
