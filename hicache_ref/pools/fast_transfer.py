@@ -42,7 +42,11 @@ from hicache_ref.pools.transfer_checks import (
     check_page_first_direct_chunks,
     check_transfer_indices,
 )
-from hicache_ref.pools.triton_copy import is_triton_available, prepare_row_copy
+from hicache_ref.pools.triton_copy import (
+    component_deltas,
+    is_triton_available,
+    prepare_row_copy,
+)
 
 FastCopyPath = Literal["batch", "triton"]
 
@@ -256,6 +260,27 @@ def _concat(arrays: list[PointerArrays]) -> PointerArrays:
     )
 
 
+def _launch_groups(
+    plan: FastPlan,
+    host_buffers: dict[str, torch.Tensor],
+    layer_buffers: dict[str, list[torch.Tensor]],
+) -> list[tuple[str, ...]]:
+    """Components that share one kernel launch: MHA's K and V when their geometry and dtype
+    match and their buffers sit a whole number of 16-byte vectors apart on both sides (on every
+    layer); otherwise one launch per component."""
+    names = tuple(layer_buffers)
+    if len(names) == 2:
+        first, second = names
+        same_rows = plan.geometries[first] == plan.geometries[second]
+        same_dtype = host_buffers[first].dtype == host_buffers[second].dtype
+        pairs = [[host_buffers[first], host_buffers[second]]] + [
+            [a, b] for a, b in zip(layer_buffers[first], layer_buffers[second], strict=True)
+        ]
+        if same_rows and same_dtype and all(component_deltas(p, 1) is not None for p in pairs):
+            return [names]
+    return [(name,) for name in names]
+
+
 def _triton_closure(
     *,
     direction: Direction,
@@ -266,20 +291,26 @@ def _triton_closure(
 ) -> Callable[[], None]:
     assert plan.kernel_indices is not None
     host_indices, device_indices = plan.kernel_indices
-    per_component = [
+    layer_buffers = {
+        name: [device_pool.component_buffer(name, layer) for layer in layer_ids]
+        for name in device_pool.component_names()
+    }
+    per_group = [
         prepare_row_copy(
-            host_buffer=host_buffers[name],
-            device_buffers=[device_pool.component_buffer(name, layer) for layer in layer_ids],
+            host_buffers=[host_buffers[name] for name in group],
+            device_buffers=[
+                [layer_buffers[name][k] for name in group] for k in range(len(layer_ids))
+            ],
             host_indices=host_indices,
             device_indices=device_indices,
-            geometry=plan.geometries[name],
+            geometry=plan.geometries[group[0]],
             layer_ids=layer_ids,
             d2h=direction == "d2h",
         )
-        for name in device_pool.component_names()
+        for group in _launch_groups(plan, host_buffers, layer_buffers)
     ]
-    # layer by layer, each layer's components in order (a per-layer load lands layer l first)
-    launches = [run for layer in zip(*per_component, strict=True) for run in layer]
+    # layer by layer, each layer's groups in order (a per-layer load lands layer l first)
+    launches = [run for layer in zip(*per_group, strict=True) for run in layer]
 
     def run() -> None:
         for launch in launches:

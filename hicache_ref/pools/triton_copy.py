@@ -2,7 +2,8 @@
 
 The kernel reads or writes the host buffer directly through unified addressing (a pinned
 buffer's host address is valid on the GPU), so no staging buffer and no copy engine is used; it
-costs SMs instead. A persistent grid of ``grid`` programs walks the index pairs in tiles of
+costs SMs instead. A persistent grid of ``grid`` programs (over all components of the launch:
+MHA's K and V share one launch and split the programs) walks the index pairs in tiles of
 ``rows`` pairs (tile ``t = pid, pid + grid, ...``); each pair moves one token row of one layer
 as ``piece_num`` contiguous vectors of 4-byte words (one piece per row, or one per head under
 ``page_head``), addressed by ``HostRowGeometry``. Index tensors are read on the device when the
@@ -168,6 +169,8 @@ def _paged_row_copy(  # type: ignore[no-untyped-def]
     slot_stride,
     piece_stride,
     device_row_stride,
+    host_component_delta,
+    device_component_delta,
     PIECE_NUM: tl.constexpr,
     PIECE_WORDS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -175,9 +178,13 @@ def _paged_row_copy(  # type: ignore[no-untyped-def]
     VEC: tl.constexpr,
     D2H: tl.constexpr,
 ):
-    """Triton source: tiles of ``ROWS`` pairs at ``pid, pid + grid, ...``; one row each."""
+    """Triton source: tiles of ``ROWS`` pairs at ``pid, pid + grid, ...``; one row each;
+    axis 1 is the component, ``delta`` words past component 0 on each side."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    component = tl.program_id(1).to(tl.int64)
+    host_base = host_layer_base + component * host_component_delta
+    device_base = component * device_component_delta
     cols = tl.arange(0, BLOCK)
     col_mask = cols < PIECE_WORDS
     rows = tl.arange(0, ROWS)
@@ -187,9 +194,9 @@ def _paged_row_copy(  # type: ignore[no-untyped-def]
         slot = tl.load(host_idx_ptr + pair, mask=row_mask, other=0).to(tl.int64)
         loc = tl.load(device_idx_ptr + pair, mask=row_mask, other=0).to(tl.int64)
         page = slot // page_size
-        host_row = host_layer_base + page * page_stride + (slot - page * page_size) * slot_stride
+        host_row = host_base + page * page_stride + (slot - page * page_size) * slot_stride
         host_row = tl.multiple_of(host_row, VEC)
-        device_row = tl.multiple_of(loc * device_row_stride, VEC)
+        device_row = tl.multiple_of(device_base + loc * device_row_stride, VEC)
         mask = row_mask[:, None] & col_mask[None, :]
         for piece in tl.static_range(PIECE_NUM):
             host_at = host_ptr + (host_row + piece * piece_stride)[:, None] + cols[None, :]
@@ -208,8 +215,11 @@ INT_ARGUMENTS = (
     "slot_stride",
     "piece_stride",
     "device_row_stride",
+    "host_component_delta",
+    "device_component_delta",
 )
-"""Not specialized on their values, so one compiled kernel serves every layer and transfer."""
+"""Not specialized on their values, so one compiled kernel serves every layer and transfer (an
+integer's width still is: ``_int_widths`` keys the runners on it)."""
 
 _RUNNERS: dict[tuple[object, ...], Callable[..., None]] = {}
 """Compiled kernels bound to their grid, by everything their compilation depends on."""
@@ -232,6 +242,15 @@ def _alignment_key(*tensors: torch.Tensor) -> tuple[bool, ...]:
     return tuple(tensor.data_ptr() % 16 == 0 for tensor in tensors)
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _int_widths(*values: int) -> tuple[bool, ...]:
+    # Triton types an unspecialized int as i32 or i64 by its value: a runner compiled for i32
+    # must never receive a value past it
+    return tuple(INT32_MIN <= value <= INT32_MAX for value in values)
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -239,10 +258,21 @@ def _next_power_of_two(n: int) -> int:
 _WORD_SIZES = {torch.int32: 4, torch.int16: 2, torch.uint8: 1}
 
 
+def component_deltas(buffers: Sequence[torch.Tensor], word_size: int) -> int | None:
+    """Words from component 0's buffer to component 1's (0 for one component), or ``None`` when
+    the components cannot share one launch (more than two, or not a whole number of words)."""
+    if len(buffers) == 1:
+        return 0
+    if len(buffers) != 2:
+        return None
+    delta = buffers[1].data_ptr() - buffers[0].data_ptr()
+    return delta // word_size if delta % VECTOR_BYTES == 0 else None
+
+
 def prepare_row_copy(
     *,
-    host_buffer: torch.Tensor,
-    device_buffers: Sequence[torch.Tensor],
+    host_buffers: Sequence[torch.Tensor],
+    device_buffers: Sequence[Sequence[torch.Tensor]],
     host_indices: torch.Tensor,
     device_indices: torch.Tensor,
     geometry: HostRowGeometry,
@@ -251,9 +281,11 @@ def prepare_row_copy(
     grid: int | None = None,
     tile: TritonTile | None = None,
 ) -> list[Callable[[], None]]:
-    """One launch closure per layer of one component (``device_buffers[k]`` is the device
-    buffer of ``layer_ids[k]``); each runs on the current stream. The indices must be on the
-    device that runs the kernel: CUDA for a CUDA pool, CPU for the interpreter."""
+    """One launch closure per layer; each runs on the current stream and moves every component
+    of ``host_buffers`` (one or two sharing ``geometry``: MHA's K and V go in one launch, axis 1
+    of the grid). ``device_buffers[k][c]`` is component ``c``'s device buffer of layer
+    ``layer_ids[k]``. The indices must be on the device that runs the kernel: CUDA for a CUDA
+    pool, CPU for the interpreter."""
     programs = current_triton_grid() if grid is None else grid
     shape = current_triton_tile() if tile is None else tile
     # Verify a positive grid and a pair per index
@@ -261,16 +293,23 @@ def prepare_row_copy(
         raise HiCacheInputError(f"triton grid must be >= 1 programs, got {programs}")
     assert host_indices.numel() == device_indices.numel()
     assert len(device_buffers) == len(layer_ids)
+    assert all(len(layer) == len(host_buffers) for layer in device_buffers)
     n = host_indices.numel()
     if n == 0:
         return [lambda: None for _ in layer_ids]
-    element_size = host_buffer.element_size()
+    element_size = host_buffers[0].element_size()
     word = compute_word_dtype(geometry, element_size)
     word_size = _WORD_SIZES[word]
+    host_delta = component_deltas(host_buffers, word_size)
+    assert host_delta is not None, "group components with component_deltas first"
     piece_words = _words(geometry.piece_numel, element_size, word_size)
-    kernel = _kernel(not device_buffers[0].is_cuda if device_buffers else True)
-    launch: Callable[..., Any] = kernel[(max(1, min(programs, -(-n // shape.rows))),)]
-    host_words = as_words(host_buffer, word)
+    on_gpu = bool(device_buffers) and device_buffers[0][0].is_cuda
+    kernel = _kernel(not on_gpu)
+    components = len(host_buffers)
+    # the grid is the launch's whole block budget: two components share it
+    grid_size = max(1, min(programs // components, -(-n // shape.rows)))
+    launch: Callable[..., Any] = kernel[(grid_size, components)]
+    host_words = as_words(host_buffers[0], word)
     strides = (
         geometry.page_size,
         _words(geometry.page_stride, element_size, word_size),
@@ -286,21 +325,21 @@ def prepare_row_copy(
         "VEC": compute_vector_words(geometry, element_size, word_size),
         "D2H": d2h,
     }
-    if device_buffers and device_buffers[0].is_cuda:
+    if on_gpu:
         constants["num_warps"] = shape.warps
-
-    on_gpu = bool(device_buffers) and device_buffers[0].is_cuda
     constant_values = tuple(v for k, v in constants.items() if k != "num_warps")
-    grid_size = max(1, min(programs, -(-n // shape.rows)))
-    device_index = device_buffers[0].device.index if on_gpu else None
+    device_index = device_buffers[0][0].device.index if on_gpu else None
 
-    def layer_launch(device_words: torch.Tensor, layer_base: int) -> Callable[[], None]:
-        arguments = (
-            host_words, device_words, host_indices, device_indices, n, layer_base, *strides,
-        )  # fmt: skip
+    def layer_launch(layer_buffers: Sequence[torch.Tensor], layer_base: int) -> Callable[[], None]:
+        device_delta = component_deltas(layer_buffers, word_size)
+        assert device_delta is not None, "group components with component_deltas first"
+        device_words = as_words(layer_buffers[0], word)
+        integers = (n, layer_base, *strides, host_delta, device_delta)
+        arguments = (host_words, device_words, host_indices, device_indices, *integers)
         key = (
-            constant_values, shape.warps, grid_size, device_index, host_words.dtype,
+            constant_values, shape.warps, grid_size, components, device_index, host_words.dtype,
             _alignment_key(host_words, device_words, host_indices, device_indices),
+            _int_widths(*integers),
         )  # fmt: skip
 
         def run() -> None:
@@ -311,16 +350,15 @@ def prepare_row_copy(
                 return
             compiled = launch(*arguments, **constants)
             if on_gpu and compiled is not None:
-                _RUNNERS[key] = compiled[(grid_size, 1, 1)]
+                _RUNNERS[key] = compiled[(grid_size, components, 1)]
 
         return run
 
     return [
         layer_launch(
-            as_words(buffer, word),
-            _words(layer_id * geometry.layer_stride, element_size, word_size),
+            layer_buffers, _words(layer_id * geometry.layer_stride, element_size, word_size)
         )
-        for buffer, layer_id in zip(device_buffers, layer_ids, strict=True)
+        for layer_buffers, layer_id in zip(device_buffers, layer_ids, strict=True)
     ]
 
 
@@ -338,8 +376,8 @@ def launch_row_copy(
 ) -> None:
     """Launch one layer of one component now (``prepare_row_copy`` for a single layer)."""
     (run,) = prepare_row_copy(
-        host_buffer=host_buffer,
-        device_buffers=[device_buffer],
+        host_buffers=[host_buffer],
+        device_buffers=[[device_buffer]],
         host_indices=host_indices,
         device_indices=device_indices,
         geometry=geometry,

@@ -39,6 +39,8 @@ from hicache_ref.pools.copy_plan import (
 from hicache_ref.pools.host_layout import compute_host_buffer_shape, host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
 from hicache_ref.pools.triton_copy import (
+    _int_widths,
+    component_deltas,
     compute_vector_words,
     is_triton_available,
     triton_grid,
@@ -508,3 +510,17 @@ def test_the_vector_hint_is_given_only_where_every_stride_keeps_16_bytes() -> No
     odd = compute_host_row_geometry("layer_first", 64, 2, 16, (7,))
     assert compute_vector_words(mla, 2, 4) == 4
     assert compute_vector_words(odd, 2, 2) == 1
+
+
+def test_k_and_v_share_one_launch_only_when_16_bytes_apart() -> None:
+    storage = torch.zeros(64, dtype=torch.uint8)
+    assert component_deltas([storage[:16]], 4) == 0  # one component: no delta
+    assert component_deltas([storage[:16], storage[32:48]], 4) == 8  # 32 bytes: 8 words
+    assert component_deltas([storage[:16], storage[36:52]], 4) is None  # not 16-byte apart
+    assert component_deltas([storage[:8], storage[16:24], storage[32:40]], 4) is None
+
+
+def test_a_compiled_runner_is_never_reused_past_its_integer_width() -> None:
+    # Triton types an unspecialized int as i32 or i64 by value: the runner key says which
+    assert _int_widths(0, 2**31 - 1, -(2**31)) == (True, True, True)
+    assert _int_widths(2**31, -(2**31) - 1) == (False, False)
