@@ -33,7 +33,9 @@ from hicache_ref.cli_inputs import (
     check_out_dir,
     check_output_file,
     check_positive_seconds,
+    check_spins_device,
     parse_duration,
+    parse_spins,
     read_trace_file,
     use_sglang_src,
 )
@@ -71,6 +73,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.cp_processes:  # one process per CP rank (hicache_ref/distributed)
         from hicache_ref.distributed.commands import run_cp_command
 
+        if args.spins is not None:
+            raise HiCacheInputError(
+                "--spins is for a single-process GPU campaign; drop it or --cp-processes"
+            )
         return run_cp_command(args)
     report = _campaign(args, seconds=args.seconds, known=())
     print(report.render())
@@ -151,6 +157,7 @@ def _campaign(
         shrink=args.hypothesis_shrink,
         known=known,
         device=args.device,
+        perturbation=check_spins_device("--spins", args.spins, args.device),
     )
 
 
@@ -253,6 +260,14 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
         default="sim",
         choices=DEVICE_KINDS,
         help="sim (default: SimDevice) or cuda (a GPU, timing perturbed by seeded spins)",
+    )
+    parser.add_argument(
+        "--spins",
+        type=parse_spins,
+        default=None,
+        metavar="P:MIN..MAX",
+        help="with --device cuda: spin at each perturbation site with chance P for MIN..MAX "
+        "GPU cycles, log-uniform (default 0.5:4096..8388608); recorded in failing traces",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="round k of the campaign uses seed + k (default 0)"

@@ -19,6 +19,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, SRC_ENV, check_tree
 from hicache_ref.harness.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
@@ -55,6 +56,39 @@ def check_positive_seconds(flag: str, seconds: float) -> float:
     if not seconds > 0:
         raise HiCacheInputError(f"{flag} {seconds:g} is not positive; give a time such as 20")
     return seconds
+
+
+# -- GPU timing perturbation ---------------------------------------------------------------
+_SPINS = re.compile(r"^\s*([0-9.]+)\s*:\s*([0-9_]+)\s*\.\.\s*([0-9_]+)\s*$")
+
+
+def parse_spins(text: str) -> Perturbation:
+    """``P:MIN..MAX``: spin at a site with chance P, for MIN..MAX GPU cycles (log-uniform)."""
+    found = _SPINS.match(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not P:MIN..MAX; write a chance and a cycle range such as "
+            "0.5:4096..8388608"
+        )
+    try:
+        return Perturbation(
+            probability=float(found.group(1)),
+            cycles_min=int(found.group(2)),
+            cycles_max=int(found.group(3)),
+        )
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise argparse.ArgumentTypeError(f"{text!r}: {reason}") from None
+
+
+def check_spins_device(flag: str, spins: Perturbation | None, device: str) -> Perturbation | None:
+    """Spins perturb a GPU's streams; the simulator schedules every op itself."""
+    if spins is not None and device != "cuda":
+        raise HiCacheInputError(
+            f"{flag} perturbs a GPU's streams; add --device cuda (the simulator decides when "
+            "each op runs, so it needs no spins)"
+        )
+    return spins
 
 
 # -- where output goes -----------------------------------------------------------------------

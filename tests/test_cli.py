@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,8 @@ from hicache_ref import cli
 from hicache_ref.campaign import RULE_FAMILIES, CampaignReport, get_rule_family
 from hicache_ref.cli_inputs import LEGAL_RULES, SGLANG_CONTROLLER, parse_duration
 from hicache_ref.controller.cache_controller import HiCacheController
-from hicache_ref.errors import HiCacheSetupError
+from hicache_ref.device.perturb import Perturbation
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.base import BuildRequest, Implementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
@@ -134,6 +136,26 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "unknown_known_finding": (
         lambda d: ["gate", "--known", "F999", "--out", str(d)],
         "unknown known-finding id 'F999'; known ids:",
+    ),
+    "spins_not_a_range": (
+        lambda d: ["run", "--device", "cuda", "--spins", "half"],
+        "'half' is not P:MIN..MAX",
+    ),
+    "spins_probability_past_one": (
+        lambda d: ["run", "--device", "cuda", "--spins", "1.5:10..20"],
+        "probability=1.5 must be in [0, 1]",
+    ),
+    "spins_range_reversed": (
+        lambda d: ["gate", "--device", "cuda", "--spins", "0.5:20..10"],
+        "must satisfy 1 <= cycles_min <= cycles_max",
+    ),
+    "spins_on_the_simulator": (
+        lambda d: ["run", "--spins", "0.5:10..20", "--out", str(d), "--seconds", "1"],
+        "--spins perturbs a GPU's streams; add --device cuda",
+    ),
+    "spins_across_processes": (
+        lambda d: ["run", "--cp-processes", "2", "--spins", "0.5:10..20", "--seconds", "1"],
+        "--spins is for a single-process GPU campaign",
     ),
     "unknown_flag": (lambda d: ["gate", "--bogus"], "unrecognized arguments: --bogus"),
     "unknown_command": (lambda d: ["frobnicate"], "unknown command 'frobnicate'"),
@@ -324,3 +346,21 @@ def test_a_known_finding_turns_the_mutant_gate_green(
     assert cli.main([*argv, "--known", EXTRA_ACK.id]) == 0
     out = capsys.readouterr().out
     assert f"gate: known {EXTRA_ACK.id} hit x" in out and not _replay_lines(out)
+
+
+def test_spins_reach_the_campaign_as_the_perturbation_it_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --device cuda --spins 0.25:100..200 -> run_campaign gets that Perturbation (its trace
+    # headers and report record it, so a replay spins the same way)
+    seen: dict[str, Any] = {}
+
+    def fake_campaign(impl: str, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise HiCacheInputError("stop here")
+
+    monkeypatch.setattr(cli, "run_campaign", fake_campaign)
+    argv = ["run", "--device", "cuda", "--spins", "0.25:100..200", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert seen["perturbation"] == Perturbation(probability=0.25, cycles_min=100, cycles_max=200)
+    assert seen["device"] == "cuda"
