@@ -500,8 +500,9 @@ def test_copy_engine_binding_raises_on_a_failed_call_and_refuses_the_default_str
 
 @pytest.mark.parametrize(("rows", "warps"), [(0, 4), (3, 4), (512, 4), (16, 0), (16, 6), (16, 64)])
 def test_a_triton_tile_that_cannot_compile_is_refused_in_one_line(rows: int, warps: int) -> None:
-    with pytest.raises(HiCacheInputError, match="power of two"), triton_tile(rows, warps):
-        pass
+    with pytest.raises(HiCacheInputError, match="power of two"):
+        with triton_tile(rows, warps):
+            raise AssertionError(f"tile {rows}x{warps} was accepted")
 
 
 def test_the_vector_hint_is_given_only_where_every_stride_keeps_16_bytes() -> None:
