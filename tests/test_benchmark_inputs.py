@@ -25,6 +25,13 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("transfer.py", ["--tiles", "32x8x2"], "give ROWSxWARPS pairs"),
         ("transfer_profile.py", ["--cases", "batch:mla:16"], "is not PATH:ROWS:PAGE"),
         ("transfer_profile.py", ["--cases", "copy:mla:16:layer_first:h2d"], "path batch|triton"),
+        ("transfer_profile.py", ["--mode", "kernel"], "needs --cases"),
+        ("transfer_bounds.py", ["--experiments", "ceiling,speed"], "unknown ['speed']"),
+        ("transfer_bounds.py", ["--grids", "8,x"], "comma-separated integers"),
+        ("transfer_bounds.py", ["--span-layers", "0"], "must be >= 1"),
+        ("transfer_bounds.py", ["--bidir-rows", "mla,gqa"], "choose from mla,mha"),
+        ("transfer_bounds.py", ["--tiles", "32"], "give ROWSxWARPS pairs"),
+        ("transfer_bounds.py", ["--reps", "3"], "at least five runs"),
     ],
 )
 def test_a_bad_benchmark_argument_is_refused_in_one_line(
@@ -35,3 +42,17 @@ def test_a_bad_benchmark_argument_is_refused_in_one_line(
     assert result.returncode != 0
     assert "Traceback" not in output
     assert message in output.splitlines()[-1]
+
+
+def test_a_copy_kernel_is_placed_by_its_phase_in_the_matmul_running_when_it_started() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import transfer_bounds as bounds
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    gemms = [bounds.Span("gemm", 0.0, 1000.0, "[2, 66, 1]"),
+             bounds.Span("gemm", 1010.0, 2010.0, "[2, 66, 1]")]  # fmt: skip
+    assert bounds.matmul_phase(940.0, gemms) == 0.94  # in the first matmul's tail
+    assert bounds.matmul_phase(1005.0, gemms) == 1.0  # between the two: a boundary
+    assert bounds.matmul_phase(1110.0, gemms) == 0.1  # early in the second
+    assert bounds.matmul_phase(5000.0, gemms) == 1.0  # after the last

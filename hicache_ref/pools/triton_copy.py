@@ -15,6 +15,11 @@ the link can do. A tile of ``rows`` rows issues all its loads before its first s
 bytes in flight grow with ``grid * rows``; offsets carry a 16-byte alignment hint (``VEC``
 words) where every stride allows it, so the loads are 16-byte vectors.
 
+Its ceiling is the link's, for SMs: they reach host memory in 128-byte PCIe reads and writes
+where the copy engine uses 256-byte ones, so on an H200's Gen5 x16 the kernel tops out at ~92%
+of a pinned copy-engine copy whatever the grid, tile or index order (PCIe counters and sweeps in
+benchmarks/RESULTS.md); ``batch`` is the path to the link where its copies are large enough.
+
 ``prepare_row_copy`` does the per-transfer work once (word views, strides, the launch's
 constant arguments) and returns one closure per layer; the closure is the whole per-layer
 issue cost. The integer arguments are not specialized (``INT_ARGUMENTS``), so after the first
