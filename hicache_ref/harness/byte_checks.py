@@ -6,7 +6,10 @@ device rows / host rows (the content oracle's rows for a node, cached) -> ``chec
 a read) -> ``FreeSlotWatch``: poison written by the CPU (not stream-ordered) into slots the
 harness's own pools report free, then verified after every step while copies may still run, so
 a copy that lands in a freed slot (a D2H after its slots were freed, a stale copy after a
-reset) is seen even when no later user of the slot reads it.
+reset) is seen even when no later user of the slot reads it -> ``DeferredReads``: on a GPU a
+forward read's rows are gathered on the forward stream and compared once that gather has run
+(INV-11), so a read never makes the host wait for the forward stream and the timing windows a
+spin opened stay open for the steps after it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hicache_ref.device.protocol import EventT
+from hicache_ref.device.protocol import EventT, StreamT
 from hicache_ref.harness.content import describe_row, expected_rows
 from hicache_ref.harness.node_model import Node
 from hicache_ref.harness.rank_geometry import RankGeometry
@@ -47,6 +50,7 @@ class ByteChecks:
         self.world = world
         self.geometry = geometry
         self.checks = checks
+        self._side: StreamT | None = None
 
     def device_rows(
         self,
@@ -78,8 +82,27 @@ class ByteChecks:
         key = (rank, draft, layer, component, (-1, *buf.shape[1:]))  # -1: the staged copy
         staged = node.rows_cache.get(key)
         if staged is None:
-            staged = node.rows_cache[key] = rows.to(buf.device)
+            staged = node.rows_cache[key] = self._upload(rows, buf.device)
         return staged
+
+    def _upload(self, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``rows`` on ``device`` without waiting for the current stream: the copy of pageable
+        memory runs on a side stream (the host waits for that copy only), and the current
+        stream waits for it there; the memory belongs to the current stream."""
+        module = self.world.device
+        staged = torch.empty(rows.shape, dtype=rows.dtype, device=device)
+        current = module.current_stream()
+        uploaded = module.Event()
+        with module.stream(self._side_stream()):
+            staged.copy_(rows)
+            uploaded.record()
+        current.wait_event(uploaded)
+        return staged
+
+    def _side_stream(self) -> StreamT:
+        if self._side is None:
+            self._side = self.world.device.Stream()
+        return self._side
 
     def host_rows(
         self,
@@ -304,3 +327,53 @@ class FreeSlotWatch:
         self.watched = [w for w in self.watched if w.pages and not passed]
         if not self.watched:
             self.horizon = []
+
+
+@dataclass
+class _PendingRead:
+    actual: torch.Tensor  # the rows as the forward stream read them (on the device)
+    expected: torch.Tensor  # the content oracle's rows (CPU)
+    where: str
+    gathered: EventT  # recorded on the forward stream right after the gather
+
+
+class DeferredReads:
+    """Forward reads on a GPU, compared once their gather has run (INV-11).
+
+    ``defer`` takes rows just gathered on the current (forward) stream, so they are exactly what
+    the forward pass reads there, in stream order, and records an event behind the gather;
+    ``collect`` compares every read whose event has passed (all of them, waiting, with
+    ``wait=True``: at quiescence). The copy to the host runs on a side stream once the gather
+    is done, so no read makes the host wait for work queued on the forward stream after it.
+    """
+
+    def __init__(self, world: World, bytes_: ByteChecks) -> None:
+        self.world = world
+        self.bytes = bytes_
+        self.pending: list[_PendingRead] = []
+        self._side: StreamT | None = None
+
+    def clear(self) -> None:
+        self.pending = []
+
+    def defer(self, actual: torch.Tensor, expected: torch.Tensor, where: str) -> None:
+        gathered = self.world.device.Event()
+        gathered.record()
+        self.pending.append(_PendingRead(actual, expected, where, gathered))
+
+    def collect(self, *, wait: bool = False) -> None:
+        """Compare the reads whose gather has run (every read, waiting for it, when ``wait``)."""
+        if not self.pending:
+            return
+        ready: list[_PendingRead] = []
+        waiting: list[_PendingRead] = []
+        for read in self.pending:  # one query per read: an event may pass between two
+            (ready if wait or read.gathered.query() else waiting).append(read)
+        self.pending = waiting
+        if self._side is None:
+            self._side = self.world.device.Stream()
+        for read in ready:
+            read.gathered.synchronize()  # at once unless ``wait``: the event had passed
+            with self.world.device.stream(self._side):
+                actual = read.actual.to(read.expected.device)
+            self.bytes.check_rows(actual, read.expected, "INV-11", read.where)

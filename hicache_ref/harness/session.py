@@ -15,7 +15,9 @@ its record in ``rules.py`` (``RULES``); a step whose rule is not enabled now (a 
 not a candidate, a capability the implementation lacks, e.g. no ``per_layer_write``) is
 skipped with the record's reason (``skip_reasons``), so traces stay replayable. While the free
 slots hold the harness's poison (``scribble_free_host``, ``reset_in_flight``) every step also
-verifies it (``byte_checks.FreeSlotWatch``).
+verifies it (``byte_checks.FreeSlotWatch``). On a GPU a forward read is compared once it has
+run (``byte_checks.DeferredReads``): after the step in which its gather passed, at the latest
+in ``finish()``.
 """
 
 from __future__ import annotations
@@ -167,6 +169,7 @@ class Session:
         self.outcomes.append(outcome)
         if self.tree.watch.active:
             self.tree.watch.verify()  # Verify no copy landed in a poisoned free slot
+        self.tree.reads.collect()  # Verify the forward reads that have run on a GPU (INV-11)
         after = self.snapshots()
         if before is not None and (outcome.startswith("refused") or record.probe):
             self.check_refusal_changed_nothing(before, after, f"{step.rule} ({outcome})")
@@ -269,6 +272,7 @@ class Session:
             raise InvariantViolation("INV-16", "acks never drained at quiescence")
         if t.watch.active:
             t.watch.verify()  # Verify no late copy landed in a poisoned free slot
+        t.reads.collect(wait=True)  # Verify every forward read still unchecked (INV-11)
         # Verify no ack is left once every submission was acked (INV-16), then every resident
         # copy's bytes (INV-06), then the pages (INV-05) and the per-layer states (INV-15)
         checks = dict(QUIESCENCE_CHECKS)

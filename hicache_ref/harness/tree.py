@@ -39,7 +39,7 @@ from hicache_ref.harness.adapters.base import (
     as_reservation,
     is_write_failure,
 )
-from hicache_ref.harness.byte_checks import ByteChecks, FreeSlotWatch
+from hicache_ref.harness.byte_checks import ByteChecks, DeferredReads, FreeSlotWatch
 from hicache_ref.harness.content import FREED_ROW_VALUE
 from hicache_ref.harness.node_model import CpNodeView, Node, compute_holdings, handle_of
 from hicache_ref.harness.probes import MisuseProbes
@@ -79,6 +79,7 @@ class TreeDriver:
         self.geometry = RankGeometry(world, self.checks)
         self.bytes = ByteChecks(world, self.geometry, self.checks)
         self.watch = FreeSlotWatch(world, self.geometry, self.bytes)
+        self.reads = DeferredReads(world, self.bytes)
         self.probes = MisuseProbes(self)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -278,7 +279,8 @@ class TreeDriver:
         return f"read layer {layer} of nodes {list(handles)} (consumers {consumers})"
 
     def _launch_read(self, rank_index: int, node: Node, layer: int, draft: bool) -> None:
-        """Queue a read of one layer of the node on the forward stream; it checks the bytes."""
+        """Queue a read of one layer of the node on the forward stream; it checks the bytes
+        (on a GPU once the read has run: ``DeferredReads``)."""
         pool, _ = self.geometry.pools(rank_index, draft)
         _, locs = self.geometry.placement(rank_index, node)
         buffers = pool.layer_buffers(layer)
@@ -292,13 +294,14 @@ class TreeDriver:
         def read() -> None:
             node.pending_reads -= 1
             for c, (buf, rows) in enumerate(zip(buffers, expected, strict=True)):
-                self.bytes.check_rows(
-                    buf[locs],
-                    rows,
-                    "INV-11",
+                where = (
                     f"forward read of node {handle} {'draft' if draft else 'target'} "
-                    f"layer {layer} component {c} on rank {rank_index}",
+                    f"layer {layer} component {c} on rank {rank_index}"
                 )
+                if buf.is_cuda:
+                    self.reads.defer(buf[locs], rows, where)
+                else:
+                    self.bytes.check_rows(buf[locs], rows, "INV-11", where)
 
         self.world.device.launch(read, label=f"read n{handle} L{layer}", kind="kernel")
 
