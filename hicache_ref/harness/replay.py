@@ -17,7 +17,7 @@ from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.lockstep import attach_lockstep
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, Trace
-from hicache_ref.harness.world import use_device
+from hicache_ref.harness.world import check_device_kind, gpu_config, on_device, use_device
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,17 @@ def replay(
 ) -> ReplayResult:
     """Apply every step of ``trace`` to a fresh world, then (optionally) the quiescence checks.
 
-    The world runs on ``device``, by default the one the trace's header names.
+    The world runs on ``device``, by default the one the trace's header names. On a GPU it runs
+    as a GPU campaign would have drawn it (``on_device``, ``gpu_config``): a simulator trace's
+    CPU-only copy path becomes a GPU one, and the capabilities a GPU cannot check are left out
+    (their steps are skipped, with the reason).
     """
     name = implementation or trace.header.implementation
     source = trace.header.source if name == trace.header.implementation else ""
-    with use_device(device or trace.header.device, trace.header.perturbation):
-        session = Session(trace.header.config, get_implementation(name, source), name)
+    kind = check_device_kind(device or trace.header.device)
+    config = trace.header.config if kind == "sim" else gpu_config(trace.header.config)
+    with use_device(kind, trace.header.perturbation):
+        session = Session(config, on_device(get_implementation(name, source), kind), name)
         attach_lockstep(session)  # the pure oracle follows every step
         try:
             for step in trace.steps:
