@@ -75,6 +75,7 @@ def parse_spins(text: str) -> Perturbation:
             probability=float(found.group(1)),
             cycles_min=int(found.group(2)),
             cycles_max=int(found.group(3)),
+            paces=True,  # as the default campaign: only the chance and the range change
         )
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")

@@ -362,5 +362,7 @@ def test_spins_reach_the_campaign_as_the_perturbation_it_records(
     monkeypatch.setattr(cli, "run_campaign", fake_campaign)
     argv = ["run", "--device", "cuda", "--spins", "0.25:100..200", "--out", str(tmp_path)]
     assert cli.main(argv) == 2
-    assert seen["perturbation"] == Perturbation(probability=0.25, cycles_min=100, cycles_max=200)
+    assert seen["perturbation"] == Perturbation(
+        probability=0.25, cycles_min=100, cycles_max=200, paces=True
+    )
     assert seen["device"] == "cuda"

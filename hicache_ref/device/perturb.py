@@ -12,6 +12,8 @@ In flow order:
   holds them, so a replay draws the same schedule;
 - ``PerturbationSchedule``: one seeded RNG per world (the case's config seed plus the
   parameters); the k-th perturbation site draws the k-th decision, and every decision is logged;
+  with ``paces`` each stream also runs at one pace for the whole world (``StreamPace``: quiet,
+  as drawn, or slow), so a world explores one stream running far ahead of another;
 - ``PerturbedDevice``: the campaign device over a real ``DeviceModule`` (``HarnessDevice``'s
   surface: ``default_stream`` is the forward stream, ``advance`` perturbs, ``is_idle`` queries
   every stream, ``run_until_idle`` synchronizes).
@@ -28,6 +30,7 @@ import random
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -53,6 +56,14 @@ class Perturbation(BaseModel):
     """Spin lengths are log-uniform in [cycles_min, cycles_max] GPU clock cycles (about 2 us to
     4 ms at 2 GHz): long enough to outlast the host's next steps, short enough to keep a case
     in milliseconds."""
+    paces: bool = False
+    """Each stream of a world draws one ``StreamPace`` (seeded by the world's seed and the
+    stream's role) and keeps it: a quiet stream never spins, a slow one spins at every site
+    from the upper half of the range. Independent spins rarely keep one stream behind another
+    for several steps; a missing wait between them needs exactly that (the per-thread
+    priorities of probabilistic concurrency testing). Campaigns turn it on
+    (``DEFAULT_PERTURBATION``); off, as in traces recorded before it existed, every stream
+    spins alike."""
 
     @model_validator(mode="after")
     def _check(self) -> Perturbation:
@@ -66,10 +77,15 @@ class Perturbation(BaseModel):
         return self
 
     def describe(self) -> str:
-        return f"p={self.probability:g} spins {self.cycles_min}..{self.cycles_max} cycles"
+        paces = ", stream paces" if self.paces else ""
+        return f"p={self.probability:g} spins {self.cycles_min}..{self.cycles_max} cycles{paces}"
 
 
-DEFAULT_PERTURBATION = Perturbation()
+DEFAULT_PERTURBATION = Perturbation(paces=True)
+"""What a GPU campaign perturbs with unless told otherwise (``--spins`` keeps the paces)."""
+
+StreamPace = Literal["quiet", "as drawn", "slow"]
+STREAM_PACES: tuple[StreamPace, ...] = ("quiet", "as drawn", "slow")
 
 
 @dataclass(frozen=True)
@@ -92,15 +108,32 @@ class PerturbationSchedule:
             f"hicache-perturb/{seed}/{p.probability}/{p.cycles_min}/{p.cycles_max}"
         )
         self.log: list[SpinDecision] = []
+        self.paces: dict[str, StreamPace] = {}
+        """Each stream role's pace, drawn when the role is first seen (with ``paces``)."""
 
-    def draw(self, site: str) -> int:
-        """The spin length for the next site (0: no spin), logged."""
+    def pace(self, role: str) -> StreamPace:
+        """The pace of the stream ``role`` in this world: its own seeded draw, so it does not
+        depend on the order streams are first seen."""
+        if not self.perturbation.paces:
+            return "as drawn"
+        known = self.paces.get(role)
+        if known is not None:
+            return known
+        pace = random.Random(f"hicache-pace/{self.seed}/{role}").choice(STREAM_PACES)
+        self.paces[role] = pace
+        return pace
+
+    def draw(self, site: str, role: str = "") -> int:
+        """The spin length for the next site on stream ``role`` (0: no spin), logged."""
         p = self.perturbation
         # always consume two draws, so a site's decision depends only on how many came before
         hit, length = self._rng.random(), self._rng.random()
+        pace = self.pace(role)
+        low, high = math.log(p.cycles_min), math.log(p.cycles_max)
+        if pace == "slow":
+            hit, low = 0.0, (low + high) / 2
         cycles = 0
-        if hit < p.probability:
-            low, high = math.log(p.cycles_min), math.log(p.cycles_max)
+        if hit < p.probability and pace != "quiet":
             cycles = min(
                 p.cycles_max, max(p.cycles_min, round(math.exp(low + length * (high - low))))
             )
@@ -209,6 +242,7 @@ class PerturbedDevice:
         return "foreign"
 
     def _perturb_current(self, what: str) -> None:
-        cycles = self.schedule.draw(f"{self._role(self.current_stream())}: {what}")
+        role = self._role(self.current_stream())
+        cycles = self.schedule.draw(f"{role}: {what}", role)
         if cycles:
             self._spin(cycles)

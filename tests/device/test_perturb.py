@@ -9,6 +9,7 @@ header -> replay -> the same schedule) runs here without a GPU.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -174,10 +175,41 @@ def test_probability_zero_never_spins_and_one_always_spins_within_bounds() -> No
     assert min(drawn) < 300 and max(drawn) > 2_000
 
 
-def test_the_default_probability_spins_at_about_half_the_sites() -> None:
-    schedule = PerturbationSchedule(11)
+def test_without_paces_the_default_probability_spins_at_about_half_the_sites() -> None:
+    schedule = PerturbationSchedule(11, Perturbation())
     hits = sum(bool(schedule.draw("x")) for _ in range(2_000))
     assert 850 < hits < 1_150
+
+
+def test_with_paces_each_stream_keeps_one_pace_for_the_whole_world() -> None:
+    schedule = PerturbationSchedule(5, Perturbation(paces=True))
+    roles = ["forward", "stream1", "stream2", "stream3", "stream4", "stream5"]
+    spins = {role: [schedule.draw(f"{role}: kernel", role) for _ in range(400)] for role in roles}
+    middle = math.sqrt(DEFAULT_PERTURBATION.cycles_min * DEFAULT_PERTURBATION.cycles_max)
+    for role, cycles in spins.items():
+        pace = schedule.pace(role)
+        if pace == "quiet":
+            assert not any(cycles), f"{role} is quiet: it never spins"
+        elif pace == "slow":
+            assert all(c >= middle - 1 for c in cycles), f"{role} is slow: long spins everywhere"
+        else:
+            assert 120 < sum(map(bool, cycles)) < 280, f"{role} spins as drawn (p=0.5)"
+
+
+def test_a_streams_pace_follows_the_world_seed_and_its_role_only() -> None:
+    first = PerturbationSchedule(9, Perturbation(paces=True))
+    second = PerturbationSchedule(9, Perturbation(paces=True))
+    second.draw("stream2: copy", "stream2")  # seen in another order
+    assert first.pace("forward") == second.pace("forward")
+    assert first.pace("stream2") == second.pace("stream2")
+    seen = {PerturbationSchedule(seed, DEFAULT_PERTURBATION).pace("forward") for seed in range(40)}
+    assert seen == {"quiet", "as drawn", "slow"}  # across worlds every pace comes up
+
+
+def test_without_paces_every_stream_spins_as_drawn() -> None:
+    schedule = PerturbationSchedule(5, Perturbation())
+    assert {schedule.pace(role) for role in ("forward", "stream1", "stream2")} == {"as drawn"}
+    assert "paces" not in Perturbation().describe() and "paces" in DEFAULT_PERTURBATION.describe()
 
 
 def test_bad_parameters_are_refused_naming_the_rule() -> None:
