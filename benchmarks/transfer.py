@@ -647,6 +647,17 @@ def emit(args: argparse.Namespace, header: str, table: str) -> None:
         say(f"appended to {args.append}")
 
 
+def parse_tiles(text: str, parser: argparse.ArgumentParser) -> list[tuple[int, int]]:
+    """``ROWSxWARPS,...`` as (rows, warps) pairs, or one ``parser.error`` line."""
+    try:
+        tiles = [tuple(int(v) for v in tile.split("x")) for tile in text.split(",")]
+    except ValueError:
+        tiles = []
+    if not tiles or any(len(tile) != 2 for tile in tiles):
+        parser.error(f"--tiles {text!r}: give ROWSxWARPS pairs such as 32x8,1x4")
+    return [(rows, warps) for rows, warps in tiles]
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run (< 60 s)")
@@ -691,12 +702,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.layouts = args.layouts.split(",")
     args.paths = args.paths.split(",")
     args.grids = [int(g) for g in args.grids.split(",")]
-    try:
-        args.tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
-    except ValueError:
-        parser.error(f"--tiles {args.tiles!r}: give ROWSxWARPS pairs such as 16x8,1x4")
-    if any(len(t) != 2 for t in args.tiles):
-        parser.error(f"--tiles {args.tiles!r}: give ROWSxWARPS pairs such as 16x8,1x4")
+    args.tiles = parse_tiles(args.tiles, parser)
     args.runs_page_sizes = {int(p) for p in args.runs_page_sizes.split(",")}
     args.bidir_cases = set(args.bidir_cases.split(","))
     args.subset_paths = set(args.subset_paths.split(","))

@@ -266,7 +266,7 @@ def span(args: argparse.Namespace, cuda: CudaDevice, pinned: bench.Pinned) -> No
 def high_priority_stream() -> torch.cuda.Stream:
     """A stream at the device's highest priority (the lowest number the runtime allows)."""
     try:
-        _, greatest = torch.cuda.Stream.priority_range()  # type: ignore[no-untyped-call]
+        _, greatest = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
     except AttributeError:  # older torch: -1 is the highest it exposes
         greatest = -1
     return torch.cuda.Stream(priority=greatest)  # type: ignore[no-untyped-call]
@@ -457,9 +457,8 @@ def issue(args: argparse.Namespace, cuda: CudaDevice, pinned: bench.Pinned) -> N
             bench.issue_loads(world, path, plain)
         torch.cuda.synchronize()
         layers = world.device_pool.layer_num
-        top = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: -kv[1][2])[
-            : args.issue_top
-        ]  # type: ignore[attr-defined]
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        top = sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.issue_top]
         parts = "; ".join(f"`{func[2]}` {stat[2] * 1e6 / layers:.1f}" for func, stat in top)
         rows.append(row(f"| {rows_kind} {layout} | {statistics.median(plain):.1f} | "
                         f"{statistics.median(issue_us):.1f} | {parts} |"))  # fmt: skip
@@ -516,12 +515,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--experiments: unknown {unknown}; choose from {','.join(EXPERIMENTS)}")
     if args.reps < 5:
         parser.error("--reps must be >= 5 (medians of at least five runs)")
-    try:
-        args.tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
-    except ValueError:
-        parser.error(f"--tiles {args.tiles!r}: give ROWSxWARPS pairs such as 32x8,64x8")
-    if any(len(t) != 2 for t in args.tiles):
-        parser.error(f"--tiles {args.tiles!r}: give ROWSxWARPS pairs such as 32x8,64x8")
+    args.tiles = bench.parse_tiles(args.tiles, parser)
     args.grids = ints(args.grids, "--grids", parser)
     args.span_layers = ints(args.span_layers, "--span-layers", parser)
     args.priority_grids = ints(args.priority_grids, "--priority-grids", parser)

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -108,8 +109,11 @@ def pinned_ranges(mib: int) -> int:
     back = torch.empty_like(host).pin_memory()
     device.copy_(host)  # warm-up
     torch.cuda.synchronize()
-    for name, copy in (("h2d", lambda: device.copy_(host, non_blocking=True)),
-                       ("d2h", lambda: back.copy_(device, non_blocking=True))):  # fmt: skip
+    copies: list[tuple[str, Callable[[], object]]] = [
+        ("h2d", lambda: device.copy_(host, non_blocking=True)),
+        ("d2h", lambda: back.copy_(device, non_blocking=True)),
+    ]
+    for name, copy in copies:
         torch.cuda.profiler.start()  # type: ignore[no-untyped-call]
         copy()
         torch.cuda.synchronize()
@@ -135,12 +139,12 @@ def main(argv: list[str]) -> int:
     # Verify something to profile
     if args.mode != "pinned" and not args.cases:
         parser.error(f"--mode {args.mode} needs --cases PATH:ROWS:PAGE:LAYOUT:DIRECTION ...")
+    rows_w = bench.parse_tiles(args.tile, parser)[0]
     if not torch.cuda.is_available():
         print("transfer_profile.py needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     if args.mode == "pinned":
         return pinned_ranges(args.pinned_mib)
-    rows_w = tuple(int(v) for v in args.tile.split("x"))
     setup = bench.parse(["--tokens", str(args.tokens), "--layers", str(args.layers), "--reps", "5"])
     cuda = CudaDevice()
     stream = bench.new_stream()
@@ -151,7 +155,7 @@ def main(argv: list[str]) -> int:
     for case in args.cases:
         world = bench.build_world(setup, bench.Case(case.rows, case.page_size, case.layout), cuda)
         grid = args.grid if case.path == "triton" else None
-        path = bench.Path_(case.path, case.path, grid, rows_w if grid else None)  # type: ignore[arg-type]
+        path = bench.Path_(case.path, case.path, grid, rows_w if grid else None)
         # Verify the bytes before profiling (a fast wrong path profiles nothing useful)
         if not bench.verify(world, path, stream):
             print(f"| {case.label} | bytes differ from the gather path: not profiled |")

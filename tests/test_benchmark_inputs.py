@@ -26,6 +26,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("transfer_profile.py", ["--cases", "batch:mla:16"], "is not PATH:ROWS:PAGE"),
         ("transfer_profile.py", ["--cases", "copy:mla:16:layer_first:h2d"], "path batch|triton"),
         ("transfer_profile.py", ["--mode", "kernel"], "needs --cases"),
+        ("transfer_profile.py", ["--mode", "pinned", "--tile", "16"], "give ROWSxWARPS pairs"),
         ("transfer_bounds.py", ["--experiments", "ceiling,speed"], "unknown ['speed']"),
         ("transfer_bounds.py", ["--grids", "8,x"], "comma-separated integers"),
         ("transfer_bounds.py", ["--span-layers", "0"], "must be >= 1"),
