@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -36,6 +36,7 @@ from hicache_ref.harness.known_findings import (
     get_known_findings,
     match_known_finding,
 )
+from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import TRACE_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,7 +298,8 @@ def test_the_report_counts_checks_by_id_families_and_features() -> None:
         invariant_checks=4,
         checks_by_id=Counter({"INV-02": 4}),
     )
-    report.absorb(SimpleNamespace(stats=stats, config=config))
+    # a stand-in with just what absorb reads from a finished Session: its stats and config
+    report.absorb(cast(Session, SimpleNamespace(stats=stats, config=config)))
     data = report.as_json()
     assert data["checks_by_id"] == {"INV-02": 4}
     assert data["rule_families"]["acks"] == {"steps": 2, "share": 0.5}
