@@ -1,4 +1,5 @@
-"""Paged host<->device KV transfers against one pinned copy: runs, batch (copy engine), triton.
+"""Paged host<->device KV transfers against one pinned copy: runs, batch (copy engine), triton,
+and auto (the default: its row names the path it chose, ``pools/copy_choice.py``).
 
 On one GPU, for each row kind (MLA rows of 576 bf16; MHA rows of ``--mha-heads`` x
 ``--head-dim`` bf16, K and V), page size and host layout, random page sets of ``--tokens`` tokens
@@ -391,6 +392,8 @@ def run(args: argparse.Namespace) -> int:
             ]
         else:
             say("triton is not installed: skipping the triton paths")
+    if "auto" in args.paths:
+        paths.append(Path_("auto", "auto"))  # the default: its row names the path it chose
     copier_line = ""
     if any(p.copy_path == "batch" for p in paths):
         from hicache_ref.pools.copy_engine import load_cuda_batch_copier
@@ -432,6 +435,11 @@ def run(args: argparse.Namespace) -> int:
             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
             *main_rows,
         ]
+        auto_rows = results.auto_rows()
+        if auto_rows:
+            out += ["", "| rows | page | layout | auto took | best other H2D | auto of it | "
+                    "best other D2H | auto of it |", "|---|---:|---|---|---|---:|---|---:|",
+                    *auto_rows]  # fmt: skip
         if bidir_rows:
             out += ["", "| rows | page | layout | path | load + backup at once GB/s | of pinned both |",
                     "|---|---:|---|---|---:|---:|", *bidir_rows]  # fmt: skip
@@ -461,7 +469,10 @@ def run(args: argparse.Namespace) -> int:
                     f"[setup {time.perf_counter() - t0:.1f} s]")  # fmt: skip
                 subset = f"{rows}:{page_size}:{layout}" in args.bidir_cases
                 for path in paths:
-                    if path.copy_path == "runs" and page_size not in args.runs_page_sizes:
+                    if (
+                        resolved_path(world, path) == "runs"
+                        and page_size not in args.runs_page_sizes
+                    ):
                         continue
                     if path.copy_path not in copy_paths_for_layout(layout):
                         say(f"{path.label}: refused for {layout} (BATCH_REFUSED_LAYOUTS)")
@@ -486,6 +497,25 @@ class Results:
     main: list[str] = field(default_factory=list)
     bidir: list[str] = field(default_factory=list)
     overlap: list[str] = field(default_factory=list)
+    rates: dict[tuple[str, int, str], dict[str, tuple[float, float]]] = field(default_factory=dict)
+    """Per case (rows, page, layout): each timed path's label -> (H2D, D2H) GB/s."""
+
+    def auto_rows(self) -> list[str]:
+        """Per case with an ``auto`` row: auto against the best other path, per direction."""
+        rows = []
+        for (kind, page, layout), rates in self.rates.items():
+            auto = [label for label in rates if label.startswith("auto")]
+            others = {label: rate for label, rate in rates.items() if not label.startswith("auto")}
+            if not auto or not others:
+                continue
+            h2d, d2h = rates[auto[0]]
+            best_h2d = max(others.items(), key=lambda item: item[1][0])
+            best_d2h = max(others.items(), key=lambda item: item[1][1])
+            rows.append(
+                f"| {kind} | {page} | {layout} | {auto[0]} | {best_h2d[0]} | "
+                f"{pct(h2d, best_h2d[1][0])} | {best_d2h[0]} | {pct(d2h, best_d2h[1][1])} |"
+            )
+        return rows
 
 
 @dataclass
@@ -503,6 +533,21 @@ def new_event(*, timing: bool = True) -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
 
 
+def resolved_path(world: World, path: Path_) -> str:
+    """The copy path ``path`` runs for these pools: ``auto`` is asked of the host pool
+    (``copy_choice``), never assumed."""
+    if path.copy_path != "auto":
+        return path.copy_path
+    return world.host_pool.auto_copy_path(world.device_pool)
+
+
+def row_label(world: World, path: Path_) -> str:
+    """The path's label; ``auto`` also names the path it resolved to, e.g. ``auto (batch)``."""
+    if path.copy_path != "auto":
+        return path.label
+    return f"auto ({resolved_path(world, path)})"
+
+
 def measure_path(
     world: World,
     path: Path_,
@@ -515,7 +560,7 @@ def measure_path(
 ) -> None:
     """Verify one path's bytes, then time it (and, for the subset cases, bidir and overlap)."""
     case = world.case
-    lead = f"| {case.rows} | {case.page_size} | {case.layout} | {path.label} |"
+    lead = f"| {case.rows} | {case.page_size} | {case.layout} | {row_label(world, path)} |"
     started = time.perf_counter()
     try:
         ok = verify(world, path, streams.load)
@@ -554,6 +599,8 @@ def measure_path(
     d2h_ms = median_ms(args.reps, backup)
     h2d = gbps(world.bytes_per_direction, h2d_ms)
     d2h = gbps(world.bytes_per_direction, d2h_ms)
+    key = (case.rows, case.page_size, case.layout)
+    results.rates.setdefault(key, {})[row_label(world, path)] = (h2d, d2h)
     results.main.append(
         f"{lead} {h2d:.1f} | {pct(h2d, pinned.h2d)} | {d2h:.1f} | {pct(d2h, pinned.d2h)} | "
         f"{statistics.median(issue_us):.0f} | {first_us:.0f} |"
@@ -668,7 +715,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--page-sizes", default="16,64")
     parser.add_argument("--layouts", default="layer_first,page_first")
-    parser.add_argument("--paths", default="runs,batch,triton")
+    parser.add_argument("--paths", default="runs,batch,triton,auto",
+                        help="copy paths to time; auto is the default path, its row names "
+                        "what it chose")  # fmt: skip
     parser.add_argument("--runs-page-sizes", default="64",
                         help="page sizes that time the slow reference path 'runs' (page 16 adds "
                         "~4 min to a full run)")  # fmt: skip

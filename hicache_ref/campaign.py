@@ -38,7 +38,12 @@ from hicache_ref.harness.profiles import make_settings
 from hicache_ref.harness.replay import minimize
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Trace
-from hicache_ref.harness.world import check_device_kind, on_device, use_device
+from hicache_ref.harness.world import (
+    check_device_kind,
+    get_auto_copy_path,
+    on_device,
+    use_device,
+)
 
 MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
@@ -154,6 +159,8 @@ class CampaignReport:
     lockstep_cases: int = 0
     """Cases the pure oracle followed step by step (``harness/lockstep.py``)."""
     lockstep_steps: int = 0
+    auto_copy_paths: Counter[str] = field(default_factory=Counter)
+    """What ``copy_path="auto"`` would take in each case's world on this device."""
 
     def absorb(self, session: Session) -> None:
         self.cases += 1
@@ -169,6 +176,9 @@ class CampaignReport:
         self.configs[session.config.describe().split(" alloc=")[0]] += 1
         for name, value in get_config_features(session.config).items():
             self.features[name][value] += 1
+        world = getattr(session, "world", None)  # a report fed plain stats has none
+        if world is not None:
+            self.auto_copy_paths[get_auto_copy_path(world)] += 1
 
     @property
     def device_label(self) -> str:
@@ -214,6 +224,7 @@ class CampaignReport:
             "repeats": dict(sorted(self.repeats.items())),
             "known_hits": dict(sorted(self.known_hits.items())),
             "lockstep": {"cases": self.lockstep_cases, "steps": self.lockstep_steps},
+            "auto_copy_paths": dict(sorted(self.auto_copy_paths.items())),
         }
 
     def render(self, *, replay_lines: bool = True) -> str:
@@ -228,6 +239,8 @@ class CampaignReport:
             "  rule families (share of applied steps): "
             + ", ".join(f"{f} {s:.0%}" for f, s in self.family_shares().items()),
             "  configs: " + "; ".join(_render_feature(n, c) for n, c in self.features.items()),
+            "  copy_path auto takes here (cases): "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.auto_copy_paths.items())) or "-"),
         ]
         lines.append(
             f"  lockstep oracle: {self.lockstep_cases} of {self.cases} cases, "

@@ -20,7 +20,8 @@ Primitives in the order data flows through them:
    ``fast_transfer``'s two: ``batch``: ``copy_plan`` (index pairs -> byte offsets, once per
    transfer; a few adds per layer) -> ``copy_engine`` (one ``cudaMemcpyBatchAsync`` per layer,
    or ``memmove`` on the simulator); ``triton``: ``triton_copy`` (a zero-copy kernel over the
-   pinned host pool).
+   pinned host pool). ``copy_choice`` says which of them the default ``auto`` takes where the
+   transfer runs (``gather`` on the CPU; on a GPU ``batch``, ``triton`` or ``runs``).
 
 ``PageFreeList`` (``free_pages``) is the shared bookkeeping behind both allocators, with the
 ``fifo`` / ``lifo`` / ``random`` handout policies.

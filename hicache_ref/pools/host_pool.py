@@ -55,7 +55,13 @@ from hicache_ref.pools.host_layout import (
 )
 from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
 from hicache_ref.pools.page_math import compute_padded_len
-from hicache_ref.pools.transfer import Direction, check_copy_path, launch_transfer
+from hicache_ref.pools.transfer import (
+    CopyPath,
+    Direction,
+    check_copy_path,
+    launch_transfer,
+    resolve_copy_path,
+)
 
 
 class HostKVCache:
@@ -287,6 +293,28 @@ class HostKVCache:
             device_indices=device_indices,
             copy_path=self.copy_path,
             label=label,
+            host_pinned=self.pin_memory,
+        )
+
+    def chosen_copy_path(self, device_pool: KVCache | None = None) -> CopyPath:
+        """The copy path transfers with ``device_pool`` (default: this pool's own) take:
+        ``copy_path``, or with ``auto`` what ``auto_copy_path`` says."""
+        if self.copy_path != "auto":
+            return self.copy_path
+        return self.auto_copy_path(device_pool)
+
+    def auto_copy_path(self, device_pool: KVCache | None = None) -> CopyPath:
+        """What ``copy_path="auto"`` takes between this pool and ``device_pool`` (default: its
+        own) on this machine (``copy_choice``; CPU index tensors assumed), for reports."""
+        pool = self.device_pool if device_pool is None else device_pool
+        return resolve_copy_path(
+            "auto",
+            device_pool=pool,
+            host_buffers=self.buffers,
+            layout=self.layout,
+            page_size=self.page_size,
+            all_cpu=pool.device.type == "cpu" and self.device.type == "cpu",
+            host_pinned=self.pin_memory,
         )
 
     def backup_from_device_all_layer(

@@ -42,7 +42,10 @@ Four ways to execute the same semantics, chosen per launch by ``copy_path``:
   Triton's interpreter. Measured: ~91% of pinned per direction with a 132-program grid at page
   16 and 64, 32-37% (H2D) with 32 programs; it competes with compute for SMs.
 
-``auto`` picks ``gather`` when everything is on the CPU and ``runs`` otherwise.
+``auto`` picks ``gather`` when everything is on the CPU; between a host pool and a CUDA device
+pool the copy engine's ``batch`` where the layout and the copy size suit it and the runtime has
+it, else ``triton`` where Triton is installed and the host pool pinned, else ``runs``
+(``copy_choice``, with the measurements behind the order).
 
 ``batch`` and ``triton`` keep their plans in ``PLAN_CACHE`` (keyed by the index tensors'
 identity and in-place version), so the per-layer loads of one batch validate and plan once; a
@@ -62,6 +65,11 @@ import torch
 
 from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import HiCacheInputError, UnknownOptionError
+from hicache_ref.pools.copy_choice import (
+    BATCH_REFUSED_LAYOUTS,
+    choose_auto_copy_path,
+    compute_page_copy_bytes,
+)
 from hicache_ref.pools.device_pool import KVCache
 from hicache_ref.pools.fast_transfer import PLAN_CACHE, launch_fast_transfer
 from hicache_ref.pools.host_layout import (
@@ -93,22 +101,13 @@ __all__ = [
     "copy_paths_for_layout",
     "launch_transfer",
     "plan_runs",
+    "resolve_copy_path",
 ]
 
 CopyPath = Literal["auto", "gather", "runs", "batch", "triton"]
 COPY_PATHS: tuple[CopyPath, ...] = ("auto", "gather", "runs", "batch", "triton")
 
 Run = tuple[int, int, int]
-
-BATCH_REFUSED_LAYOUTS: dict[HostLayout, str] = {
-    "page_first": (
-        "its slots interleave the layers, so a layer is one copy per token row (measured on an "
-        "H200: 1-3% of a pinned copy, ~1.5 us of CPU per row)"
-    ),
-    "page_head": "its rows split into one head_dim piece per head, smaller still than a row",
-}
-"""Layouts ``batch`` refuses, and why: the copy engine pays per copy, and these layouts
-fragment one layer into one copy per row (or per head)."""
 
 
 def copy_paths_for_layout(layout: HostLayout) -> tuple[CopyPath, ...]:
@@ -227,6 +226,47 @@ def _runs_closure(
     return run
 
 
+def resolve_copy_path(
+    copy_path: CopyPath,
+    *,
+    device_pool: KVCache,
+    host_buffers: dict[str, torch.Tensor],
+    layout: HostLayout,
+    page_size: int,
+    all_cpu: bool,
+    host_pinned: bool | None = None,
+) -> CopyPath:
+    """The path a launch takes: ``copy_path`` itself, or what ``auto`` picks here
+    (``copy_choice``); ``host_pinned`` (default: asked of the buffers) matters on CUDA only."""
+    if copy_path != "auto":
+        return copy_path
+    on_gpu = device_pool.device.type == "cuda"
+    if on_gpu and host_pinned is None:
+        host_pinned = all(buffer.is_pinned() for buffer in host_buffers.values())
+    return choose_auto_copy_path(
+        layout=layout,
+        page_copy_bytes=compute_page_copy_bytes(
+            device_pool.component_row_shapes(), device_pool.dtype.itemsize, page_size
+        ),
+        device_type=device_pool.device.type,
+        host_pinned=bool(host_pinned),
+        all_cpu=all_cpu,
+    )
+
+
+def _all_on_cpu(
+    device_pool: KVCache,
+    host_buffers: dict[str, torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+) -> bool:
+    if device_pool.device.type != "cpu":
+        return False
+    if host_indices.device.type != "cpu" or device_indices.device.type != "cpu":
+        return False
+    return all(buffer.device.type == "cpu" for buffer in host_buffers.values())
+
+
 def launch_transfer(
     *,
     device_module: DeviceModule,
@@ -242,8 +282,22 @@ def launch_transfer(
     device_indices: torch.Tensor,
     copy_path: CopyPath,
     label: str,
+    host_pinned: bool | None = None,
 ) -> None:
-    """Check, plan and launch one transfer on the current stream (the bytes move when it runs)."""
+    """Check, plan and launch one transfer on the current stream (the bytes move when it runs).
+
+    ``auto`` is resolved first (``resolve_copy_path``; ``host_pinned`` spares asking the
+    buffers)."""
+    all_cpu = _all_on_cpu(device_pool, host_buffers, host_indices, device_indices)
+    copy_path = resolve_copy_path(
+        copy_path,
+        device_pool=device_pool,
+        host_buffers=host_buffers,
+        layout=layout,
+        page_size=page_size,
+        all_cpu=all_cpu,
+        host_pinned=host_pinned,
+    )
     if copy_path == "batch" or copy_path == "triton":
         check_copy_path_for_layout(copy_path, layout)
         launch_fast_transfer(
@@ -271,15 +325,12 @@ def launch_transfer(
     )
     if is_whole_page_transfer(io_backend, layout):
         check_page_first_direct_chunks(host, device, page_size)
-    tensors = [*host_buffers.values(), host_indices, device_indices]
-    tensors += [device_pool.component_buffer(name, 0) for name in device_pool.component_names()]
-    all_cpu = all(t.device.type == "cpu" for t in tensors)
     if copy_path == "gather" and not all_cpu:
         raise HiCacheInputError(
             "copy_path='gather' needs host buffers, device buffers and indices on the CPU; "
             "use 'runs' (or 'auto') with a GPU"
         )
-    if copy_path == "runs" or (copy_path == "auto" and not all_cpu):
+    if copy_path == "runs":
         runs = plan_runs(host, device, direction=direction, layout=layout, page_size=page_size)
         fn = _runs_closure(
             direction=direction,

@@ -1,9 +1,10 @@
-"""The same transfers on a real GPU: run-merged ``copy_(non_blocking=True)`` slices between
-pinned host buffers and CUDA device buffers, ordered on the current stream, with CUDA index
-tensors where upstream passes them (``kernel`` moves host indices to the GPU), for every legal
-(io_backend, layout, pool kind), ``page_head`` (strided run views) and ``layer_page_first``
-included. The page checks and the CP layout must not synchronise on CUDA tensors
-(``torch.cuda.set_sync_debug_mode``)."""
+"""The same transfers on a real GPU: run-merged ``copy_(non_blocking=True)`` slices, and the
+default ``auto`` (whichever path it picks here), between pinned host buffers and CUDA device
+buffers, ordered on the current stream, with CUDA index tensors where upstream passes them
+(``kernel`` moves host indices to the GPU), for every legal (io_backend, layout, pool kind),
+``page_head`` (strided run views) and ``layer_page_first`` included. The page checks and the CP
+layout must not synchronise on CUDA tensors (``torch.cuda.set_sync_debug_mode``). A GPU
+asserts what ``auto`` picks for the measured cases (``copy_choice``)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import torch
 from hicache_ref.device import CudaDevice, cuda_available
 from hicache_ref.pools import (
     CpSharedKVLayout,
+    MLATokenToKVPool,
     make_host_pool,
     pad_token_locs_to_page_boundary,
     validate_page_aligned_token_indices,
 )
+from hicache_ref.pools.copy_choice import describe_copy_runtime, probe_copy_runtime
 
 from .builders import fill_device_rows, make_device_pool, pages_to_locs, row_values
 from .test_host_transfers import LEGAL_CASES
@@ -48,12 +51,17 @@ def no_sync() -> Iterator[None]:
 
 @pytest.mark.parametrize(("io_backend", "layout", "kind"), LEGAL_CASES)
 @pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("copy_path", ["runs", "auto"])
 def test_round_trip_on_the_gpu(
-    cuda: CudaDevice, io_backend: str, layout: str, kind: str, page_size: int
+    cuda: CudaDevice, io_backend: str, layout: str, kind: str, page_size: int, copy_path: str
 ) -> None:
+    # runs: the run-merged slice copies; auto: the default, whatever it picks on this GPU
     device_pool = make_device_pool(kind, cuda, size=8 * page_size, page_size=page_size)
-    host_pool = make_host_pool(device_pool, layout=layout, size_tokens=8 * page_size)
+    host_pool = make_host_pool(
+        device_pool, layout=layout, size_tokens=8 * page_size, copy_path=copy_path
+    )
     assert host_pool.pin_memory and host_pool.buffers[host_pool.component_names()[0]].is_pinned()
+    assert host_pool.chosen_copy_path() != "gather"  # gather is CPU-only
     device_locs = pages_to_locs([5, 2, 7, 8], page_size)
     host_slots = pages_to_locs([6, 1, 3, 2], page_size)
     load_locs = pages_to_locs([1, 4, 6, 5], page_size)
@@ -92,3 +100,39 @@ def test_page_checks_and_cp_layout_do_not_sync_on_cuda(no_sync: None) -> None:
     assert owned.tolist() == [True] * 4 + [False] * 4
     assert physical.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert owners.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("layout", "page_size", "large"),
+    [("layer_first", 64, True), ("page_first", 64, False), ("layer_first", 8, False)],
+)
+def test_auto_on_the_gpu_takes_the_measured_fastest_path(
+    cuda: CudaDevice, layout: str, page_size: int, large: bool
+) -> None:
+    # MLA rows of 576 float32 (exact test values): page 64 copies 147,456 B (the copy engine's
+    # case), page 8 18,432 B (as bf16 rows at page 16, where the engine was measured slow)
+    runtime = probe_copy_runtime()
+    device_pool = MLATokenToKVPool(8 * page_size, page_size, torch.float32, 512, 64, 2, cuda)
+    host_pool = make_host_pool(device_pool, layout=layout, size_tokens=8 * page_size)
+    kernel_or_runs = "triton" if runtime.triton else "runs"
+    expected = "batch" if large and runtime.batch else kernel_or_runs
+    assert host_pool.chosen_copy_path() == expected, describe_copy_runtime(runtime)
+    # and it moves the bytes: device -> host -> other device pages
+    device_locs, host_slots = (
+        pages_to_locs([5, 2, 7], page_size),
+        pages_to_locs([6, 1, 3], page_size),
+    )
+    load_locs = pages_to_locs([1, 4, 6], page_size)
+    fill_device_rows(device_pool, device_locs, seed=3)
+    backend = "kernel" if layout == "page_first" else "direct"
+    stream = cuda.Stream()
+    with cuda.stream(stream):
+        host_pool.backup_from_device_all_layer(device_pool, host_slots, device_locs.cuda(), backend)
+        for layer in range(device_pool.layer_num):
+            host_pool.load_to_device_per_layer(
+                device_pool, host_slots, load_locs.cuda(), layer, backend
+            )
+    stream.synchronize()
+    for layer in range(device_pool.layer_num):
+        expected_rows = row_values(device_pool, "kv", layer, device_locs, seed=3)
+        assert torch.equal(device_pool.read_rows("kv", layer, load_locs), expected_rows)
