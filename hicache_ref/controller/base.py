@@ -18,6 +18,7 @@ from hicache_ref.controller.operations import CacheOperation, HiCacheAck, LayerD
 from hicache_ref.device.protocol import DeviceModule, StreamT
 from hicache_ref.errors import HiCacheInputError, InvariantViolation, UnknownOptionError
 from hicache_ref.pools.host_layout import LAYOUTS_BY_IO_BACKEND
+from hicache_ref.pools.page_index import get_small_cpu_values, validate_page_aligned_token_indices
 
 if TYPE_CHECKING:
     from hicache_ref.invariants.models import HiCacheLayerWriteState
@@ -122,7 +123,10 @@ class ControllerState:
         self._append_load_ack(HiCacheAck(event, event, [node_id]))
 
     def _scan_write_acks(self, node_id: int) -> bool:
-        return any(node_id in ack.node_ids for ack in self.ack_write_queue)
+        for ack in self.ack_write_queue:  # a plain loop: the gate asks for every live node
+            if node_id in ack.node_ids:
+                return True
+        return False
 
     def node_has_undrained_write_ack(self, node_id: int) -> bool:
         """Whether a write ack for ``node_id`` is still in ``ack_write_queue`` (INV-02).
@@ -154,14 +158,17 @@ class ControllerState:
             )
         if indices.is_cuda:
             return  # value checks would synchronize the stream; lengths are checked by callers
-        if indices.numel() and int(indices.min()) < 0:
+        values = get_small_cpu_values(indices)
+        if values is None:
+            lowest = int(indices.min()) if indices.numel() else 0
+        else:
+            lowest = min(values, default=0)
+        if lowest < 0:
             raise HiCacheInputError(
-                f"{name} contains negative index {int(indices.min())} (indices are slot numbers "
+                f"{name} contains negative index {lowest} (indices are slot numbers "
                 ">= 0; sgl-kernel would silently skip it)"
             )
         if page_aligned:
-            from hicache_ref.pools.page_index import validate_page_aligned_token_indices
-
             validate_page_aligned_token_indices(indices, self.page_size, name)
 
     def move_indices(

@@ -38,6 +38,7 @@ from hicache_ref.controller.operations import (
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.controller.storage_mixin import StorageMixin
 from hicache_ref.device.protocol import DeviceModule
+from hicache_ref.pools.page_index import get_small_cpu_values
 from hicache_ref.errors import (
     DraftPoolPairError,
     HiCacheInputError,
@@ -481,6 +482,9 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         layout = self.cp_shared_kv_layout
         if layout is None or device_indices.is_cuda or device_indices.numel() == 0:
             return self._pages(device_indices)
+        values = get_small_cpu_values(device_indices)
+        if values is not None:
+            return layout.owned_physical_pages_of_list(values)
         owned = device_indices[layout.owned_by_this_rank(device_indices)]
         return self._pages(layout.logical_locs_to_physical(owned))
 

@@ -15,6 +15,7 @@ import torch
 
 from hicache_ref.device.protocol import EventT
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.pools.page_index import get_small_cpu_values
 
 PoolKey = str
 """Names a pool in the tracker: ``"host"``, ``"draft_host"``, ``"device"``, ``"draft_device"``."""
@@ -32,9 +33,15 @@ class InflightTransfer:
 
 
 def pages_of(indices: torch.Tensor | None, page_size: int) -> frozenset[int]:
-    """The page ids that ``indices`` touch (CPU tensors only; CUDA tensors are not inspected)."""
+    """The page ids that ``indices`` touch (CPU tensors only; CUDA tensors are not inspected).
+
+    Small tensors are read as Python ints (``get_small_cpu_values``): the same pages, without a
+    ``torch.unique`` per call."""
     if indices is None or indices.numel() == 0 or indices.is_cuda:
         return frozenset()
+    values = get_small_cpu_values(indices)
+    if values is not None:
+        return frozenset(value // page_size for value in values)
     return frozenset(int(p) for p in torch.unique(indices // page_size).tolist())
 
 

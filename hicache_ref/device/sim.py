@@ -41,7 +41,7 @@ class SimDeadlock(RuntimeError):
     """No stream can make progress, yet work is queued (a wait on a record that can never run)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _SimOp:
     seq: int
     stream: SimStream
@@ -53,7 +53,7 @@ class _SimOp:
     meta: dict[str, object] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExecutedOp:
     """One entry of the happens-before log."""
 
@@ -296,11 +296,13 @@ class SimDevice:
         while progressed:
             progressed = False
             for stream in self._streams:
-                while (
-                    stream._queue
-                    and stream._queue[0].kind in ("record", "wait")
-                    and (stream.head_is_runnable())
-                ):
+                queue = stream._queue
+                while queue:
+                    head = queue[0]  # a record, or a wait whose record ran: runs at once
+                    if head.kind != "record" and head.kind != "wait":
+                        break
+                    if head.waits_for is not None and not head.waits_for.done:
+                        break
                     self._execute(stream, settle=False)
                     progressed = True
 

@@ -14,6 +14,7 @@ import torch
 
 from hicache_ref.harness.adapters.base import CpMetadataLike, WriteReservationLike
 from hicache_ref.invariants.snapshot import NodeHoldings
+from hicache_ref.pools.page_index import get_small_cpu_values
 
 
 @dataclass
@@ -77,13 +78,7 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
         host_of = list(node.host_value)
         draft_of = []
     key = (node.value, node.backup, *host_of, *draft_of)
-    cached = node.holdings_key
-    if (
-        node.holdings is not None
-        and cached is not None
-        and len(cached) == len(key)
-        and all(a is b for a, b in zip(cached, key, strict=True))
-    ):
+    if node.holdings is not None and _is_same_key(node.holdings_key, key):
         return node.holdings
     device = _pages(node.value, page) if node.value is not None else frozenset()
     host = tuple(_pages(t, page) if t is not None else frozenset() for t in host_of)
@@ -96,6 +91,17 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
     return node.holdings
 
 
+def _is_same_key(cached: tuple[object, ...] | None, key: tuple[object, ...]) -> bool:
+    """Whether ``cached`` holds the very same objects as ``key`` (identity: tensors are never
+    compared by value here, a replaced tensor is a changed holding)."""
+    if cached is None or len(cached) != len(key):
+        return False
+    for a, b in zip(cached, key):  # noqa: B905 (lengths checked above)
+        if a is not b:
+            return False
+    return True
+
+
 _PAGES_CACHE: dict[int, tuple[torch.Tensor, int, frozenset[int]]] = {}
 _PAGES_CACHE_BOUND = 4096
 
@@ -105,7 +111,11 @@ def _pages(indices: torch.Tensor, page: int) -> frozenset[int]:
     hit = _PAGES_CACHE.get(id(indices))
     if hit is not None and hit[0] is indices and hit[1] == page:
         return hit[2]
-    pages = frozenset(torch.unique(indices // page).tolist()) if indices.numel() else frozenset()
+    values = get_small_cpu_values(indices)
+    if values is not None:
+        pages = frozenset(value // page for value in values)
+    else:
+        pages = frozenset(torch.unique(indices // page).tolist())
     if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
         _PAGES_CACHE.clear()
     _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique

@@ -31,7 +31,7 @@ from hicache_ref.errors import (
 )
 from hicache_ref.pools.cp_layout import CpSharedKVLayout
 from hicache_ref.pools.free_pages import PageFreeList
-from hicache_ref.pools.page_index import check_index_tensor
+from hicache_ref.pools.page_index import SMALL_INDEX_MAX, check_index_tensor, get_small_cpu_values
 
 if TYPE_CHECKING:
     from hicache_ref.pools.device_pool import KVCache
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 def pages_to_token_locs(pages: Sequence[int], page_size: int) -> torch.Tensor:
     """Token locs ``page * page_size + arange(page_size)`` for each page, flattened (int64, CPU)."""
+    if len(pages) * page_size <= SMALL_INDEX_MAX:  # one tensor from ints beats four torch ops
+        locs = [page * page_size + offset for page in pages for offset in range(page_size)]
+        return torch.tensor(locs, dtype=torch.int64)
     page_tensor = torch.tensor(list(pages), dtype=torch.int64)
     offsets = torch.arange(page_size, dtype=torch.int64)
     return (page_tensor[:, None] * page_size + offsets).reshape(-1)
@@ -107,10 +110,10 @@ class PagedTokenToKVPoolAllocator:
         """Every free page (the release list included), ascending."""
         return sorted(self._free.sorted_pages() + list(self._release_pages))
 
-    def allocated_page_ids(self) -> set[int]:
-        """Pages handed out and not freed yet (never page 0)."""
-        free = set(self.free_page_ids())
-        return {page for page in range(1, self.num_pages + 1) if page not in free}
+    def allocated_page_ids(self) -> frozenset[int]:
+        """Pages handed out and not freed yet (never page 0); kept by alloc and free."""
+        taken = self._free.taken_pages()
+        return taken - self._release_pages.keys() if self._release_pages else taken
 
     def is_page_free(self, page: int) -> bool:
         """Whether ``page`` is free (in the free list or the release list)."""
@@ -180,7 +183,11 @@ class PagedTokenToKVPoolAllocator:
         check_index_tensor(indices, "indices")
         # Host-side bookkeeping: a CUDA index tensor is copied to the host here (a sync, as upstream)
         locs = indices.cpu().to(torch.int64) if indices.is_cuda else indices.to(torch.int64)
-        pages = torch.unique(torch.div(locs, self.page_size, rounding_mode="floor")).tolist()
+        values = get_small_cpu_values(locs)
+        if values is not None:
+            pages = sorted({value // self.page_size for value in values})
+        else:
+            pages = torch.unique(torch.div(locs, self.page_size, rounding_mode="floor")).tolist()
         for page in pages:
             # Verify the page is one this allocator hands out (INV-05)
             if page == 0:

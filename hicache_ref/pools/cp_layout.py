@@ -51,6 +51,13 @@ class CpSharedKVLayout:
         physical_pages = torch.div(pages, self.cp_size, rounding_mode="floor")
         return physical_pages * self.page_size + torch.remainder(locs, self.page_size)
 
+    def owned_physical_pages_of_list(self, locs: list[int]) -> frozenset[int]:
+        """The physical pages of the logical ``locs`` (ints >= 0) this rank owns: the pages of
+        ``logical_locs_to_physical(locs[owned_by_this_rank(locs)])``, in Python."""
+        page_size, cp_size, rank = self.page_size, self.cp_size, self.cp_rank
+        pages = {loc // page_size for loc in locs}
+        return frozenset(page // cp_size for page in pages if page % cp_size == rank)
+
     def physical_num_pages(self, logical_num_pages: int) -> int:
         """Pages each rank must hold so that logical pages ``0 .. logical_num_pages-1`` fit."""
         if logical_num_pages < 0:

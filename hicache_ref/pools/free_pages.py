@@ -10,7 +10,8 @@ page is handed out next is the *allocation policy*:
 
 Pages are split into owner classes ``page % num_owner_classes`` (CP ranks own pages round robin) so
 ``take_with_owners`` can hand out a page of a given owner without a scan. Membership, counts and
-removal of a given page are O(1); the fifo/lifo order lives in a deque whose stale entries are
+removal of a given page are O(1); the set of taken pages is kept by every take and push
+(``taken_pages``: snapshots read it every step, so it is never rebuilt from the free lists); the fifo/lifo order lives in a deque whose stale entries are
 dropped lazily (and compacted when they outnumber the live ones).
 """
 
@@ -78,6 +79,8 @@ class PageFreeList:
         self._stamp: dict[int, int] = {}
         self._next_stamp = 0
         self._classes = [_OwnerClass() for _ in range(num_owner_classes)]
+        self._taken: set[int] = set()
+        self._taken_frozen: frozenset[int] | None = None
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -87,6 +90,8 @@ class PageFreeList:
         self._stamp.clear()
         self._next_stamp = 0
         self._classes = [_OwnerClass() for _ in range(self.num_owner_classes)]
+        self._taken = set()
+        self._taken_frozen = None
         self.push(list(self.page_ids))
 
     def push(self, pages: Sequence[int]) -> None:
@@ -95,7 +100,9 @@ class PageFreeList:
         The caller has checked that each page is managed here and not free already.
         """
         ordered: Iterable[int] = reversed(pages) if self.alloc_policy == "lifo" else pages
+        self._taken_frozen = None
         for page in ordered:
+            self._taken.discard(page)
             self._stamp[page] = self._next_stamp
             self._classes[page % self.num_owner_classes].add(page, self._next_stamp)
             self._next_stamp += 1
@@ -123,6 +130,13 @@ class PageFreeList:
         """The free pages, ascending."""
         return sorted(page for owner_class in self._classes for page in owner_class.live)
 
+    def taken_pages(self) -> frozenset[int]:
+        """The managed pages that are not free: kept by every take and push, not recomputed
+        (the same frozenset until the next change)."""
+        if self._taken_frozen is None:
+            self._taken_frozen = frozenset(self._taken)
+        return self._taken_frozen
+
     # ------------------------------------------------------------------ takes
     def take(self, num_pages: int) -> list[int] | None:
         """Hand out ``num_pages`` pages by policy, or ``None`` (nothing changed) when short."""
@@ -142,8 +156,10 @@ class PageFreeList:
 
     def take_specific(self, pages: Sequence[int]) -> None:
         """Take exactly ``pages`` (the caller checked that each one is free)."""
+        self._taken_frozen = None
         for page in pages:
             self._classes[page % self.num_owner_classes].remove(page)
+            self._taken.add(page)
 
     def find_free_run(self, num_pages: int) -> list[int] | None:
         """The lowest run of ``num_pages`` consecutive free pages, or ``None`` if there is none."""
@@ -213,6 +229,8 @@ class PageFreeList:
                 )
             page = head[1]
         owner_class.remove(page)
+        self._taken.add(page)
+        self._taken_frozen = None
         return page
 
     def _compact(self, owner_class: _OwnerClass) -> None:

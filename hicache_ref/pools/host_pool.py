@@ -53,7 +53,12 @@ from hicache_ref.pools.host_layout import (
     host_page_rows,
     host_row_index,
 )
-from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
+from hicache_ref.pools.page_index import (
+    as_cpu_int64,
+    check_index_tensor,
+    get_small_cpu_values,
+    validate_page_aligned_token_indices,
+)
 from hicache_ref.pools.page_math import compute_padded_len
 from hicache_ref.pools.transfer import (
     CopyPath,
@@ -172,11 +177,10 @@ class HostKVCache:
         """Free host slots (tokens); with ``allocated_pages`` it accounts for every slot (INV-05)."""
         return self.available_size()
 
-    def allocated_pages(self) -> set[int]:
-        """Host pages handed out and not freed yet."""
+    def allocated_pages(self) -> frozenset[int]:
+        """Host pages handed out and not freed yet (kept by alloc and free, not recomputed)."""
         with self.lock:
-            free = set(self._free.sorted_pages())
-        return {page for page in range(self.num_pages) if page not in free}
+            return self._free.taken_pages()
 
     def is_page_free(self, page: int) -> bool:
         """Whether host page ``page`` is free."""
@@ -225,7 +229,7 @@ class HostKVCache:
         """
         check_index_tensor(indices, "host indices")
         # Host-side bookkeeping: a CUDA index tensor is copied to the host here (one sync, as upstream)
-        slots = indices.to(device="cpu", dtype=torch.int64)
+        slots = as_cpu_int64(indices)
         validate_page_aligned_token_indices(slots, self.page_size, "host indices to free")
         pages = [int(first) // self.page_size for first in slots[:: self.page_size].tolist()]
         with self.lock:
@@ -448,8 +452,13 @@ class HostKVCache:
             )
         layer = self.device_pool.check_layer_id(layer_id)
         check_index_tensor(host_indices, "host_indices")
-        slots = host_indices.to(device="cpu", dtype=torch.int64)
-        if slots.numel() > 0 and (int(slots.min()) < 0 or int(slots.max()) >= self.size):
+        slots = as_cpu_int64(host_indices)
+        values = get_small_cpu_values(slots)
+        if values is not None:
+            outside = bool(values) and (min(values) < 0 or max(values) >= self.size)
+        else:
+            outside = slots.numel() > 0 and (int(slots.min()) < 0 or int(slots.max()) >= self.size)
+        if outside:
             raise HiCacheInputError(f"host_indices must lie in [0, {self.size})")
         return host_row_index(self.layout, layer, slots, self.page_size)
 

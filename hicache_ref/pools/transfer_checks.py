@@ -14,7 +14,12 @@ from typing import Literal
 import torch
 
 from hicache_ref.errors import HiCacheInputError, PageAlignmentError
-from hicache_ref.pools.page_index import check_index_tensor, validate_page_aligned_token_indices
+from hicache_ref.pools.page_index import (
+    as_cpu_int64,
+    check_index_tensor,
+    get_small_cpu_values,
+    validate_page_aligned_token_indices,
+)
 
 Direction = Literal["d2h", "h2d"]
 
@@ -36,7 +41,7 @@ def _host_values(indices: torch.Tensor) -> torch.Tensor:
     """Index values on the CPU as int64 (a CUDA tensor costs one sync; see the module doc)."""
     if indices.device.type != "cpu":
         TRANSFER_STATS.index_host_copies += 1
-    return indices.to(device="cpu", dtype=torch.int64)
+    return as_cpu_int64(indices)
 
 
 def check_transfer_indices(
@@ -62,28 +67,35 @@ def check_transfer_indices(
         )
     host = _host_values(host_indices)
     device = _host_values(device_indices)
-    for name, values, bound in (
-        ("host_indices", host, host_size),
-        ("device_indices", device, device_rows),
+    host_list, device_list = get_small_cpu_values(host), get_small_cpu_values(device)
+    for name, values, listed, bound in (
+        ("host_indices", host, host_list, host_size),
+        ("device_indices", device, device_list, device_rows),
     ):
         if values.numel() == 0:
             continue
+        low, high = (min(listed), max(listed)) if listed else (int(values.min()), int(values.max()))
         # Verify no negative index (sgl-kernel would skip it and leave the row stale)
-        if int(values.min()) < 0:
+        if low < 0:
             position = int((values < 0).nonzero()[0, 0])
             raise HiCacheInputError(
                 f"{name}[{position}]={int(values[position])} is negative; sgl-kernel silently "
                 "skips negative indices, so they are refused here"
             )
         # Verify every index addresses a row of its pool
-        if int(values.max()) >= bound:
+        if high >= bound:
             position = int((values >= bound).nonzero()[0, 0])
             raise HiCacheInputError(
                 f"{name}[{position}]={int(values[position])} is outside its pool's rows [0, {bound})"
             )
-    destination, name = (host, "host_indices") if direction == "d2h" else (device, "device_indices")
+    destination, listed, name = (
+        (host, host_list, "host_indices")
+        if direction == "d2h"
+        else (device, device_list, "device_indices")
+    )
+    distinct = len(set(listed)) if listed is not None else torch.unique(destination).numel()
     # Verify no destination row is written twice
-    if torch.unique(destination).numel() != destination.numel():
+    if distinct != destination.numel():
         raise HiCacheInputError(
             f"{name} (the {direction} destination) repeats a row; each destination row may be "
             "written once per transfer"
@@ -101,13 +113,25 @@ def check_page_first_direct_chunks(
     if device.numel() == 0:
         return
     chunks = device.view(-1, page_size)
-    expected = chunks[:, :1] + torch.arange(page_size, dtype=torch.int64)
-    bad = (chunks != expected).any(dim=1)
-    if bool(bad.any()):
-        chunk = int(bad.nonzero()[0, 0])
+    chunk = _first_broken_chunk(device, chunks, page_size)
+    if chunk is not None:
         start = int(chunks[chunk, 0])
         raise PageAlignmentError(
             f"INV-01: device_indices chunk {chunk} holds {chunks[chunk].tolist()}; with "
             "page_first_direct or layer_page_first each page chunk must be contiguous, e.g. "
             f"[{start}..{start + page_size - 1}]"
         )
+
+
+def _first_broken_chunk(device: torch.Tensor, chunks: torch.Tensor, page_size: int) -> int | None:
+    """The first device chunk that is not ``page_size`` consecutive locs (Python when small)."""
+    values = get_small_cpu_values(device)
+    if values is not None:
+        for chunk, base in enumerate(range(0, len(values), page_size)):
+            start = values[base]
+            if values[base : base + page_size] != list(range(start, start + page_size)):
+                return chunk
+        return None
+    expected = chunks[:, :1] + torch.arange(page_size, dtype=torch.int64)
+    bad = (chunks != expected).any(dim=1)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -16,7 +16,12 @@ from hicache_ref.errors import (
     PageAlignmentError,
     UnknownOptionError,
 )
-from hicache_ref.pools import CpSharedKVLayout, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from hicache_ref.pools import (
+    CpSharedKVLayout,
+    PagedTokenToKVPoolAllocator,
+    PageFreeList,
+    TokenToKVPoolAllocator,
+)
 
 from .builders import pages_to_locs
 
@@ -264,3 +269,47 @@ AllocatorMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None
 )
 TestAllocatorMachine = AllocatorMachine.TestCase
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(["fifo", "lifo", "random"]),
+    owners=st.integers(1, 3),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["take", "owners", "run", "push", "reset"]), st.integers(0, 5))
+    ),
+)
+def test_the_taken_set_kept_by_takes_and_pushes_is_the_complement_of_the_free_list(
+    policy: str, owners: int, ops: list[tuple[str, int]]
+) -> None:
+    # the snapshot's page sets are kept incrementally, never rebuilt from the free lists
+    free_list = PageFreeList(range(1, 13), alloc_policy=policy, seed=3, num_owner_classes=owners)
+    held: list[int] = []
+    for op, n in ops:
+        if op == "take":
+            held += free_list.take(n) or []
+        elif op == "owners":
+            held += free_list.take_with_owners([i % owners for i in range(n)]) or []
+        elif op == "run":
+            run = free_list.find_free_run(n + 1)
+            if run is not None:
+                free_list.take_specific(run)
+                held += run
+        elif op == "push" and held:
+            freed, held = held[:n], held[n:]
+            free_list.push(freed)
+        elif op == "reset":
+            free_list.reset()
+            held = []
+        assert free_list.taken_pages() == set(range(1, 13)) - set(free_list.sorted_pages())
+        assert free_list.taken_pages() == set(held)
+
+
+def test_allocated_pages_leave_out_the_release_list() -> None:
+    allocator = make_allocator(num_pages=4, need_sort=True)
+    locs = allocator.alloc(12)
+    assert locs is not None and allocator.allocated_page_ids() == {1, 2, 3}
+    allocator.free(locs[:4])  # page 1 waits in the release list: free, yet not in the free list
+    assert allocator.allocated_page_ids() == {2, 3} and allocator.is_page_free(1)
+    allocator.merge_and_sort_free()
+    assert allocator.allocated_page_ids() == {2, 3}
