@@ -38,13 +38,13 @@ from hicache_ref.controller.operations import (
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.controller.storage_mixin import StorageMixin
 from hicache_ref.device.protocol import DeviceModule
-from hicache_ref.pools.page_index import get_small_cpu_values
 from hicache_ref.errors import (
     DraftPoolPairError,
     HiCacheInputError,
     InvariantViolation,
     UnknownOptionError,
 )
+from hicache_ref.pools.page_index import get_small_cpu_values
 
 if TYPE_CHECKING:
     from hicache_ref.invariants.models import HiCacheWriteFailure, HiCacheWriteResult

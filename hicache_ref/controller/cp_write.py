@@ -19,6 +19,7 @@ from hicache_ref.controller.base import ControllerState, logger
 from hicache_ref.controller.operations import CacheOperation, HiCacheAck
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.errors import HiCacheInputError, InvariantViolation, LayerRangeError
+from hicache_ref.pools.page_index import get_small_cpu_values
 
 if TYPE_CHECKING:
     from hicache_ref.invariants.models import (
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         HiCacheWriteReservation,
         HiCacheWriteResult,
     )
+    from hicache_ref.pools.cp_layout import CpSharedKVLayout
 
 
 class CpWriteMixin(ControllerState):
@@ -70,12 +72,7 @@ class CpWriteMixin(ControllerState):
             device_indices, page_size, "CP HiCache write device_indices"
         )
         padded_len = int(padded.numel())
-        owned_mask = layout.owned_by_this_rank(padded)
-        owned_positions = owned_mask.nonzero(as_tuple=True)[0].cpu()
-        logical_pages = torch.div(padded[::page_size], page_size, rounding_mode="floor")
-        page_owners = layout.owner_for_logical_pages(logical_pages).to(
-            dtype=torch.int8, device="cpu"
-        )
+        owned_positions, physical, page_owners = _plan_owned(layout, padded)
         empty = torch.empty((0,), dtype=torch.int64)
         if owned_positions.numel() == 0:
             draft_empty = empty.clone() if self.has_draft_hicache else None
@@ -96,7 +93,6 @@ class CpWriteMixin(ControllerState):
                 draft_host_indices=draft_empty.clone() if draft_empty is not None else None,
             )
 
-        physical = layout.logical_locs_to_physical(padded[owned_mask])
         host_indices = self.mem_pool_host.alloc_contiguous_preferred(len(physical))
         if host_indices is None:
             return HiCacheWriteFailure(required_host_slots=len(physical))
@@ -448,6 +444,27 @@ class CpWriteMixin(ControllerState):
         # Already-issued per-layer copies must land before the caller frees the slots (INV-15)
         self.write_stream.synchronize()
         return True
+
+
+def _plan_owned(
+    layout: CpSharedKVLayout, padded: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(owned positions, their physical locs, each page's owner as int8) of padded logical locs;
+    a small CPU tensor is planned in Python (``plan_owned_of_list``), the same three tensors."""
+    values = get_small_cpu_values(padded)
+    if values is not None:
+        positions, physical, owners = layout.plan_owned_of_list(values)
+        return (
+            torch.tensor(positions, dtype=torch.int64),
+            torch.tensor(physical, dtype=padded.dtype),
+            torch.tensor(owners, dtype=torch.int8),
+        )
+    page_size = layout.page_size
+    owned_mask = layout.owned_by_this_rank(padded)
+    owned_positions = owned_mask.nonzero(as_tuple=True)[0].cpu()
+    logical_pages = torch.div(padded[::page_size], page_size, rounding_mode="floor")
+    page_owners = layout.owner_for_logical_pages(logical_pages).to(dtype=torch.int8, device="cpu")
+    return owned_positions, layout.logical_locs_to_physical(padded[owned_mask]), page_owners
 
 
 def _has_pages(indices: torch.Tensor | None) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from hicache_ref.device.protocol import EventT, StreamT
-from hicache_ref.harness.content import describe_row, expected_rows
+from hicache_ref.harness.content import describe_row, expected_rows, expected_rows_of_layers
 from hicache_ref.harness.node_model import Node
 from hicache_ref.harness.rank_geometry import RankGeometry
 from hicache_ref.harness.world import World
@@ -66,8 +66,16 @@ class ByteChecks:
         key = (rank, draft, layer, component, row_shape)
         rows = node.rows_cache.get(key)
         if rows is None:
-            rows = expected_rows(node.handle, draft, layer, component, positions, row_shape)
-            node.rows_cache[key] = rows
+            # every layer of this kind at once: the stores of the next layers find them here
+            layer_num = self.geometry.layer_num(draft)
+            if not 0 <= layer < layer_num:
+                return expected_rows(node.handle, draft, layer, component, positions, row_shape)
+            block = expected_rows_of_layers(
+                node.handle, draft, layer_num, component, positions, row_shape
+            )
+            for each in range(layer_num):
+                node.rows_cache[(rank, draft, each, component, row_shape)] = block[each]
+            rows = block[layer]
         return rows
 
     def staged_rows(

@@ -35,10 +35,57 @@ def expected_rows(
     numel = 1
     for dim in row_shape:
         numel *= dim
-    sign = -1.0 if draft else 1.0
     prefix = ((uid * 64 + layer) * 8 + component) * MAX_POSITIONS + 1
-    starts = sign * (positions.to(HARNESS_DTYPE) + float(prefix))
+    starts = _as_float_positions(positions) + float(prefix)
+    if draft:
+        starts = -starts  # exact: -(p + prefix), as the scalar form's -base
     return (starts[:, None] + _ramp(numel)[None, :]).reshape(len(starts), *row_shape)
+
+
+def expected_rows_of_layers(
+    uid: int,
+    draft: bool,
+    layer_num: int,
+    component: int,
+    positions: torch.Tensor,
+    row_shape: tuple[int, ...],
+) -> torch.Tensor:
+    """``expected_rows`` of layers ``0 .. layer_num - 1`` at once, shaped
+    ``(layer_num, n, *row_shape)``: the same values element for element (each is the position
+    plus its layer's prefix, negated for a draft, plus the ramp), in a few ops for all layers."""
+    assert 0 < layer_num <= 64
+    numel = 1
+    for dim in row_shape:
+        numel *= dim
+    prefixes = [
+        float(((uid * 64 + layer) * 8 + component) * MAX_POSITIONS + 1)
+        for layer in range(layer_num)
+    ]
+    starts = (
+        _as_float_positions(positions)[None, :]
+        + torch.tensor(prefixes, dtype=HARNESS_DTYPE)[:, None]
+    )
+    if draft:
+        starts = -starts
+    rows = starts[:, :, None] + _ramp(numel)[None, None, :]
+    return rows.reshape(layer_num, len(positions), *row_shape)
+
+
+_FLOAT_POSITIONS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_FLOAT_POSITIONS_BOUND = 4096
+
+
+def _as_float_positions(positions: torch.Tensor) -> torch.Tensor:
+    """``positions`` as ``HARNESS_DTYPE``, converted once per tensor (the harness's position
+    tensors are never written; the cache holds the tensor, so its id stays its own)."""
+    hit = _FLOAT_POSITIONS.get(id(positions))
+    if hit is not None and hit[0] is positions:
+        return hit[1]
+    converted = positions.to(HARNESS_DTYPE)
+    if len(_FLOAT_POSITIONS) >= _FLOAT_POSITIONS_BOUND:
+        _FLOAT_POSITIONS.clear()
+    _FLOAT_POSITIONS[id(positions)] = (positions, converted)
+    return converted
 
 
 @functools.lru_cache(maxsize=64)

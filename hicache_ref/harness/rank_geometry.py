@@ -22,6 +22,7 @@ from hicache_ref.harness.world import World
 from hicache_ref.invariants.checks_layout import check_host_slot_count, check_owner_replay
 from hicache_ref.pools.device_pool import KVCache
 from hicache_ref.pools.host_pool import HostKVCache
+from hicache_ref.pools.page_index import get_small_cpu_values
 
 
 class RankGeometry:
@@ -43,6 +44,10 @@ class RankGeometry:
             kinds.append((True, self.config.draft_layer_num))
         return kinds
 
+    def layer_num(self, draft: bool) -> int:
+        """Layers of the target (or the draft) pool."""
+        return self.config.draft_layer_num if draft else self.config.layer_num
+
     def host_copies(self) -> list[bool]:
         """Which host copies a CP node has: the target, and the draft when a draft pool exists."""
         return [False, True] if self.config.has_draft else [False]
@@ -62,13 +67,17 @@ class RankGeometry:
     # -- device placement ----------------------------------------------------------------------
     def owned_positions(self, rank: int, node: Node, locs: torch.Tensor) -> torch.Tensor:
         """Positions (< logical_len) of ``locs`` whose page this rank owns (all when no CP)."""
-        positions = torch.arange(node.logical_len)
         if not self.config.uses_cp:
-            return positions
+            return torch.arange(node.logical_len)
         layout = self.world.ranks[rank].cp_layout
         assert layout is not None
-        mask = layout.owned_by_this_rank(locs[: node.logical_len])
-        return positions[mask]
+        visible = locs[: node.logical_len]
+        values = get_small_cpu_values(visible)
+        if values is not None:  # the same positions in Python: a mask costs several torch ops
+            page, cp_size, owner = layout.page_size, layout.cp_size, layout.cp_rank
+            owned = [i for i, loc in enumerate(values) if (loc // page) % cp_size == owner]
+            return torch.tensor(owned, dtype=torch.int64)
+        return torch.arange(node.logical_len)[layout.owned_by_this_rank(visible)]
 
     def placement(self, rank: int, node: Node) -> tuple[torch.Tensor, torch.Tensor]:
         """(owned positions, physical locs) of the node's device copy on ``rank``.

@@ -58,6 +58,21 @@ class CpSharedKVLayout:
         pages = {loc // page_size for loc in locs}
         return frozenset(page // cp_size for page in pages if page % cp_size == rank)
 
+    def plan_owned_of_list(self, padded: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """For whole-page logical locs ``padded`` (ints >= 0): the positions this rank owns, their
+        physical locs, and each page's owner; ``owned_by_this_rank``, ``logical_locs_to_physical``
+        and ``owner_for_logical_pages`` in Python (a CP reservation's few pages)."""
+        page_size, cp_size, rank = self.page_size, self.cp_size, self.cp_rank
+        positions: list[int] = []
+        physical: list[int] = []
+        for position, loc in enumerate(padded):
+            page = loc // page_size
+            if page % cp_size == rank:
+                positions.append(position)
+                physical.append((page // cp_size) * page_size + loc % page_size)
+        owners = [(loc // page_size) % cp_size for loc in padded[::page_size]]
+        return positions, physical, owners
+
     def physical_num_pages(self, logical_num_pages: int) -> int:
         """Pages each rank must hold so that logical pages ``0 .. logical_num_pages-1`` fit."""
         if logical_num_pages < 0:

@@ -132,12 +132,33 @@ def pad_token_locs_to_page_boundary(locs: torch.Tensor, page_size: int, name: st
         raise HiCacheInputError(f"page_size must be >= 1, got {page_size}")
     n = locs.numel()
     missing = (page_size - n % page_size) % page_size
+    values = get_small_cpu_values(locs) if n > 0 else None
+    if values is not None:
+        _validate_paddable_list(values, locs, page_size, name)
+        if missing == 0:
+            return locs
+        padded = values + [values[-1] + k for k in range(1, missing + 1)]
+        return torch.tensor(padded, dtype=locs.dtype)
     if not locs.is_cuda and n > 0:
         _validate_paddable(locs, page_size, name)
     if missing == 0:
         return locs
     tail = locs[-1:] + torch.arange(1, missing + 1, dtype=locs.dtype, device=locs.device)
     return torch.cat([locs, tail])
+
+
+def _validate_paddable_list(
+    values: list[int], locs: torch.Tensor, page_size: int, name: str
+) -> None:
+    """``_validate_paddable`` over the ints of a small CPU ``locs`` (its errors on a failure)."""
+    full = len(values) - len(values) % page_size
+    tail = values[full:]
+    full_ok = find_misaligned_chunk_of_list(values[:full], page_size) is None
+    tail_ok = not tail or (
+        tail[0] % page_size == 0 and tail == list(range(tail[0], tail[0] + len(tail)))
+    )
+    if not (full_ok and tail_ok):
+        _validate_paddable(locs, page_size, name)  # raises the torch form's message
 
 
 def _validate_paddable(locs: torch.Tensor, page_size: int, name: str) -> None:

@@ -16,11 +16,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache_ref.controller.cp_write import _plan_owned
 from hicache_ref.controller.inflight import pages_of
 from hicache_ref.device import SimDevice
 from hicache_ref.errors import HiCacheInputError, PageAlignmentError
 from hicache_ref.pools import CpSharedKVLayout, PagedTokenToKVPoolAllocator, page_index
-from hicache_ref.pools.page_index import validate_page_aligned_token_indices
+from hicache_ref.pools.page_index import (
+    pad_token_locs_to_page_boundary,
+    validate_page_aligned_token_indices,
+)
 from hicache_ref.pools.transfer_checks import (
     check_page_first_direct_chunks,
     check_transfer_indices,
@@ -144,3 +148,52 @@ def test_host_row_reads_are_bounded_alike(slots: list[int]) -> None:
     indices = torch.tensor(slots, dtype=torch.int64)
     small, large = both_paths(lambda: host_pool.read_rows("kv", 0, indices))
     assert small == large
+
+
+@settings(max_examples=150, deadline=None)
+@given(locs=LOCS, page=PAGE)
+def test_padding_to_a_page_boundary_pads_and_refuses_alike(locs: list[int], page: int) -> None:
+    indices = torch.tensor(locs, dtype=torch.int64)
+    small, large = both_paths(lambda: pad_token_locs_to_page_boundary(indices, page, "x"))
+    assert small == large
+
+
+@settings(max_examples=60, deadline=None)
+@given(start=st.integers(0, 10), length=st.integers(1, 11), page=PAGE)
+def test_a_partial_last_page_is_padded_alike(start: int, length: int, page: int) -> None:
+    indices = torch.arange(start * page, start * page + length, dtype=torch.int32)
+    small, large = both_paths(lambda: pad_token_locs_to_page_boundary(indices, page, "x"))
+    assert small == large and small[0] == "value"
+    assert pad_token_locs_to_page_boundary(indices, page, "x").dtype == torch.int32
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    pages=st.lists(st.integers(0, 23), max_size=8),
+    page=PAGE,
+    cp_size=st.integers(1, 4),
+    data=st.data(),
+)
+def test_a_cp_plan_in_python_equals_the_tensor_form(
+    pages: list[int], page: int, cp_size: int, data: st.DataObject
+) -> None:
+    layout = CpSharedKVLayout(cp_size, data.draw(st.integers(0, cp_size - 1)), page)
+    padded = torch.tensor([p * page + o for p in pages for o in range(page)], dtype=torch.int64)
+    positions, physical, owners = layout.plan_owned_of_list(padded.tolist())
+    mask = layout.owned_by_this_rank(padded)
+    assert positions == mask.nonzero(as_tuple=True)[0].tolist()
+    assert physical == layout.logical_locs_to_physical(padded[mask]).tolist()
+    assert owners == layout.owner_for_logical_pages(torch.tensor(pages, dtype=torch.int64)).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(pages=st.lists(st.integers(0, 23), max_size=6), page=PAGE, cp_size=st.integers(1, 4))
+def test_the_reservation_plan_is_the_same_tensors_on_both_paths(
+    pages: list[int], page: int, cp_size: int
+) -> None:
+    layout = CpSharedKVLayout(cp_size, cp_size - 1, page)
+    padded = torch.tensor([p * page + o for p in pages for o in range(page)], dtype=torch.int32)
+    small, large = both_paths(lambda: _plan_owned(layout, padded))
+    assert small == large
+    dtypes = [t.dtype for t in _plan_owned(layout, padded)]
+    assert dtypes == [torch.int64, torch.int32, torch.int8]
