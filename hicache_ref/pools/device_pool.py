@@ -87,6 +87,7 @@ class KVCache(ABC):
             ]
             for name, row_shape in row_shapes.items()
         }
+        self._component_names = tuple(self._buffers)  # asked on every transfer and read
 
     # ------------------------------------------------------------------ geometry
     @abstractmethod
@@ -95,7 +96,7 @@ class KVCache(ABC):
 
     def component_names(self) -> tuple[str, ...]:
         """The components every transfer must move, in a fixed order."""
-        return tuple(self._buffers)
+        return self._component_names
 
     def get_size_per_token(self) -> int:
         """Bytes one token occupies over all layers and components."""

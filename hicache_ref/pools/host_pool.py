@@ -259,6 +259,8 @@ class HostKVCache:
     # ------------------------------------------------------------------ transfers
     def _check_device_pool(self, device_pool: KVCache) -> None:
         # Verify the device pool has this host pool's geometry (every component, same rows)
+        if device_pool is self.device_pool:
+            return  # its own device pool: checked at construction, and shapes never change
         if (
             device_pool.component_row_shapes() != self.row_shapes
             or device_pool.layer_num != self.layer_num
