@@ -109,7 +109,7 @@ def _is_same_key(cached: tuple[object, ...] | None, key: tuple[object, ...]) -> 
     compared by value here, a replaced tensor is a changed holding)."""
     if cached is None or len(cached) != len(key):
         return False
-    for a, b in zip(cached, key):  # noqa: B905 (lengths checked above)
+    for a, b in zip(cached, key, strict=True):
         if a is not b:
             return False
     return True

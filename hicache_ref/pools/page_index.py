@@ -45,7 +45,10 @@ give the same answer (tests/pools/test_page_index.py compares them)."""
 
 
 def get_small_cpu_values(indices: torch.Tensor) -> list[int] | None:
-    """The values of a small CPU index tensor as ints, else ``None`` (use torch: large or CUDA)."""
+    """The values of a small CPU index tensor as ints, else ``None`` (use torch: large or CUDA).
+
+    Reading a CUDA tensor's values would synchronize its stream, so CUDA tensors always take
+    the torch path (which, for the checks here, reads lengths only)."""
     if indices.device.type != "cpu" or indices.numel() > SMALL_INDEX_MAX:
         return None
     values: list[int] = indices.tolist()
