@@ -21,7 +21,8 @@ and lifecycles INV-16, producer slots INV-10, pages INV-05, content INV-06, a re
 the oracle's own verdict under its id) naming the step, the quantity, the oracle's value and the
 implementation's. A world it cannot follow (another device, a one-rank-per-process session)
 or a step the oracle cannot express turns lockstep off for the rest of the case, with the
-reason counted (``LOCKSTEP_STATS``).
+reason counted in the session's stats (``SessionStats.lockstep``: ``cases``,
+``cases_in_lockstep``, ``steps_in_lockstep``, ``cases_off`` and ``off: <reason>``).
 
 Not compared, by design: the implementation's own bookkeeping (metadata, in-flight trackers,
 pending layer states: only their effects, acks and copies, are seen); event records and waits
@@ -32,7 +33,7 @@ reads the tags of every held token slot once, at quiescence); padding slots and 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -61,10 +62,6 @@ if TYPE_CHECKING:
 
     from hicache_ref.harness.session import Session
 
-LOCKSTEP_STATS: Counter[str] = Counter()
-"""Process-wide counts: ``cases``, ``cases_in_lockstep``, ``steps_in_lockstep``,
-``cases_off``, and ``off: <reason>`` per reason (campaign summaries and tests read it)."""
-
 
 UnitKey = tuple[str, int, int]
 """A forward kernel: (``store`` or ``read``, tree handle, layer)."""
@@ -79,7 +76,7 @@ def attach_lockstep(session: Session) -> LockstepOracle | None:
     if not lockstep_enabled():
         return None
     oracle = LockstepOracle(session)
-    LOCKSTEP_STATS["cases"] += 1
+    session.stats.lockstep["cases"] += 1
     if oracle.off_reason is None:
         session.observers.append(oracle)
     return oracle
@@ -174,7 +171,7 @@ class LockstepOracle:
         if record.resets:
             self.handles.clear()
         self.steps += 1
-        LOCKSTEP_STATS["steps_in_lockstep"] += 1
+        self.session.stats.lockstep["steps_in_lockstep"] += 1
         self._compare(f"step {len(session.steps) - 1} ({step_.rule}: {outcome})")
         self._save()
 
@@ -201,7 +198,7 @@ class LockstepOracle:
         except OpNotEnabledError as refused:
             self._turn_off(f"the oracle cannot express finish: {refused}")
             return
-        LOCKSTEP_STATS["cases_in_lockstep"] += 1
+        self.session.stats.lockstep["cases_in_lockstep"] += 1
         where = "quiescence (finish)"
         self._compare(where)
         compare_final_content(session, self.state, self.handles, where)
@@ -401,8 +398,8 @@ class LockstepOracle:
 
     def _turn_off(self, reason: str) -> None:
         self.off_reason = reason
-        LOCKSTEP_STATS["cases_off"] += 1
-        LOCKSTEP_STATS[f"off: {reason}"] += 1
+        self.session.stats.lockstep["cases_off"] += 1
+        self.session.stats.lockstep[f"off: {reason}"] += 1
 
 
 def _ints(indices: object) -> tuple[int, ...]:

@@ -76,6 +76,7 @@ class SessionStats:
     rules: Counter[str] = field(default_factory=Counter)
     invariant_checks: int = 0  # rounds of step checks (one per applied step)
     checks_by_id: Counter[str] = field(default_factory=Counter)  # check runs per invariant id
+    lockstep: Counter[str] = field(default_factory=Counter)  # what the lockstep oracle followed
 
 
 class Session:
