@@ -42,6 +42,7 @@ from hicache_ref.vectors.stories import STORIES, record_story
 DEFAULT_SEED = 1
 GENERATED = 400  # programs over the rule table
 ORACLE = 100  # programs over the oracle's ops
+OPS = 40  # programs that keep the reference's own schedule (``ops`` vectors)
 TARGETED_TRIES = 40  # extra programs per rule no vector applied
 COPY_PATHS = ("gather", "runs", "batch")
 UNREACHABLE: Mapping[str, str] = {
@@ -179,7 +180,7 @@ def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
         alloc_policy=rng.choice(["fifo", "lifo", "random"]),  # type: ignore[arg-type]
         draft_alloc_policy=rng.choice(["fifo", "lifo"]),  # type: ignore[arg-type]
         draft_host_pages=rng.randint(2, 10) if cp and draft else 0,
-        num_counters=3 if flavor == "upstream" else rng.choice([2, 3, 5]),
+        num_counters=3 if flavor == "upstream" else rng.choice([2, 5, 5]),
         settle_records=rng.random() < 0.5,
         hybrid=rng.random() < 0.15,
         copy_path=rng.choice([p for p in COPY_PATHS if p in copy_paths_for_layout(layout)]),  # type: ignore[arg-type]
@@ -239,22 +240,32 @@ COMPOUND_CHANCE = 0.35
 
 
 def program_vector(
-    seed: int, index: int, *, favour: str | None = None, length: int | None = None
+    seed: int,
+    index: int,
+    *,
+    favour: str | None = None,
+    length: int | None = None,
+    settle: bool = True,
 ) -> Vector:
     """A seeded walk over the rule table, recorded on the reference (``favour``: a rule whose
-    weight is raised, for coverage)."""
-    rng = random.Random(f"{seed}:{index}:{favour or ''}")
+    weight is raised, for coverage; ``settle=False``: drains read the reference's own partial
+    progress, an ``ops`` vector)."""
+    rng = random.Random(f"{seed}:{index}:{favour or ''}:{'' if settle else 'ops'}")
     flavor = FLAVORS[index % len(FLAVORS)]
     config = draw_config(rng, flavor)
     suffix = f"-{favour.replace('_', '-')}" if favour else ""
+    prefix = "gen" if settle else "ops"
     recorder = Recorder(
         config,
-        vector_id=f"gen-{index:04d}{suffix}",
+        vector_id=f"{prefix}-{index:04d}{suffix}",
         title=f"seeded program {index} over the rule table ({flavor}: {config.describe()})",
         kind="generated",
+        settle=settle,
     )
     target = length or rng.randint(10, 30)
-    while len(recorder.steps) < target:
+    for _ in range(4 * target):  # bounded: a walk with nothing left to do stops
+        if len(recorder.steps) >= target:
+            break
         if rng.random() < COMPOUND_CHANCE:
             COMPOUNDS[rng.choice(sorted(COMPOUNDS))](recorder, rng)
             continue
@@ -411,6 +422,7 @@ def generate_suite(
     *,
     generated: int = GENERATED,
     oracle: int = ORACLE,
+    ops: int = OPS,
     progress: Callable[[int], None] | None = None,
 ) -> Generated:
     """Every vector of a suite, in order: stories, programs, oracle programs, targeted ones."""
@@ -429,6 +441,8 @@ def generate_suite(
         keep(program_vector(seed, index))
     for index in range(oracle):
         keep(oracle_vector(seed, index))
+    for index in range(ops):
+        keep(program_vector(seed, index, settle=False))
     for rule in coverage.missing_rules():
         for attempt in range(TARGETED_TRIES):
             vector = program_vector(seed, generated + attempt, favour=rule)

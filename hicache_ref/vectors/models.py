@@ -31,11 +31,13 @@ RefusalReason = Literal[
     "undrained_ack",  # reserve: the node still has an undrained write ack
     "refused",  # a refusal the harness's accounting does not explain further
 ]
-Schedule = Literal["any", "sim"]
+Schedule = Literal["any", "sim", "ops"]
 """``any``: every completion-observing step happens after the streams it reads were
 synchronized, so the vector replays on any device; ``sim``: some step relies on work not
 having run yet (nothing runs until the replayer runs it), which only a simulated device
-guarantees."""
+guarantees; ``ops``: some step reads completion after a partial ``advance``, so its answer
+holds for the reference's own device ops only (a regression vector for the reference and its
+mutants; every other implementation skips it)."""
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

@@ -59,6 +59,7 @@ class Recorder:
         title: str,
         kind: str,
         implementation: ImplementationBase | None = None,
+        settle: bool = True,
     ) -> None:
         self.config = config
         self.vector_id, self.title, self.kind = vector_id, title, kind
@@ -70,6 +71,7 @@ class Recorder:
         self.requires: set[str] = set()
         self.story_ids: set[str] = set()
         self.schedule: Schedule = "any"
+        self.settle = settle  # False: keep the reference's own schedule (``ops`` vectors)
 
     # -- steps --------------------------------------------------------------------------------
     def prepared(self, rule: str, args: dict[str, StepArg] | None = None) -> Step:
@@ -81,13 +83,19 @@ class Recorder:
 
     def offer(self, step: Step, *, inv: str | None = None, note: str = "") -> bool:
         """Apply ``step`` if it is enabled and determinate; False (nothing recorded) if not."""
-        for stream in self.tracker.unsettled_streams(step):
-            self._apply(Step(rule="synchronize", args={"stream": stream}), note="settle")
-        if not self.tracker.in_flight_determinate(step):
-            return False
         if self.session.why_disabled(step) is not None:
             return False
-        if self.tracker.relies_on_in_flight(step):
+        if not self.settle:
+            if self.tracker.unsettled_streams(step) or not self.tracker.in_flight_determinate(step):
+                self.schedule = "ops"
+        else:
+            for stream in self.tracker.unsettled_streams(step):
+                self._apply(Step(rule="synchronize", args={"stream": stream}), note="settle")
+            if not self.tracker.in_flight_determinate(step):
+                return False
+        if self.session.why_disabled(step) is not None:
+            return False
+        if self.tracker.relies_on_in_flight(step) and self.schedule == "any":
             self.schedule = "sim"
         self.requires |= self._needed_capabilities(step)
         self._apply(step, inv=inv, note=note)

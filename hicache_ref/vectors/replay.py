@@ -19,6 +19,7 @@ from typing import Any
 
 from hicache_ref.harness.adapters.base import unsupported_reasons
 from hicache_ref.harness.adapters.contract import ImplementationBase
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.lockstep import attach_lockstep
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step
@@ -113,6 +114,12 @@ class SuiteReport:
         }
 
 
+def issues_reference_ops(implementation: ImplementationBase) -> bool:
+    """Whether the implementation is the reference's controller (or a mutant of it), whose
+    device ops an ``ops`` vector's completion expectations pin."""
+    return isinstance(implementation, ReferenceImplementation)
+
+
 def _config_for(vector: Vector, device: str) -> Any:
     return vector.config if device == "sim" else gpu_config(vector.config)
 
@@ -124,8 +131,10 @@ def skip_reason(vector: Vector, implementation: ImplementationBase, device: str)
     missing += sorted(set(vector.requires) - capabilities)
     if missing:
         return f"needs {', '.join(sorted(set(missing)))}"
-    if device != "sim" and vector.schedule == "sim":
-        return "relies on copies not having run (schedule sim): a simulated device only"
+    if device != "sim" and vector.schedule != "any":
+        return f"schedule {vector.schedule}: completion is controlled on a simulated device only"
+    if vector.schedule == "ops" and not issues_reference_ops(implementation):
+        return "schedule ops: pins the reference's own device ops (its regression vectors)"
     config = _config_for(vector, device)
     refined = implementation.refine_config(config)
     if refined != config:

@@ -30,6 +30,7 @@ class Story:
     inv: str
     config: HarnessConfig
     scene: Callable[[Recorder], None]
+    settle: bool = True  # False: an ``ops`` scene (the reference's own schedule)
 
 
 STORIES: list[Story] = []
@@ -418,6 +419,30 @@ def _cp_pending(r: Recorder) -> None:
 
 def record_story(s: Story) -> Recorder:
     """The story's scene, recorded on the reference (``Recorder.vector`` seals it)."""
-    recorder = Recorder(s.config, vector_id=s.id, title=s.title, kind="story")
+    recorder = Recorder(s.config, vector_id=s.id, title=s.title, kind="story", settle=s.settle)
     s.scene(recorder)
     return recorder
+
+
+# -- regression scenes of the reference's own schedule (``ops``) --------------------------------
+def _load_ack_scene(r: Recorder) -> None:
+    h = node_of(r, 4)
+    offload(r, h)
+    r.apply("load", {"node": h})
+    r.apply("start_loading")
+    r.apply("synchronize", {"stream": "forward"}, note="the forward's queued work runs")
+    for _ in range(64):  # bounded: a load of a few layers is a few dozen ops
+        if not r.session.world.ranks[0].controller.ack_load_queue:
+            return
+        r.apply("advance", {"stream": "load", "n": 1}, note="one more op of the load")
+        r.apply("drain_load", inv="INV-04", note="the ack drains only once every layer landed")
+    raise AssertionError(f"{r.vector_id}: the load never drained")
+
+
+def _ops_story(vector_id: str, title: str, **config: object) -> None:
+    world = HarnessConfig.model_validate({**BASE.model_dump(), **config})
+    STORIES.append(Story(vector_id, title, "INV-04", world, _load_ack_scene, settle=False))
+
+
+_ops_story("story-ops-load-ack-after-last-layer", "the load ack of three layers, op by op", layer_num=3)
+_ops_story("story-ops-load-ack-after-draft-tail", "a load ack with a draft tail, op by op", layer_num=1, draft_layer_num=2)
