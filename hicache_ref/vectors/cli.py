@@ -99,6 +99,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         check_output_file("--json", args.json)
     if args.sglang_src:
         use_sglang_src(args.sglang_src)
+    implementation = checked_implementation(args.impl)  # a contract break: exit 2, first
     _, vectors = read_suite(Path(args.suite) if args.suite else shipped_suite_path())
     if args.only:
         known = {v.id for v in vectors}
@@ -106,7 +107,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if unknown:
             raise HiCacheInputError(f"--only: no vector {unknown[0]!r} in the suite")
         vectors = [v for v in vectors if v.id in set(args.only)]
-    implementation = checked_implementation(args.impl)
 
     def show(result: Any) -> None:
         if not args.quiet or result.status == "fail":

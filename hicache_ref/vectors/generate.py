@@ -89,6 +89,8 @@ def sample_strategy(strategy: st.SearchStrategy[Any], rng: random.Random, where:
         return rng.random() < 0.5
     if kind == "SampledFromStrategy":
         return rng.choice(list(inner.elements))
+    if kind == "JustStrategy":
+        return inner.value
     if kind == "ListStrategy":
         size = rng.randint(int(inner.min_size), int(inner.max_size or inner.min_size + 3))
         return [sample_strategy(inner.element_strategy, rng, where) for _ in range(size)]

@@ -1,0 +1,60 @@
+"""Generation: the shipped suite is what its seed regenerates, covers every rule and every
+reachable invariant id, and has a story for each id."""
+
+from __future__ import annotations
+
+from hicache_ref.harness.rules import RULES
+from hicache_ref.vectors.coverage_ids import INVARIANT_IDS
+import pytest
+
+from hicache_ref.vectors.generate import (
+    Coverage,
+    UnsampledStrategy,
+    generate_suite,
+    sample_strategy,
+)
+from hicache_ref.vectors.stories import STORIES
+from hicache_ref.vectors.suite import read_suite, shipped_suite_path
+
+
+def test_regenerating_the_shipped_suite_from_its_seed_gives_the_same_digest() -> None:
+    # if this fails after a change to the harness or the reference, regenerate the suite:
+    #   hicache-fuzz vectors generate --out hicache_ref/vectors/suites
+    header, vectors = read_suite(shipped_suite_path())
+    again = generate_suite(header.seed)
+    assert [v.id for v in again.vectors] == [v.id for v in vectors]
+    assert again.header.digest == header.digest
+    coverage = again.coverage
+    assert coverage.missing_rules() == []
+    assert coverage.missing_ids(list(INVARIANT_IDS)) == []
+
+
+def test_every_rule_and_reachable_id_is_in_some_shipped_vector() -> None:
+    _, vectors = read_suite(shipped_suite_path())
+    coverage = Coverage()
+    for vector in vectors:
+        coverage.add(vector)
+    assert [rule for rule in RULES if not coverage.by_rule[rule]] == []
+    uncovered = [i for i in INVARIANT_IDS if not coverage.by_id[i]]
+    assert all(Coverage.exempt(i) for i in uncovered), uncovered
+    table = coverage.render(list(INVARIANT_IDS))
+    assert table.splitlines()[-1] == "coverage: every rule and every reachable invariant id"
+
+
+def test_a_story_guards_every_reachable_invariant_id() -> None:
+    guarded = {s.inv for s in STORIES}
+    assert [i for i in INVARIANT_IDS if i not in guarded and not Coverage.exempt(i)] == []
+
+
+def test_strategies_of_the_rule_records_are_sampled_within_their_bounds() -> None:
+    import random
+
+    from hypothesis import strategies as st
+
+    rng = random.Random(0)
+    assert all(0 <= sample_strategy(st.integers(0, 3), rng, "t") <= 3 for _ in range(50))
+    assert sample_strategy(st.sampled_from(("a",)), rng, "t") == "a"
+    picks = sample_strategy(st.lists(st.integers(0, 9), min_size=2, max_size=3), rng, "t")
+    assert 2 <= len(picks) <= 3
+    with pytest.raises(UnsampledStrategy, match="rule 'x' argument 'y' draws with"):
+        sample_strategy(st.text(), rng, "rule 'x' argument 'y'")
