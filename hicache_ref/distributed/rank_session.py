@@ -33,7 +33,6 @@ from hicache_ref.harness.adapters.base import (
     ControllerLike,
     Implementation,
     RankLike,
-    snapshot_rank,
 )
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.session import Session

@@ -163,7 +163,11 @@ def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
         cp = rng.choice([1, 2, 2, 3, 4])
     elif flavor == "any" and layout not in MHA_ONLY_LAYOUTS:
         cp = rng.choice([0, 0, 1, 2])
-    pool = "mha" if layout in MHA_ONLY_LAYOUTS else ("nsa" if cp else rng.choice(["mha", "mla", "nsa"]))
+    pool = (
+        "mha"
+        if layout in MHA_ONLY_LAYOUTS
+        else ("nsa" if cp else rng.choice(["mha", "mla", "nsa"]))
+    )
     layers = rng.randint(1, 3)
     draft = 0
     if flavor in ("draft", "cp", "any") and rng.random() < (0.8 if flavor == "draft" else 0.4):
@@ -213,7 +217,11 @@ def _reload(recorder: Recorder, rng: random.Random) -> None:
     forward read of the loading node, then maybe the load stream runs dry and drains."""
     handles = list(recorder.session.candidates("load"))
     rng.shuffle(handles)
-    loaded = [h for h in handles[: rng.randint(1, 2)] if recorder.offer(recorder.prepared("load", {"node": h}))]
+    loaded = [
+        h
+        for h in handles[: rng.randint(1, 2)]
+        if recorder.offer(recorder.prepared("load", {"node": h}))
+    ]
     if not loaded or not recorder.offer(recorder.prepared("start_loading")):
         return
     config = recorder.session.config

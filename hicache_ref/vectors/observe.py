@@ -89,7 +89,9 @@ RowsOf = Callable[[int, bool, int, int], tuple[torch.Tensor, torch.Tensor]]
 """(rank, draft, layer, component) -> (positions, rows at those positions)."""
 
 
-def _page_digests(session: Session, node: Node, layers: dict[bool, int], rows_of: RowsOf) -> list[str]:
+def _page_digests(
+    session: Session, node: Node, layers: dict[bool, int], rows_of: RowsOf
+) -> list[str]:
     page = session.config.page_size
     pages = -(-node.logical_len // page)
     hashes = [hashlib.sha256() for _ in range(pages)]
@@ -113,7 +115,11 @@ def _page_digests(session: Session, node: Node, layers: dict[bool, int], rows_of
 
 def _layer_counts(session: Session, node: Node, copy_kind: str) -> dict[bool, int]:
     config = session.config
-    stored = node.layers_stored if copy_kind == "device" else max(config.layer_num, config.draft_layer_num)
+    stored = (
+        node.layers_stored
+        if copy_kind == "device"
+        else max(config.layer_num, config.draft_layer_num)
+    )
     counts = {False: min(config.layer_num, stored)}
     if config.has_draft:
         counts[True] = min(config.draft_layer_num, stored)
@@ -124,7 +130,9 @@ def actual_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
     """The digests of a node's device or host copy as the harness's pools hold it."""
     g = session.tree.geometry
 
-    def device_rows(rank: int, draft: bool, layer: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def device_rows(
+        rank: int, draft: bool, layer: int, c: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         positions, locs = g.placement(rank, node)
         pool, _ = g.pools(rank, draft)
         return positions, pool.layer_buffers(layer)[c][locs]
@@ -138,7 +146,9 @@ def actual_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
     rows_of = device_rows if copy_kind == "device" else host_rows
     layers = _layer_counts(session, node, copy_kind)
     return CopyBytes(
-        node=node.handle, copy_kind=copy_kind, pages=_page_digests(session, node, layers, rows_of)  # type: ignore[arg-type]
+        node=node.handle,
+        copy_kind=copy_kind,
+        pages=_page_digests(session, node, layers, rows_of),  # type: ignore[arg-type]
     )
 
 
@@ -147,13 +157,19 @@ def expected_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
     world = session.world
     shapes = [tuple(s) for s in world.ranks[0].device_pool.component_row_shapes().values()]
 
-    def oracle_rows(rank: int, draft: bool, layer: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(node.logical_len) if rank == 0 else torch.empty(0, dtype=torch.int64)
+    def oracle_rows(
+        rank: int, draft: bool, layer: int, c: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = (
+            torch.arange(node.logical_len) if rank == 0 else torch.empty(0, dtype=torch.int64)
+        )
         return positions, expected_rows(node.handle, draft, layer, c, positions, shapes[c])
 
     layers = _layer_counts(session, node, copy_kind)
     return CopyBytes(
-        node=node.handle, copy_kind=copy_kind, pages=_page_digests(session, node, layers, oracle_rows)  # type: ignore[arg-type]
+        node=node.handle,
+        copy_kind=copy_kind,
+        pages=_page_digests(session, node, layers, oracle_rows),  # type: ignore[arg-type]
     )
 
 
@@ -235,7 +251,11 @@ def observe(session: Session, before: Before, step: Step) -> Expect:
             reason = "forward_batch_midway" if tree.batch_layer > 0 else "device_capacity"
         else:
             owners = _owners(session, node)
-            if bool(step.args.get("early_reserve")) and session.world.per_layer_write and session.config.uses_cp:
+            if (
+                bool(step.args.get("early_reserve"))
+                and session.world.per_layer_write
+                and session.config.uses_cp
+            ):
                 if node.backup == "none":
                     reason = _reason_for_backup(session, node)
                 else:
@@ -300,8 +320,14 @@ def observe_final(session: Session, before: Before) -> Final:
     """After ``session.finish()``: what the drains completed, what is held, every resident
     copy's bytes."""
     nodes = session.tree.nodes
-    written = [n.node_id for h, n in nodes.items() if before.nodes.get(h, (0, "", 0))[1] == "in_flight" and n.backup == "done"]
-    loaded = [n.node_id for h, n in nodes.items() if before.nodes.get(h, (0, "", 0))[2] and not n.loading]
+    written = [
+        n.node_id
+        for h, n in nodes.items()
+        if before.nodes.get(h, (0, "", 0))[1] == "in_flight" and n.backup == "done"
+    ]
+    loaded = [
+        n.node_id for h, n in nodes.items() if before.nodes.get(h, (0, "", 0))[2] and not n.loading
+    ]
     return Final(
         acked=Acked(write=sorted(written), load=sorted(loaded)),
         held=holdings(session),

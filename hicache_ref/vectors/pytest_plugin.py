@@ -117,21 +117,34 @@ def pytest_collection_modifyitems(
     for vector in vectors:
         items.append(
             VectorItem.from_parent(
-                session, name=f"hicache-vectors::{vector.id}", vector=vector, spec=spec,
-                implementation=implementation, suite=path,
+                session,
+                name=f"hicache-vectors::{vector.id}",
+                vector=vector,
+                spec=spec,
+                implementation=implementation,
+                suite=path,
             )
         )
     seconds = float(config.getoption("--hicache-gate-seconds"))
     if seconds > 0:
-        items.append(GateItem.from_parent(session, name=f"hicache-gate::{spec}", spec=spec, seconds=seconds))
+        items.append(
+            GateItem.from_parent(session, name=f"hicache-gate::{spec}", spec=spec, seconds=seconds)
+        )
 
 
 class VectorItem(pytest.Item):
     """One vector replayed on the implementation under test."""
 
-    def __init__(self, *, vector: Any, spec: str, implementation: Any, suite: Path, **kw: Any) -> None:
+    def __init__(
+        self, *, vector: Any, spec: str, implementation: Any, suite: Path, **kw: Any
+    ) -> None:
         super().__init__(**kw)
-        self.vector, self.spec, self.implementation, self.suite = vector, spec, implementation, suite
+        self.vector, self.spec, self.implementation, self.suite = (
+            vector,
+            spec,
+            implementation,
+            suite,
+        )
 
     def runtest(self) -> None:
         from hicache_ref.vectors.replay import replay_vector
@@ -169,8 +182,13 @@ class GateItem(pytest.Item):
         given = self.config.getoption("--hicache-out")
         out = Path(given) if given else Path(tempfile.mkdtemp(prefix="hicache-gate-"))
         report = run_campaign(
-            self.spec, seconds=self.seconds, profile="ci", seed=0, out_dir=out,
-            progress=False, known=known,
+            self.spec,
+            seconds=self.seconds,
+            profile="ci",
+            seed=0,
+            out_dir=out,
+            progress=False,
+            known=known,
         )
         if report.failures:
             raise HiCacheFailure("\n".join(self._lines(report.failures)))

@@ -130,11 +130,7 @@ class Recorder:
         """Capabilities whose absence would disable ``step`` now (probed on the session)."""
         session, world = self.session, self.session.world
         needed = set()
-        if (
-            step.rule == "prefill"
-            and bool(step.args.get("early_reserve"))
-            and self.config.uses_cp
-        ):
+        if step.rule == "prefill" and bool(step.args.get("early_reserve")) and self.config.uses_cp:
             needed.add("per_layer_write")  # without it the tree reserves nothing early
         held_session, held_world = session.capabilities, world.capabilities
         try:

@@ -196,8 +196,14 @@ def replay_vector(
                 return _check_failure(vector.id, index, step.render(), exc)
             if index in session.skip_reasons:
                 return VectorResult(
-                    vector.id, "fail", vstep.inv, index, step.render(), "status",
-                    "applied", f"not enabled ({session.skip_reasons[index]})",
+                    vector.id,
+                    "fail",
+                    vstep.inv,
+                    index,
+                    step.render(),
+                    "status",
+                    "applied",
+                    f"not enabled ({session.skip_reasons[index]})",
                 )
             got = observe(session, before, step)
             diff = _first_difference(vstep.expect, got)
@@ -215,8 +221,14 @@ def replay_vector(
         if diff is not None:
             path, want, have = diff
             return VectorResult(
-                vector.id, "fail", _field_invariant(path, final=True), None, "finish",
-                f"final.{path}", want, have,
+                vector.id,
+                "fail",
+                _field_invariant(path, final=True),
+                None,
+                "finish",
+                f"final.{path}",
+                want,
+                have,
             )
     return VectorResult(vector.id, "pass")
 

@@ -170,9 +170,7 @@ class CompletionTracker:
         for position in range(depth):
             if all(self._surely_finished(q[position], queue) for q in per_rank):
                 continue
-            if any(
-                self._surely_in_flight(per_rank[r][position], r, queue) for r in ranks
-            ):
+            if any(self._surely_in_flight(per_rank[r][position], r, queue) for r in ranks):
                 return "in_flight"
             return "unsettled"
         return "settled"

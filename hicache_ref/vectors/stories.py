@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.vectors.record import Recorder
 
-BASE = HarnessConfig(page_size=2, layer_num=2, device_pages=10, host_pages=10, num_counters=3, seed=7)
+BASE = HarnessConfig(
+    page_size=2, layer_num=2, device_pages=10, host_pages=10, num_counters=3, seed=7
+)
 CP2 = BASE.model_copy(update={"pool_kind": "nsa", "cp_size": 2, "device_pages": 12})
 
 
@@ -36,7 +38,9 @@ class Story:
 STORIES: list[Story] = []
 
 
-def story(vector_id: str, inv: str, title: str, **config: object) -> Callable[[Callable[[Recorder], None]], Callable[[Recorder], None]]:
+def story(
+    vector_id: str, inv: str, title: str, **config: object
+) -> Callable[[Callable[[Recorder], None]], Callable[[Recorder], None]]:
     base = CP2 if config.pop("cp", False) else BASE
     world = HarnessConfig.model_validate({**base.model_dump(), **config})
 
@@ -106,7 +110,11 @@ def _inv02(r: Recorder) -> None:
     r.apply("drain_acks", inv="INV-02", note="both drain, once each")
 
 
-@story("story-inv02-second-backup-refused", "INV-02", "a second backup while the first is in flight: refused")
+@story(
+    "story-inv02-second-backup-refused",
+    "INV-02",
+    "a second backup while the first is in flight: refused",
+)
 def _inv02_probe(r: Recorder) -> None:
     h = node_of(r, 4)
     r.apply("write", {"node": h})
@@ -115,7 +123,12 @@ def _inv02_probe(r: Recorder) -> None:
     r.apply("drain_write")
 
 
-@story("story-inv03-owners-replayed", "INV-03", "a CP load replays the owners recorded at write time", cp=True)
+@story(
+    "story-inv03-owners-replayed",
+    "INV-03",
+    "a CP load replays the owners recorded at write time",
+    cp=True,
+)
 def _inv03(r: Recorder) -> None:
     h = node_of(r, 7)
     offload(r, h)
@@ -125,7 +138,14 @@ def _inv03(r: Recorder) -> None:
     r.apply("drain_load", inv="INV-03", note="each rank's bytes on pages it owns")
 
 
-@story("story-inv04-per-layer-ack-after-last-layer", "INV-04", "an early CP reservation acks only after its last layer", cp=True, draft_layer_num=2, draft_host_pages=10)
+@story(
+    "story-inv04-per-layer-ack-after-last-layer",
+    "INV-04",
+    "an early CP reservation acks only after its last layer",
+    cp=True,
+    draft_layer_num=2,
+    draft_host_pages=10,
+)
 def _inv04(r: Recorder) -> None:
     prefill(r, 5, early_reserve=True)
     r.apply("forward_layer", inv="INV-04", note="layer 0 stored and submitted: no ack yet")
@@ -134,7 +154,13 @@ def _inv04(r: Recorder) -> None:
     r.apply("drain_write")
 
 
-@story("story-inv04-load-ack-after-draft-tail", "INV-04", "a load ack waits for the draft layers past the target's", layer_num=1, draft_layer_num=2)
+@story(
+    "story-inv04-load-ack-after-draft-tail",
+    "INV-04",
+    "a load ack waits for the draft layers past the target's",
+    layer_num=1,
+    draft_layer_num=2,
+)
 def _inv04_load(r: Recorder) -> None:
     h = node_of(r, 4)
     offload(r, h)
@@ -147,7 +173,12 @@ def _inv04_load(r: Recorder) -> None:
     r.apply("drain_load", inv="INV-04", note="every layer landed: the ack drains")
 
 
-@story("story-inv05-host-full-then-freed", "INV-05", "fill the host, free a copy, fill it again", host_pages=3)
+@story(
+    "story-inv05-host-full-then-freed",
+    "INV-05",
+    "fill the host, free a copy, fill it again",
+    host_pages=3,
+)
 def _inv05(r: Recorder) -> None:
     a, b = node_of(r, 4), node_of(r, 4)
     backup(r, a)
@@ -157,21 +188,39 @@ def _inv05(r: Recorder) -> None:
     backup(r, b, inv="INV-05")
 
 
-@story("story-inv06-round-trip-mla", "INV-06", "an MLA round trip returns every byte", pool_kind="mla", layer_num=3)
+@story(
+    "story-inv06-round-trip-mla",
+    "INV-06",
+    "an MLA round trip returns every byte",
+    pool_kind="mla",
+    layer_num=3,
+)
 def _inv06(r: Recorder) -> None:
     h = node_of(r, 5)
     offload(r, h)
     reload(r, h, inv="INV-06")
 
 
-@story("story-inv06-round-trip-nsa-draft", "INV-06", "an NSA round trip with a draft pool returns every byte", pool_kind="nsa", draft_layer_num=1, layout="page_first", io_backend="kernel")
+@story(
+    "story-inv06-round-trip-nsa-draft",
+    "INV-06",
+    "an NSA round trip with a draft pool returns every byte",
+    pool_kind="nsa",
+    draft_layer_num=1,
+    layout="page_first",
+    io_backend="kernel",
+)
 def _inv06_draft(r: Recorder) -> None:
     h = node_of(r, 6)
     offload(r, h)
     reload(r, h, inv="INV-06")
 
 
-@story("story-inv07-evict-host-before-ack", "INV-07", "write, evict the host copy before the ack: refused")
+@story(
+    "story-inv07-evict-host-before-ack",
+    "INV-07",
+    "write, evict the host copy before the ack: refused",
+)
 def _inv07(r: Recorder) -> None:
     h = node_of(r, 4)
     r.apply("write", {"node": h})
@@ -180,7 +229,11 @@ def _inv07(r: Recorder) -> None:
     r.apply("drain_write")
 
 
-@story("story-inv07-scribble-while-writing", "INV-07", "the CPU writes free host slots while a D2H runs")
+@story(
+    "story-inv07-scribble-while-writing",
+    "INV-07",
+    "the CPU writes free host slots while a D2H runs",
+)
 def _inv07_scribble(r: Recorder) -> None:
     h = node_of(r, 4)
     r.apply("write", {"node": h})
@@ -189,7 +242,11 @@ def _inv07_scribble(r: Recorder) -> None:
     r.apply("drain_write", inv="INV-07", note="the copy landed in its own slots only")
 
 
-@story("story-inv08-evict-device-while-loading", "INV-08", "evict a node's device pages while its load runs: refused")
+@story(
+    "story-inv08-evict-device-while-loading",
+    "INV-08",
+    "evict a node's device pages while its load runs: refused",
+)
 def _inv08(r: Recorder) -> None:
     h = node_of(r, 4)
     offload(r, h)
@@ -200,7 +257,11 @@ def _inv08(r: Recorder) -> None:
     r.apply("drain_load")
 
 
-@story("story-inv08-evict-device-while-writing", "INV-08", "evict a node's device pages while its D2H reads them: refused")
+@story(
+    "story-inv08-evict-device-while-writing",
+    "INV-08",
+    "evict a node's device pages while its D2H reads them: refused",
+)
 def _inv08_write(r: Recorder) -> None:
     h = node_of(r, 4)
     r.apply("write", {"node": h})
@@ -209,7 +270,9 @@ def _inv08_write(r: Recorder) -> None:
     r.apply("drain_write")
 
 
-@story("story-inv09-drain-only-finished", "INV-09", "acks drain only once their copies ran, in order")
+@story(
+    "story-inv09-drain-only-finished", "INV-09", "acks drain only once their copies ran, in order"
+)
 def _inv09(r: Recorder) -> None:
     a, b = node_of(r, 2), node_of(r, 2)
     r.apply("write", {"node": a})
@@ -230,7 +293,14 @@ def _inv09_load(r: Recorder) -> None:
     r.apply("drain_load", inv="INV-09", note="the bytes landed: it drains")
 
 
-@story("story-inv10-producer-slots", "INV-10", "loads fill the producer slots, drain, then reuse them", num_counters=2, host_pages=12, device_pages=12)
+@story(
+    "story-inv10-producer-slots",
+    "INV-10",
+    "loads fill the producer slots, drain, then reuse them",
+    num_counters=2,
+    host_pages=12,
+    device_pages=12,
+)
 def _inv10(r: Recorder) -> None:
     nodes = [node_of(r, 2) for _ in range(3)]
     for h in nodes:
@@ -246,19 +316,34 @@ def _inv10(r: Recorder) -> None:
     r.apply("drain_load")
 
 
-@story("story-inv11-read-waits-for-its-layer", "INV-11", "a forward read of a loading node waits for its layer")
+@story(
+    "story-inv11-read-waits-for-its-layer",
+    "INV-11",
+    "a forward read of a loading node waits for its layer",
+)
 def _inv11(r: Recorder) -> None:
     h = node_of(r, 4)
     offload(r, h)
     r.apply("load", {"node": h})
     r.apply("start_loading")
-    r.apply("forward_read", {"node": h, "layer": 1, "draft": False}, inv="INV-11", note="queued behind layer 1's event")
-    r.apply("synchronize", {"stream": "forward"}, inv="INV-11", note="the read ran after layer 1 landed")
+    r.apply(
+        "forward_read",
+        {"node": h, "layer": 1, "draft": False},
+        inv="INV-11",
+        note="queued behind layer 1's event",
+    )
+    r.apply(
+        "synchronize", {"stream": "forward"}, inv="INV-11", note="the read ran after layer 1 landed"
+    )
     r.apply("synchronize", {"stream": "load"})
     r.apply("drain_load")
 
 
-@story("story-inv11-batch-of-two-slots", "INV-11", "one forward batch reads nodes of two producer slots")
+@story(
+    "story-inv11-batch-of-two-slots",
+    "INV-11",
+    "one forward batch reads nodes of two producer slots",
+)
 def _inv11_batch(r: Recorder) -> None:
     a, b = node_of(r, 2), node_of(r, 2)
     offload(r, a)
@@ -266,13 +351,22 @@ def _inv11_batch(r: Recorder) -> None:
     for h in (a, b):
         r.apply("load", {"node": h})
         r.apply("start_loading")
-    r.apply("forward_read_batch", {"nodes": f"{a},{b}", "layer": 1, "draft": False}, inv="INV-11", note="waits on both slots")
+    r.apply(
+        "forward_read_batch",
+        {"nodes": f"{a},{b}", "layer": 1, "draft": False},
+        inv="INV-11",
+        note="waits on both slots",
+    )
     r.apply("synchronize", {"stream": "forward"})
     r.apply("synchronize", {"stream": "load"})
     r.apply("drain_load")
 
 
-@story("story-inv12-backup-after-store", "INV-12", "a write issued right after the forward waits for the stores")
+@story(
+    "story-inv12-backup-after-store",
+    "INV-12",
+    "a write issued right after the forward waits for the stores",
+)
 def _inv12(r: Recorder) -> None:
     h = prefill(r, 4)
     compute(r)
@@ -281,7 +375,14 @@ def _inv12(r: Recorder) -> None:
     r.apply("drain_write", inv="INV-12", note="the host holds the stored bytes")
 
 
-@story("story-inv13-zero-owned-rank", "INV-13", "a node smaller than the CP group: one rank owns none of it", cp=True, cp_size=3, device_pages=12)
+@story(
+    "story-inv13-zero-owned-rank",
+    "INV-13",
+    "a node smaller than the CP group: one rank owns none of it",
+    cp=True,
+    cp_size=3,
+    device_pages=12,
+)
 def _inv13(r: Recorder) -> None:
     h = node_of(r, 3)
     r.apply("write", {"node": h}, inv="INV-13", note="one host slot per owned position")
@@ -289,7 +390,12 @@ def _inv13(r: Recorder) -> None:
     r.apply("drain_write")
 
 
-@story("story-inv14-ranks-ack-alike", "INV-14", "two nodes owned by different ranks ack alike everywhere", cp=True)
+@story(
+    "story-inv14-ranks-ack-alike",
+    "INV-14",
+    "two nodes owned by different ranks ack alike everywhere",
+    cp=True,
+)
 def _inv14(r: Recorder) -> None:
     a, b = node_of(r, 2), node_of(r, 2)
     r.apply("write", {"node": a})
@@ -301,7 +407,12 @@ def _inv14(r: Recorder) -> None:
     reload(r, a, inv="INV-14")
 
 
-@story("story-inv15-cancel-then-no-copy", "INV-15", "cancel a half-done per-layer backup: no later hook copies", cp=True)
+@story(
+    "story-inv15-cancel-then-no-copy",
+    "INV-15",
+    "cancel a half-done per-layer backup: no later hook copies",
+    cp=True,
+)
 def _inv15(r: Recorder) -> None:
     h = prefill(r, 4, early_reserve=True)
     r.apply("forward_layer", note="layer 0 stored and submitted")
@@ -322,7 +433,12 @@ def _inv16(r: Recorder) -> None:
     r.apply("drain_acks", inv="INV-16", note="one write ack and one load ack")
 
 
-@story("story-inv17-host-full-refused-clean", "INV-17", "a write refused for host capacity leaves nothing behind", host_pages=3)
+@story(
+    "story-inv17-host-full-refused-clean",
+    "INV-17",
+    "a write refused for host capacity leaves nothing behind",
+    host_pages=3,
+)
 def _inv17(r: Recorder) -> None:
     a, b = node_of(r, 4), node_of(r, 4)
     r.apply("write", {"node": a})
@@ -331,13 +447,25 @@ def _inv17(r: Recorder) -> None:
     r.apply("drain_write")
 
 
-@story("story-inv17-draft-host-short", "INV-17", "a CP reservation refused because only the draft host pool is short", cp=True, draft_layer_num=1, draft_host_pages=1)
+@story(
+    "story-inv17-draft-host-short",
+    "INV-17",
+    "a CP reservation refused because only the draft host pool is short",
+    cp=True,
+    draft_layer_num=1,
+    draft_host_pages=1,
+)
 def _inv17_draft(r: Recorder) -> None:
     h = node_of(r, 8)
     r.apply("write", {"node": h}, inv="INV-17", note="draft_host_capacity: refused, nothing held")
 
 
-@story("story-inv17-device-full", "INV-17", "a prefill and a load refused for device capacity", device_pages=4)
+@story(
+    "story-inv17-device-full",
+    "INV-17",
+    "a prefill and a load refused for device capacity",
+    device_pages=4,
+)
 def _inv17_device(r: Recorder) -> None:
     a = node_of(r, 4)
     offload(r, a)
@@ -348,7 +476,11 @@ def _inv17_device(r: Recorder) -> None:
     reload(r, a)
 
 
-@story("story-inv18-reset-after-load", "INV-18", "reset after a load leaves no slot, ack or producer claimed")
+@story(
+    "story-inv18-reset-after-load",
+    "INV-18",
+    "reset after a load leaves no slot, ack or producer claimed",
+)
 def _inv18(r: Recorder) -> None:
     h = node_of(r, 4)
     offload(r, h)
@@ -357,7 +489,9 @@ def _inv18(r: Recorder) -> None:
     node_of(r, 2)
 
 
-@story("story-inv18-reset-with-copies-queued", "INV-18", "reset with copies queued drains them first")
+@story(
+    "story-inv18-reset-with-copies-queued", "INV-18", "reset with copies queued drains them first"
+)
 def _inv18_in_flight(r: Recorder) -> None:
     a, b = node_of(r, 4), node_of(r, 2)
     r.apply("write", {"node": a})
@@ -368,19 +502,37 @@ def _inv18_in_flight(r: Recorder) -> None:
 
 
 # -- scenes aimed at bug classes the campaigns found -------------------------------------------
-@story("story-draft-tail-read-waits", "INV-11", "a read of a draft layer past the target's waits for it", layer_num=1, draft_layer_num=2)
+@story(
+    "story-draft-tail-read-waits",
+    "INV-11",
+    "a read of a draft layer past the target's waits for it",
+    layer_num=1,
+    draft_layer_num=2,
+)
 def _draft_tail(r: Recorder) -> None:
     h = node_of(r, 4)
     offload(r, h)
     r.apply("load", {"node": h})
     r.apply("start_loading")
-    r.apply("forward_read", {"node": h, "layer": 1, "draft": True}, inv="INV-11", note="the tail has its own event")
+    r.apply(
+        "forward_read",
+        {"node": h, "layer": 1, "draft": True},
+        inv="INV-11",
+        note="the tail has its own event",
+    )
     r.apply("synchronize", {"stream": "forward"}, inv="INV-11")
     r.apply("synchronize", {"stream": "load"})
     r.apply("drain_load")
 
 
-@story("story-two-loads-one-slot", "INV-16", "two nodes loaded in one start_loading: one ack names both", host_pages=24, device_pages=40, num_counters=16)
+@story(
+    "story-two-loads-one-slot",
+    "INV-16",
+    "two nodes loaded in one start_loading: one ack names both",
+    host_pages=24,
+    device_pages=40,
+    num_counters=16,
+)
 def _two_loads(r: Recorder) -> None:
     a, b = node_of(r, 2), node_of(r, 4)
     offload(r, a)
@@ -392,7 +544,13 @@ def _two_loads(r: Recorder) -> None:
     r.apply("drain_load", inv="INV-16", note="both unpinned")
 
 
-@story("story-reuse-freed-pages-lifo", "INV-11", "a load reuses pages whose stores are still queued", alloc_policy="lifo", settle_records=True)
+@story(
+    "story-reuse-freed-pages-lifo",
+    "INV-11",
+    "a load reuses pages whose stores are still queued",
+    alloc_policy="lifo",
+    settle_records=True,
+)
 def _reuse(r: Recorder) -> None:
     a = node_of(r, 4)
     offload(r, a)
@@ -407,7 +565,12 @@ def _reuse(r: Recorder) -> None:
     r.apply("drain_load", inv="INV-09")
 
 
-@story("story-cp-pending-write-not-reserved-twice", "INV-02", "a node with a pending per-layer write is not reserved again", cp=True)
+@story(
+    "story-cp-pending-write-not-reserved-twice",
+    "INV-02",
+    "a node with a pending per-layer write is not reserved again",
+    cp=True,
+)
 def _cp_pending(r: Recorder) -> None:
     h = prefill(r, 4, early_reserve=True)
     r.apply("forward_layer")
@@ -444,5 +607,12 @@ def _ops_story(vector_id: str, title: str, **config: object) -> None:
     STORIES.append(Story(vector_id, title, "INV-04", world, _load_ack_scene, settle=False))
 
 
-_ops_story("story-ops-load-ack-after-last-layer", "the load ack of three layers, op by op", layer_num=3)
-_ops_story("story-ops-load-ack-after-draft-tail", "a load ack with a draft tail, op by op", layer_num=1, draft_layer_num=2)
+_ops_story(
+    "story-ops-load-ack-after-last-layer", "the load ack of three layers, op by op", layer_num=3
+)
+_ops_story(
+    "story-ops-load-ack-after-draft-tail",
+    "a load ack with a draft tail, op by op",
+    layer_num=1,
+    draft_layer_num=2,
+)

@@ -54,7 +54,9 @@ def test_every_rule_is_classified_for_what_it_reads_of_stream_completion() -> No
     assert set(RULES) >= {"drain_write", "drain_load", "advance", "synchronize"}
 
 
-def test_an_edited_expectation_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_edited_expectation_is_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = _lines()
     record = json.loads(lines[1])
     record["steps"][0]["expect"]["status"] = "refused"  # someone "fixes" an expectation by hand

@@ -3,10 +3,10 @@ reachable invariant id, and has a story for each id."""
 
 from __future__ import annotations
 
-from hicache_ref.harness.rules import RULES
-from hicache_ref.vectors.coverage_ids import INVARIANT_IDS
 import pytest
 
+from hicache_ref.harness.rules import RULES
+from hicache_ref.vectors.coverage_ids import INVARIANT_IDS
 from hicache_ref.vectors.generate import (
     Coverage,
     UnsampledStrategy,

@@ -61,7 +61,9 @@ def test_a_renamed_method_is_a_contract_error_before_any_case(
     outside: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # before the contract check this ran a campaign and reported a NEW AttributeError (exit 1)
-    code = main(["gate", "--impl", "outside_impl:renamed", "--budget", "5s", "--out", str(tmp_path)])
+    code = main(
+        ["gate", "--impl", "outside_impl:renamed", "--budget", "5s", "--out", str(tmp_path)]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1
@@ -73,13 +75,18 @@ def _pytest(outside: Path, tmp_path: Path, spec: str) -> subprocess.CompletedPro
     user_tests = tmp_path / "user_tests"
     user_tests.mkdir(exist_ok=True)
     (user_tests / "test_their_own.py").write_text("def test_their_own_code():\n    assert True\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(outside), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(outside), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(user_tests),
         "--hicache-impl", spec, "--hicache-vectors", "stories", "--hicache-gate-seconds", "3",
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    return subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
 
 
 def test_the_pytest_plugin_fails_the_outside_mutant_with_replay_lines(

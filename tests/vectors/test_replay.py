@@ -54,7 +54,9 @@ def test_vectors_beyond_the_capabilities_are_skipped_with_the_reason(vectors: li
     ops = next(v for v in vectors if v.schedule == "ops")
     assert "schedule ops" in (skip_reason(ops, sglang, "sim") or "")
     sim_only = next(v for v in vectors if v.schedule == "sim")
-    assert "simulated device only" in (skip_reason(sim_only, get_implementation("reference"), "cuda") or "")
+    assert "simulated device only" in (
+        skip_reason(sim_only, get_implementation("reference"), "cuda") or ""
+    )
 
 
 def test_the_command_prints_a_line_per_vector_and_the_closing_line(

@@ -99,5 +99,7 @@ def register_unguarded_outside(spec: str) -> str:
     """Register ``unguarded:<spec>`` (an outside implementation without guards); its name."""
     from hicache_ref.harness.adapters.registry import get_implementation, register_implementation
 
-    register_implementation(f"{UNGUARDED_PREFIX}{spec}", lambda: _Unguarded(get_implementation(spec)))
+    register_implementation(
+        f"{UNGUARDED_PREFIX}{spec}", lambda: _Unguarded(get_implementation(spec))
+    )
     return f"{UNGUARDED_PREFIX}{spec}"
