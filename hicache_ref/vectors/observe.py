@@ -22,6 +22,7 @@ import torch
 
 from hicache_ref.harness.content import expected_rows
 from hicache_ref.harness.node_model import Node
+from hicache_ref.harness.outcome import Outcome
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step
@@ -234,35 +235,30 @@ def _owners(session: Session, node: Node) -> list[int] | None:
     return [int(o) for o in layout.owner_for_logical_pages(pages).tolist()]
 
 
-def observe(session: Session, before: Before, step: Step) -> Expect:
-    """The observation of ``step``, just applied to ``session``."""
+def observe(session: Session, before: Before, step: Step, outcome: Outcome) -> Expect:
+    """The observation of ``step``, just applied to ``session`` with ``outcome``: accepted or
+    refused from the outcome's typed facts, why from the harness's own accounting."""
     tree = session.tree
     record = RULES[step.rule]
-    status, refusal, returned, owners = "applied", None, None, None
+    status, returned, owners = "applied", None, None
     handle = int(step.args.get("node", step.args.get("handle", -1)))
     node = tree.nodes.get(handle)
-    was = before.nodes.get(handle)
-    now: NodeState | None = None if node is None else (node.on_device, node.backup, node.loading)
     page = session.config.page_size
     reason: RefusalReason | None = None
-    if step.rule == "prefill":
-        if node is None or was is not None:
-            status = "refused"
-            reason = "forward_batch_midway" if tree.batch_layer > 0 else "device_capacity"
-        else:
-            owners = _owners(session, node)
-            if (
-                bool(step.args.get("early_reserve"))
-                and session.world.per_layer_write
-                and session.config.uses_cp
-            ):
-                if node.backup == "none":
-                    reason = _reason_for_backup(session, node)
-                else:
-                    returned = _returned(_host_indices(session, node), page)
-    elif record.refusable and node is not None and now == was:
+    if outcome.refused:
         status = "refused"
-        reason = "device_capacity" if step.rule == "load" else _reason_for_backup(session, node)
+        if step.rule == "prefill":
+            reason = "forward_batch_midway" if tree.batch_layer > 0 else "device_capacity"
+        elif step.rule == "load":
+            reason = "device_capacity"
+        else:
+            reason = "refused" if node is None else _reason_for_backup(session, node)
+    elif step.rule == "prefill" and node is not None:
+        owners = _owners(session, node)
+        if outcome.reservation == "refused":
+            reason = _reason_for_backup(session, node)
+        elif outcome.reservation == "made":
+            returned = _returned(_host_indices(session, node), page)
     elif record.refusable and node is not None:
         if step.rule == "load" and node.value is not None:
             returned = _returned([node.value], page)

@@ -112,14 +112,14 @@ class Recorder:
         before = capture(self.session)
         self.tracker.before_step()
         try:
-            self.session.apply(step)
+            outcome = self.session.apply(step)
         except Exception as exc:
             raise GenerationError(
                 f"{self.vector_id}: the reference failed {step.render()} at step "
                 f"{len(self.steps)}: {type(exc).__name__}: {exc}"
             ) from exc
         self.tracker.after_step(step)
-        expect = observe(self.session, before, step)
+        expect = observe(self.session, before, step, outcome)
         if inv is not None:
             self.story_ids.add(inv)
         self.steps.append(

@@ -191,7 +191,7 @@ def replay_vector(
             step = Step(rule=vstep.op, args=dict(vstep.args))
             before = capture(session)
             try:
-                session.apply(step)
+                outcome = session.apply(step)
             except Exception as exc:
                 return _check_failure(vector.id, index, step.render(), exc)
             if index in session.skip_reasons:
@@ -205,7 +205,7 @@ def replay_vector(
                     "applied",
                     f"not enabled ({session.skip_reasons[index]})",
                 )
-            got = observe(session, before, step)
+            got = observe(session, before, step, outcome)
             diff = _first_difference(vstep.expect, got)
             if diff is not None:
                 path, want, have = diff
