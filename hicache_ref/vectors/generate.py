@@ -21,13 +21,19 @@ import random
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
 from hicache_ref import __version__
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import LEGAL_LAYOUTS, MHA_ONLY_LAYOUTS, HarnessConfig
+from hicache_ref.harness.config import (
+    LEGAL_LAYOUTS,
+    MHA_ONLY_LAYOUTS,
+    CopyPath,
+    HarnessConfig,
+    Layout,
+)
 from hicache_ref.harness.from_oracle import harness_config_for, steps_for_ops
 from hicache_ref.harness.rules import RULES, STREAMS
 from hicache_ref.harness.session import Session
@@ -44,7 +50,7 @@ GENERATED = 400  # programs over the rule table
 ORACLE = 100  # programs over the oracle's ops
 OPS = 40  # programs that keep the reference's own schedule (``ops`` vectors)
 TARGETED_TRIES = 40  # extra programs per rule no vector applied
-COPY_PATHS = ("gather", "runs", "batch")
+COPY_PATHS: tuple[CopyPath, ...] = ("gather", "runs", "batch")
 UNREACHABLE: Mapping[str, str] = {
     "INV-19": "storage",
 }
@@ -81,7 +87,7 @@ class UnsampledStrategy(ValueError):
 def sample_strategy(strategy: st.SearchStrategy[Any], rng: random.Random, where: str) -> Any:
     """One value of a Hypothesis strategy, drawn from ``rng`` (integers, booleans,
     sampled_from, lists of those: what the rule records use)."""
-    inner = getattr(strategy, "wrapped_strategy", strategy)
+    inner: Any = getattr(strategy, "wrapped_strategy", strategy)
     kind = type(inner).__name__
     if kind == "IntegersStrategy":
         return rng.randint(int(inner.start), int(inner.end))
@@ -157,7 +163,7 @@ def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
     """A small world of one flavor: ``upstream`` (what sglang runs: no CP, no draft, three
     producer slots), ``cp``, ``draft`` or ``any``."""
     io = rng.choice(["direct", "kernel"])
-    layout = rng.choice(LEGAL_LAYOUTS[io])
+    layout = cast("Layout", rng.choice(LEGAL_LAYOUTS[io]))
     cp = 0
     if flavor == "cp" and layout not in MHA_ONLY_LAYOUTS:
         cp = rng.choice([1, 2, 2, 3, 4])
@@ -173,25 +179,26 @@ def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
     if flavor in ("draft", "cp", "any") and rng.random() < (0.8 if flavor == "draft" else 0.4):
         draft = rng.choice([max(1, layers - 1), layers, layers + 1])
     ranks = max(1, cp)
-    return HarnessConfig(
+    fields: dict[str, object] = dict(
         page_size=rng.choice([1, 2, 2, 4]),
         layer_num=layers,
         draft_layer_num=draft,
-        pool_kind=pool,  # type: ignore[arg-type]
-        layout=layout,  # type: ignore[arg-type]
-        io_backend=io,  # type: ignore[arg-type]
+        pool_kind=pool,
+        layout=layout,
+        io_backend=io,
         cp_size=cp,
         device_pages=rng.randint(2 * ranks + 4, 2 * ranks + 14),
         host_pages=rng.randint(3, 12),
-        alloc_policy=rng.choice(["fifo", "lifo", "random"]),  # type: ignore[arg-type]
-        draft_alloc_policy=rng.choice(["fifo", "lifo"]),  # type: ignore[arg-type]
+        alloc_policy=rng.choice(["fifo", "lifo", "random"]),
+        draft_alloc_policy=rng.choice(["fifo", "lifo"]),
         draft_host_pages=rng.randint(2, 10) if cp and draft else 0,
         num_counters=3 if flavor == "upstream" else rng.choice([2, 5, 5]),
         settle_records=rng.random() < 0.5,
         hybrid=rng.random() < 0.15,
-        copy_path=rng.choice([p for p in COPY_PATHS if p in copy_paths_for_layout(layout)]),  # type: ignore[arg-type]
+        copy_path=rng.choice([p for p in COPY_PATHS if p in copy_paths_for_layout(layout)]),
         seed=rng.randrange(1 << 16),
     )
+    return HarnessConfig.model_validate(fields)
 
 
 # -- programs -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.trace import RuleName, StepArg
 
-FORMAT_VERSION = "hicache-vector/1"
+FORMAT_VERSION: Literal["hicache-vector/1"] = "hicache-vector/1"
 SUITE_VERSION = "v1"
 InvId = Annotated[str, StringConstraints(pattern=r"^INV-\d\d$")]
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]

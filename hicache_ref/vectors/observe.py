@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -38,6 +39,8 @@ from hicache_ref.vectors.models import (
 )
 
 NodeState = tuple[bool, str, bool]  # on device, backup, loading
+CopyKind = Literal["device", "host"]
+NO_NODE: NodeState = (False, "", False)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def _page_digests(
     return [h.hexdigest()[:16] for h in hashes]
 
 
-def _layer_counts(session: Session, node: Node, copy_kind: str) -> dict[bool, int]:
+def _layer_counts(session: Session, node: Node, copy_kind: CopyKind) -> dict[bool, int]:
     config = session.config
     stored = (
         node.layers_stored
@@ -127,7 +130,7 @@ def _layer_counts(session: Session, node: Node, copy_kind: str) -> dict[bool, in
     return counts
 
 
-def actual_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
+def actual_bytes(session: Session, node: Node, copy_kind: CopyKind) -> CopyBytes:
     """The digests of a node's device or host copy as the harness's pools hold it."""
     g = session.tree.geometry
 
@@ -149,11 +152,11 @@ def actual_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
     return CopyBytes(
         node=node.handle,
         copy_kind=copy_kind,
-        pages=_page_digests(session, node, layers, rows_of),  # type: ignore[arg-type]
+        pages=_page_digests(session, node, layers, rows_of),
     )
 
 
-def expected_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
+def expected_bytes(session: Session, node: Node, copy_kind: CopyKind) -> CopyBytes:
     """The digests the content oracle predicts for the same copy."""
     world = session.world
     shapes = [tuple(s) for s in world.ranks[0].device_pool.component_row_shapes().values()]
@@ -170,7 +173,7 @@ def expected_bytes(session: Session, node: Node, copy_kind: str) -> CopyBytes:
     return CopyBytes(
         node=node.handle,
         copy_kind=copy_kind,
-        pages=_page_digests(session, node, layers, oracle_rows),  # type: ignore[arg-type]
+        pages=_page_digests(session, node, layers, oracle_rows),
     )
 
 
@@ -240,7 +243,8 @@ def observe(session: Session, before: Before, step: Step, outcome: Outcome) -> E
     refused from the outcome's typed facts, why from the harness's own accounting."""
     tree = session.tree
     record = RULES[step.rule]
-    status, returned, owners = "applied", None, None
+    status: Literal["applied", "refused"] = "applied"
+    returned, owners = None, None
     handle = int(step.args.get("node", step.args.get("handle", -1)))
     node = tree.nodes.get(handle)
     page = session.config.page_size
@@ -274,7 +278,7 @@ def observe(session: Session, before: Before, step: Step, outcome: Outcome) -> E
             load=_drained(before.load_rows, after.load_rows),
         )
     return Expect(
-        status=status,  # type: ignore[arg-type]
+        status=status,
         refusal=refusal,
         returned=returned,
         owners=owners,
@@ -300,10 +304,10 @@ def _landed_bytes(session: Session, before: Before) -> list[CopyBytes]:
     return out
 
 
-def resident_nodes(session: Session) -> list[tuple[Node, str]]:
+def resident_nodes(session: Session) -> list[tuple[Node, CopyKind]]:
     """Every resident copy at quiescence: fully stored device copies, backed-up host copies."""
     tree = session.tree
-    out: list[tuple[Node, str]] = []
+    out: list[tuple[Node, CopyKind]] = []
     for _, node in sorted(tree.nodes.items()):
         if node.on_device and node.layers_stored == tree.total_layers:
             out.append((node, "device"))
@@ -319,10 +323,10 @@ def observe_final(session: Session, before: Before) -> Final:
     written = [
         n.node_id
         for h, n in nodes.items()
-        if before.nodes.get(h, (0, "", 0))[1] == "in_flight" and n.backup == "done"
+        if before.nodes.get(h, NO_NODE)[1] == "in_flight" and n.backup == "done"
     ]
     loaded = [
-        n.node_id for h, n in nodes.items() if before.nodes.get(h, (0, "", 0))[2] and not n.loading
+        n.node_id for h, n in nodes.items() if before.nodes.get(h, NO_NODE)[2] and not n.loading
     ]
     return Final(
         acked=Acked(write=sorted(written), load=sorted(loaded)),

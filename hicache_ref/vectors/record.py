@@ -13,7 +13,7 @@ ones: any failure while recording is a bug of the generator or of the reference,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
@@ -74,7 +74,7 @@ class Recorder:
         self.settle = settle  # False: keep the reference's own schedule (``ops`` vectors)
 
     # -- steps --------------------------------------------------------------------------------
-    def prepared(self, rule: str, args: dict[str, StepArg] | None = None) -> Step:
+    def prepared(self, rule: str, args: Mapping[str, StepArg] | None = None) -> Step:
         """The step, with the handle a prefill will take named in it."""
         args = dict(args or {})
         if rule == "prefill":
@@ -101,10 +101,17 @@ class Recorder:
         self._apply(step, inv=inv, note=note)
         return True
 
-    def apply(self, rule: str, args: dict[str, StepArg] | None = None, **kw: str) -> None:
+    def apply(
+        self,
+        rule: str,
+        args: Mapping[str, StepArg] | None = None,
+        *,
+        inv: str | None = None,
+        note: str = "",
+    ) -> None:
         """A story's step: it must be enabled and determinate (else the story is wrong)."""
         step = self.prepared(rule, args)
-        if not self.offer(step, inv=kw.get("inv"), note=kw.get("note", "")):
+        if not self.offer(step, inv=inv, note=note):
             why = self.session.why_disabled(step) or "its answer would depend on the schedule"
             raise GenerationError(f"{self.vector_id}: {step.render()} cannot be recorded: {why}")
 

@@ -12,6 +12,7 @@ from hicache_ref.vectors.models import Vector
 from hicache_ref.vectors.replay import VectorResult, replay_vector
 from hicache_ref.vectors.suite import read_suite, shipped_suite_path
 
+
 @functools.cache
 def shipped() -> list[Vector]:
     return read_suite(shipped_suite_path())[1]

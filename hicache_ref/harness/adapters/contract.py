@@ -42,7 +42,7 @@ from hicache_ref.harness.adapters.base import (
     snapshot_rank,
     supports,
 )
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.config import HarnessConfig, IoBackend, Layout, PoolKind
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 REQUIRED_HOOKS = ("name", "capabilities", "build_controller")
@@ -66,17 +66,19 @@ CONTROLLER_ATTRIBUTES = (
 )
 """``ControllerLike``'s attributes (read on the built controller: they are set per instance)."""
 
+_PROBE_POOLS: tuple[PoolKind, ...] = ("mha", "mla", "nsa")
+_PROBE_LAYOUTS: tuple[tuple[IoBackend, Layout], ...] = (
+    ("direct", "layer_first"),
+    ("kernel", "layer_first"),
+    ("kernel", "page_first"),
+    ("direct", "page_first_direct"),
+    ("direct", "layer_page_first"),
+    ("kernel", "page_head"),
+)
 PROBE_CONFIGS: tuple[HarnessConfig, ...] = tuple(
     HarnessConfig(pool_kind=pool, layout=layout, io_backend=io, host_pages=4, device_pages=6)
-    for pool in ("mha", "mla", "nsa")
-    for io, layout in (
-        ("direct", "layer_first"),
-        ("kernel", "layer_first"),
-        ("kernel", "page_first"),
-        ("direct", "page_first_direct"),
-        ("direct", "layer_page_first"),
-        ("kernel", "page_head"),
-    )
+    for pool in _PROBE_POOLS
+    for io, layout in _PROBE_LAYOUTS
     if not (layout == "page_head" and pool != "mha")
 )
 """Small worlds the preflight tries, in order, until one is within the capabilities."""
