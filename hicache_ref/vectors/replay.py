@@ -126,6 +126,7 @@ def _config_for(vector: Vector, device: str) -> Any:
 
 def skip_reason(vector: Vector, implementation: ImplementationBase, device: str) -> str | None:
     """Why ``implementation`` cannot replay ``vector`` as written (None: it can)."""
+    implementation = on_device(implementation, device)  # a GPU runs no misuse probes
     capabilities = implementation.capabilities
     missing = unsupported_reasons(capabilities, vector.config)
     missing += sorted(set(vector.requires) - capabilities)
