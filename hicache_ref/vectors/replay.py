@@ -126,8 +126,8 @@ def _config_for(vector: Vector, device: str) -> Any:
 
 def skip_reason(vector: Vector, implementation: ImplementationBase, device: str) -> str | None:
     """Why ``implementation`` cannot replay ``vector`` as written (None: it can)."""
-    implementation = on_device(implementation, device)  # a GPU runs no misuse probes
-    capabilities = implementation.capabilities
+    as_run = on_device(implementation, device)  # a GPU runs no misuse probes
+    capabilities = as_run.capabilities
     missing = unsupported_reasons(capabilities, vector.config)
     missing += sorted(set(vector.requires) - capabilities)
     if missing:
@@ -137,7 +137,7 @@ def skip_reason(vector: Vector, implementation: ImplementationBase, device: str)
     if vector.schedule == "ops" and not issues_reference_ops(implementation):
         return "schedule ops: pins the reference's own device ops (its regression vectors)"
     config = _config_for(vector, device)
-    refined = implementation.refine_config(config)
+    refined = as_run.refine_config(config)
     if refined != config:
         ours, theirs = config.model_dump(), refined.model_dump()
         changed = sorted(k for k in ours if ours[k] != theirs.get(k))

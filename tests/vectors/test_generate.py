@@ -6,15 +6,11 @@ from __future__ import annotations
 import pytest
 
 from hicache_ref.harness.rules import RULES
-from hicache_ref.vectors.coverage_ids import INVARIANT_IDS
-from hicache_ref.vectors.generate import (
-    Coverage,
-    UnsampledStrategy,
-    generate_suite,
-    sample_strategy,
-)
+from hicache_ref.vectors.coverage import INVARIANT_IDS, Coverage
+from hicache_ref.vectors.generate import generate_suite
 from hicache_ref.vectors.stories import STORIES
 from hicache_ref.vectors.suite import read_suite, shipped_suite_path
+from hicache_ref.vectors.walks import UnsampledStrategy, sample_strategy
 
 
 def test_regenerating_the_shipped_suite_from_its_seed_gives_the_same_digest() -> None:
