@@ -18,6 +18,7 @@ from hicache_ref.vectors.models import FORMAT_VERSION
 from hicache_ref.vectors.schema import schema_text, shipped_schema_path
 from hicache_ref.vectors.settle import check_classified
 from hicache_ref.vectors.suite import read_suite, shipped_suite_path
+from tests.vectors.conftest import shipped
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,7 @@ def test_the_shipped_schema_file_is_the_models_schema() -> None:
 
 
 def test_the_shipped_suite_reads_back_with_every_digest() -> None:
-    header, vectors = read_suite(shipped_suite_path())
+    header, vectors = shipped()
     assert header.format_version == FORMAT_VERSION
     assert header.vectors == len(vectors) >= 500
     assert len({v.id for v in vectors}) == len(vectors)

@@ -9,14 +9,14 @@ from hicache_ref.harness.rules import RULES
 from hicache_ref.vectors.coverage import INVARIANT_IDS, Coverage
 from hicache_ref.vectors.generate import generate_suite
 from hicache_ref.vectors.stories import STORIES
-from hicache_ref.vectors.suite import read_suite, shipped_suite_path
 from hicache_ref.vectors.walks import UnsampledStrategy, sample_strategy
+from tests.vectors.conftest import shipped
 
 
 def test_regenerating_the_shipped_suite_from_its_seed_gives_the_same_digest() -> None:
     # if this fails after a change to the harness or the reference, regenerate the suite:
     #   hicache-fuzz vectors generate --out hicache_ref/vectors/suites
-    header, vectors = read_suite(shipped_suite_path())
+    header, vectors = shipped()
     again = generate_suite(header.seed)
     assert [v.id for v in again.vectors] == [v.id for v in vectors]
     assert again.header.digest == header.digest
@@ -26,7 +26,7 @@ def test_regenerating_the_shipped_suite_from_its_seed_gives_the_same_digest() ->
 
 
 def test_every_rule_and_reachable_id_is_in_some_shipped_vector() -> None:
-    _, vectors = read_suite(shipped_suite_path())
+    _, vectors = shipped()
     coverage = Coverage()
     for vector in vectors:
         coverage.add(vector)

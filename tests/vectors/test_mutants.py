@@ -3,24 +3,16 @@ first failing vector is ``benchmarks/vector_mutants.py``'s, in ``benchmarks/RESU
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 from hicache_ref.harness.adapters.registry import get_implementation, list_mutants
-from hicache_ref.vectors.models import Vector
 from hicache_ref.vectors.replay import VectorResult, replay_vector
-from hicache_ref.vectors.suite import read_suite, shipped_suite_path
-
-
-@functools.cache
-def shipped() -> list[Vector]:
-    return read_suite(shipped_suite_path())[1]
+from tests.vectors.conftest import shipped
 
 
 def first_failure(name: str) -> VectorResult | None:
     implementation = get_implementation(f"mutant:{name}")
-    for vector in shipped():
+    for vector in shipped()[1]:
         result = replay_vector(vector, implementation, f"mutant:{name}")
         if result.status == "fail":
             return result

@@ -12,12 +12,12 @@ import torch
 from hicache_ref.cli import main
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.vectors.replay import replay_vector, replay_vectors, skip_reason
-from hicache_ref.vectors.suite import read_suite, shipped_suite_path
+from tests.vectors.conftest import shipped
 
 
 @pytest.fixture(scope="module")
 def vectors() -> list:  # type: ignore[type-arg]
-    return read_suite(shipped_suite_path())[1]
+    return shipped()[1]
 
 
 def by_id(vectors: list, vector_id: str):  # type: ignore[no-untyped-def,type-arg]

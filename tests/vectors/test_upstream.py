@@ -18,7 +18,7 @@ from hicache_ref.harness.adapters.sglang import SeedImplementation, SglangImplem
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree, fork_tree
 from hicache_ref.harness.known_findings import KNOWN_FINDINGS, match_known_finding
 from hicache_ref.vectors.replay import SuiteReport, replay_vectors
-from hicache_ref.vectors.suite import read_suite, shipped_suite_path
+from tests.vectors.conftest import shipped
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_FILE = Path(
@@ -28,7 +28,7 @@ SEED_FILE = Path(
 
 
 def _replay(implementation: object, name: str) -> SuiteReport:
-    _, vectors = read_suite(shipped_suite_path())
+    _, vectors = shipped()
     return replay_vectors(vectors, implementation, name)  # type: ignore[arg-type]
 
 
