@@ -7,7 +7,7 @@ applied step it
    harness's own pools handed out (``Insert(node, pages, tokens)``, ``Write(node, host)``,
    ``Load(node, pages)``, ``DrainWriteAcks(count)`` with the count the tree drained, ...);
 2. feeds what the ``SimDevice`` executed during the step, in execution order: every copy as
-   ``CopyLanded`` (rank and pool from the tags this module puts on each rank's host pools,
+   ``CopyLanded`` (rank and pool from the tags the world's host pools put on their copies,
    slots from the copy's meta), every forward store/read as ``ForwardRan`` once every rank ran
    its part; records and waits are not fed (the oracle runs a record once the work ahead of it
    ran, so it never drains later than a device could);
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from hicache_ref.device.sim import ExecutedOp, SimDevice
 from hicache_ref.errors import InvariantViolation
@@ -49,6 +49,7 @@ from hicache_ref.harness.profiles import lockstep_enabled
 from hicache_ref.harness.rule_record import UntranslatedRuleError
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.trace import Step
+from hicache_ref.harness.world import COPY_POOL_TAG, COPY_RANK_TAG
 from hicache_ref.oracle import ops as o
 from hicache_ref.oracle.config import OracleConfig, Pool
 from hicache_ref.oracle.invariants import check_invariants
@@ -58,14 +59,12 @@ from hicache_ref.oracle.step import OpNotEnabledError, step
 if TYPE_CHECKING:
     import torch
 
-    from hicache_ref.device.protocol import DeviceModule
     from hicache_ref.harness.session import Session
 
 LOCKSTEP_STATS: Counter[str] = Counter()
 """Process-wide counts: ``cases``, ``cases_in_lockstep``, ``steps_in_lockstep``,
 ``cases_off``, and ``off: <reason>`` per reason (campaign summaries and tests read it)."""
 
-RANK_TAG, POOL_TAG = "lockstep_rank", "lockstep_pool"
 
 UnitKey = tuple[str, int, int]
 """A forward kernel: (``store`` or ``read``, tree handle, layer)."""
@@ -154,14 +153,7 @@ class LockstepOracle:
         self.state = initial_state(oracle_config_for(session))
         device = session.world.device
         assert isinstance(device, SimDevice)
-        for rank in session.world.ranks:
-            # The host pools launch every copy: tag theirs with the rank and the pool (the view
-            # is the device itself for everything but the meta of what it launches)
-            for pool, host_pool in (("target", rank.host_pool), ("draft", rank.draft_host_pool)):
-                if host_pool is not None:
-                    view = device.tagged(**{RANK_TAG: rank.rank, POOL_TAG: pool})
-                    host_pool.device_module = cast("DeviceModule", view)
-        device.on_execute.append(self._on_execute)
+        device.on_execute.append(self._on_execute)  # copies carry the world's rank/pool tags
 
     # -- the observer --------------------------------------------------------------------------
     def after_step(self, session: Session, step_: Step, outcome: Outcome) -> None:
@@ -345,16 +337,16 @@ class LockstepOracle:
 
     def _landed(self, entry: ExecutedOp) -> list[o.Op]:
         meta = entry.meta
-        if RANK_TAG not in meta:
+        if COPY_RANK_TAG not in meta:
             raise OpNotEnabledError(f"copy {entry.label!r} was launched outside the host pools")
         host_slots, locs = _ints(meta["host_indices"]), list(_ints(meta["device_indices"]))
         if not host_slots:
             return []
-        rank = int(meta[RANK_TAG])  # type: ignore[call-overload]
+        rank = int(meta[COPY_RANK_TAG])  # type: ignore[call-overload]
         cp, page = self.session.config.cp_size, self.session.config.page_size
         if cp:  # physical page q of rank r is logical page q * cp + r (``CpSharedKVLayout``)
             locs = [((loc // page) * cp + rank) * page + loc % page for loc in locs]
-        pool: Pool = "draft" if meta[POOL_TAG] == "draft" else "target"
+        pool: Pool = "draft" if meta[COPY_POOL_TAG] == "draft" else "target"
         layers: tuple[int, ...] = meta["layer_ids"]  # type: ignore[assignment]
         direction = meta["direction"]
         device_locs = tuple(locs)

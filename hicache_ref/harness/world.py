@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.device.protocol import DeviceModule, StreamT
@@ -75,6 +75,8 @@ class HarnessDevice(DeviceModule, Protocol):
     def default_stream(self) -> StreamT: ...
 
     def advance(self, stream: StreamT, n: int = 1) -> int: ...
+
+    def advance_to_record(self, stream: StreamT) -> int: ...
 
     def is_idle(self) -> bool: ...
 
@@ -145,6 +147,20 @@ def _views(
     return cp, per_layer
 
 
+COPY_RANK_TAG, COPY_POOL_TAG = "copy_rank", "copy_pool"
+"""Meta keys a simulated world's host pools put on every copy they launch: the rank and the
+pool (``target`` or ``draft``) the copy belongs to (what the lockstep oracle and the store
+watch read of an executed copy)."""
+
+
+def copy_launcher(device: HarnessDevice, rank: int, pool: str) -> DeviceModule | None:
+    """The device view a host pool launches its copies through: on the simulator one that tags
+    each copy with its rank and pool; elsewhere None (the device pool's device itself)."""
+    if not isinstance(device, SimDevice):
+        return None
+    return cast("DeviceModule", device.tagged(**{COPY_RANK_TAG: rank, COPY_POOL_TAG: pool}))
+
+
 def build_world(
     config: HarnessConfig,
     implementation: Implementation,
@@ -201,6 +217,7 @@ def build_world(
             alloc_policy=config.alloc_policy,
             seed=config.seed + 1,
             copy_path=config.copy_path,
+            device_module=copy_launcher(device, rank, "target"),
         )
         draft_device_pool = draft_host_pool = None
         if config.has_draft:
@@ -215,6 +232,7 @@ def build_world(
                 alloc_policy=config.draft_alloc_policy,
                 seed=config.seed + 2,
                 copy_path=config.copy_path,
+                device_module=copy_launcher(device, rank, "draft"),
             )
         request = BuildRequest(
             config=config,
