@@ -143,6 +143,12 @@ _SEED_AND_UPSTREAM: tuple[KnownFinding, ...] = (
         also=(
             # the second ack outlives every drain when the forward finishes at quiescence
             ("INV-16", r"ack_write_queue still holds \d+ ack\(s\) \[\[\d+\]\] at quiescence"),
+            # the fresh state outlives the node's backup when nothing ever completes it
+            (
+                "INV-15",
+                r"per-layer write states still pending for node ids \[[\d, ]+\], whose "
+                r"backup is not in flight",
+            ),
         ),
     ),
 )

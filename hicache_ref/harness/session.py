@@ -258,7 +258,9 @@ class Session:
         while t.batch:
             t.forward_layer()
         # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
-        pending = [h for h in t.nodes if t.has_pending_layer_write(h)]
+        # (only nodes still on device: a stale pending state of a host-only node is a finding,
+        # which the quiescence checks report, not layers to store)
+        pending = [h for h, n in t.nodes.items() if n.on_device and t.has_pending_layer_write(h)]
         for handle in pending:
             for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):

@@ -65,6 +65,7 @@ CLASSIFIED_NOTHING = frozenset(
         "drop",
         "evict_host",
         "advance",
+        "advance_to_record",
         "synchronize",
         "probe_rewrite",
         "reset",

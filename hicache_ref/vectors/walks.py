@@ -1,8 +1,8 @@
 """Seeded programs, recorded on the reference: walks over the rule table and over the oracle.
 
 ``program_vector``: at each step, draw the arguments of every rule of ``rules.RULES`` (from
-the record's ``draw``, read through ``sample_strategy``, or from ``ARGUMENTS`` for the rules
-the machine only composes), then apply one of the enabled ones by weight, or a compound
+the record's ``draw`` through ``rule_record.sample_params``, or from ``ARGUMENTS`` for a rule
+that has none), then apply one of the enabled ones by weight, or a compound
 (``COMPOUNDS``: offload, reload, compute) as the machine's compound rules do; configurations
 come from ``draw_config`` in flavors (``upstream``: what sglang runs). ``oracle_vector``: a
 walk over the oracle's enabled ops, translated into harness steps (``harness/from_oracle``).
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from typing import Any, cast
-
-from hypothesis import strategies as st
+from typing import cast
 
 from hicache_ref.harness.config import (
     LEGAL_LAYOUTS,
@@ -27,7 +25,8 @@ from hicache_ref.harness.config import (
     Layout,
 )
 from hicache_ref.harness.from_oracle import harness_config_for, steps_for_ops
-from hicache_ref.harness.rules import RULES, STREAMS
+from hicache_ref.harness.rule_record import sample_params
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, StepArg
 from hicache_ref.oracle import OracleConfig, Store, initial_state
@@ -60,30 +59,8 @@ writes, evictions and loads that most programs reach the load path."""
 
 
 # -- arguments ----------------------------------------------------------------------------------
-class UnsampledStrategy(ValueError):
-    """A rule draws an argument with a strategy the generator cannot sample."""
-
-
-def sample_strategy(strategy: st.SearchStrategy[Any], rng: random.Random, where: str) -> Any:
-    """One value of a Hypothesis strategy, drawn from ``rng`` (integers, booleans,
-    sampled_from, lists of those: what the rule records use)."""
-    inner: Any = getattr(strategy, "wrapped_strategy", strategy)
-    kind = type(inner).__name__
-    if kind == "IntegersStrategy":
-        return rng.randint(int(inner.start), int(inner.end))
-    if kind == "BooleansStrategy":
-        return rng.random() < 0.5
-    if kind == "SampledFromStrategy":
-        return rng.choice(list(inner.elements))
-    if kind == "JustStrategy":
-        return inner.value
-    if kind == "ListStrategy":
-        size = rng.randint(int(inner.min_size), int(inner.max_size or inner.min_size + 3))
-        return [sample_strategy(inner.element_strategy, rng, where) for _ in range(size)]
-    raise UnsampledStrategy(
-        f"{where} draws with {kind}, which vectors/generate.py cannot sample; teach "
-        "sample_strategy that strategy or give the rule an entry in ARGUMENTS"
-    )
+class UnsampledRule(ValueError):
+    """A rule has neither a ``draw`` nor an entry in ``ARGUMENTS`` or ``ORACLE_ONLY``."""
 
 
 def _prefill_args(session: Session, rng: random.Random) -> dict[str, StepArg] | None:
@@ -94,16 +71,9 @@ def _prefill_args(session: Session, rng: random.Random) -> dict[str, StepArg] | 
 
 ARGUMENTS: Mapping[str, Callable[[Session, random.Random], dict[str, StepArg] | None]] = {
     "prefill": _prefill_args,
-    "forward_layer": lambda s, r: {},
-    "start_writing": lambda s, r: {},
-    "drain_write": lambda s, r: {},
-    "drain_load": lambda s, r: {},
-    "drain_acks": lambda s, r: {},
-    "synchronize": lambda s, r: {"stream": r.choice(STREAMS)},
     "noop": lambda s, r: {},
 }
-"""Arguments of the rules whose record has no ``draw`` and that the machine's compound rules
-apply (a prefill, the forward, drains, a host wait)."""
+"""Arguments of the rules whose record has no ``draw`` (a prefill; a noop)."""
 ORACLE_ONLY = frozenset({"store_layer", "layer_end", "reserve", "submit_layer"})
 """Rules only translated oracle traces apply (one layer's store, a layer hook, an early
 reservation, one layer's submit): a walk over the rule table that applied them at random would
@@ -118,19 +88,15 @@ def rule_step(recorder: Recorder, rule: str, rng: random.Random) -> Step | None:
     if record.draw is not None:
         if not record.draw.offered(session):
             return None
-        drawn = {
-            name: sample_strategy(strategy, rng, f"rule {rule!r} argument {name!r}")
-            for name, strategy in record.draw.strategies.items()
-        }
-        args = record.draw.choose(session, drawn)
+        args = record.draw.choose(session, sample_params(record.draw.params, rng))
     elif rule in ARGUMENTS:
         args = ARGUMENTS[rule](session, rng)
     elif rule in ORACLE_ONLY:
         return None
     else:
-        raise UnsampledStrategy(
-            f"rule {rule!r} has no draw and no entry in vectors/generate.py ARGUMENTS (or "
-            "ORACLE_ONLY); add one so generated vectors cover it"
+        raise UnsampledRule(
+            f"rule {rule!r} has no draw and no entry in vectors/walks.py ARGUMENTS (or "
+            "ORACLE_ONLY); give it one so generated vectors cover it"
         )
     return None if args is None else recorder.prepared(rule, args)
 

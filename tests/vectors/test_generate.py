@@ -9,7 +9,7 @@ from hicache_ref.harness.rules import RULES
 from hicache_ref.vectors.coverage import INVARIANT_IDS, Coverage
 from hicache_ref.vectors.generate import generate_suite
 from hicache_ref.vectors.stories import STORIES
-from hicache_ref.vectors.walks import UnsampledStrategy, sample_strategy
+from hicache_ref.vectors.walks import UnsampledRule
 from tests.vectors.conftest import shipped
 
 
@@ -42,15 +42,17 @@ def test_a_story_guards_every_reachable_invariant_id() -> None:
     assert [i for i in INVARIANT_IDS if i not in guarded and not Coverage.exempt(i)] == []
 
 
-def test_strategies_of_the_rule_records_are_sampled_within_their_bounds() -> None:
+def test_a_rule_with_no_way_to_draw_its_arguments_is_named() -> None:
     import random
 
-    from hypothesis import strategies as st
+    from hicache_ref.harness.adapters.reference import ReferenceImplementation
+    from hicache_ref.harness.config import HarnessConfig
+    from hicache_ref.vectors import walks
+    from hicache_ref.vectors.record import Recorder
 
-    rng = random.Random(0)
-    assert all(0 <= sample_strategy(st.integers(0, 3), rng, "t") <= 3 for _ in range(50))
-    assert sample_strategy(st.sampled_from(("a",)), rng, "t") == "a"
-    picks = sample_strategy(st.lists(st.integers(0, 9), min_size=2, max_size=3), rng, "t")
-    assert 2 <= len(picks) <= 3
-    with pytest.raises(UnsampledStrategy, match="rule 'x' argument 'y' draws with"):
-        sample_strategy(st.text(), rng, "rule 'x' argument 'y'")
+    recorder = Recorder(HarnessConfig(), vector_id="t", title="t", kind="generated")
+    assert ReferenceImplementation.name == recorder.implementation.name
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(walks, "ARGUMENTS", {})
+        with pytest.raises(UnsampledRule, match="rule 'prefill' has no draw"):
+            walks.rule_step(recorder, "prefill", random.Random(0))
