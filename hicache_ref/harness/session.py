@@ -33,7 +33,6 @@ from hicache_ref.harness.adapters.base import (
     ControllerLike,
     Implementation,
     RankLike,
-    snapshot_rank,
     unsupported_reasons,
 )
 from hicache_ref.harness.config import HarnessConfig
@@ -103,13 +102,12 @@ class Session:
         self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
         self._candidates: dict[str, list[int]] = {}
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
-        override = getattr(implementation, "snapshot", None)  # an adapter may read itself
-        self._snapshot_rank: SnapshotFn = override if callable(override) else snapshot_rank
+        self._snapshot_rank: SnapshotFn = implementation.snapshot  # contract: optional hook
         self.observers: list[StepObserver] = []  # called after each applied step and at finish
 
     # -- the trace -----------------------------------------------------------------------------
     def trace(self, note: str = "") -> Trace:
-        source = str(getattr(self.implementation, "source_tree", "") or "")
+        source = self.implementation.source_tree
         header = TraceHeader(
             implementation=self.impl_name, config=self.config, note=note, source=source
         )
@@ -261,7 +259,9 @@ class Session:
         while t.batch:
             t.forward_layer()
         # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
-        pending = [h for h in t.nodes if t.has_pending_layer_write(h)]
+        # (only nodes still on device: a stale pending state of a host-only node is a finding,
+        # which the quiescence checks report, not layers to store)
+        pending = [h for h, n in t.nodes.items() if n.on_device and t.has_pending_layer_write(h)]
         for handle in pending:
             for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):

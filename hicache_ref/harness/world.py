@@ -14,7 +14,7 @@ run (``copy_path="runs"``; no misuse probes, which would race the GPU's own prog
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -30,11 +30,13 @@ from hicache_ref.harness.adapters.base import (
     CpControllerLike,
     Implementation,
     PerLayerWriteLike,
+    RankLike,
     UndrainedGateLike,
     check_declared_capabilities,
 )
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.content import HARNESS_DTYPE
+from hicache_ref.invariants.snapshot import RankSnapshot
 from hicache_ref.pools.triton_copy import is_triton_available
 
 if TYPE_CHECKING:
@@ -347,17 +349,19 @@ class _OnGpu:
         self._inner = inner
         self.name = inner.name
         self.capabilities = inner.capabilities - GPU_UNSUPPORTED
+        self.source_tree = inner.source_tree
 
     def build_controller(self, request: BuildRequest) -> ControllerLike:
         return self._inner.build_controller(request)
 
+    def snapshot(self, rank: RankLike, gate_ids: Iterable[int]) -> RankSnapshot:
+        return self._inner.snapshot(rank, gate_ids)
+
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
-        refine = getattr(self._inner, "refine_config", None)
-        refined: HarnessConfig = refine(config) if refine is not None else config
-        return gpu_config(refined)
+        return gpu_config(self._inner.refine_config(config))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)  # snapshot, source_tree, controller_class, ...
+        return getattr(self._inner, name)  # controller_class, focus, ... (not contract hooks)
 
 
 def on_device(implementation: Implementation, kind: str) -> Implementation:
