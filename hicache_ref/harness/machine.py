@@ -92,10 +92,9 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
 
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
     config = data.draw(harness_configs(implementation.capabilities))
-    refine = getattr(implementation, "refine_config", None)
-    if refine is None:
+    refined = implementation.refine_config(config)  # contract: optional hook
+    if refined is config:
         return config
-    refined: HarnessConfig = refine(config)
     # a refinement is a model_copy, which skips validation: validate the world it asks for
     try:
         refined = HarnessConfig.model_validate(refined.model_dump())
