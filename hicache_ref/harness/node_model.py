@@ -127,7 +127,7 @@ def _is_same_key(cached: tuple[object, ...] | None, key: tuple[object, ...]) -> 
     if cached is None or len(cached) != len(key):
         return False
     for a, b in zip(cached, key, strict=True):
-        if not _same(a, b):
+        if a is not b and (isinstance(b, torch.Tensor) or a != b):  # ``_same``, inlined
             return False
     return True
 

@@ -49,7 +49,7 @@ def get_small_cpu_values(indices: torch.Tensor) -> list[int] | None:
 
     Reading a CUDA tensor's values would synchronize its stream, so CUDA tensors always take
     the torch path (which, for the checks here, reads lengths only)."""
-    if indices.device.type != "cpu" or indices.numel() > SMALL_INDEX_MAX:
+    if not indices.is_cpu or indices.numel() > SMALL_INDEX_MAX:
         return None
     values: list[int] = indices.tolist()
     return values
@@ -58,7 +58,7 @@ def get_small_cpu_values(indices: torch.Tensor) -> list[int] | None:
 def as_cpu_int64(indices: torch.Tensor) -> torch.Tensor:
     """``indices.to(device="cpu", dtype=torch.int64)``: the tensor itself when it is already
     that (as ``to`` returns it), without the call's cost on the hot path."""
-    if indices.dtype == torch.int64 and indices.device.type == "cpu":
+    if indices.dtype == torch.int64 and indices.is_cpu:
         return indices
     return indices.to(device="cpu", dtype=torch.int64)
 

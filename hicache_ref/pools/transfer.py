@@ -260,11 +260,12 @@ def _all_on_cpu(
     host_indices: torch.Tensor,
     device_indices: torch.Tensor,
 ) -> bool:
-    if device_pool.device.type != "cpu":
+    if device_pool.device.type != "cpu" or not (host_indices.is_cpu and device_indices.is_cpu):
         return False
-    if host_indices.device.type != "cpu" or device_indices.device.type != "cpu":
-        return False
-    return all(buffer.device.type == "cpu" for buffer in host_buffers.values())
+    for buffer in host_buffers.values():  # a plain loop: this runs on every launch
+        if not buffer.is_cpu:
+            return False
+    return True
 
 
 def launch_transfer(
