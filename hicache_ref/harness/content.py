@@ -72,7 +72,7 @@ def expected_rows_of_layers(
 
 
 _FLOAT_POSITIONS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-_FLOAT_POSITIONS_BOUND = 4096
+_FLOAT_POSITIONS_BOUND = 1024
 
 
 def _as_float_positions(positions: torch.Tensor) -> torch.Tensor:
