@@ -174,7 +174,7 @@ def test_a_failed_backup_batch_stops_the_backup_and_acks_the_stored_prefix() -> 
 
 
 def test_a_backend_exception_still_acks_the_backup_once() -> None:
-    # sglang#38427: the exception killed the backup thread; acks stopped, host locks leaked
+    # sglang#38427: the exception killed the backup thread; acks stopped, locks leaked (INV-25)
     tier, pool, tree = make()
 
     class Exploding(MemoryStorage):
@@ -190,7 +190,7 @@ def test_a_backend_exception_still_acks_the_backup_once() -> None:
 
 
 def test_write_storage_without_keys_chains_from_the_parents_last_key() -> None:
-    # sglang#35269: a node created before attach had no hash and its chain restarted
+    # sglang#35269: a node created before attach had no hash and its chain restarted (INV-27)
     tier, pool, _ = make()
     keys = compute_page_hashes(TOKENS, PAGE)
     host = pool.alloc(8)

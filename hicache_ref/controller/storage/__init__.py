@@ -25,7 +25,6 @@ Its map, in the order a prefetch and a backup flow through it (SGLang 0.5.23's p
 from hicache_ref.controller.storage.collectives import (
     PREFETCH_COMPLETION,
     PREFETCH_HITS,
-    CollectiveRecord,
     Collectives,
     RankCollectives,
     RankGroup,
@@ -45,6 +44,7 @@ from hicache_ref.controller.storage.records import (
 )
 from hicache_ref.controller.storage.releases import drain_host_mem_release
 from hicache_ref.controller.storage.tier import StorageTier
+from hicache_ref.invariants.storage_snapshot import CollectiveRecord
 
 __all__ = [
     "PREFETCH_COMPLETION",

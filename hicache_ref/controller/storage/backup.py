@@ -2,7 +2,8 @@
 
 A step takes the oldest operation of ``backup_queue`` and writes its pages batch by batch
 (``_page_backup``), stopping at the first batch the backend refuses; ``completed_tokens`` is
-then the stored prefix and nothing more (INV-26, sglang#39701). A backend exception is logged
+then the stored prefix and nothing more (INV-26, sglang#39701), and no page is stored after a
+hole, so L3 stays prefix-closed per chain (INV-31). A backend exception is logged
 and ends the backup where it was (``_page_backup_or_log``), and the ack goes out in a
 ``finally``: exactly one ``ack_backup_queue`` entry per ``write_storage``, whatever the backend
 does, so the tree always releases the node's host lock (INV-25, sglang#38427). A rank that

@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
+from hicache_ref.invariants.storage_snapshot import CollectiveRecord
 
 COLLECTIVE_TIMEOUT_S_DEFAULT = 5.0
 COLLECTIVE_LOG_MAX = 200_000
@@ -67,19 +68,6 @@ class SyncGroup:
 PREFETCH_HITS = SyncGroup("prefetch_hits")
 PREFETCH_COMPLETION = SyncGroup("prefetch_completion")
 DEFAULT_GROUP = SyncGroup("default")
-
-
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """One collective as one rank issued it, with what it gave and what it got back."""
-
-    rank: int
-    group: str
-    seq: int  # this rank's index of the call on this group
-    op: ReduceOp
-    contribution: tuple[int, ...]
-    result: tuple[int, ...]
-    step: int | None  # the lockstep step it was issued in (None: thread executor)
 
 
 class Collectives(Protocol):
@@ -198,7 +186,7 @@ class RankGroup:
             result = meeting.result
             assert result is not None
             self._append_log(
-                CollectiveRecord(rank, group.name, seq, reduce_op, values, result, self._step)
+                CollectiveRecord(rank, group.name, seq, reduce_op.value, values, result, self._step)
             )
             meeting.collected.add(rank)
             if len(meeting.collected) == self.world_size:
@@ -277,9 +265,7 @@ class RankGroup:
             self._finished.clear()
         # Verify the same collectives, in the same order, on every rank
         if any(calls != issued[0] for calls in issued[1:]):
-            detail = {
-                rank: [f"{g}:{op.name}" for g, op in calls] for rank, calls in enumerate(issued)
-            }
+            detail = {rank: [f"{g}:{op}" for g, op in calls] for rank, calls in enumerate(issued)}
             raise self._fail(
                 f"lockstep step {step}: ranks issued different collectives {detail} (every rank "
                 "must issue the same collectives in the same order per step)"
