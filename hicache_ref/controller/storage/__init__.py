@@ -18,7 +18,7 @@ Its map, in the order a prefetch and a backup flow through it (SGLang 0.5.23's p
 - ``collectives``: ``SingleRank`` and the in-process ``RankGroup`` (logs every collective,
   fails on any asymmetry or deadlock);
 - ``executor``: ``ThreadExecutor`` (four threads per epoch) and ``ManualExecutor``;
-  ``lockstep``: one step on every rank of a group at once;
+  ``lockstep``: one step on every rank of a group at once, and a reset or detach of all ranks;
 - ``records``: ``StorageStepKind`` and ``StepResult``; ``config``: what the backend is told.
 """
 
@@ -34,7 +34,13 @@ from hicache_ref.controller.storage.collectives import (
     SyncGroup,
 )
 from hicache_ref.controller.storage.executor import STORAGE_EXECUTORS
-from hicache_ref.controller.storage.lockstep import run_lockstep, run_until_idle, runnable_steps
+from hicache_ref.controller.storage.lockstep import (
+    detach_ranks,
+    reset_ranks,
+    run_lockstep,
+    run_until_idle,
+    runnable_steps,
+)
 from hicache_ref.controller.storage.queues import QUEUE_NAMES, StorageQueues
 from hicache_ref.controller.storage.records import (
     STEP_KINDS,
@@ -64,8 +70,10 @@ __all__ = [
     "StorageStepKind",
     "StorageTier",
     "SyncGroup",
+    "detach_ranks",
     "drain_host_mem_release",
     "parse_step_kind",
+    "reset_ranks",
     "run_lockstep",
     "run_until_idle",
     "runnable_steps",

@@ -1,4 +1,5 @@
-"""One storage step on every rank at once: the manual executor of a rank group.
+"""One storage step on every rank at once (the manual executor of a rank group), and the
+lifecycle calls that must reach every rank of a group together.
 
 ``run_lockstep(tiers, group, kind)`` runs the ``kind`` step of every rank's tier inside one
 lockstep scope of the ``RankGroup``: each rank's step runs on a short-lived thread of its own, so
@@ -7,14 +8,20 @@ contributions), and when all are done the group checks that every rank issued th
 collectives in the same order (INV-20). Each rank touches only its own pools and backend, so
 the outcome does not depend on how the threads interleave: a lockstep step is deterministic.
 One rank runs inline, without a thread.
+
+``reset_ranks`` and ``detach_ranks`` reset or detach every rank of a group: the group is
+interrupted while every rank's threads stop, so no thread waits in a collective for a peer that
+already stopped, then every rank starts its next epoch (INV-24).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from hicache_ref.controller.storage.collectives import RankGroup
+from hicache_ref.controller.storage.executor import STORAGE_JOIN_TIMEOUT_S
 from hicache_ref.controller.storage.records import STEP_KINDS, StepResult, StorageStepKind
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
@@ -108,3 +115,39 @@ def run_until_idle(tiers: Sequence[StorageTier], group: RankGroup, max_steps: in
                 f"storage work did not quiesce within {max_steps} lockstep steps (a step "
                 "re-queued work instead of bringing its operation to its one final ack)",
             )
+
+
+def reset_ranks(tiers: Sequence[StorageTier], group: RankGroup) -> None:
+    """Reset every rank: stop all threads (collectives abandoned), then a new epoch each."""
+    group.interrupt()
+    try:
+        for tier in tiers:
+            tier.stop_threads()
+    finally:
+        group.resume()
+    for tier in tiers:
+        tier.reset()
+
+
+def detach_ranks(tiers: Sequence[StorageTier], group: RankGroup) -> None:
+    """Detach every rank: terminate every prefetch, let every op reach its final ack, stop."""
+    for tier in tiers:
+        if tier.enable_storage:
+            tier.terminate_live_prefetches()
+    if all(tier.executor.name == "manual" for tier in tiers):
+        run_until_idle([t for t in tiers if t.enable_storage], group)
+    else:
+        _wait_idle(tiers)
+    for tier in tiers:
+        tier.detach_storage_backend()
+
+
+def _wait_idle(tiers: Sequence[StorageTier]) -> None:
+    deadline = time.monotonic() + STORAGE_JOIN_TIMEOUT_S
+    while any(tier.enable_storage and tier.has_any_work() for tier in tiers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"detach: storage work did not finish within {STORAGE_JOIN_TIMEOUT_S:g} s on "
+                "every rank; detach aborted"
+            )
+        time.sleep(0.002)

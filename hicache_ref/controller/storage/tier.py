@@ -207,8 +207,7 @@ class StorageTier:
         the work does not finish or a thread does not stop within its bound.
         """
         if self.enable_storage:
-            for operation in list(self._live_prefetches.values()):
-                operation.mark_terminate()
+            self.terminate_live_prefetches()
             self._finish_pending_work()
         try:
             self.executor.stop()
@@ -217,6 +216,18 @@ class StorageTier:
             raise RuntimeError("Stop storage threads failed; detach aborted.") from exc
         self._close_backend()
         self._clear_attributes()
+
+    def terminate_live_prefetches(self) -> int:
+        """Mark every prefetch of this epoch terminated (detach's first move); how many."""
+        live = list(self._live_prefetches.values())
+        for operation in live:
+            operation.mark_terminate()
+        return len(live)
+
+    def stop_threads(self) -> None:
+        """Stop and join the storage threads without starting new ones (a rank group stops
+        every rank's threads before resetting any, so no thread waits for a stopped peer)."""
+        self.executor.stop()
 
     def _finish_pending_work(self) -> None:
         if self.executor.name == "thread":
