@@ -151,7 +151,7 @@ class StorageTreeRank:
         operation = self.cc.prefetch(rid, tokens, last_hash, prefix_keys)
         self.ongoing_prefetch[rid] = OngoingPrefetch(operation, len(tokens), anchor)
         self.cc.prefetch_tokens_occupied += len(tokens)
-        self.on_event("prefetch", {"rid": rid, "operation": operation, "tokens": len(tokens)})
+        self.on_event("started", {"rid": rid, "operation": operation, "tokens": len(tokens)})
         return operation
 
     def is_current(self, operation: PrefetchOperation) -> bool:
@@ -159,25 +159,39 @@ class StorageTreeRank:
         return info is not None and info.operation is operation
 
     def drain_hits(self, count: int) -> None:
+        """One rank alone: revoke or start each drained hit (a ``StorageTree`` agrees first)."""
         for _ in range(count):
-            operation = self.cc.prefetch_hit_queue.get_nowait()
-            current = self.is_current(operation)
-            self.on_event("hit", {"operation": operation, "current": current})
-            if current:
-                self._start_transfer(operation)
+            operation = self.take_hit()
+            if operation is None:
+                continue
+            host = self.alloc_bounce(operation) if self.wants_transfer(operation) else None
+            if host is None:
+                self.revoke(operation)
+            else:
+                self.start_transfer(operation, host)
 
-    def _start_transfer(self, operation: PrefetchOperation) -> None:
-        rid = operation.request_id
-        hit = operation.storage_hit_count
-        if operation.is_terminated() or hit < self.cc.prefetch_threshold:
-            self._retire(rid, "revoked")
-            return
-        host_indices = self.cc.alloc_prefetch_host_buffers(operation, hit)
-        if host_indices is None:
-            self._retire(rid, "no_host_room")
-            return
+    def take_hit(self) -> PrefetchOperation | None:
+        """The next hit result, or None when it is not a current prefetch's."""
+        operation = self.cc.prefetch_hit_queue.get_nowait()
+        current = self.is_current(operation)
+        self.on_event("hit", {"operation": operation, "current": current})
+        return operation if current else None
+
+    def wants_transfer(self, operation: PrefetchOperation) -> bool:
+        """Not terminated and at least the threshold: worth a bounce buffer."""
+        return not operation.is_terminated() and (
+            operation.storage_hit_count >= self.cc.prefetch_threshold
+        )
+
+    def alloc_bounce(self, operation: PrefetchOperation) -> torch.Tensor | None:
+        return self.cc.alloc_prefetch_host_buffers(operation, operation.storage_hit_count)
+
+    def revoke(self, operation: PrefetchOperation) -> None:
+        self._retire(operation.request_id, "revoked")
+
+    def start_transfer(self, operation: PrefetchOperation, host_indices: torch.Tensor) -> None:
         operation.host_indices = host_indices
-        self.ongoing_prefetch[rid].host_indices = host_indices
+        self.ongoing_prefetch[operation.request_id].host_indices = host_indices
         self.on_event("bounce", {"operation": operation, "host_indices": host_indices})
         self.cc.prefetch_buffer.put(operation)
 
@@ -302,15 +316,43 @@ class StorageTree:
 
     ranks: list[StorageTreeRank]
 
+    def drain_hits(self, count: int) -> None:
+        """Each of the next ``count`` hits on every rank: started on every rank (each one's
+        bounce buffer allocated) or revoked on every rank, never started on some only: a rank
+        that alone revoked would issue no sync collectives while the others wait (INV-20)."""
+        for _ in range(count):
+            taken = [rank.take_hit() for rank in self.ranks]
+            current = [(rank, op) for rank, op in zip(self.ranks, taken, strict=True) if op]
+            if len(current) != len(self.ranks):
+                for rank, op in current:
+                    rank.revoke(op)
+                continue
+            if not all(rank.wants_transfer(op) for rank, op in current):
+                for rank, op in current:
+                    rank.revoke(op)
+                continue
+            hosts = [rank.alloc_bounce(op) for rank, op in current]
+            if any(host is None for host in hosts):
+                for (rank, op), host in zip(current, hosts, strict=True):
+                    if host is not None:
+                        rank.host_pool.free(host)
+                    rank.revoke(op)
+                continue
+            for (rank, op), host in zip(current, hosts, strict=True):
+                assert host is not None
+                rank.start_transfer(op, host)
+
     def drain_storage_control_queues(self) -> int:
         """Drain each control queue by its MIN length over the ranks; returns items taken."""
         taken = 0
         for name in QUEUES:
             count = min(getattr(rank.cc, name).qsize() for rank in self.ranks)
+            if name == "prefetch_hit_queue":
+                self.drain_hits(count)
+                taken += count
+                continue
             for rank in self.ranks:
-                if name == "prefetch_hit_queue":
-                    rank.drain_hits(count)
-                elif name == "ack_prefetch_queue":
+                if name == "ack_prefetch_queue":
                     rank.drain_acks(count)
                 elif name == "ack_backup_queue":
                     rank.drain_backups(count)

@@ -48,6 +48,17 @@ RuleName = Literal[
     "forward_read_batch",
     "scribble_free_host",
     "reset_in_flight",
+    "write_storage",
+    "storage_step",
+    "prefetch",
+    "check_prefetch",
+    "terminate_prefetch",
+    "drain_prefetch_acks",
+    "drain_backup_acks",
+    "inject_fault",
+    "detach_storage",
+    "attach_storage",
+    "reset_storage_in_flight",
 ]
 StepArg = int | bool | str
 

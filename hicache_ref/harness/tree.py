@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -55,6 +55,9 @@ from hicache_ref.harness.rank_geometry import RankGeometry
 from hicache_ref.harness.world import World
 from hicache_ref.invariants.checks_acks import check_ack_rows_identical
 from hicache_ref.invariants.snapshot import HarnessModel
+
+if TYPE_CHECKING:
+    from hicache_ref.harness.storage_driver import StorageDriver
 
 __all__ = ["Node", "TreeDriver", "handle_of"]
 
@@ -89,6 +92,7 @@ class TreeDriver:
         self.watch = FreeSlotWatch(world, self.geometry, self.bytes)
         self.reads = DeferredReads(world, self.bytes)
         self.probes = MisuseProbes(self)
+        self.storage: StorageDriver | None = None  # a storage world's L3 side (Session sets it)
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -630,6 +634,8 @@ class TreeDriver:
         self.batch, self.batch_layer = [], 0
         self.next_node_id = 0
         self.watch.clear()
+        if self.storage is not None:
+            self.storage.on_reset()  # the storage peers and the L3 records of the old epoch
 
     # -- the harness's model, for the session's checks ------------------------------------------
     def model(self) -> HarnessModel:
@@ -638,4 +644,6 @@ class TreeDriver:
         nodes = tuple(
             compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
         )
+        if self.storage is not None:  # host pages the storage driver holds (sources, buffers)
+            nodes += self.storage.holdings()
         return HarnessModel(num_counters=self.config.num_counters, nodes=nodes)

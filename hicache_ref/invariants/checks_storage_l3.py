@@ -97,7 +97,7 @@ def check_inv_27_prefix_keys(snapshot: StorageSnapshot) -> None:
             raise InvariantViolation(
                 "INV-27",
                 f"one {len(use.prefix)}-token prefix has keys {known_key[:16]} and "
-                f"{use.key[:16]} ({use.how} on rank {use.rank}; write and query must hash alike)",
+                f"{use.key[:16]} ({use.how} on rank {use.rank}; a stored and a queried page must hash alike)",
             )
 
 

@@ -108,7 +108,7 @@ class KeyUse:
     rank: int
     key: str
     prefix: Prefix
-    how: str  # "write" | "query"
+    how: str  # "stored" (a set of the page) | "queried" (an exists of it)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ What can be injected, per page, in the order a page meets them:
 - ``delay``: the call sleeps up to ``delay_s_max`` first (only real threads notice).
 
 Pages are chosen by key (``str``) or by ordinal (``int``: the n-th page get, or n-th page set,
-this wrapper has seen, counting from 0), or at random with the ``*_rate`` arguments.
+this wrapper has seen, counting from 0), at random with the ``*_rate`` arguments, or one-shot:
+``arm(kind, pages)`` makes the next ``pages`` page operations that kind can hit fail with it (a
+state machine's ``inject_fault`` step).
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class FaultInjectingStorage(HiCacheStorage):
         self.faults: list[InjectedFault] = []
         self.fault_counts: dict[FaultKind, int] = dict.fromkeys(FAULT_KINDS, 0)
         self.dropped_keys: set[str] = set()
+        self._armed: dict[FaultKind, int] = {}
 
     def replay_line(self) -> str:
         """One line that rebuilds this wrapper's fault plan around the same inner backend."""
@@ -146,6 +149,23 @@ class FaultInjectingStorage(HiCacheStorage):
             f"set_fail_pages={sorted(self._set_fail_keys) + sorted(self._set_fail_ordinals)}"
             f"{', ' + rates if rates else ''}, delay_s_max={self.delay_s_max})"
         )
+
+    def arm(self, kind: FaultKind, pages: int = 1) -> None:
+        """The next ``pages`` page operations ``kind`` applies to fail with it (one-shot)."""
+        if kind not in FAULT_KINDS or kind == "delay":
+            legal = ", ".join(k for k in FAULT_KINDS if k != "delay")
+            raise HiCacheInputError(f"cannot arm fault {kind!r}; legal values: {legal}")
+        if pages < 1:
+            raise HiCacheInputError(f"arm({kind!r}) needs pages >= 1, got {pages}")
+        with self._lock:
+            self._armed[kind] = self._armed.get(kind, 0) + pages
+
+    def _take_armed(self, kind: FaultKind) -> bool:
+        with self._lock:
+            left = self._armed.get(kind, 0)
+            if left:
+                self._armed[kind] = left - 1
+            return bool(left)
 
     # -- decisions ---------------------------------------------------------------------------------
     def _draw(self, kind: str, key: str, attempt: int) -> float:
@@ -178,7 +198,7 @@ class FaultInjectingStorage(HiCacheStorage):
         if self.delay_s_max and self._hits("delay", "delay_rate", f"{op}:{key}", attempt):
             self._record("delay", key, ordinal)
             time.sleep(self.delay_s_max * self._draw("delay-length", key, attempt))
-        if self._hits("raise", "raise_rate", f"{op}:{key}", attempt):
+        if self._take_armed("raise") or self._hits("raise", "raise_rate", f"{op}:{key}", attempt):
             self._record("raise", key, ordinal)
             raise InjectedBackendError(f"injected: the storage backend failed on {op}({key!r})")
 
@@ -189,10 +209,13 @@ class FaultInjectingStorage(HiCacheStorage):
         if (
             key in self._get_fail_keys
             or ordinal in self._get_fail_ordinals
+            or self._take_armed("get_fail")
             or self._hits("get_fail", "fail_rate", key, attempt)
         ):
             kind = "get_fail"
-        elif self._hits("short_read", "short_read_rate", key, attempt):
+        elif self._take_armed("short_read") or self._hits(
+            "short_read", "short_read_rate", key, attempt
+        ):
             kind = "short_read"
         if kind is not None:
             self._record(kind, key, ordinal)
@@ -205,10 +228,11 @@ class FaultInjectingStorage(HiCacheStorage):
         if (
             key in self._set_fail_keys
             or ordinal in self._set_fail_ordinals
+            or self._take_armed("set_fail")
             or self._hits("set_fail", "fail_rate", key, attempt)
         ):
             kind = "set_fail"
-        elif self._hits("set_drop", "drop_rate", key, attempt):
+        elif self._take_armed("set_drop") or self._hits("set_drop", "drop_rate", key, attempt):
             kind = "set_drop"
         if kind is not None:
             self._record(kind, key, ordinal)
@@ -282,7 +306,9 @@ class FaultInjectingStorage(HiCacheStorage):
         for i, key in enumerate(keys):
             ordinal, attempt = self._next("exists", key)
             self._before_call("exists", key, ordinal, attempt)
-            if self._hits("exists_miss", "miss_rate", key, attempt):
+            if self._take_armed("exists_miss") or self._hits(
+                "exists_miss", "miss_rate", key, attempt
+            ):
                 self._record("exists_miss", key, ordinal)
                 return i
             if not self.inner.exists(key):

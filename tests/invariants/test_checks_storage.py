@@ -73,7 +73,7 @@ def l3() -> L3Model:
             KeyUse(r, key, prefix, how)
             for r in ranks
             for key, prefix in keys
-            for how in ("write", "query")
+            for how in ("stored", "queried")
         ),
         writes=tuple(
             StoreWrite(r, f"{key}_tp{r}", key, f"d{r}{key}") for r in ranks for key, _ in keys
@@ -238,15 +238,15 @@ def test_inv26_a_belief_in_an_unwritten_page_is_caught() -> None:
 # -- INV-27 ---------------------------------------------------------------------------------------
 def test_inv27_a_key_that_restarts_the_chain_is_caught() -> None:
     # sglang#35269: a node made before attach chained its keys from itself, not the root
-    other = KeyUse(0, "k0", (9, 9, 9, 9, 1, 2, 3, 4), "write")
+    other = KeyUse(0, "k0", (9, 9, 9, 9, 1, 2, 3, 4), "stored")
     model = replace(healthy().l3, key_uses=(*healthy().l3.key_uses, other))
     fires("INV-27", replace(healthy(), l3=model), "names two prefixes")
 
 
 def test_inv27_write_and_query_keys_that_differ_are_caught() -> None:
-    other = KeyUse(1, "k0-bigram", P0, "query")
+    other = KeyUse(1, "k0-bigram", P0, "queried")
     model = replace(healthy().l3, key_uses=(*healthy().l3.key_uses, other))
-    fires("INV-27", replace(healthy(), l3=model), "write and query must hash alike")
+    fires("INV-27", replace(healthy(), l3=model), "a stored and a queried page must hash alike")
 
 
 # -- INV-28 ---------------------------------------------------------------------------------------

@@ -125,3 +125,14 @@ def test_a_dropped_page_is_remembered_as_lost() -> None:
     store = FaultInjectingStorage(MemoryStorage(), seed=1, drop_rate=1.0)
     store.set("a", pages(1)[0])
     assert store.dropped_keys == {"a"}
+
+
+def test_an_armed_fault_hits_the_next_pages_once() -> None:
+    store = stocked(seed=0)
+    store.arm("get_fail", pages=2)
+    assert failed_gets(store, KEYS[:4]) == ["k0", "k1"]
+    assert failed_gets(store, KEYS[:4]) == []
+    store.arm("exists_miss")
+    assert store.batch_exists(KEYS[:4]) == 0 and store.batch_exists(KEYS[:4]) == 4
+    with pytest.raises(HiCacheInputError, match="cannot arm fault 'delay'"):
+        store.arm("delay")

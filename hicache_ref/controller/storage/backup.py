@@ -61,8 +61,11 @@ class Backup:
         except InvariantViolation:
             raise
         except Exception:
-            logger.exception(
-                "backup op %d failed after %d tokens", operation.id, operation.completed_tokens
+            logger.info(
+                "backup op %d failed after %d tokens",
+                operation.id,
+                operation.completed_tokens,
+                exc_info=True,
             )
 
     def page_backup(self, operation: StorageOperation) -> None:
@@ -79,7 +82,7 @@ class Backup:
             ]
             extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys)
             if not self.page_set(batch_hashes, batch_host_indices, extra_info):
-                logger.warning("backup op %d: %d pages failed", operation.id, len(batch_hashes))
+                logger.info("backup op %d: %d pages failed", operation.id, len(batch_hashes))
                 break
             if prefix_keys is not None:
                 prefix_keys = (*prefix_keys, *batch_hashes)  # a new tuple (bug class 20)

@@ -53,7 +53,9 @@ class HitQuery:
         except InvariantViolation:
             raise
         except Exception:
-            logger.exception("storage hit query failed for request %s", operation.request_id)
+            logger.info(
+                "storage hit query failed for request %s", operation.request_id, exc_info=True
+            )
             hash_value, storage_hit_count = [], 0
         storage_hit_count = self.sync_prefetch_hit_query(operation, storage_hit_count)
         self.publish_hit(operation, hash_value, storage_hit_count)

@@ -163,7 +163,9 @@ class PrefetchIO:
         except InvariantViolation:
             raise
         except Exception:
-            logger.exception("prefetch transfer failed for request %s", operation.request_id)
+            logger.info(
+                "prefetch transfer failed for request %s", operation.request_id, exc_info=True
+            )
             return 0
 
     def page_get(
@@ -183,7 +185,7 @@ class PrefetchIO:
         for i, key in enumerate(hash_values):
             data = page_data[i] if i < len(page_data) else None
             if data is None:
-                logger.warning("prefetch %s: page %s not retrieved", operation.request_id, key)
+                logger.info("prefetch %s: page %s not retrieved", operation.request_id, key)
                 break
             if operation.is_terminated():
                 break

@@ -165,17 +165,7 @@ class StorageTier:
         storage_backend_extra_config: Mapping[str, object] | None,
     ) -> None:
         self.storage_backend_type = storage_backend
-        self.storage_config = generate_storage_config(
-            self.mem_pool_host,
-            self.mem_pool_device,
-            tp_rank=self.collectives.rank,
-            tp_size=self.collectives.world_size,
-            pp_rank=self.pp_rank,
-            pp_size=self.pp_size,
-            enable_storage_metrics=self.enable_storage_metrics,
-            model_name=model_name,
-            storage_backend_extra_config=storage_backend_extra_config,
-        )
+        self.storage_config = self.generate_storage_config(model_name, storage_backend_extra_config)
         # MLA ranks hold identical KV: only rank 0 writes it to storage
         self.backup_skip = self.storage_config.is_mla_model and self.storage_config.tp_rank != 0
         self.storage_backend = StorageBackendFactory.create_backend(
@@ -188,6 +178,22 @@ class StorageTier:
         self._begin_epoch()
         self.enable_storage = True
         self.executor.start(self.epoch)
+
+    def generate_storage_config(
+        self, model_name: str | None, storage_backend_extra_config: Mapping[str, object] | None
+    ) -> HiCacheStorageConfig:
+        """What the backend is told: this rank's shard (its keys' namespace, INV-28)."""
+        return generate_storage_config(
+            self.mem_pool_host,
+            self.mem_pool_device,
+            tp_rank=self.collectives.rank,
+            tp_size=self.collectives.world_size,
+            pp_rank=self.pp_rank,
+            pp_size=self.pp_size,
+            enable_storage_metrics=self.enable_storage_metrics,
+            model_name=model_name,
+            storage_backend_extra_config=storage_backend_extra_config,
+        )
 
     def _rollback_attach(self) -> None:
         """Undo a failed attach: no thread, no backend, no queued work, storage disabled."""
@@ -240,7 +246,9 @@ class StorageTier:
                     )
                 time.sleep(0.002)
             return
-        if self.has_any_work() and self.collectives.world_size > 1:
+        if not self.has_any_work():
+            return
+        if self.collectives.world_size > 1:
             raise HiCacheInputError(
                 f"detach with storage work queued {self.queues.sizes()} on rank "
                 f"{self.rank} of a {self.collectives.world_size}-rank manual world: run every "
