@@ -40,13 +40,14 @@ from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Trace
 from hicache_ref.harness.world import check_device_kind, on_device, use_device
+from hicache_ref.invariants.checks_storage import STORAGE_CHECKS
 
 MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
 """The rules of each family, from the rule records (``harness/rules.py``)."""
-FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid")
+FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "storage")
 
 
 def get_rule_family(rule: str) -> str:
@@ -75,6 +76,12 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         "page": str(config.page_size),
         "copy": config.copy_path,
         "hybrid": "yes" if config.hybrid else "no",
+        "storage": (
+            f"{config.storage_ranks}r/{config.storage_backend}"
+            + ("+faults" if config.storage_faults else "")
+            if config.uses_storage
+            else "none"
+        ),
     }
 
 
@@ -227,6 +234,15 @@ class CampaignReport:
             f"{self.lockstep_steps} steps compared"
             + ("" if self.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)")
         )
+        storage = {r: n for r, n in sorted(self.rules.items()) if get_rule_family(r) == "storage"}
+        if storage:
+            ids = {i: n for i, n in sorted(self.checks_by_id.items()) if i in STORAGE_CHECKS}
+            lines.append(
+                f"  storage: {self.family_shares().get('storage', 0.0):.0%} of applied steps ("
+                + ", ".join(f"{k}={v}" for k, v in storage.items())
+                + "); checks "
+                + ", ".join(f"{k}={v}" for k, v in ids.items())
+            )
         if self.checks_by_id:
             lines.append(
                 "  checks by invariant: "

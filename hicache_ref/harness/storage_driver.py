@@ -23,7 +23,6 @@ restarts its chain collides, INV-27), but never two chains with one prefix.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,10 +33,10 @@ from hicache_ref.controller.storage.lockstep import (
     runnable_steps,
 )
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
-from hicache_ref.harness.content import expected_rows
 from hicache_ref.harness.node_model import Node
 from hicache_ref.harness.outcome import Outcome, done, refused
-from hicache_ref.harness.recording_storage import BackendCall, page_digest
+from hicache_ref.harness.recording_storage import BackendCall
+from hicache_ref.harness.storage_chains import Chain, ChainBook, fill_chain
 from hicache_ref.harness.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.storage_world import StorageWorld
@@ -54,35 +53,8 @@ if TYPE_CHECKING:
     from hicache_ref.harness.adapters.base import Implementation
     from hicache_ref.harness.tree import TreeDriver
 
-CHAIN_PAGES_MAX = 3
-PATTERNS = 2
-RANK_CONTENT_STRIDE = 1 << 20
-"""A TP rank's content id offset (its shard differs); MLA ranks hold the same KV."""
 TIMEOUT_STEPS = 4
 PSEUDO_HANDLE = -1000
-
-
-@dataclass
-class Chain:
-    """A page run the harness backs up: its content id (= its tree handle) and its parent."""
-
-    uid: int
-    parent: Chain | None
-    pattern: int
-    pages: int
-    state: str = "none"  # none | writing | stored | partial
-    keys: tuple[str, ...] = ()  # rank 0's page keys (the implementation's hashing)
-    acked: dict[int, int] = field(default_factory=dict)  # rank -> pages its last ack stored
-
-    def tokens(self, page: int) -> tuple[int, ...]:
-        return tuple(1 + self.pattern * page + (i % page) for i in range(self.pages * page))
-
-    def prefix(self, page: int) -> Prefix:
-        base = self.parent.prefix(page) if self.parent is not None else ()
-        return base + self.tokens(page)
-
-    def chain_keys(self) -> tuple[str, ...]:
-        return (self.parent.chain_keys() if self.parent is not None else ()) + self.keys
 
 
 class StorageDriver:
@@ -96,7 +68,7 @@ class StorageDriver:
         self.n = self.config.storage_ranks
         self.log = StorageLog(self.n)
         self.epoch = 1
-        self.chains: dict[int, Chain] = {}
+        self.book = ChainBook(self.page, mla=self.config.pool_kind != "mha")
         self.next_rid = 0
         self.known_ops: dict[int, tuple[object, int]] = {}
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
@@ -126,61 +98,31 @@ class StorageDriver:
     def attached(self) -> bool:
         return self.l3.attached
 
-    # -- chains --------------------------------------------------------------------------------
+    # -- chains (``storage_chains.py``) -------------------------------------------------------
+    @property
+    def chains(self) -> dict[int, Chain]:
+        return self.book.chains
+
     def backup_candidates(self) -> list[int]:
-        """Chains not in L3 whose parent is (or is the root)."""
-        return sorted(
-            uid
-            for uid, c in self.chains.items()
-            if c.state == "none" and (c.parent is None or c.parent.state == "stored")
-        )
+        return self.book.backup_candidates()
 
     def prefetch_candidates(self) -> list[int]:
         busy = {log.chain_uid for log in self.log.prefetches[0].values() if not log.retired}
-        return sorted(
-            uid
-            for uid, c in self.chains.items()
-            if c.state in ("stored", "partial")
-            and (c.parent is None or c.parent.state == "stored")
-            and uid not in busy
-        )
+        return self.book.prefetch_candidates(busy)
 
     def new_chain(self, pick: int) -> Chain | None:
-        """A new chain under a stored parent, with a (parent, pattern) not used before."""
-        parents: list[Chain | None] = [None] + [
-            c for c in self.chains.values() if c.state == "stored"
-        ]
-        used = {(id(c.parent), c.pattern) for c in self.chains.values()}
-        for offset in range(len(parents) * PATTERNS):
-            choice = (pick + offset) % (len(parents) * PATTERNS)
-            parent, pattern = parents[choice // PATTERNS], choice % PATTERNS
-            if (id(parent), pattern) not in used:
-                uid = self.tree.next_handle
-                self.tree.next_handle += 1
-                chain = Chain(uid, parent, pattern, 1 + pick % CHAIN_PAGES_MAX)
-                self.chains[uid] = chain
-                return chain
-        return None
-
-    def content_uid(self, rank: int, chain: Chain) -> int:
-        return chain.uid if self.mla else chain.uid + rank * RANK_CONTENT_STRIDE
+        uid = self.tree.next_handle
+        chain = self.book.new_chain(pick, uid)
+        if chain is not None:
+            self.tree.next_handle += 1
+        return chain
 
     def _fill(self, rank: int, chain: Chain, slots: torch.Tensor) -> None:
-        """The oracle's rows of ``chain`` into ``slots`` of a rank's host pool, and the digest
-        of every page as the harness's L3 model expects it."""
         host_pool = self.l3.ranks[rank].host_pool
-        positions = torch.arange(slots.numel())
-        uid = self.content_uid(rank, chain)
-        for c, name in enumerate(host_pool.device_pool.component_names()):
-            shape = tuple(host_pool.row_shapes[name])
-            for layer in range(self.config.layer_num):
-                rows = expected_rows(uid, False, layer, c, positions, shape)
-                host_pool.write_rows(name, layer, slots, rows)
-        prefix = chain.prefix(self.page)
-        start = len(prefix) - slots.numel()
-        for i in range(chain.pages):
-            digest = page_digest(host_pool.get_data_page(int(slots[i * self.page]), True))
-            self.log.expected[(rank, prefix[: start + (i + 1) * self.page])] = digest
+        for prefix, digest in fill_chain(
+            host_pool, self.book.content_uid(rank, chain), chain, slots, self.config.layer_num
+        ):
+            self.log.expected[(rank, prefix)] = digest
 
     # -- write_storage -------------------------------------------------------------------------
     def write_storage(self, pick: int, new: bool) -> Outcome:
