@@ -15,6 +15,7 @@ Its map, in the order a prefetch and a backup flow through it (SGLang 0.5.23's p
   ``ack_prefetch_queue``;
 - ``backup.Backup`` (T4): one ``write_storage`` per step, stored prefix, one ack;
 - ``releases``: host pages back to the pool, never one an IO may still write;
+- ``lifecycle``: what a detach waits for (every op at its final ack) and the backend's close;
 - ``collectives``: ``SingleRank`` and the in-process ``RankGroup`` (logs every collective,
   fails on any asymmetry or deadlock);
 - ``executor``: ``ThreadExecutor`` (four threads per epoch) and ``ManualExecutor``;

@@ -16,7 +16,6 @@ The tree-facing API keeps SGLang 0.5.23's names: ``prefetch`` -> (``prefetch_hit
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
@@ -30,11 +29,11 @@ from hicache_ref.controller.storage.config import (
     generate_storage_config,
 )
 from hicache_ref.controller.storage.executor import (
-    STORAGE_JOIN_TIMEOUT_S,
     StorageExecutor,
     make_executor,
 )
 from hicache_ref.controller.storage.hit_query import HitQuery
+from hicache_ref.controller.storage.lifecycle import close_backend, finish_pending_work
 from hicache_ref.controller.storage.prefetch_io import PrefetchIO
 from hicache_ref.controller.storage.prefetch_sync import PrefetchSync
 from hicache_ref.controller.storage.queues import StorageQueues
@@ -201,7 +200,7 @@ class StorageTier:
             self.executor.stop()
         except Exception:
             logger.exception("storage threads did not stop while rolling back an attach")
-        self._close_backend()
+        close_backend(self.storage_backend)
         self._clear_attributes()
 
     def detach_storage_backend(self) -> None:
@@ -214,13 +213,13 @@ class StorageTier:
         """
         if self.enable_storage:
             self.terminate_live_prefetches()
-            self._finish_pending_work()
+            finish_pending_work(self)
         try:
             self.executor.stop()
         except Exception as exc:
             logger.exception("stop storage threads failed: %s", exc)
             raise RuntimeError("Stop storage threads failed; detach aborted.") from exc
-        self._close_backend()
+        close_backend(self.storage_backend)
         self._clear_attributes()
 
     def terminate_live_prefetches(self) -> int:
@@ -234,36 +233,6 @@ class StorageTier:
         """Stop and join the storage threads without starting new ones (a rank group stops
         every rank's threads before resetting any, so no thread waits for a stopped peer)."""
         self.executor.stop()
-
-    def _finish_pending_work(self) -> None:
-        if self.executor.name == "thread":
-            deadline = time.monotonic() + STORAGE_JOIN_TIMEOUT_S
-            while self.has_any_work():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"detach: storage work {self.queues.sizes()} did not finish within "
-                        f"{STORAGE_JOIN_TIMEOUT_S:g} s; detach aborted"
-                    )
-                time.sleep(0.002)
-            return
-        if not self.has_any_work():
-            return
-        if self.collectives.world_size > 1:
-            raise HiCacheInputError(
-                f"detach with storage work queued {self.queues.sizes()} on rank "
-                f"{self.rank} of a {self.collectives.world_size}-rank manual world: run every "
-                "rank's steps until idle first (lockstep.run_until_idle), then detach"
-            )
-        self.run_until_idle()
-
-    def _close_backend(self) -> None:
-        backend = self.storage_backend
-        if backend is None:
-            return
-        try:
-            backend.close()
-        except Exception:
-            logger.exception("failed to close storage backend cleanly")
 
     def _clear_attributes(self) -> None:
         self.storage_backend = None
