@@ -110,8 +110,7 @@ class StorageWorld:
                 controller, host_pool = _peer_rank(config, implementation, rank, group)
             name = f"harness-l3-{tag}-r{rank}"
             self.ranks.append(StorageRank(rank, controller, host_pool, name))
-            StorageBackendFactory.register_backend(name, _builder(weakref.ref(self), rank))
-        weakref.finalize(self, _release, [r.backend_name for r in self.ranks], self._tmp)
+        weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self.attached = False
 
     def build_backend(self, rank: int, cfg: HiCacheStorageConfig) -> HiCacheStorage:
@@ -144,12 +143,20 @@ class StorageWorld:
         return [r.controller.storage for r in self.ranks]
 
     def attach(self) -> None:
+        """Every rank attaches through the seed's own path: its builder is registered with
+        ``StorageBackendFactory`` only for the call, so no world leaves a name behind."""
         for rank in self.ranks:
-            rank.controller.attach_storage_backend(
-                rank.backend_name,
-                prefetch_threshold=self.config.page_size,
-                model_name=MODEL_NAME,
+            StorageBackendFactory.register_backend(
+                rank.backend_name, _builder(weakref.ref(self), rank.rank)
             )
+            try:
+                rank.controller.attach_storage_backend(
+                    rank.backend_name,
+                    prefetch_threshold=self.config.page_size,
+                    model_name=MODEL_NAME,
+                )
+            finally:
+                StorageBackendFactory.unregister_backend(rank.backend_name)
             rank.controller.storage_batch_size = self.config.storage_batch_pages
         self.attached = True
 
@@ -171,12 +178,3 @@ def _builder(world: weakref.ref[StorageWorld], rank: int) -> Any:
         return owner.build_backend(rank, cfg)
 
     return build
-
-
-def _release(names: list[str], tmp: Path) -> None:
-    for name in names:
-        try:
-            StorageBackendFactory.unregister_backend(name)
-        except ValueError:
-            pass
-    shutil.rmtree(tmp, ignore_errors=True)

@@ -46,6 +46,23 @@ from hicache_ref.invariants.checks_prefetch import (
     check_prefetch_progress,
     check_prefetch_release_split,
 )
+from hicache_ref.invariants.checks_storage_l3 import (
+    check_inv_25_one_ack,
+    check_inv_26_ack_is_stored_prefix,
+    check_inv_27_prefix_keys,
+    check_inv_28_key_namespace,
+    check_inv_30_l3_bytes,
+    check_inv_31_prefix_closed,
+)
+from hicache_ref.invariants.checks_storage_prefetch import (
+    check_inv_19_prefetch_ranges,
+    check_inv_20_storage_collectives,
+    check_inv_21_min_progress,
+    check_inv_22_verdict_after_hit,
+    check_inv_23_io_owned_pages,
+    check_inv_24_storage_epochs,
+    check_inv_29_hit_endpoint,
+)
 from hicache_ref.invariants.checks_transfer import (
     check_bytes_equal,
     check_cancel_quiesced,
@@ -83,7 +100,24 @@ CHECKERS_BY_INVARIANT: Mapping[str, tuple[Checker, ...]] = MappingProxyType(
         "INV-16": (check_acked_once, check_ack_queues_empty),
         "INV-17": (check_unchanged, check_failure_reason),
         "INV-18": (check_reset_clean, check_undrained_gate_agrees),
-        "INV-19": (check_prefetch_progress, check_prefetch_release_split),
+        "INV-19": (
+            check_prefetch_progress,
+            check_prefetch_release_split,
+            check_inv_19_prefetch_ranges,
+        ),
+        # the storage tier's: one checker each over a StorageSnapshot (``STORAGE_CHECKS``)
+        "INV-20": (check_inv_20_storage_collectives,),
+        "INV-21": (check_inv_21_min_progress,),
+        "INV-22": (check_inv_22_verdict_after_hit,),
+        "INV-23": (check_inv_23_io_owned_pages,),
+        "INV-24": (check_inv_24_storage_epochs,),
+        "INV-25": (check_inv_25_one_ack,),
+        "INV-26": (check_inv_26_ack_is_stored_prefix,),
+        "INV-27": (check_inv_27_prefix_keys,),
+        "INV-28": (check_inv_28_key_namespace,),
+        "INV-29": (check_inv_29_hit_endpoint,),
+        "INV-30": (check_inv_30_l3_bytes,),
+        "INV-31": (check_inv_31_prefix_closed,),
     }
 )
 """Which checkers enforce each invariant id (every id of the spec has at least one)."""
@@ -100,6 +134,19 @@ __all__ = [
     "check_failure_reason",
     "check_fifo_drain",
     "check_host_slot_count",
+    "check_inv_19_prefetch_ranges",
+    "check_inv_20_storage_collectives",
+    "check_inv_21_min_progress",
+    "check_inv_22_verdict_after_hit",
+    "check_inv_23_io_owned_pages",
+    "check_inv_24_storage_epochs",
+    "check_inv_25_one_ack",
+    "check_inv_26_ack_is_stored_prefix",
+    "check_inv_27_prefix_keys",
+    "check_inv_28_key_namespace",
+    "check_inv_29_hit_endpoint",
+    "check_inv_30_l3_bytes",
+    "check_inv_31_prefix_closed",
     "check_layer_landed_before_read",
     "check_layer_write_complete",
     "check_layers_submitted",
