@@ -45,13 +45,14 @@ from hicache_ref.harness.world import (
     on_device,
     use_device,
 )
+from hicache_ref.invariants.checks_storage import STORAGE_IDS
 
 MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
 """The rules of each family, from the rule records (``harness/rules.py``)."""
-FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid")
+FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "storage")
 
 
 def get_rule_family(rule: str) -> str:
@@ -80,6 +81,12 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         "page": str(config.page_size),
         "copy": config.copy_path,
         "hybrid": "yes" if config.hybrid else "no",
+        "storage": (
+            f"{config.storage_ranks}r/{config.storage_backend}"
+            + ("+faults" if config.storage_faults else "")
+            if config.uses_storage
+            else "none"
+        ),
     }
 
 
@@ -240,6 +247,15 @@ class CampaignReport:
             f"{self.lockstep_steps} steps compared"
             + ("" if self.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)")
         )
+        storage = {r: n for r, n in sorted(self.rules.items()) if get_rule_family(r) == "storage"}
+        if storage:
+            ids = {i: n for i, n in sorted(self.checks_by_id.items()) if i in STORAGE_IDS}
+            lines.append(
+                f"  storage: {self.family_shares().get('storage', 0.0):.0%} of applied steps ("
+                + ", ".join(f"{k}={v}" for k, v in storage.items())
+                + "); checks "
+                + ", ".join(f"{k}={v}" for k, v in ids.items())
+            )
         if self.checks_by_id:
             lines.append(
                 "  checks by invariant: "

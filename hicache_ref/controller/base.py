@@ -1,8 +1,9 @@
 """State every part of the controller shares, and the checks on its inputs.
 
 The write/load paths (``cache_controller.py``), the CP per-layer write-back (``cp_write.py``),
-the CP load (``cp_load.py``) and the storage tier (``storage_mixin.py``) are mixins over this
-state, so each file holds one concept and they all see the same queues, streams and pools.
+and the CP load (``cp_load.py``) are mixins over this state, so each file holds one concept and
+they all see the same queues, streams and pools. The storage tier is an object of its own
+(``controller/storage/``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ class ControllerState:
     _max_write_ack_node_id: int
     inflight: InflightTracker
     stop_event: threading.Event
-    storage_stop_event: threading.Event
 
     # -- shared helpers ----------------------------------------------------------------------------
     @property

@@ -9,8 +9,9 @@ Protocol, in the order data flows:
   takes a producer slot and issues the H2D layer by layer on ``load_stream``, recording one event
   per layer so the forward can start reading layer 0 while later layers still land;
 - the tree drains ``ack_load_queue`` and unpins the loaded nodes.
-CP shared KV (``cp_write.py``, ``cp_load.py``), draft pools (ride along every transfer) and the
-storage tier (``storage_mixin.py``) extend this core.
+CP shared KV (``cp_write.py``, ``cp_load.py``) and draft pools (ride along every transfer)
+extend this core; the L3 storage tier is an object the controller owns (``self.storage``, a
+``controller/storage/StorageTier``), its seed-named methods delegating (``storage_facade.py``).
 
 A hybrid (full + linear attention) device pool is unwrapped to its ``full_kv_pool`` first; the
 pools get the controller's hooks only once construction can no longer fail (F19). A copy that
@@ -36,7 +37,9 @@ from hicache_ref.controller.operations import (
     LayerLoadingEvent,
 )
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
-from hicache_ref.controller.storage_mixin import StorageMixin
+from hicache_ref.controller.storage.collectives import Collectives
+from hicache_ref.controller.storage.tier import StorageTier
+from hicache_ref.controller.storage_facade import StorageFacade
 from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import (
     DraftPoolPairError,
@@ -54,8 +57,10 @@ if TYPE_CHECKING:
     from hicache_ref.pools.host_pool import HostKVCache
 
 
-class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState):
+class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, ControllerState):
     """The controller; public methods keep the seed's names, arguments and behaviour."""
+
+    storage_tier_class: type[StorageTier] = StorageTier
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         device_module: DeviceModule | None = None,
         num_counters: int = 5,
         storage_executor: str = "thread",
+        storage_collectives: Collectives | None = None,
     ) -> None:
         from hicache_ref.pools.device_pool import NSATokenToKVPool
         from hicache_ref.pools.hybrid_pool import unwrap_full_kv_pool
@@ -113,15 +119,17 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.device = self.mem_pool_device.device
         self.layer_num = self.mem_pool_device.layer_num
 
-        self.enable_storage = False
-        self.storage_backend = None
-        self.storage_backend_type = None
-        if storage_executor not in ("thread", "manual"):
-            raise UnknownOptionError(
-                f"unknown storage_executor {storage_executor!r}; legal values: thread, manual"
-            )
-        self.storage_executor = storage_executor
-        self.storage_stop_event = threading.Event()
+        self.storage = self.storage_tier_class(
+            mem_pool_host,
+            self.mem_pool_device,
+            page_size,
+            executor=storage_executor,
+            collectives=storage_collectives,
+            pp_rank=pp_rank,
+            pp_size=pp_size,
+            enable_storage_metrics=enable_storage_metrics,
+            uses_cp_hicache=self.uses_cp_hicache,
+        )
         self.stop_event = threading.Event()
 
         self.layer_done_counter = LayerDoneCounter(
@@ -150,7 +158,6 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.write_stream = self.device_module.Stream()
         self.load_stream = self.device_module.Stream()
 
-        self._init_storage_state()
         if storage_backend is not None:
             try:
                 self.attach_storage_backend(
@@ -502,7 +509,6 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
     def reset(self) -> None:
         """Forget every queue and ack; copies already issued finish first, so none lands later."""
         self.stop_event.set()
-        self.storage_stop_event.set()
         # Let issued copies land before forgetting them: a copy landing after reset would write
         # into slots the tree is about to reuse (INV-18).
         self.write_stream.synchronize()
@@ -518,9 +524,8 @@ class HiCacheController(StorageMixin, CpWriteMixin, CpLoadMixin, ControllerState
         self.layer_done_counter.reset()
         # TreeNode ids restart at 0 after a tree reset; the empty queue makes the gate exact.
         self._max_write_ack_node_id = -1
-        self._reset_storage()
+        self.storage.reset()
         self.stop_event.clear()
-        self.storage_stop_event.clear()
 
 
 def _check_draft_pair(device_pool: object, host_pool: object) -> None:

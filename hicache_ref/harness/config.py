@@ -15,6 +15,9 @@ Layout = Literal["layer_first", "page_first", "page_first_direct", "page_head", 
 IoBackend = Literal["direct", "kernel"]
 AllocPolicy = Literal["fifo", "lifo", "random"]
 CopyPath = Literal["gather", "runs", "batch", "triton"]
+StorageBackendName = Literal["memory", "file", "upstream_file"]
+StoragePolicy = Literal["best_effort", "wait_complete", "timeout"]
+STORAGE_RANKS_MAX = 4
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "direct": ("layer_first", "page_first_direct", "layer_page_first"),
@@ -55,6 +58,19 @@ class HarnessConfig(BaseModel):
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
     executed by ``memmove`` on the simulator; not with ``page_head``) or ``triton`` (the
     zero-copy kernel, under Triton's interpreter here), so each is fuzzed on any machine."""
+    storage_ranks: int = 0
+    """0: no L3 storage tier; n in 1..4: a storage world of n TP ranks (rank 0 is the tree's
+    controller, the others storage peers), all stepped in lockstep (``harness/storage_world.py``)."""
+    storage_backend: StorageBackendName = "memory"
+    """The shared L3: one ``MemoryStore``, one directory of ``FileStorage`` files, or upstream's
+    own ``HiCacheFile`` (0.5.23, read from the wheel tree) over one directory."""
+    storage_faults: bool = False
+    """Seeded background faults on every rank's backend (misses, holes, short reads, failed,
+    partial and dropped writes, exceptions); ``inject_fault`` steps add one-shot faults either way."""
+    storage_batch_pages: int = 2
+    """Pages per storage batch (upstream's ``STORAGE_BATCH_SIZE``, small so batches repeat)."""
+    storage_policy: StoragePolicy = "best_effort"
+    """The tree's prefetch stop policy (``check_prefetch_progress``)."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -74,6 +90,16 @@ class HarnessConfig(BaseModel):
             raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
         if self.device_pages < 2 * self.num_ranks or self.host_pages < 1:
             raise ValueError("device_pages must be >= 2*cp_size and host_pages >= 1")
+        if not 0 <= self.storage_ranks <= STORAGE_RANKS_MAX or self.storage_batch_pages < 1:
+            raise ValueError(
+                f"storage_ranks={self.storage_ranks} must be in [0, {STORAGE_RANKS_MAX}] and "
+                f"storage_batch_pages >= 1"
+            )
+        if self.storage_ranks and (self.uses_cp or self.has_draft):
+            raise ValueError(
+                "a storage world has no CP and no draft pool (CP HiCache refuses a storage "
+                "attach; draft KV is not stored in L3)"
+            )
         return self
 
     @property
@@ -88,11 +114,18 @@ class HarnessConfig(BaseModel):
     def has_draft(self) -> bool:
         return self.draft_layer_num > 0
 
+    @property
+    def uses_storage(self) -> bool:
+        return self.storage_ranks >= 1
+
     def describe(self) -> str:
         draft = f" draft={self.draft_layer_num}L" if self.has_draft else ""
         cp = f" cp={self.cp_size}" if self.uses_cp else ""
         runs = f" copy={self.copy_path}" if self.copy_path != "gather" else ""
         runs += " hybrid" if self.hybrid else ""
+        if self.uses_storage:
+            faults = "+faults" if self.storage_faults else ""
+            runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

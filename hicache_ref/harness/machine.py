@@ -38,6 +38,7 @@ from hicache_ref.harness.programs import PROGRAMS
 from hicache_ref.harness.rule_record import Param
 from hicache_ref.harness.rules import RULES, RuleRecord
 from hicache_ref.harness.session import Session
+from hicache_ref.harness.storage_config import storage_fields
 from hicache_ref.harness.trace import Step
 from hicache_ref.pools.transfer import copy_paths_for_layout
 
@@ -59,12 +60,13 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     layout: Layout = draw(st.sampled_from(LEGAL_LAYOUTS[io_backend]))
     mha_only = layout in MHA_ONLY_LAYOUTS
     layout_paths = copy_paths_for_layout(layout)  # the copy engine's batch refuses some layouts
-    cp_size = 0 if mha_only else draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
+    storage = draw(storage_fields(capabilities))  # a storage world has no CP and no draft
+    cp_size = 0 if mha_only or storage else draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
     pool_kind: PoolKind = (
         "mha" if mha_only else "nsa" if cp_size else draw(st.sampled_from(["mha", "mla", "nsa"]))
     )
     layer_num = draw(st.integers(1, 3))
-    draft_layer_num = draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
+    draft_layer_num = 0 if storage else draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
     ranks = max(1, cp_size)
     config = HarnessConfig(
         page_size=page_size,
@@ -84,6 +86,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         copy_path=draw(st.sampled_from([p for p in DRAWN_COPY_PATHS if p in layout_paths])),
         hybrid=draw(st.sampled_from([False, False, True])),
         seed=draw(st.integers(0, 2**16)),
+        **storage,
     )
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())

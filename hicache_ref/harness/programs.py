@@ -12,7 +12,8 @@ The stories, in the order data flows: ``new_request`` (a prefill, and compute) -
 -> ``early_reserve`` (an early CP reservation, maybe a layer submitted) -> ``reload`` /
 ``reload_staggered`` (loads, reads while they load, part of the H2D) -> ``round_trip`` (device
 -> host -> device, repeated) -> ``cancel_and_reuse`` (roll back, scribble the freed slots, let
-the write stream run) -> ``scheduler_check`` (maybe flush writes, drain both ack queues).
+the write stream run) -> ``scheduler_check`` (maybe flush writes, drain both ack queues) ->
+``storage_round_trip`` / ``storage_steps`` (L3: ``storage_programs.py``).
 ``new_request`` and ``round_trip`` are always offered, so swarm testing never leaves a case with
 nothing to do, and the reload programs keep the load path, where shipped corruption
 lives, above a fifth of the applied steps (``LOAD_PATH_SHARE_MIN``).
@@ -44,6 +45,14 @@ from hicache_ref.harness.rules import (
     SUBMIT_LAYER,
     SYNCHRONIZE,
     WRITE,
+)
+from hicache_ref.harness.storage_programs import (
+    STORAGE_ROUND_TRIP_PARAMS,
+    STORAGE_STEPS_PARAMS,
+    run_storage_round_trip,
+    run_storage_steps,
+    storage_attached,
+    storage_runnable,
 )
 from hicache_ref.harness.trace import Step, StepArg
 
@@ -337,6 +346,20 @@ SCHEDULER_CHECK = Program(
     lambda s: bool(s.tree.ongoing_write or s.tree.ongoing_load),
     run_drain_acks,
 )
+STORAGE_ROUND_TRIP = Program(
+    "storage_round_trip",
+    "a chain to L3 and back: write_storage, its backup, a prefetch, storage steps, drains, an end",
+    STORAGE_ROUND_TRIP_PARAMS,
+    storage_attached,
+    lambda s, p: run_storage_round_trip(s, p, LOAD, START_LOADING),
+)
+STORAGE_STEPS = Program(
+    "storage_steps",
+    "a few steps of whichever storage threads can run, with drains",
+    STORAGE_STEPS_PARAMS,
+    storage_runnable,
+    run_storage_steps,
+)
 _PROGRAMS: tuple[Program, ...] = (
     NEW_REQUEST,
     COMPUTE,
@@ -347,6 +370,8 @@ _PROGRAMS: tuple[Program, ...] = (
     ROUND_TRIP,
     CANCEL_AND_REUSE,
     SCHEDULER_CHECK,
+    STORAGE_ROUND_TRIP,
+    STORAGE_STEPS,
 )
 PROGRAMS: Mapping[str, Program] = MappingProxyType({p.name: p for p in _PROGRAMS})
 """Every compound program by name (the machine's compound rules, in this order)."""

@@ -61,6 +61,7 @@ from hicache_ref.harness.rule_record import (
     pick_draw,
     undrained_loads,
 )
+from hicache_ref.harness.storage_rules import STORAGE_RECORDS
 from hicache_ref.harness.trace import StepArg
 from hicache_ref.oracle import ops as o
 from hicache_ref.oracle.config import Pool
@@ -868,6 +869,7 @@ _RECORDS: tuple[RuleRecord, ...] = (
     RESET,
     RESET_IN_FLIGHT,
     NOOP,
+    *STORAGE_RECORDS,  # the storage family (storage_rules.py)
 )
 
 RULES: Mapping[str, RuleRecord] = MappingProxyType({r.name: r for r in _RECORDS})

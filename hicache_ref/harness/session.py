@@ -97,6 +97,10 @@ class Session:
         self.stats = SessionStats()
         self.checks = CheckRunner(self.stats.checks_by_id)  # the registry, counting per id
         self.tree: TreeDriver = TreeDriver(self.world, self.checks)
+        if config.uses_storage:  # the L3 side: storage peers, the shared L3, its checks
+            from hicache_ref.harness.storage_driver import StorageDriver
+
+            self.tree.storage = StorageDriver(self.tree, implementation)
         self.steps: list[Step] = []
         self.outcomes: list[str] = []
         self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
@@ -255,6 +259,8 @@ class Session:
         """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""
         self._last_snapshots = None
         t = self.tree
+        if t.storage is not None:  # every prefetch and backup ends, every storage check at rest
+            t.storage.settle()
         # The forward finishes computing every node (early-reserved backups ack only then)
         while t.batch:
             t.forward_layer()

@@ -49,6 +49,17 @@ RuleName = Literal[
     "scribble_free_host",
     "reset_in_flight",
     "advance_to_record",
+    "write_storage",
+    "storage_step",
+    "prefetch",
+    "check_prefetch",
+    "terminate_prefetch",
+    "drain_prefetch_acks",
+    "drain_backup_acks",
+    "inject_fault",
+    "detach_storage",
+    "attach_storage",
+    "reset_storage_in_flight",
 ]
 StepArg = int | bool | str
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -55,6 +55,9 @@ from hicache_ref.harness.world import World
 from hicache_ref.invariants.evidence import DrainedAck, RankValues, ReturnedIndices, SlotReuse
 from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.snapshot import HarnessModel
+
+if TYPE_CHECKING:
+    from hicache_ref.harness.storage_driver import StorageDriver
 
 __all__ = ["Node", "TreeDriver", "handle_of"]
 
@@ -90,6 +93,7 @@ class TreeDriver:
         self.reads = DeferredReads(world, self.bytes)
         self.stores = StoreWatch(world, self.checks, self._rows_backing_up)
         self.probes = MisuseProbes(self)
+        self.storage: StorageDriver | None = None  # a storage world's L3 side (Session sets it)
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -628,6 +632,8 @@ class TreeDriver:
         self.next_node_id = 0
         self.watch.clear()
         self.stores.clear()
+        if self.storage is not None:
+            self.storage.on_reset()  # the storage peers and the L3 records of the old epoch
 
     def _rows_backing_up(self, rank: int) -> dict[int, set[int]]:
         """The device rows each node being backed up holds on ``rank`` (the store watch)."""
@@ -644,6 +650,8 @@ class TreeDriver:
         nodes = tuple(
             compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
         )
+        if self.storage is not None:  # host pages the storage driver holds (sources, buffers)
+            nodes += self.storage.holdings()
         return HarnessModel(
             num_counters=self.config.num_counters,
             nodes=nodes,

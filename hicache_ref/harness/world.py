@@ -89,6 +89,7 @@ class World:
     device: HarnessDevice
     ranks: list[Rank]
     capabilities: frozenset[str] = frozenset()
+    storage_group: Any = None  # the storage world's RankGroup (``storage_world.py``), if any
 
     @property
     def forward_stream(self) -> StreamT:
@@ -217,6 +218,11 @@ def build_world(
     ranks: list[Rank] = []
     capabilities = implementation.capabilities
     page = config.page_size
+    storage_group = None
+    if config.uses_storage:  # rank 0 of the storage world; the peers are storage_world.py's
+        from hicache_ref.controller.storage.collectives import RankGroup
+
+        storage_group = RankGroup(config.storage_ranks)
     wanted = range(config.num_ranks) if only_ranks is None else only_ranks
     for rank in wanted:
         if not 0 <= rank < config.num_ranks:
@@ -273,6 +279,7 @@ def build_world(
             cp_layout=cp_layout,
             draft_device_pool=draft_device_pool,
             draft_host_pool=draft_host_pool,
+            storage_collectives=None if storage_group is None else storage_group.view(rank),
         )
         controller = implementation.build_controller(request)
         capabilities = check_declared_capabilities(
@@ -294,7 +301,7 @@ def build_world(
                 controller if has_undrained_gate(controller) else None,
             )
         )
-    return World(config, device, ranks, capabilities)
+    return World(config, device, ranks, capabilities, storage_group)
 
 
 # -- the device kind of the worlds built in a context ------------------------------------------

@@ -17,7 +17,9 @@ produces it:
 - ``SlotReuse``: a producer slot handed out while the tree still has a load on it;
 - ``Rows``: bytes read back from a pool against the bytes the content oracle predicts (at a
   drain, at a forward read, at rest, in a poisoned free slot);
-- ``BackupRead``: a D2H copy that read device rows, and whether each held a stored layer.
+- ``BackupRead``: a D2H copy that read device rows, and whether each held a stored layer;
+- ``StorageSnapshot`` (``storage_snapshot.py``): the storage tier of every rank after a storage
+  step, with the harness's own model of what L3 holds.
 
 Only the harness builds these, from its own pools and model: nothing here is the
 implementation's word about itself.
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hicache_ref.invariants.snapshot import HarnessModel, RankSnapshot
+from hicache_ref.invariants.storage_snapshot import StorageSnapshot
 
 if TYPE_CHECKING:
     import torch
@@ -148,4 +151,12 @@ Evidence = (
     | SlotReuse
     | Rows
     | BackupRead
+    | StorageSnapshot
 )
+
+
+def storage_snapshot_of(inv_id: str, evidence: Evidence) -> StorageSnapshot:
+    """The evidence as a storage snapshot (the storage tier's ids are judged from nothing else)."""
+    if not isinstance(evidence, StorageSnapshot):
+        raise TypeError(f"{inv_id} is not checked from {type(evidence).__name__} evidence")
+    return evidence

@@ -18,7 +18,9 @@ The phases, in the order a case meets them:
 - ``REFUSAL_IDS`` around a refused operation: it changed nothing (INV-17);
 - ``RESET_IDS`` after ``reset``: nothing queued, pending or claimed (INV-18);
 - ``QUIESCENCE_IDS`` once every ack drained: no ack left (INV-16), every page free or owned
-  once (INV-05), no per-layer write outliving its backup (INV-15).
+  once (INV-05), no per-layer write outliving its backup (INV-15);
+- ``STORAGE_IDS`` (INV-19 .. INV-31) after each storage step, each reset and at quiescence, over
+  the storage tier's snapshot (``checks_storage*.py``).
 
 Dict order is the order the session runs them, so the first violation reported is the same one
 on every run. A message names the rank before the checker's own text (node, page, fix).
@@ -52,6 +54,24 @@ from hicache_ref.invariants.checks_ownership import (
     check_no_device_free_in_flight,
     check_pages_owned_once,
     check_unchanged,
+)
+from hicache_ref.invariants.checks_storage import STORAGE_CHECKS, STORAGE_IDS
+from hicache_ref.invariants.checks_storage_l3 import (
+    check_inv_25_one_ack,
+    check_inv_26_ack_is_stored_prefix,
+    check_inv_27_prefix_keys,
+    check_inv_28_key_namespace,
+    check_inv_30_l3_bytes,
+    check_inv_31_prefix_closed,
+)
+from hicache_ref.invariants.checks_storage_prefetch import (
+    check_inv_19_prefetch_ranges,
+    check_inv_20_storage_collectives,
+    check_inv_21_min_progress,
+    check_inv_22_verdict_after_hit,
+    check_inv_23_io_owned_pages,
+    check_inv_24_storage_epochs,
+    check_inv_29_hit_endpoint,
 )
 from hicache_ref.invariants.checks_transfer import (
     check_bytes_equal,
@@ -420,12 +440,14 @@ REGISTERED: Mapping[str, Checker] = MappingProxyType(
         "INV-16": check_inv_16_acked_once,
         "INV-17": check_inv_17_refusal_changes_nothing,
         "INV-18": check_inv_18_reset_clean,
+        **STORAGE_CHECKS,  # INV-19 .. INV-31: the storage tier's, each over a StorageSnapshot
     }
 )
 """Every invariant id the harness checks, and its one checker."""
 
 STEP_IDS = ("INV-02", "INV-14", "INV-10", "INV-04", "INV-05", "INV-08")
 REFUSAL_IDS = ("INV-17",)
+# STORAGE_IDS (checks_storage.py): after each storage step, each reset and at quiescence
 RESET_IDS = ("INV-18",)
 QUIESCENCE_IDS = ("INV-16", "INV-05", "INV-15")
 
@@ -451,7 +473,21 @@ __all__ = [
     "REGISTERED",
     "RESET_IDS",
     "STEP_IDS",
+    "STORAGE_IDS",
     "CheckRunner",
     "Checker",
+    "check_inv_19_prefetch_ranges",
+    "check_inv_20_storage_collectives",
+    "check_inv_21_min_progress",
+    "check_inv_22_verdict_after_hit",
+    "check_inv_23_io_owned_pages",
+    "check_inv_24_storage_epochs",
+    "check_inv_25_one_ack",
+    "check_inv_26_ack_is_stored_prefix",
+    "check_inv_27_prefix_keys",
+    "check_inv_28_key_namespace",
+    "check_inv_29_hit_endpoint",
+    "check_inv_30_l3_bytes",
+    "check_inv_31_prefix_closed",
     "on_rank",
 ]

@@ -3,14 +3,16 @@
 Primitives, in the order data flows through them:
 
 - ``compute_page_hashes`` / ``get_hash_str``: chained content keys of whole pages;
-- ``StorageOperation`` (backup) and ``PrefetchOperation`` (prefetch into a bounce buffer, with the
-  INV-19 release ledger), queued on ``BoundedQueue``s;
+- ``StorageOperation`` (backup), ``PrefetchOperation`` (a prefetch; its bounce buffer comes after
+  the hit query, with the INV-19 release ledger) and ``PrefetchAck`` (its progress), queued on
+  ``BoundedQueue``s;
 - ``HiCacheStorage``: ``batch_set`` -> ``batch_exists`` -> ``batch_get``, keyed by
   ``compute_storage_key`` (content key + rank split + layout-independent format tag);
 - backends: ``MemoryStorage``, ``FileStorage``, and ``FaultInjectingStorage`` around either;
 - ``StorageBackendFactory``: names -> backends, for ``attach_storage_backend``.
 
-The controller side (threads, attach/detach, reset) is ``hicache_ref.controller.storage_mixin``.
+The controller side (the tier: its steps, executors, epochs, rank group) is
+``hicache_ref.controller.storage``.
 """
 
 from hicache_ref.storage.backend import (
@@ -27,6 +29,7 @@ from hicache_ref.storage.file_backend import FileStorage
 from hicache_ref.storage.hashing import Token, compute_page_hashes, get_hash_str
 from hicache_ref.storage.memory_backend import MemoryStorage
 from hicache_ref.storage.operations import (
+    PrefetchAck,
     PrefetchOperation,
     PrefetchSplit,
     ReleasedRange,
@@ -48,6 +51,7 @@ __all__ = [
     "HiCacheStorageExtraInfo",
     "InjectedFault",
     "MemoryStorage",
+    "PrefetchAck",
     "PrefetchOperation",
     "PrefetchSplit",
     "ReleasedRange",

@@ -1,11 +1,13 @@
 """The L3 storage interface: a key -> flat-page store with SGLang's ``HiCacheStorage`` API.
 
 A backend stores whole pages under their chained content keys (``hashing.py``). The key a backend
-really uses is ``compute_storage_key(key, config, format_tag)``: the content key, the model, the
-rank split and a *format tag*. The tag names the flat page format (dtype and element count of
+really uses is ``compute_storage_key(key, config, format_tag)``: the content key followed by the
+backend's *namespace* (``compute_storage_namespace``): the model, the rank shard and a *format
+tag*. The tag names the flat page format (dtype, element count and page size of
 ``get_dummy_flat_data_page()``), never the host layout: the flat format is layout-independent, so
 pages written under one layout read back under another, while a pool with a different page
-geometry gets different keys instead of garbage (bug class 21).
+geometry gets different keys instead of garbage (bug class 21). Ranks therefore never share a
+stored key, and ``clear`` removes only its own namespace (INV-28).
 
 Calls, in the order data flows: ``register_mem_pool_host`` -> ``batch_set`` (backup) ->
 ``batch_exists`` (prefetch hit query: length of the leading run of hits) -> ``batch_get``
@@ -66,16 +68,16 @@ def compute_format_tag(mem_pool_host: StorageHostPool | None) -> str:
         return FLAT_PAGE_FORMAT_VERSION
     page = mem_pool_host.get_dummy_flat_data_page()
     dtype_name = str(page.dtype).removeprefix("torch.")
-    return f"{FLAT_PAGE_FORMAT_VERSION}-{dtype_name}x{page.numel()}"
+    return f"{FLAT_PAGE_FORMAT_VERSION}-{dtype_name}x{page.numel()}p{mem_pool_host.page_size}"
 
 
-def compute_storage_key(key: str, config: HiCacheStorageConfig, format_tag: str) -> str:
-    """The key a backend stores a page under: content key, model, rank split, format tag.
+def compute_storage_namespace(config: HiCacheStorageConfig, format_tag: str) -> str:
+    """What a stored key carries besides the content: model, rank shard, page format (INV-28).
 
-    MLA ranks hold identical KV, so their keys omit the TP split; the pipeline split appears only
-    when pipeline parallelism is on (as in SGLang's file backend).
+    MLA ranks hold identical KV, so their namespace omits the TP split; the pipeline split
+    appears only when pipeline parallelism is on (as in SGLang's file backend).
     """
-    parts = [key, config.model_name or "model"]
+    parts = [config.model_name or "model"]
     if not config.is_mla_model:
         parts.append(f"tp{config.tp_rank}of{config.tp_size}")
     if config.pp_size > 1:
@@ -84,8 +86,14 @@ def compute_storage_key(key: str, config: HiCacheStorageConfig, format_tag: str)
     return _UNSAFE_KEY_CHARS.sub("-", "_".join(parts))
 
 
+def compute_storage_key(key: str, config: HiCacheStorageConfig, format_tag: str) -> str:
+    """The key a backend stores a page under: ``<content key>_<namespace>`` (INV-28)."""
+    return f"{_UNSAFE_KEY_CHARS.sub('-', key)}_{compute_storage_namespace(config, format_tag)}"
+
+
 def copy_page_bytes(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Copy ``source``'s bytes into ``target`` (same byte size) and return ``target``."""
+    """Copy ``source``'s bytes into ``target`` (same byte size) and return ``target``; a page
+    of another size is refused, never read as valid (INV-30)."""
     source_bytes = source.contiguous().view(torch.uint8).reshape(-1)
     target_bytes = target.view(torch.uint8).reshape(-1)
     if source_bytes.numel() != target_bytes.numel():
@@ -117,6 +125,11 @@ class HiCacheStorage(ABC):
 
     def _storage_key(self, key: str) -> str:
         return compute_storage_key(key, self.config, self.format_tag)
+
+    @property
+    def namespace(self) -> str:
+        """The suffix every key this backend stores carries; ``clear`` stays inside it."""
+        return compute_storage_namespace(self.config, self.format_tag)
 
     def _require_target(self, key: str, target_location: torch.Tensor | None) -> torch.Tensor:
         """The tensor to read a page into: the caller's, else a fresh flat page of the pool."""
@@ -195,7 +208,7 @@ class HiCacheStorage(ABC):
 
     @abstractmethod
     def clear(self) -> None:
-        """Drop every stored page."""
+        """Drop every page of this backend's namespace, and nothing of anyone else's."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing to close
         """Release backend resources; the default holds none."""

@@ -1,25 +1,33 @@
-"""``FaultInjectingStorage``: a backend wrapper that fails or drops chosen page operations.
+"""``FaultInjectingStorage``: a backend wrapper that fails, drops, delays or lies, seeded.
 
-It mirrors SGLang 0.5.23's ``HiCacheStorageFailureInjector`` without the sleeps, in the
-BUGGIFY style: every decision is a pure function of ``(seed, operation kind, key, attempt)``,
-so the same seed injects the same faults however threads interleave, and ``replay_line()``
-prints the one line that rebuilds the wrapper.
+It mirrors SGLang 0.5.23's ``HiCacheStorageFailureInjector`` in the BUGGIFY style: every
+decision is a pure function of ``(seed, rank, kind, key, attempt)``, so the same seed injects the
+same faults however threads interleave, ranks of one world diverge the same way on every run,
+and ``replay_line()`` prints the one line that rebuilds the wrapper.
 
-What can be injected, per page:
+What can be injected, per page, in the order a page meets them:
 
-- a *failed get*: the page exists (``exists`` stays True) but reading it returns ``None``, which
-  is how a prefetch meets a torn or evicted page mid-transfer (sglang#8901);
-- a *failed set*: ``batch_set`` stops at the page and reports False; earlier pages are stored;
-- a *dropped set*: ``set`` reports success but nothing is stored (a lossy or evicting store).
+- ``exists_miss``: ``batch_exists`` says a stored page is absent, so the hit run ends early;
+- ``get_fail``: the page exists (``exists`` stays True) but reading it returns ``None``: a hole
+  inside a hit run, a page evicted between query and read (sglang#8901, #31315);
+- ``short_read``: the read fills part of the target, then reports the page unreadable;
+- ``set_fail``: ``batch_set`` stops at the page and reports False; earlier pages of the batch
+  are stored (a partial write);
+- ``set_drop``: ``set`` reports success but nothing is stored (a lossy or evicting store);
+- ``raise``: the call raises ``InjectedBackendError`` (a dead connection, sglang#38427);
+- ``delay``: the call sleeps up to ``delay_s_max`` first (only real threads notice).
 
 Pages are chosen by key (``str``) or by ordinal (``int``: the n-th page get, or n-th page set,
-this wrapper has seen, counting from 0), or at random with ``fail_rate`` / ``drop_rate``.
+this wrapper has seen, counting from 0), at random with the ``*_rate`` arguments, or one-shot:
+``arm(kind, pages)`` makes the next ``pages`` page operations that kind can hit fail with it (a
+state machine's ``inject_fault`` step).
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -30,15 +38,30 @@ from hicache_ref.errors import HiCacheInputError
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
 from hicache_ref.storage.protocols import StorageHostPool
 
-FaultKind = Literal["get_fail", "set_fail", "set_drop"]
+FaultKind = Literal[
+    "exists_miss", "get_fail", "short_read", "set_fail", "set_drop", "raise", "delay"
+]
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "exists_miss",
+    "get_fail",
+    "short_read",
+    "set_fail",
+    "set_drop",
+    "raise",
+    "delay",
+)
 
 FAULT_LOG_MAX = 100_000
 """Bound on the fault log (TigerStyle); older entries are dropped first, counts stay exact."""
 
 
+class InjectedBackendError(ConnectionError):
+    """An exception the fault wrapper raised on purpose (the backend 'went away')."""
+
+
 @dataclass(frozen=True)
 class InjectedFault:
-    """One injected fault: what, on which key, at which page ordinal of its kind."""
+    """One injected fault: what, on which key, at which page ordinal of its operation."""
 
     kind: FaultKind
     key: str
@@ -79,14 +102,30 @@ class FaultInjectingStorage(HiCacheStorage):
         get_fail_pages: Iterable[str | int] = (),
         set_fail_pages: Iterable[str | int] = (),
         drop_rate: float = 0.0,
+        miss_rate: float = 0.0,
+        short_read_rate: float = 0.0,
+        raise_rate: float = 0.0,
+        delay_rate: float = 0.0,
+        delay_s_max: float = 0.0,
+        rank: int = 0,
     ) -> None:
         super().__init__(inner.config)
-        _check_rate("fail_rate", fail_rate)
-        _check_rate("drop_rate", drop_rate)
+        rates = {
+            "fail_rate": fail_rate,
+            "drop_rate": drop_rate,
+            "miss_rate": miss_rate,
+            "short_read_rate": short_read_rate,
+            "raise_rate": raise_rate,
+            "delay_rate": delay_rate,
+        }
+        for name, rate in rates.items():
+            _check_rate(name, rate)
+        if delay_s_max < 0:
+            raise HiCacheInputError(f"delay_s_max must be >= 0, got {delay_s_max}")
         self.inner = inner
-        self.seed = seed
-        self.fail_rate = fail_rate
-        self.drop_rate = drop_rate
+        self.seed, self.rank = seed, rank
+        self.rates = rates
+        self.delay_s_max = delay_s_max
         self._get_fail_keys, self._get_fail_ordinals = _split_choices(
             get_fail_pages, "get_fail_pages"
         )
@@ -97,26 +136,48 @@ class FaultInjectingStorage(HiCacheStorage):
         self._ordinals = {"get": 0, "set": 0}
         self._attempts: dict[tuple[str, str], int] = {}
         self.faults: list[InjectedFault] = []
-        self.fault_counts: dict[FaultKind, int] = {"get_fail": 0, "set_fail": 0, "set_drop": 0}
+        self.fault_counts: dict[FaultKind, int] = dict.fromkeys(FAULT_KINDS, 0)
+        self.dropped_keys: set[str] = set()
+        self._armed: dict[FaultKind, int] = {}
 
     def replay_line(self) -> str:
         """One line that rebuilds this wrapper's fault plan around the same inner backend."""
+        rates = ", ".join(f"{name}={rate}" for name, rate in self.rates.items() if rate)
         return (
-            f"FaultInjectingStorage(inner, seed={self.seed}, fail_rate={self.fail_rate}, "
+            f"FaultInjectingStorage(inner, seed={self.seed}, rank={self.rank}, "
             f"get_fail_pages={sorted(self._get_fail_keys) + sorted(self._get_fail_ordinals)}, "
-            f"set_fail_pages={sorted(self._set_fail_keys) + sorted(self._set_fail_ordinals)}, "
-            f"drop_rate={self.drop_rate})"
+            f"set_fail_pages={sorted(self._set_fail_keys) + sorted(self._set_fail_ordinals)}"
+            f"{', ' + rates if rates else ''}, delay_s_max={self.delay_s_max})"
         )
+
+    def arm(self, kind: FaultKind, pages: int = 1) -> None:
+        """The next ``pages`` page operations ``kind`` applies to fail with it (one-shot)."""
+        if kind not in FAULT_KINDS or kind == "delay":
+            legal = ", ".join(k for k in FAULT_KINDS if k != "delay")
+            raise HiCacheInputError(f"cannot arm fault {kind!r}; legal values: {legal}")
+        if pages < 1:
+            raise HiCacheInputError(f"arm({kind!r}) needs pages >= 1, got {pages}")
+        with self._lock:
+            self._armed[kind] = self._armed.get(kind, 0) + pages
+
+    def _take_armed(self, kind: FaultKind) -> bool:
+        with self._lock:
+            left = self._armed.get(kind, 0)
+            if left:
+                self._armed[kind] = left - 1
+            return bool(left)
 
     # -- decisions ---------------------------------------------------------------------------------
     def _draw(self, kind: str, key: str, attempt: int) -> float:
-        """A uniform number in [0, 1) fixed by (seed, kind, key, attempt): order-independent."""
-        digest = hashlib.sha256(f"{self.seed}|{kind}|{key}|{attempt}".encode()).digest()
+        """A uniform number in [0, 1) fixed by (seed, rank, kind, key, attempt)."""
+        text = f"{self.seed}|{self.rank}|{kind}|{key}|{attempt}"
+        digest = hashlib.sha256(text.encode()).digest()
         return int.from_bytes(digest[:8], "little") / 2**64
 
-    def _next_ordinal_and_attempt(self, op: str, key: str) -> tuple[int, int]:
+    def _next(self, op: str, key: str) -> tuple[int, int]:
+        """This call's page ordinal of ``op`` and its attempt number for ``key``."""
         with self._lock:
-            ordinal = self._ordinals[op]
+            ordinal = self._ordinals.get(op, 0)
             self._ordinals[op] = ordinal + 1
             attempt = self._attempts.get((op, key), 0)
             self._attempts[(op, key)] = attempt + 1
@@ -129,29 +190,49 @@ class FaultInjectingStorage(HiCacheStorage):
                 del self.faults[0]
             self.faults.append(InjectedFault(kind, key, ordinal))
 
-    def _decide_get(self, key: str) -> bool:
-        """Whether this page get fails (and record it if so)."""
-        ordinal, attempt = self._next_ordinal_and_attempt("get", key)
-        fails = (
+    def _hits(self, kind: FaultKind, rate_name: str, key: str, attempt: int) -> bool:
+        return self._draw(kind, key, attempt) < self.rates[rate_name]
+
+    def _before_call(self, op: str, key: str, ordinal: int, attempt: int) -> None:
+        """The call-wide faults: a delay, then perhaps an exception."""
+        if self.delay_s_max and self._hits("delay", "delay_rate", f"{op}:{key}", attempt):
+            self._record("delay", key, ordinal)
+            time.sleep(self.delay_s_max * self._draw("delay-length", key, attempt))
+        if self._take_armed("raise") or self._hits("raise", "raise_rate", f"{op}:{key}", attempt):
+            self._record("raise", key, ordinal)
+            raise InjectedBackendError(f"injected: the storage backend failed on {op}({key!r})")
+
+    def _decide_get(self, key: str) -> FaultKind | None:
+        ordinal, attempt = self._next("get", key)
+        self._before_call("get", key, ordinal, attempt)
+        kind: FaultKind | None = None
+        if (
             key in self._get_fail_keys
             or ordinal in self._get_fail_ordinals
-            or self._draw("get", key, attempt) < self.fail_rate
-        )
-        if fails:
-            self._record("get_fail", key, ordinal)
-        return fails
+            or self._take_armed("get_fail")
+            or self._hits("get_fail", "fail_rate", key, attempt)
+        ):
+            kind = "get_fail"
+        elif self._take_armed("short_read") or self._hits(
+            "short_read", "short_read_rate", key, attempt
+        ):
+            kind = "short_read"
+        if kind is not None:
+            self._record(kind, key, ordinal)
+        return kind
 
     def _decide_set(self, key: str) -> FaultKind | None:
-        """``set_fail``, ``set_drop`` or None for this page set (recorded if a fault)."""
-        ordinal, attempt = self._next_ordinal_and_attempt("set", key)
+        ordinal, attempt = self._next("set", key)
+        self._before_call("set", key, ordinal, attempt)
         kind: FaultKind | None = None
         if (
             key in self._set_fail_keys
             or ordinal in self._set_fail_ordinals
-            or self._draw("set", key, attempt) < self.fail_rate
+            or self._take_armed("set_fail")
+            or self._hits("set_fail", "fail_rate", key, attempt)
         ):
             kind = "set_fail"
-        elif self._draw("drop", key, attempt) < self.drop_rate:
+        elif self._take_armed("set_drop") or self._hits("set_drop", "drop_rate", key, attempt):
             kind = "set_drop"
         if kind is not None:
             self._record(kind, key, ordinal)
@@ -162,15 +243,28 @@ class FaultInjectingStorage(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         self.inner.register_mem_pool_host(mem_pool_host)
 
+    @property
+    def namespace(self) -> str:
+        return self.inner.namespace
+
+    def _read(self, key: str, target: torch.Tensor | None) -> torch.Tensor | None:
+        fault = self._decide_get(key)
+        if fault == "get_fail":
+            return None
+        page = self.inner.batch_get([key], None if target is None else [target])[0]
+        if fault == "short_read" and page is not None:
+            flat = page.view(torch.uint8).reshape(-1)
+            flat[flat.numel() // 2 :] = 0  # half a page landed, then the read broke off
+            return None
+        return page
+
     def get(
         self,
         key: str,
         target_location: torch.Tensor | None = None,
         target_sizes: int | None = None,
     ) -> torch.Tensor | None:
-        if self._decide_get(key):
-            return None
-        return self.inner.get(key, target_location, target_sizes)
+        return self._read(key, target_location)
 
     def batch_get(
         self,
@@ -182,14 +276,10 @@ class FaultInjectingStorage(HiCacheStorage):
             raise HiCacheInputError(
                 f"batch_get got {len(keys)} keys but {len(target_locations)} target_locations"
             )
-        pages: list[torch.Tensor | None] = []
-        for i, key in enumerate(keys):
-            if self._decide_get(key):
-                pages.append(None)
-                continue
-            targets = None if target_locations is None else [target_locations[i]]
-            pages.append(self.inner.batch_get([key], targets)[0])
-        return pages
+        return [
+            self._read(key, None if target_locations is None else target_locations[i])
+            for i, key in enumerate(keys)
+        ]
 
     def set(
         self,
@@ -202,6 +292,8 @@ class FaultInjectingStorage(HiCacheStorage):
         if fault == "set_fail":
             return False
         if fault == "set_drop":
+            with self._lock:
+                self.dropped_keys.add(key)
             return True
         return self.inner.set(key, value, target_location, target_sizes)
 
@@ -211,7 +303,17 @@ class FaultInjectingStorage(HiCacheStorage):
     def batch_exists(
         self, keys: Sequence[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        return self.inner.batch_exists(keys, extra_info)
+        for i, key in enumerate(keys):
+            ordinal, attempt = self._next("exists", key)
+            self._before_call("exists", key, ordinal, attempt)
+            if self._take_armed("exists_miss") or self._hits(
+                "exists_miss", "miss_rate", key, attempt
+            ):
+                self._record("exists_miss", key, ordinal)
+                return i
+            if not self.inner.exists(key):
+                return i
+        return len(keys)
 
     def clear(self) -> None:
         self.inner.clear()

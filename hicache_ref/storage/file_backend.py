@@ -1,10 +1,12 @@
 """``FileStorage``: one file per page under a root directory (SGLang's ``HiCacheFile``).
 
 A page is written to a temporary file in the same directory and moved into place with
-``os.replace``, so a reader sees either no file or the whole page, never a torn one. A key that
-already exists is skipped (first writer wins; equal keys mean equal content). A missing file
-reads as ``None``; a file of the wrong size raises ``OSError`` from ``get`` and reads as ``None``
-from ``batch_get``, so a prefetch stops at the damaged page instead of killing its thread.
+``os.replace``, so a reader sees either no file or the whole page, never a torn one, even when
+the writer is killed mid-write (INV-30). A key that already exists is skipped (first writer
+wins; equal keys mean equal content). A missing file reads as ``None``; a file of the wrong size
+raises ``OSError`` from ``get`` and reads as ``None`` from ``batch_get``, so a prefetch stops at
+the damaged page instead of killing its thread. Ranks share one directory: every file name ends
+with the writer's namespace, and ``clear`` removes only its own files (INV-28).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -23,6 +26,9 @@ from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
 logger = logging.getLogger("hicache_ref.storage")
 
 PAGE_FILE_SUFFIX = ".bin"
+TEMP_FILE_SUFFIX = ".part"
+WRITE_CHUNK_BYTES = 1 << 20
+"""Bytes per ``write`` call of a page file."""
 
 
 class FileStorage(HiCacheStorage):
@@ -107,10 +113,12 @@ class FileStorage(HiCacheStorage):
             return True  # first writer wins
         data = value.detach().to("cpu").contiguous().view(torch.uint8).reshape(-1)
         try:
-            fd, tmp_name = tempfile.mkstemp(dir=self.root_dir, prefix=".tmp-", suffix=".part")
+            fd, tmp_name = tempfile.mkstemp(
+                dir=self.root_dir, prefix=self._temp_prefix(), suffix=TEMP_FILE_SUFFIX
+            )
             try:
                 with os.fdopen(fd, "wb") as tmp_file:
-                    tmp_file.write(data.numpy().tobytes())
+                    self._write_page_file(tmp_file, memoryview(data.numpy().tobytes()))
                 os.replace(tmp_name, path)
             except BaseException:
                 Path(tmp_name).unlink(missing_ok=True)
@@ -120,11 +128,25 @@ class FileStorage(HiCacheStorage):
             return False
         return True
 
+    def _write_page_file(self, tmp_file: BinaryIO, data: memoryview) -> None:
+        """Write the page bytes chunk by chunk (a crash between chunks leaves a temp file)."""
+        for start in range(0, len(data), WRITE_CHUNK_BYTES):
+            tmp_file.write(data[start : start + WRITE_CHUNK_BYTES])
+
+    def _temp_prefix(self) -> str:
+        return f".tmp-{self.namespace}-"
+
     def exists(self, key: str) -> bool:
         return self._page_path(key).exists()
 
     def clear(self) -> None:
-        """Delete every page file (and any leftover temporary file) under ``root_dir``."""
+        """Delete this namespace's page files and leftover temporary files, nothing else."""
+        page_suffix = f"_{self.namespace}{PAGE_FILE_SUFFIX}"
+        temp_prefix = self._temp_prefix()
         for path in self.root_dir.iterdir():
-            if path.is_file() and (path.suffix in (PAGE_FILE_SUFFIX, ".part")):
+            name = path.name
+            mine = name.endswith(page_suffix) or (
+                name.startswith(temp_prefix) and name.endswith(TEMP_FILE_SUFFIX)
+            )
+            if mine and path.is_file():
                 path.unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """Content keys of storage pages: a sha256 chain over the page's token ids.
 
-A page's key commits to every token before it: ``key_i = sha256(bytes(key_{i-1}) || tokens_i)``.
+A page's key commits to every token before it: ``key_i = sha256(bytes(key_{i-1}) || tokens_i)``
+(INV-27: one key per whole-page prefix from the root).
 Two requests that share a prefix therefore share the keys of its whole pages, and a page can only
 be found in storage when every page before it has the same tokens. Tokens are hashed as 4-byte
 little-endian unsigned integers; an EAGLE bigram token ``(a, b)`` contributes both elements.

@@ -1,19 +1,19 @@
-"""Storage operations: a backup (``StorageOperation``) and a prefetch (``PrefetchOperation``).
+"""Storage operations: a backup (``StorageOperation``), a prefetch (``PrefetchOperation``) and
+the progress messages of a prefetch (``PrefetchAck``), shaped as SGLang 0.5.23 has them.
 
-A prefetch owns a *bounce buffer* of host slots that the tree allocated for ``n`` tokens. When
-the prefetch ends, the buffer splits into four ranges, and each slot must be released exactly
-once (INV-19 prefetch-ranges):
+A prefetch is created without host slots: the hit query decides how many leading pages storage
+holds (the MIN over ranks), and only then does the tree give it a *bounce buffer* of exactly
+that many tokens. Once its transfer ends, the buffer ``[0, n)`` splits into ranges that are each
+released exactly once (INV-19 prefetch-ranges):
 
-    [0 : matched)                freed by the tree (those tokens were cached meanwhile)
-    [matched : min_completed)    inserted into the tree (now owned by radix nodes)
-    [min_completed : completed)  released by the tree (another TP rank fetched fewer pages)
-    [completed : n)              released by the controller: the non-hit tail at hit-query
-                                 time, the untransferred rest after the transfer, or all of it
-                                 when the prefetch is revoked
+    [0 : matched)        freed by the tree (those tokens were cached meanwhile)
+    [matched : completed) inserted into the tree (now owned by radix nodes)
+    [completed : n)      released after the request's final ack (the IO thread owns them
+                         until then, INV-23)
 
-``completed`` (``completed_tokens``) is a page multiple, counts only pages whose bytes have
-landed (sglang#8901), and never changes once the operation is terminated, so the tree's and the
-controller's views of the split agree (bug class 13, sglang#13483).
+``completed_tokens`` is the *published* progress: the tree sets it from the rank-reduced acks
+(INV-21). It is a page multiple that never shrinks and never changes once the operation is
+terminated, so the tree and the release of the tail agree on where the buffer splits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,17 +41,20 @@ def _next_op_id() -> int:
 class StorageOperation:
     """A backup of host pages to storage, or the base of a prefetch.
 
-    ``prefix_keys`` is kept as a tuple: SGLang extended the operation's own list in place, so a
-    retried or reused operation sent ever longer prefix chains (bug class 20).
+    ``prefix_keys`` is kept as a tuple: SGLang 0.5.10 extended the operation's own list in
+    place, so a retried or reused operation sent ever longer prefix chains (bug class 20).
+    ``epoch`` is the storage tier's epoch when the operation was created (INV-24).
     """
 
     def __init__(
         self,
-        host_indices: torch.Tensor,
+        host_indices: torch.Tensor | None,
         token_ids: Sequence[Token],
         last_hash: str | None = None,
         hash_value: Sequence[str] | None = None,
         prefix_keys: Sequence[str] | None = None,
+        *,
+        epoch: int = 0,
     ) -> None:
         self.host_indices = host_indices
         self.token_ids = token_ids
@@ -61,6 +64,7 @@ class StorageOperation:
         self.prefix_keys: tuple[str, ...] | None = (
             tuple(prefix_keys) if prefix_keys is not None else None
         )
+        self.epoch = epoch
         self.id = _next_op_id()
 
     def __lt__(self, other: StorageOperation) -> bool:
@@ -77,83 +81,90 @@ class ReleasedRange:
 
 
 class PrefetchOperation(StorageOperation):
-    """A prefetch from storage into a pre-allocated bounce buffer (SGLang's ``PrefetchOperation``).
+    """A prefetch from storage (SGLang 0.5.23's ``PrefetchOperation``).
 
-    ``increment`` and ``mark_terminate`` share one lock, so once ``mark_terminate`` returned no
-    increment can land: ``completed_tokens`` is frozen from then on (INV-19).
+    ``mark_terminate`` freezes ``completed_tokens`` under the operation's lock: from then on the
+    published progress cannot move (INV-19), whatever acks are still on their way.
     """
 
     def __init__(
         self,
         request_id: str,
-        host_indices: torch.Tensor,
         token_ids: Sequence[Token],
         last_hash: str | None = None,
         prefix_keys: Sequence[str] | None = None,
         *,
         page_size: int = 1,
+        epoch: int = 0,
     ) -> None:
-        super().__init__(host_indices, token_ids, last_hash, prefix_keys=prefix_keys)
         self.request_id = request_id
         self.page_size = page_size
-        self.bounce_buffer_tokens = int(host_indices.numel())
-        self.start_time = time.monotonic()
         self._lock = threading.Lock()
         self._terminated_flag = False
         self._frozen_completed_tokens: int | None = None
+        self._completed = 0
         self._released: list[ReleasedRange] = []
+        self.storage_hit_count = 0
+        self.hit_known = False
+        """Set by the hit query once the rank-reduced hit count is in ``storage_hit_count``."""
+        self.all_hash_values: list[str] | None = None
+        self.start_time = time.monotonic()
+        super().__init__(None, token_ids, last_hash, prefix_keys=prefix_keys, epoch=epoch)
 
-    def increment(self, num_tokens: int) -> bool:
-        """Count ``num_tokens`` more landed tokens; False (and no change) once terminated."""
+    # -- published progress ------------------------------------------------------------------------
+    @property
+    def completed_tokens(self) -> int:
+        """Tokens of the bounce buffer every rank has filled, as the tree last applied them."""
+        return self._completed
+
+    @completed_tokens.setter
+    def completed_tokens(self, value: int) -> None:
         with self._lock:
-            if self._terminated_flag:
-                return False
-            # Verify progress moves in whole pages inside the buffer (INV-19)
-            if num_tokens < 0 or num_tokens % self.page_size != 0:
-                raise InvariantViolation(
-                    "INV-19",
-                    f"prefetch {self.request_id!r} op {self.id}: increment({num_tokens}) is not "
-                    f"a whole number of pages of {self.page_size} (count a page after its bytes land)",
-                )
-            if self.completed_tokens + num_tokens > self.host_indices.numel():
-                raise InvariantViolation(
-                    "INV-19",
-                    f"prefetch {self.request_id!r} op {self.id}: completed_tokens would reach "
-                    f"{self.completed_tokens + num_tokens} past the {self.host_indices.numel()} "
-                    "slots being filled",
-                )
-            self.completed_tokens += num_tokens
-            return True
+            self._check_progress(value)
+            self._completed = value
+
+    def _check_progress(self, value: int) -> None:
+        # Verify published progress is whole pages and never shrinks (INV-19)
+        if value % self.page_size or value < self._completed:
+            raise InvariantViolation(
+                "INV-19",
+                f"prefetch {self.request_id!r} op {self.id}: completed_tokens "
+                f"{self._completed} -> {value} (it only grows, in whole pages of {self.page_size})",
+            )
+        # Verify progress is frozen once terminate_prefetch returned (INV-19)
+        frozen = self._frozen_completed_tokens
+        if frozen is not None and value != frozen:
+            raise InvariantViolation(
+                "INV-19",
+                f"prefetch {self.request_id!r} op {self.id}: completed_tokens {frozen} -> "
+                f"{value} after termination (the tree already split the bounce buffer at "
+                f"{frozen}; apply no ack to a terminated prefetch)",
+            )
 
     def mark_terminate(self) -> None:
         """Stop the prefetch: from now on ``completed_tokens`` cannot change."""
         with self._lock:
             self._terminated_flag = True
             if self._frozen_completed_tokens is None:
-                self._frozen_completed_tokens = self.completed_tokens
+                self._frozen_completed_tokens = self._completed
 
     def is_terminated(self) -> bool:
-        return self._terminated_flag
+        with self._lock:
+            return self._terminated_flag
 
     @property
     def frozen_completed_tokens(self) -> int | None:
         """``completed_tokens`` at the first ``mark_terminate``; None while running."""
         return self._frozen_completed_tokens
 
-    def check_completed_frozen(self) -> None:
-        """Raise unless ``completed_tokens`` still equals its value at termination (INV-19)."""
-        frozen = self._frozen_completed_tokens
-        if frozen is not None and self.completed_tokens != frozen:
-            raise InvariantViolation(
-                "INV-19",
-                f"prefetch {self.request_id!r} op {self.id}: completed_tokens changed from "
-                f"{frozen} to {self.completed_tokens} after termination (the tree already split "
-                "the bounce buffer at the old value)",
-            )
+    @property
+    def bounce_buffer_tokens(self) -> int:
+        """Tokens of the bounce buffer the tree gave this prefetch (0 before it has one)."""
+        return 0 if self.host_indices is None else int(self.host_indices.numel())
 
     # -- the release ledger ------------------------------------------------------------------------
     def record_release(self, start: int, end: int, releaser: str) -> None:
-        """Note that bounce-buffer tokens ``[start, end)`` were released; each at most once."""
+        """Note that bounce-buffer tokens ``[start, end)`` went back; each token at most once."""
         if start == end:
             return
         # Verify a whole-page range inside the buffer, disjoint from every earlier release
@@ -182,21 +193,22 @@ class PrefetchOperation(StorageOperation):
             chosen = [r for r in self._released if releaser is None or r.releaser == releaser]
         return sorted(chosen, key=lambda r: r.start)
 
-    def check_controller_released_tail(self) -> None:
-        """Raise unless the controller released exactly ``[completed_tokens, n)`` (INV-19)."""
-        ranges = self.released_ranges("controller")
-        covered = sum(r.end - r.start for r in ranges)
-        expected = self.bounce_buffer_tokens - self.completed_tokens
-        contiguous = all(a.end == b.start for a, b in itertools.pairwise(ranges))
-        starts_at_completed = not ranges or ranges[0].start == self.completed_tokens
-        ends_at_buffer_end = not ranges or ranges[-1].end == self.bounce_buffer_tokens
-        if covered != expected or not (contiguous and starts_at_completed and ends_at_buffer_end):
-            raise InvariantViolation(
-                "INV-19",
-                f"prefetch {self.request_id!r} op {self.id}: the controller released "
-                f"{[(r.start, r.end) for r in ranges]} but must release exactly "
-                f"[{self.completed_tokens}:{self.bounce_buffer_tokens})",
-            )
+
+@dataclass
+class PrefetchAck:
+    """One progress message of a prefetch (SGLang 0.5.23's ``PrefetchAck``).
+
+    The IO step emits one per batch with the cumulative ``completed_tokens`` of this rank, even
+    after a failure or a termination (every rank emits the same number), and a last one with
+    ``completed_req=True``. The sync step replaces ``completed_tokens`` by the MIN over ranks
+    before the ack reaches ``ack_prefetch_queue`` (INV-21).
+    """
+
+    rid: str
+    operation: PrefetchOperation
+    completed_tokens: int | None = None
+    pool_hits: Mapping[str, int] | None = None
+    completed_req: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -232,7 +244,10 @@ def is_valid_prefetch_split(
 def compute_prefetch_split(
     total_tokens: int, matched_tokens: int, min_completed_tokens: int, completed_tokens: int
 ) -> PrefetchSplit:
-    """The four ranges; together they cover ``[0, total_tokens)`` exactly once.
+    """The ranges; together they cover ``[0, total_tokens)`` exactly once.
+
+    With 0.5.23's rank-reduced progress ``min_completed_tokens == completed_tokens``, so the
+    range released by the tree is empty; 0.5.10 published rank-local progress and needed it.
 
     pre: 0 <= matched_tokens <= min_completed_tokens <= completed_tokens <= total_tokens
     post: __return__.released_by_controller[1] == total_tokens

@@ -18,7 +18,7 @@ from hicache_ref.ids import HostSlot
 
 
 class StorageHostPool(Protocol):
-    """The host-pool surface that storage backends and the storage mixin use."""
+    """The host-pool surface that storage backends and the storage tier use."""
 
     @property
     def page_size(self) -> int: ...

@@ -78,6 +78,16 @@ class BoundedQueue(Generic[T]):
                 )
             return self._items.popleft() if self._items else None
 
+    def wait_nonempty(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for an item (or a ``wake_all``); whether one is queued."""
+        with self._cond:
+            wakeups = self._wakeups
+            if not self._items:
+                self._cond.wait_for(
+                    lambda: bool(self._items) or self._wakeups != wakeups, timeout=timeout_s
+                )
+            return bool(self._items)
+
     def wake_all(self) -> None:
         """Return every waiting ``poll`` now (used to stop storage threads promptly)."""
         with self._cond:

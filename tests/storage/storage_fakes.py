@@ -1,24 +1,35 @@
-"""Test doubles for the storage tier: a small host pool, a fake controller, a tree-side driver.
+"""Test doubles for the storage tier: a small host pool, tiers, and the tree's half of 0.5.23.
 
 ``FakeHostPool`` keeps KV in a CPU tensor in one of two layouts but always hands out pages in
 one canonical flat order (kv, layer, token, head, dim), like the real host pools.
-``FakeStorageController`` is the smallest class that inherits ``StorageMixin``.
-``TreeSide`` plays the radix tree's part of a prefetch: terminate, split the bounce buffer,
-drain the release queue into the pool, and remember every slot it freed.
+``TreeSide`` plays the radix tree's part of the protocol for one rank: start a prefetch, drain
+the hit queue (revoke, or allocate the bounce buffer and start the IO), drain the progress acks
+(apply them, insert ``[0:completed]`` and release the rest on the final ack), terminate, back up
+and drain backup acks, and free the release queue into the pool, remembering what it freed.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from hicache_ref.controller.storage_mixin import StorageMixin
+from hicache_ref.controller.storage import (
+    RankGroup,
+    StepResult,
+    StorageStepKind,
+    StorageTier,
+    drain_host_mem_release,
+    run_lockstep,
+    run_until_idle,
+    runnable_steps,
+)
+from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.errors import DoubleFreeError
 from hicache_ref.ids import HostSlot
-from hicache_ref.storage.operations import PrefetchOperation, compute_prefetch_split
+from hicache_ref.storage.operations import PrefetchOperation
 
 LAYOUTS = ("layer_first", "page_first")
 
@@ -110,73 +121,155 @@ class FakeDevicePool:
 
 
 class MLATokenToKVPool(FakeDevicePool):
-    """Named like SGLang's MLA pool, which is all the mixin looks at."""
+    """Named like SGLang's MLA pool, which is all the tier looks at."""
 
 
-class FakeStorageController(StorageMixin):
-    """The attributes the mixin relies on, and nothing else."""
-
-    def __init__(
-        self,
-        host_pool: FakeHostPool,
-        *,
-        executor: str = "manual",
-        device_pool: FakeDevicePool | None = None,
-        uses_cp_hicache: bool = False,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-    ) -> None:
-        self.mem_pool_host = host_pool  # type: ignore[assignment]
-        self.mem_pool_device = device_pool or FakeDevicePool(host_pool.size // 4)  # type: ignore[assignment]
-        self.page_size = host_pool.page_size
-        self.uses_cp_hicache = uses_cp_hicache
-        self.enable_storage = False
-        self.storage_backend = None
-        self.storage_backend_type = None
-        self.storage_stop_event = threading.Event()
-        self.storage_executor = executor
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
-        self._init_storage_state()
-
-    def reset(self) -> None:
-        self._reset_storage()
+def make_tier(
+    pool: FakeHostPool,
+    *,
+    executor: str = "manual",
+    collectives: Collectives | None = None,
+    device_pool: FakeDevicePool | None = None,
+    uses_cp_hicache: bool = False,
+) -> StorageTier:
+    return StorageTier(
+        pool,
+        device_pool or FakeDevicePool(pool.size // 4),
+        pool.page_size,
+        executor=executor,
+        collectives=collectives,
+        uses_cp_hicache=uses_cp_hicache,
+    )
 
 
+@dataclass
+class Ongoing:
+    """The tree's ``ongoing_prefetch`` entry: the op, its tokens and (once hit) its buffer."""
+
+    operation: PrefetchOperation
+    tokens: int
+    host_indices: torch.Tensor | None = None
+    matched: int = 0
+
+
+@dataclass
 class TreeSide:
-    """The tree's half of a prefetch, recording every host slot it frees."""
+    """The tree's half of a prefetch and a backup for one rank (0.5.23's cache mode)."""
 
-    def __init__(self, controller: FakeStorageController, host_pool: FakeHostPool) -> None:
-        self.controller = controller
-        self.host_pool = host_pool
-        self.freed: list[int] = []
+    tier: StorageTier
+    pool: FakeHostPool
+    ongoing: dict[str, Ongoing] = field(default_factory=dict)
+    inserted: dict[str, torch.Tensor] = field(default_factory=dict)
+    freed: list[int] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+    backup_acks: list[int] = field(default_factory=list)
+
+    def start(
+        self, rid: str, tokens: list[int], last_hash: str | None = None, matched: int = 0
+    ) -> PrefetchOperation:
+        """``prefetch_from_storage``: queue the query, reserve the occupancy."""
+        operation = self.tier.prefetch(rid, tokens, last_hash)
+        self.ongoing[rid] = Ongoing(operation, len(tokens), matched=matched)
+        self.tier.prefetch_tokens_occupied += len(tokens)
+        return operation
+
+    def drain_hits(self) -> None:
+        """Revoke each hit below threshold (or terminated); allocate and start the others."""
+        queue = self.tier.queues.prefetch_hit_queue
+        for _ in range(queue.qsize()):
+            operation = queue.get_nowait()
+            info = self.ongoing.get(operation.request_id)
+            if info is None or info.operation is not operation:
+                continue
+            hit = operation.storage_hit_count
+            if operation.is_terminated() or hit < self.tier.prefetch_threshold:
+                self.retire(operation.request_id, revoked=True)
+                continue
+            host = self.tier.alloc_prefetch_host_buffers(operation, hit)
+            if host is None:
+                self.retire(operation.request_id, revoked=True)
+                continue
+            operation.host_indices = host
+            info.host_indices = host
+            self.tier.queues.prefetch_buffer.put(operation)
+
+    def drain_acks(self) -> None:
+        """Apply published progress; on the final ack insert the result, release the tail."""
+        queue = self.tier.queues.ack_prefetch_queue
+        for _ in range(queue.qsize()):
+            ack = queue.get_nowait()
+            operation = ack.operation
+            info = self.ongoing.get(ack.rid)
+            current = info is not None and info.operation is operation
+            if ack.completed_tokens is not None and current:
+                operation.completed_tokens = ack.completed_tokens
+            if ack.completed_req:
+                if current:
+                    self.handle_result(ack.rid)
+                host = operation.host_indices
+                assert host is not None
+                done = operation.completed_tokens
+                operation.record_release(done, host.numel(), "tree-tail")
+                self.tier.append_host_mem_release(host[done:])
+
+    def terminate(self, rid: str) -> int:
+        """``check_prefetch_progress`` once the policy says stop: terminate and settle."""
+        info = self.ongoing[rid]
+        completed, _ = self.tier.terminate_prefetch(info.operation)
+        if info.host_indices is None:
+            self.retire(rid, revoked=True)
+        else:
+            self.handle_result(rid)
+        return completed
+
+    def handle_result(self, rid: str) -> None:
+        """Insert ``[matched:completed]``, free ``[0:matched]`` (cached meanwhile)."""
+        info = self.ongoing[rid]
+        operation = info.operation
+        host = info.host_indices
+        assert host is not None
+        completed = operation.completed_tokens
+        matched = min(info.matched, completed)
+        if matched:
+            self.pool.free(host[:matched])
+            self.freed.extend(host[:matched].tolist())
+            operation.record_release(0, matched, "tree-matched")
+        self.inserted[rid] = host[matched:completed]
+        operation.record_release(matched, completed, "tree-inserted")
+        self.retire(rid, revoked=False)
+
+    def retire(self, rid: str, *, revoked: bool) -> None:
+        info = self.ongoing.pop(rid)
+        self.tier.prefetch_tokens_occupied -= info.tokens
+        if revoked:
+            self.revoked.append(rid)
+
+    def drain_backups(self) -> list[int]:
+        queue = self.tier.queues.ack_backup_queue
+        acked = [queue.get_nowait().completed_tokens for _ in range(queue.qsize())]
+        self.backup_acks.extend(acked)
+        return acked
 
     def drain_releases(self) -> list[int]:
-        """Free every queued release page into the host pool (SGLang's scheduler does this)."""
-        released: list[int] = []
-        release_queue = self.controller.host_mem_release_queue
-        for _ in range(release_queue.qsize()):
-            page = release_queue.get_nowait()
-            self.host_pool.free(page)
-            released.extend(page.tolist())
+        """Free every queued release page into the host pool (the scheduler does this)."""
+        released = drain_host_mem_release(self.tier.queues.host_mem_release_queue, self.pool)
         self.freed.extend(released)
         return released
 
-    def finish_prefetch(self, operation: PrefetchOperation, matched_tokens: int = 0) -> int:
-        """Terminate, free [:matched], release [min:completed] (one rank: min == completed)."""
-        completed, _ = self.controller.terminate_prefetch(operation)
-        split = compute_prefetch_split(
-            operation.bounce_buffer_tokens, matched_tokens, completed, completed
-        )
-        start, end = split.freed_by_tree
-        if end > start:
-            self.host_pool.free(operation.host_indices[start:end])
-            self.freed.extend(operation.host_indices[start:end].tolist())
-            operation.record_release(start, end, "tree")
-        start, end = split.released_by_tree
-        operation.record_release(start, end, "tree")
-        self.controller.append_host_mem_release(operation.host_indices[start:end])
-        return completed
+    def drain_all(self) -> None:
+        self.drain_hits()
+        self.drain_acks()
+        self.drain_backups()
+        self.drain_releases()
+
+    def settle(self) -> None:
+        """Run the tier (manual) and drain until nothing moves."""
+        for _ in range(64):
+            steps = self.tier.run_until_idle()
+            self.drain_all()
+            if steps == 0 and not self.tier.runnable_steps():
+                return
+        raise AssertionError("storage work did not settle")
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -186,3 +279,40 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached within {timeout_s}s")
         time.sleep(0.001)
+
+
+@dataclass
+class RankWorld:
+    """``ranks`` tiers (manual) sharing one ``RankGroup``, each with its pool and tree."""
+
+    group: RankGroup
+    pools: list[FakeHostPool]
+    tiers: list[StorageTier]
+    trees: list[TreeSide]
+
+    @classmethod
+    def build(cls, ranks: int, page_size: int = 4, timeout_s: float = 2.0) -> RankWorld:
+        group = RankGroup(ranks, timeout_s=timeout_s)
+        pools = [FakeHostPool(size=64, page_size=page_size) for _ in range(ranks)]
+        tiers = [make_tier(pool, collectives=group.view(r)) for r, pool in enumerate(pools)]
+        for tier in tiers:
+            tier.attach_storage_backend("memory", prefetch_threshold=page_size)
+        return cls(group, pools, tiers, [TreeSide(t, p) for t, p in zip(tiers, pools, strict=True)])
+
+    def step(self, kind: StorageStepKind) -> tuple[StepResult, ...]:
+        return run_lockstep(self.tiers, self.group, kind)
+
+    def start(self, rid: str, tokens: list[int]) -> list[PrefetchOperation]:
+        return [tree.start(rid, tokens) for tree in self.trees]
+
+    def drain(self) -> None:
+        for tree in self.trees:
+            tree.drain_all()
+
+    def settle(self) -> None:
+        for _ in range(64):
+            steps = run_until_idle(self.tiers, self.group)
+            self.drain()
+            if steps == 0 and not runnable_steps(self.tiers):
+                return
+        raise AssertionError("storage work did not settle")

@@ -17,7 +17,7 @@ from hicache_ref.storage.backend import (
     compute_storage_key,
 )
 from hicache_ref.storage.file_backend import FileStorage
-from hicache_ref.storage.memory_backend import MemoryStorage
+from hicache_ref.storage.memory_backend import MemoryStorage, MemoryStore
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -72,6 +72,36 @@ def test_clear_drops_every_page(backend: HiCacheStorage) -> None:
     backend.batch_set(["a", "b"], [page(0), page(1)])
     backend.clear()
     assert backend.batch_exists(["a", "b"]) == 0
+
+
+def shared_pair(kind: str, root: Path) -> tuple[HiCacheStorage, HiCacheStorage]:
+    """Two ranks' clients of one L3: a shared memory store or one shared directory."""
+    rank0, rank1 = (HiCacheStorageConfig(tp_rank=r, tp_size=2) for r in (0, 1))
+    if kind == "memory":
+        store = MemoryStore()
+        return MemoryStorage(rank0, store), MemoryStorage(rank1, store)
+    return FileStorage(root, rank0), FileStorage(root, rank1)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_clear_removes_only_its_own_namespace(kind: str, tmp_path: Path) -> None:
+    # sglang#32693: clear() wiped a shared directory of every rank (INV-28)
+    mine, theirs = shared_pair(kind, tmp_path)
+    mine.set("a", page(0))
+    theirs.set("a", page(1))
+    mine.clear()
+    assert not mine.exists("a") and theirs.exists("a")
+    assert torch.equal(theirs.get("a", torch.zeros(8)), page(1))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_ranks_sharing_one_store_never_share_a_stored_key(kind: str, tmp_path: Path) -> None:
+    # sglang#10969: keys without the rank, so ranks overwrote each other (INV-28)
+    rank0, rank1 = shared_pair(kind, tmp_path)
+    rank0.set("k", page(0))
+    rank1.set("k", page(1))
+    assert torch.equal(rank0.get("k", torch.zeros(8)), page(0))  # type: ignore[arg-type]
+    assert torch.equal(rank1.get("k", torch.zeros(8)), page(1))  # type: ignore[arg-type]
 
 
 def test_batch_set_needs_one_value_per_key(backend: HiCacheStorage) -> None:

@@ -1,4 +1,4 @@
-"""Prefetch operations: frozen progress after termination and the INV-19 release ledger."""
+"""Storage operations: published progress, termination, and the INV-19 release ledger."""
 
 from __future__ import annotations
 
@@ -16,36 +16,35 @@ from hicache_ref.storage.queues import BoundedQueue, StorageQueueOverflow
 
 
 def op(tokens: int = 8, page_size: int = 2) -> PrefetchOperation:
-    return PrefetchOperation("r", torch.arange(tokens), list(range(tokens)), page_size=page_size)
+    operation = PrefetchOperation("r", list(range(tokens)), page_size=page_size)
+    operation.host_indices = torch.arange(tokens)
+    return operation
 
 
-def test_increment_after_terminate_changes_nothing() -> None:
+def test_a_prefetch_has_no_bounce_buffer_until_the_tree_gives_it_one() -> None:
+    operation = PrefetchOperation("r", [1, 2, 3, 4], page_size=2)
+    assert operation.host_indices is None and operation.bounce_buffer_tokens == 0
+    assert not operation.hit_known and operation.storage_hit_count == 0
+
+
+def test_published_progress_grows_in_whole_pages() -> None:
     operation = op()
-    assert operation.increment(2)
-    operation.mark_terminate()
-    assert not operation.increment(2)
-    assert operation.completed_tokens == 2 == operation.frozen_completed_tokens
-
-
-def test_increment_of_a_partial_page_is_an_inv19_violation() -> None:
+    operation.completed_tokens = 4
     with pytest.raises(AssertionError) as info:
-        op().increment(3)
+        operation.completed_tokens = 5
     assert is_violation_of(info.value, "INV-19")
+    with pytest.raises(AssertionError, match="only grows"):
+        operation.completed_tokens = 2
 
 
-def test_increment_past_the_buffer_is_an_inv19_violation() -> None:
-    operation = op(tokens=4)
-    operation.increment(4)
-    with pytest.raises(AssertionError, match="past the 4 slots"):
-        operation.increment(2)
-
-
-def test_completed_changed_after_termination_is_detected() -> None:
+def test_progress_is_frozen_once_terminated() -> None:
     operation = op()
+    operation.completed_tokens = 2
     operation.mark_terminate()
-    operation.completed_tokens = 2  # what a racing, unlocked increment would do
-    with pytest.raises(AssertionError, match="changed from 0 to 2 after termination"):
-        operation.check_completed_frozen()
+    operation.completed_tokens = 2  # the same value is no change
+    with pytest.raises(AssertionError, match="2 -> 4 after termination"):
+        operation.completed_tokens = 4
+    assert operation.frozen_completed_tokens == 2 and operation.is_terminated()
 
 
 def test_a_slot_released_twice_is_an_inv19_violation() -> None:
@@ -59,16 +58,6 @@ def test_a_slot_released_twice_is_an_inv19_violation() -> None:
 def test_release_of_a_partial_page_is_refused() -> None:
     with pytest.raises(AssertionError, match="not whole pages"):
         op().record_release(1, 4, "tree")
-
-
-def test_controller_tail_must_be_exactly_completed_to_end() -> None:
-    operation = op()
-    operation.increment(2)
-    operation.record_release(6, 8, "controller")
-    with pytest.raises(AssertionError, match="must release exactly \\[2:8\\)"):
-        operation.check_controller_released_tail()
-    operation.record_release(2, 6, "controller")
-    operation.check_controller_released_tail()
 
 
 def test_split_covers_the_buffer_once() -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from storage_fakes import FakeStorageController, TreeSide
+from storage_fakes import TreeSide
 
+from hicache_ref.controller.storage import StorageTier
 from hicache_ref.device import SimDevice
 from hicache_ref.pools import (
     HostKVCache,
@@ -32,16 +33,14 @@ def make_device_pool(kind: str) -> KVCache:
     return NSATokenToKVPool(32, PAGE, torch.float32, 3, 2, 2, SimDevice(), index_head_dim=4)
 
 
-def attached_controller(
-    kind: str, layout: str, root_dir: Path
-) -> tuple[FakeStorageController, HostKVCache]:
+def attached_tier(kind: str, layout: str, root_dir: Path) -> tuple[StorageTier, HostKVCache]:
     device_pool = make_device_pool(kind)
     host_pool = make_host_pool(device_pool, layout=layout, size_tokens=64)
-    controller = FakeStorageController(host_pool, device_pool=device_pool)  # type: ignore[arg-type]
-    controller.attach_storage_backend(
+    tier = StorageTier(host_pool, device_pool, PAGE, executor="manual")
+    tier.attach_storage_backend(
         "file", prefetch_threshold=PAGE, storage_backend_extra_config={"root_dir": str(root_dir)}
     )
-    return controller, host_pool
+    return tier, host_pool
 
 
 def fill(host_pool: HostKVCache, slots: torch.Tensor) -> None:
@@ -68,20 +67,20 @@ def read_all(host_pool: HostKVCache, slots: torch.Tensor) -> list[torch.Tensor]:
 def test_backup_under_one_layout_prefetches_under_another(
     tmp_path: Path, kind: str, write_layout: str, read_layout: str
 ) -> None:
-    writer, writer_pool = attached_controller(kind, write_layout, tmp_path)
+    writer, writer_pool = attached_tier(kind, write_layout, tmp_path)
     source = writer_pool.alloc(16)
     assert source is not None
     fill(writer_pool, source)
     writer.write_storage(source, TOKENS, hash_value=compute_page_hashes(TOKENS, PAGE))
-    writer.run_storage_until_idle()
-    assert writer.ack_backup_queue.get_nowait().completed_tokens == 16
+    writer.run_until_idle()
+    assert writer.queues.ack_backup_queue.get_nowait().completed_tokens == 16
 
-    reader, reader_pool = attached_controller(kind, read_layout, tmp_path)
-    bounce = reader_pool.alloc(16)
-    assert bounce is not None
-    operation = reader.prefetch("r", bounce, TOKENS)
-    reader.run_storage_until_idle()
-    assert TreeSide(reader, reader_pool).finish_prefetch(operation) == 16  # type: ignore[arg-type]
+    reader, reader_pool = attached_tier(kind, read_layout, tmp_path)
+    tree = TreeSide(reader, reader_pool)  # type: ignore[arg-type]
+    tree.start("r", TOKENS)
+    tree.settle()
+    bounce = tree.inserted["r"]
+    assert bounce.numel() == 16
     for got, want in zip(read_all(reader_pool, bounce), read_all(writer_pool, source), strict=True):
         assert torch.equal(got, want)
     writer.detach_storage_backend()

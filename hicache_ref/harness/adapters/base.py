@@ -231,6 +231,9 @@ class BuildRequest:
     cp_layout: CpSharedKVLayout | None
     draft_device_pool: KVCache | None
     draft_host_pool: HostKVCache | None
+    storage_collectives: object | None = None
+    """This rank's handle on the storage world's rank group (``controller/storage/
+    collectives.RankCollectives``) when the config has a storage tier; None otherwise."""
 
 
 class Implementation(Protocol):
@@ -339,6 +342,8 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("draft")
     if config.hybrid:
         needed.add("pool:hybrid")
+    if config.uses_storage:
+        needed.add("storage")
     return sorted(needed - capabilities)
 
 

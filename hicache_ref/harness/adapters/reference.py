@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
 from hicache_ref.harness.adapters.contract import ImplementationBase
 
@@ -11,7 +14,7 @@ class ReferenceImplementation(ImplementationBase):
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"
-    capabilities = CAPABILITIES - {"storage"}
+    capabilities = CAPABILITIES
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:
@@ -26,4 +29,6 @@ class ReferenceImplementation(ImplementationBase):
             draft_mem_pool_device=request.draft_device_pool,
             device_module=request.device_module,
             num_counters=request.config.num_counters,
+            storage_executor="manual",  # the harness steps the storage threads' loop bodies
+            storage_collectives=cast(Collectives | None, request.storage_collectives),
         )

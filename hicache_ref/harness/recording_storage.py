@@ -1,0 +1,153 @@
+"""``RecordingStorage``: the outermost backend layer of a storage world, which writes down calls.
+
+The tier under test talks to a rank's backend only through this wrapper, so the harness learns
+from its own object, not from the tier, which keys were queried and what ``batch_exists``
+answered, which pages were stored (and the digest of their bytes), and what every read returned.
+The storage driver takes the calls after each step (``take``) and turns them into its L3 model
+(``invariants/storage_snapshot.L3Model``). Calls are recorded in the order they were made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
+from hicache_ref.storage.protocols import StorageHostPool
+
+CALLS_MAX = 1_000_000
+"""Bound on calls held between two ``take``s (TigerStyle)."""
+
+
+def page_digest(page: torch.Tensor) -> str:
+    """A short digest of a flat page's bytes (what the L3 model compares)."""
+    data = page.detach().to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class BackendCall:
+    """One backend call: ``exists`` (answer = the leading run), ``set`` (ok, digest) or
+    ``get`` (digest of what came back, None when nothing did)."""
+
+    kind: str
+    keys: tuple[str, ...]
+    answer: int = 0
+    ok: bool = False
+    digests: tuple[str | None, ...] = ()
+    stored_keys: tuple[str, ...] = ()
+    raised: bool = False  # the backend raised instead of answering
+
+
+class RecordingStorage(HiCacheStorage):
+    """Forwards every call to ``inner`` and records it."""
+
+    def __init__(self, inner: HiCacheStorage, rank: int) -> None:
+        super().__init__(inner.config)
+        self.inner = inner
+        self.rank = rank
+        self._lock = threading.Lock()
+        self._calls: list[BackendCall] = []
+
+    def _record(self, call: BackendCall) -> None:
+        with self._lock:
+            if len(self._calls) >= CALLS_MAX:
+                del self._calls[0]
+            self._calls.append(call)
+
+    def take(self) -> list[BackendCall]:
+        """Every call since the last ``take``, oldest first."""
+        with self._lock:
+            calls, self._calls = self._calls, []
+        return calls
+
+    def stored_key(self, key: str) -> str:
+        """The key the store really holds ``key`` under (content key + namespace)."""
+        return f"{key}_{self.inner.namespace}"
+
+    @property
+    def namespace(self) -> str:
+        return self.inner.namespace
+
+    # -- HiCacheStorage ----------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: StorageHostPool) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self.inner.register_mem_pool_host(mem_pool_host)
+
+    def get(
+        self,
+        key: str,
+        target_location: torch.Tensor | None = None,
+        target_sizes: int | None = None,
+    ) -> torch.Tensor | None:
+        return self.batch_get([key], None if target_location is None else [target_location])[0]
+
+    def batch_get(
+        self,
+        keys: Sequence[str],
+        target_locations: Sequence[torch.Tensor] | None = None,
+        target_sizes: Sequence[int] | None = None,
+    ) -> list[torch.Tensor | None]:
+        pages = self.inner.batch_get(keys, target_locations, target_sizes)
+        digests = tuple(None if p is None else page_digest(p) for p in pages)
+        self._record(BackendCall("get", tuple(keys), digests=digests))
+        return pages
+
+    def set(
+        self,
+        key: str,
+        value: torch.Tensor | None = None,
+        target_location: torch.Tensor | None = None,
+        target_sizes: int | None = None,
+    ) -> bool:
+        return self.batch_set([key], None if value is None else [value])
+
+    def batch_set(
+        self,
+        keys: Sequence[str],
+        values: Sequence[torch.Tensor] | None = None,
+        target_locations: Sequence[torch.Tensor] | None = None,
+        target_sizes: Sequence[int] | None = None,
+    ) -> bool:
+        ok = False
+        try:
+            ok = bool(self.inner.batch_set(keys, values, target_locations, target_sizes))
+            return ok
+        finally:
+            digests = tuple(page_digest(v) for v in values or ())
+            self._record(
+                BackendCall(
+                    "set",
+                    tuple(keys),
+                    ok=ok,
+                    digests=digests,
+                    stored_keys=tuple(self.stored_key(k) for k in keys),
+                )
+            )
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(
+        self, keys: Sequence[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        answer, raised = 0, True
+        try:
+            answer = int(self.inner.batch_exists(keys, extra_info))
+            raised = False
+            return answer
+        finally:
+            self._record(BackendCall("exists", tuple(keys), answer=answer, raised=raised))
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def get_stats(self) -> Mapping[str, int] | None:
+        return self.inner.get_stats()

@@ -1,0 +1,192 @@
+"""The storage driver's records: what each prefetch and backup did, as the harness saw it.
+
+``PrefetchLog`` and ``BackupLog`` are the mutable twins of the snapshot's frozen records
+(``invariants/storage_snapshot.py``); ``StorageLog`` holds them per rank with the drained ack
+streams, the L3 facts (key uses, writes, reads, expected digests) and the stale acts, and
+``snapshot`` freezes all of it for the checkers. Nothing here asks the implementation: the
+driver fills the logs from the tree's decisions, the recording backend and the host pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hicache_ref.invariants.storage_snapshot import (
+    BackupRecord,
+    BouncePageEvent,
+    CollectiveRecord,
+    KeyUse,
+    L3Model,
+    PrefetchRecord,
+    Prefix,
+    ProgressAck,
+    StaleAct,
+    StorageSnapshot,
+    StoreRead,
+    StoreWrite,
+    TierView,
+    VerdictRecord,
+)
+
+LOG_RECORDS_MAX = 100_000
+"""Bound on the records of one case (TigerStyle); a case this long is refused loudly."""
+
+
+@dataclass
+class PrefetchLog:
+    request_id: str
+    epoch: int
+    tokens: int
+    anchor_prefix: Prefix
+    chain_uid: int
+    local_hit_tokens: int | None = None
+    published_hit_tokens: int | None = None
+    hash_pages: int | None = None
+    bounce_tokens: int | None = None
+    published_progress: list[int] = field(default_factory=list)
+    landed_pages: list[int] = field(default_factory=list)
+    terminated_at: int | None = None
+    completed_now: int | None = None
+    final_acks: int = 0
+    retired: bool = False
+    released: list[tuple[int, int, str]] = field(default_factory=list)
+    events: list[BouncePageEvent] = field(default_factory=list)
+    verdicts: list[VerdictRecord] = field(default_factory=list)
+    owned_slots: dict[int, int] = field(default_factory=dict)  # bounce slot -> token index
+    operation: object = None  # the prefetch the tree started (to read its progress)
+
+    def freeze(self) -> PrefetchRecord:
+        settled = self.bounce_tokens is None or (
+            self.retired and self.final_acks >= 1 and not self.owned_slots
+        )
+        return PrefetchRecord(
+            request_id=self.request_id,
+            epoch=self.epoch,
+            tokens=self.tokens,
+            local_hit_tokens=self.local_hit_tokens,
+            published_hit_tokens=self.published_hit_tokens,
+            hash_pages=self.hash_pages,
+            bounce_tokens=self.bounce_tokens,
+            published_progress=tuple(self.published_progress),
+            landed_pages=tuple(self.landed_pages),
+            terminated_at=self.terminated_at,
+            completed_now=self.completed_now,
+            final_acks=self.final_acks,
+            settled=settled,
+            released=tuple(self.released),
+            events=tuple(self.events),
+            verdicts=tuple(self.verdicts),
+        )
+
+
+@dataclass
+class BackupLog:
+    op_id: int
+    epoch: int
+    chain_uid: int
+    pages: int
+    skipped: bool
+    stored_pages: int | None = None
+    acks: int = 0
+    acked_tokens: int | None = None
+
+    def freeze(self) -> BackupRecord:
+        return BackupRecord(
+            op_id=self.op_id,
+            epoch=self.epoch,
+            pages=self.pages,
+            stored_pages=self.stored_pages,
+            acks=self.acks,
+            acked_tokens=self.acked_tokens,
+            skipped=self.skipped,
+        )
+
+
+@dataclass
+class StorageLog:
+    """Every record of one storage world, per rank, since the last reset (L3 facts survive)."""
+
+    ranks: int
+    prefetches: list[dict[str, PrefetchLog]] = field(default_factory=list)
+    backups: list[dict[int, BackupLog]] = field(default_factory=list)
+    acks: list[list[ProgressAck]] = field(default_factory=list)
+    key_uses: dict[tuple[int, str, Prefix, str], KeyUse] = field(default_factory=dict)
+    writes: list[StoreWrite] = field(default_factory=list)
+    reads: list[StoreRead] = field(default_factory=list)
+    expected: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # (rank, prefix)
+    written: set[tuple[int, str]] = field(default_factory=set)
+    believed: set[tuple[int, str]] = field(default_factory=set)
+    lost: set[tuple[int, str]] = field(default_factory=set)
+    stale: list[StaleAct] = field(default_factory=list)
+    collective_base: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.forget_epoch([0] * self.ranks)
+
+    def forget_epoch(self, collective_base: list[int]) -> None:
+        """A reset: the operations and their acks are gone; what L3 holds stays."""
+        self.prefetches = [{} for _ in range(self.ranks)]
+        self.backups = [{} for _ in range(self.ranks)]
+        self.acks = [[] for _ in range(self.ranks)]
+        self.collective_base = list(collective_base)
+
+    def use_key(self, use: KeyUse) -> None:
+        if len(self.key_uses) >= LOG_RECORDS_MAX:
+            raise OverflowError("the storage log holds too many key uses for one case")
+        self.key_uses.setdefault((use.rank, use.key, use.prefix, use.how), use)
+
+    def key_of(self, prefix: Prefix) -> str | None:
+        for use in self.key_uses.values():
+            if use.prefix == prefix:
+                return use.key
+        return None
+
+    def l3(self, present: set[tuple[int, str]]) -> L3Model:
+        keyed = {(use.rank, use.prefix): use.key for use in self.key_uses.values()}
+        expected = tuple(
+            (rank, keyed[(rank, prefix)], digest)
+            for (rank, prefix), digest in sorted(self.expected.items())
+            if (rank, prefix) in keyed
+        )
+        return L3Model(
+            key_uses=tuple(self.key_uses.values()),
+            writes=tuple(self.writes),
+            reads=tuple(self.reads),
+            expected=expected,
+            believed=tuple(sorted(self.believed)),
+            written=tuple(sorted(self.written)),
+            present=tuple(sorted(present)),
+            lost=tuple(sorted(self.lost)),
+        )
+
+    def snapshot(
+        self,
+        *,
+        page_size: int,
+        epoch: int,
+        tiers: tuple[TierView, ...],
+        collectives: tuple[tuple[CollectiveRecord, ...], ...],
+        present: set[tuple[int, str]],
+        quiescent: bool = False,
+        just_reset: bool = False,
+        detached: bool = False,
+    ) -> StorageSnapshot:
+        return StorageSnapshot(
+            page_size=page_size,
+            world_size=self.ranks,
+            epoch=epoch,
+            tiers=tiers,
+            prefetches=tuple(tuple(p.freeze() for p in rank.values()) for rank in self.prefetches),
+            backups=tuple(tuple(b.freeze() for b in rank.values()) for rank in self.backups),
+            acks=tuple(tuple(a) for a in self.acks),
+            collectives=tuple(
+                tuple(log[base:])
+                for log, base in zip(collectives, self.collective_base, strict=True)
+            ),
+            l3=self.l3(present),
+            stale=tuple(self.stale),
+            lockstep=True,
+            quiescent=quiescent,
+            just_reset=just_reset,
+            detached=detached,
+        )

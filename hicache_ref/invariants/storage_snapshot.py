@@ -1,0 +1,194 @@
+"""Plain data the storage checks read: the tiers as the harness sees them, and its own L3 model.
+
+A ``StorageSnapshot`` is built by the harness after a storage step (or at quiescence) from
+three sources, none of them the implementation's word about itself:
+
+- what the implementation *emitted* on its queues, as the tree drained it (hit results,
+  progress acks, backup acks), and the queue lengths and thread counts it exposes;
+- what the harness's *own* objects saw: the rank group's collective log, the recording backend's
+  calls (which keys were queried, stored, read, and what came back), the host pool's bytes;
+- what the harness *expects*: its content oracle's bytes for every page of a token prefix.
+
+Records, in the order a storage world produces them: ``CollectiveRecord`` -> ``PrefetchRecord``
+(with ``BouncePageEvent`` and ``VerdictRecord``) -> ``BackupRecord`` -> ``L3Model`` (``KeyUse``,
+``StoreRead``, ``ClearRecord``) -> ``TierView`` -> ``StorageSnapshot``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Prefix = tuple[int, ...]
+"""The token ids of a whole-page prefix from the root (what a page key must commit to)."""
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective as one rank issued it, with what it gave and what it got back."""
+
+    rank: int
+    group: str
+    seq: int  # this rank's index of the call on this group
+    op: str  # "min", "max", "sum"
+    contribution: tuple[int, ...]
+    result: tuple[int, ...]
+    step: int | None  # the lockstep step it was issued in (None: thread executor)
+
+
+@dataclass(frozen=True)
+class ProgressAck:
+    """One ack the tree drained from ``ack_prefetch_queue`` on one rank, in drain order."""
+
+    request_id: str
+    completed_tokens: int | None
+    completed_req: bool
+
+
+@dataclass(frozen=True)
+class BouncePageEvent:
+    """The tree inserted or freed page ``page`` of a prefetch's bounce buffer."""
+
+    request_id: str
+    page: int  # index within the bounce buffer
+    action: str  # "insert" | "free"
+    published_tokens: int  # the prefetch's published progress at that moment
+    final_acked: bool  # whether the tree had drained the request's final ack by then
+
+
+@dataclass(frozen=True)
+class VerdictRecord:
+    """The implementation said a prefetch is complete (or not), and what the harness knew."""
+
+    request_id: str
+    claimed_complete: bool
+    hit_published: bool  # the tree had drained the request's hit result
+    published_tokens: int
+    hit_tokens: int | None
+
+
+@dataclass(frozen=True)
+class PrefetchRecord:
+    """The harness's record of one prefetch on one rank."""
+
+    request_id: str
+    epoch: int  # the harness's epoch (resets and attaches it drove) when it started
+    tokens: int  # tokens queried
+    local_hit_tokens: int | None  # this rank's leading run, as its backend answered
+    published_hit_tokens: int | None  # the hit count the tree drained (None: not yet)
+    hash_pages: int | None  # len(hash_value) when the tree drained the hit
+    bounce_tokens: int | None  # the bounce buffer the tree allocated (None: none)
+    published_progress: tuple[int, ...] = ()  # completed_tokens the tree applied, in order
+    landed_pages: tuple[int, ...] = ()  # per applied value: leading pages with oracle bytes
+    terminated_at: int | None = None  # what terminate_prefetch returned
+    completed_now: int | None = None  # completed_tokens read at this snapshot
+    final_acks: int = 0  # completed_req acks the tree drained
+    settled: bool = False  # the tree inserted or gave back every page of the buffer
+    released: tuple[tuple[int, int, str], ...] = ()  # [start, end) and how it went back
+    events: tuple[BouncePageEvent, ...] = ()
+    verdicts: tuple[VerdictRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackupRecord:
+    """The harness's record of one ``write_storage`` on one rank."""
+
+    op_id: int
+    epoch: int
+    pages: int  # pages handed to write_storage
+    stored_pages: int | None  # leading pages the backend accepted (None: not run yet)
+    acks: int = 0
+    acked_tokens: int | None = None
+    skipped: bool = False  # this rank skips backups (MLA rank != 0): nothing may be stored
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """A content key the implementation used for a page whose token prefix the harness knows."""
+
+    rank: int
+    key: str
+    prefix: Prefix
+    how: str  # "stored" (a set of the page) | "queried" (an exists of it)
+
+
+@dataclass(frozen=True)
+class StoreWrite:
+    """A page the shared store accepted: its namespaced key, the writer, its bytes' digest."""
+
+    rank: int
+    stored_key: str
+    content_key: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class StoreRead:
+    """A page read back through a rank's backend, and the digest of what came back."""
+
+    rank: int
+    content_key: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class ClearRecord:
+    """A rank's ``clear()``: the namespaced keys it removed, and whose they were."""
+
+    rank: int
+    removed: tuple[tuple[str, int], ...]  # (stored key, writer rank)
+
+
+@dataclass(frozen=True)
+class L3Model:
+    """What the harness knows of L3: keys and prefixes, writes, reads, and what it expects."""
+
+    key_uses: tuple[KeyUse, ...] = ()
+    writes: tuple[StoreWrite, ...] = ()
+    reads: tuple[StoreRead, ...] = ()
+    clears: tuple[ClearRecord, ...] = ()
+    expected: tuple[tuple[int, str, str], ...] = ()  # (rank, content key, oracle digest)
+    believed: tuple[tuple[int, str], ...] = ()  # (rank, content key) the harness thinks stored
+    written: tuple[tuple[int, str], ...] = ()  # (rank, content key) a set reported stored
+    present: tuple[tuple[int, str], ...] = ()  # (rank, content key) the store holds now
+    lost: tuple[tuple[int, str], ...] = ()  # (rank, content key) dropped by an injected fault
+
+
+@dataclass(frozen=True)
+class TierView:
+    """One rank's tier as it exposes itself: queue lengths, occupancy, live threads."""
+
+    rank: int
+    attached: bool
+    queue_sizes: tuple[tuple[str, int], ...]
+    prefetch_tokens_occupied: int
+    threads_alive: int
+
+
+@dataclass(frozen=True)
+class StaleAct:
+    """Something of an earlier epoch surfaced after a reset or re-attach."""
+
+    rank: int
+    what: str  # e.g. "ack_prefetch_queue entry", "io step"
+    request_or_op: str
+    op_epoch: int
+
+
+@dataclass(frozen=True)
+class StorageSnapshot:
+    """Every rank's storage state, the harness's records and its L3 model, at one moment."""
+
+    page_size: int
+    world_size: int
+    epoch: int
+    tiers: tuple[TierView, ...]
+    prefetches: tuple[tuple[PrefetchRecord, ...], ...]  # per rank
+    backups: tuple[tuple[BackupRecord, ...], ...]  # per rank
+    acks: tuple[tuple[ProgressAck, ...], ...]  # per rank, drain order
+    collectives: tuple[tuple[CollectiveRecord, ...], ...]  # per rank, issue order
+    l3: L3Model = field(default_factory=L3Model)
+    stale: tuple[StaleAct, ...] = ()
+    lockstep: bool = True  # manual lockstep steps (False: real threads still running)
+    quiescent: bool = False  # every storage queue drained and no step runnable
+    just_reset: bool = False  # taken right after a reset (INV-24)
+    detached: bool = False  # taken right after a detach (INV-24)

@@ -1,0 +1,157 @@
+"""The storage family of machine rules, driven through a Session like any other rule.
+
+Each test tells one story of a storage world: a chain of pages goes to L3 and comes back as a
+host-only node the tree loads to device; a trace replays with its storage world; a reset with
+storage work in flight leaves nothing behind; the lockstep oracle steps aside, counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
+from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.lockstep import attach_lockstep
+from hicache_ref.harness.replay import replay
+from hicache_ref.harness.rules import RULES, rule_families
+from hicache_ref.harness.session import Session
+from hicache_ref.harness.storage_config import storage_fields
+from hicache_ref.harness.trace import Step, Trace
+from hicache_ref.invariants.checks_storage import STORAGE_CHECKS
+
+STORAGE_IDS = sorted(STORAGE_CHECKS)
+
+
+@pytest.fixture(autouse=True)
+def quiet_storage_logs() -> Iterator[None]:
+    logging.getLogger("hicache_ref").setLevel(logging.CRITICAL)
+    yield
+    logging.getLogger("hicache_ref").setLevel(logging.NOTSET)
+
+
+def storage_session(**fields: object) -> Session:
+    config = HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1, **fields)  # type: ignore[arg-type]
+    return Session(config, ReferenceImplementation(), "reference")
+
+
+def apply(session: Session, rule: str, **args: object) -> str:
+    return session.apply(Step(rule=rule, args=args)).text  # type: ignore[arg-type]
+
+
+def back_up_and_prefetch(session: Session) -> None:
+    """write_storage -> backup steps -> drain -> prefetch -> steps and drains until settled."""
+    apply(session, "write_storage", pick=1, new=True)  # a chain of two pages
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "prefetch", pick=0)
+    apply(session, "storage_step", kind="hit_query")
+    apply(session, "drain_prefetch_acks")  # the hit: every rank allocates its bounce buffer
+    for kind in ("io", "sync", "io", "sync", "sync"):
+        apply(session, "storage_step", kind=kind)
+    apply(session, "drain_prefetch_acks")  # progress applied, the final ack inserts the result
+    apply(session, "drain_backup_acks")  # the release queue: the (empty) tail goes back
+
+
+def test_a_chain_goes_to_l3_and_comes_back_as_a_node_the_tree_loads() -> None:
+    session = storage_session()
+    back_up_and_prefetch(session)
+    # the prefetched pages became host-only node 0 (the chain's handle): load it to device
+    assert 0 in session.candidates("load")
+    apply(session, "load", node=0)
+    apply(session, "start_loading")
+    session.finish()  # the tree's byte checks read the loaded node (INV-06)
+    checks = session.stats.checks_by_id
+    assert all(checks[inv_id] >= 10 for inv_id in STORAGE_IDS), dict(checks)
+    assert checks["INV-06"] > 0
+
+
+def test_storage_rules_are_skipped_with_their_reason_outside_a_storage_world() -> None:
+    session = Session(HarnessConfig(), ReferenceImplementation(), "reference")
+    assert session.apply(Step(rule="write_storage", args={"pick": 0, "new": True})).skipped
+    assert session.why_disabled(Step(rule="prefetch", args={"pick": 0})) == (
+        "the world has no storage tier (storage_ranks=0)"
+    )
+
+
+def test_a_step_of_a_thread_with_no_work_is_skipped() -> None:
+    session = storage_session()
+    assert session.why_disabled(Step(rule="storage_step", args={"kind": "io"})) == (
+        "no io step is runnable on any rank"
+    )
+
+
+def test_a_storage_trace_replays_its_world_from_the_header(tmp_path: Path) -> None:
+    session = storage_session(storage_backend="file", storage_faults=True)
+    back_up_and_prefetch(session)
+    path = tmp_path / "storage.jsonl"
+    path.write_text(session.trace().to_jsonl())
+    trace = Trace.read(path)
+    assert trace.header.config.storage_ranks == 2
+    assert trace.header.config.storage_backend == "file"
+    result = replay(trace)
+    assert not result.failed, result.error
+    assert result.outcomes == tuple(session.outcomes)
+
+
+def test_a_reset_with_storage_work_in_flight_leaves_every_queue_empty() -> None:
+    # write_storage and a prefetch queued, nothing run -> reset -> INV-24 checked at once
+    session = storage_session()
+    apply(session, "write_storage", pick=0, new=True)
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "prefetch", pick=0)
+    before = session.stats.checks_by_id["INV-24"]
+    assert apply(session, "reset_storage_in_flight") == "reset"
+    assert session.stats.checks_by_id["INV-24"] > before
+    storage = session.tree.storage
+    assert storage is not None and storage.control_empty() and not storage.runnable()
+    session.finish()
+
+
+def test_detach_then_attach_keeps_what_l3_holds() -> None:
+    session = storage_session()
+    back_up_and_prefetch(session)
+    apply(session, "detach_storage")
+    assert session.is_enabled(Step(rule="attach_storage", args={}))
+    apply(session, "attach_storage")
+    # the chain is still in L3: a new prefetch of it hits again
+    apply(session, "prefetch", pick=0)
+    apply(session, "storage_step", kind="hit_query")
+    storage = session.tree.storage
+    assert storage is not None
+    log = storage.log.prefetches[0]
+    assert [entry.local_hit_tokens for entry in log.values()] == [8]
+    session.finish()
+
+
+def test_the_lockstep_oracle_steps_aside_at_the_first_storage_step_and_says_why() -> None:
+    session = storage_session()
+    oracle = attach_lockstep(session)
+    assert oracle is not None
+    apply(session, "write_storage", pick=0, new=True)
+    assert session.stats.lockstep["cases_off"] == 1
+    assert oracle.off_reason is not None and "write_storage" in oracle.off_reason
+
+
+def test_storage_is_a_family_of_records_and_drawn_only_with_the_capability() -> None:
+    assert set(rule_families()["storage"]) == {
+        r.name for r in RULES.values() if r.family == "storage"
+    }
+    assert len(rule_families()["storage"]) == 11
+
+
+@given(storage_fields(frozenset({"pool:mha", "io:direct", "layout:layer_first"})))
+def test_an_implementation_without_storage_never_draws_a_storage_world(
+    fields: dict[str, object],
+) -> None:
+    assert fields == {}
+
+
+def test_a_storage_world_with_cp_or_a_draft_pool_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="a storage world has no CP and no draft pool"):
+        HarnessConfig(storage_ranks=2, cp_size=2, pool_kind="nsa")
