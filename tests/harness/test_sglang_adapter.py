@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.errors import HiCacheSetupError
-from hicache_ref.harness.adapters.sglang import SglangImplementation, is_l2_engine_tree
+from hicache_ref.harness.adapters.sglang import SglangImplementation
+from hicache_ref.harness.adapters.sglang_shapes import is_l2_engine_tree
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
     check_tree,

@@ -41,6 +41,10 @@ from typing import Any
 
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.sglang_shapes import (
+    detect_shape,
+    host_pool_shim,
+)
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
     resolve_seed_tree,
@@ -152,11 +156,6 @@ _SINGLE_RANK = types.SimpleNamespace(
 )
 
 
-def is_l2_engine_tree(tree: Path) -> bool:
-    """Whether the tree's controller drives transfers through ``L2TransferEngine`` (0.5.23+)."""
-    return (tree / "sglang" / "srt" / "mem_cache" / "l2_transfer.py").is_file()
-
-
 _INSTALLED: list[Path | None] = [None]
 
 
@@ -191,6 +190,8 @@ def install_stubs(tree: Path) -> None:
     sys.modules["sglang.srt.distributed"].__dict__.update(
         get_tensor_model_parallel_rank=lambda: 0,
         get_tensor_model_parallel_world_size=lambda: 1,
+        get_pipeline_model_parallel_rank=lambda: 0,  # 0.5.13 - 0.5.15
+        get_pipeline_model_parallel_world_size=lambda: 1,
     )
     _stub("sglang.srt.distributed.parallel_state", create_custom_parallel_group=_no_parallel_group)
     _package("sglang.srt.layers")
@@ -226,15 +227,15 @@ def install_stubs(tree: Path) -> None:
         validate_page_aligned_token_indices=validate_page_aligned_token_indices,
     )
     _stub("sglang.srt.mem_cache.hiradix_cache", CpHiCacheNodeMetadata=CpHiCacheNodeMetadata)
-    if is_l2_engine_tree(tree):  # 0.5.23 and later: L2TransferEngine, pool_host/, runtime ctx
-        _package("sglang.srt.mem_cache.pool_host")
-        _stub("sglang.srt.mem_cache.pool_host.base", shared_host_layout_domains=lambda pools: [])
-        _stub(
-            "sglang.srt.mem_cache.utils",
-            get_hash_str=_no_storage,
-            get_storage_hash_str=_no_storage,
-        )
-        _stub("sglang.srt.runtime_context", get_parallel=lambda: _SINGLE_RANK)
+    # modules later releases import (a superset: each tree imports the ones it has)
+    _package("sglang.srt.mem_cache.pool_host")  # 0.5.14+: host pools moved here
+    _stub("sglang.srt.mem_cache.pool_host.base", shared_host_layout_domains=lambda pools: [])
+    _stub(
+        "sglang.srt.mem_cache.utils",
+        get_hash_str=_no_storage,
+        get_storage_hash_str=_no_storage,  # 0.5.20+ imports it at module level
+    )
+    _stub("sglang.srt.runtime_context", get_parallel=lambda: _SINGLE_RANK)  # 0.5.16+
     environ = _load_real("sglang.srt.environ", root / "srt" / "environ.py")
     environ.__dict__["envs"] = _ForkEnvs(environ.__dict__["envs"])
     _load_real(
@@ -341,51 +342,6 @@ def _producer_slots(module: types.ModuleType) -> int:
     return int(counter.num_counters)
 
 
-class L2HostPoolShim:
-    """The host-pool names 0.5.23's ``L2TransferEngine`` calls, over this project's pool.
-
-    0.5.23 renamed the copy entry points (``*_physical``) and added a per-submission index hook;
-    for a plain (non-compacting) pool upstream's own base class forwards them exactly like this.
-    Everything else is the harness's pool itself, so the harness reads the same slots.
-    """
-
-    storage_format_tag = None
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    @property
-    def logical_size(self) -> int:
-        return int(self._pool.size)
-
-    def prepare_transfer_indices(self, host_indices: Any, device_indices: Any, io: str) -> Any:
-        return host_indices, device_indices
-
-    def backup_from_device_all_layer_physical(
-        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: str
-    ) -> None:
-        self._pool.backup_from_device_all_layer(
-            device_pool, host_indices, device_indices, io_backend
-        )
-
-    def load_to_device_per_layer_physical(
-        self,
-        device_pool: Any,
-        host_indices: Any,
-        device_indices: Any,
-        layer_id: int,
-        io_backend: str,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        self._pool.load_to_device_per_layer(
-            device_pool, host_indices, device_indices, layer_id, io_backend
-        )
-
-
 class L2AllocatorShim:
     """0.5.23's allocator hook ``set_hicache_transfer_done_event`` over this project's allocator.
 
@@ -416,6 +372,7 @@ class SglangImplementation:
         self.loader = controller_source(self.tree)
         self.source_tree = str(self.tree)  # recorded in trace headers (replay rebuilds it)
         self._producer_slots: int | None = None
+        self.shape = detect_shape(self.tree)  # which release shape, read from its files
 
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
         """The implementation's producer-slot count is a constant of its LayerDoneCounter."""
@@ -427,9 +384,10 @@ class SglangImplementation:
 
     def build_controller(self, request: BuildRequest) -> Any:
         module = self.loader.module_for(request.device_module)
-        l2_engine = is_l2_engine_tree(self.tree)
+        shape = self.shape
+        l2_engine = shape.engine != "streams"
         allocator = L2AllocatorShim(request.allocator) if l2_engine else request.allocator
-        host_pool = L2HostPoolShim(request.host_pool) if l2_engine else request.host_pool
+        host_pool = host_pool_shim(shape, request.host_pool)
         controller = module.HiCacheController(
             allocator,
             host_pool,
@@ -441,11 +399,11 @@ class SglangImplementation:
         )
         engine = getattr(controller, "l2_transfer_engine", None)
         if engine is not None and not hasattr(controller, "write_stream"):
-            # 0.5.23 keeps its two streams on the transfer engine; the harness advances them
+            # 0.5.18+ keeps its two streams on the transfer engine; the harness advances them
             controller.write_stream = engine.device_to_host_stream
             controller.load_stream = engine.host_to_device_stream
         if not hasattr(controller, "evict_device"):
-            # 0.5.23 dropped evict_device: its radix cache frees device pages itself, with the
+            # 0.5.21 dropped evict_device: its radix cache frees device pages itself, with the
             # allocator's free, which is what this does
             controller.evict_device = _allocator_free(request.allocator)
         return controller

@@ -1,0 +1,165 @@
+"""The shapes of upstream's controller across releases, read from a tree, and a shim per shape.
+
+Between 0.5.10 and 0.5.23 the controller's surface changed in three steps, and the gate adapts
+each step with a thin shim over this project's pools (``detect_shape`` reads which one a tree
+has from its files, never from a version string, so a checkout between releases works too):
+
+| engine  | releases               | where the copies are issued                       | shim |
+| ------- | ---------------------- | ------------------------------------------------- | ---- |
+| streams | 0.5.10 - 0.5.17        | the controller's own ``write_stream``/``load_stream``, | none |
+|         |                        | ``evict_device`` frees device pages               |      |
+| l2-v1   | 0.5.18 - 0.5.20        | ``L2TransferEngine``; the host pool's                 | ``L2V1HostPoolShim`` |
+|         |                        | ``load_to_device_per_layer`` takes ``is_draft=``      |      |
+| l2-v2   | 0.5.21 - 0.5.23        | ``*_physical`` copies, ``prepare_transfer_indices``, | ``L2HostPoolShim``, |
+|         |                        | no ``evict_device``                                | ``evict_device`` |
+
+On top of the engine, a shape carries the features a tree's controller has (each found by the
+name that introduces it): ``draft`` (``set_draft_kv_pool``, 0.5.11 - 0.5.18: draft pools ride
+along with every transfer), ``load_fence`` (``load_fence_stream``, 0.5.19+), ``write_fence``
+(``write_fence_stream``, 0.5.23), ``done_event`` (the allocator's
+``set_hicache_transfer_done_event``, 0.5.22+) and ``hybrid`` (a ``HybridCacheController`` over
+an ``L2Transfer`` engine with packed draft pools, 0.5.19+). Imports that moved between
+releases (``memory_pool_host`` -> ``pool_host/``, the pipeline-rank helpers of 0.5.13 - 0.5.15,
+``runtime_context.get_parallel`` from 0.5.16) are served by ``install_stubs`` for every tree.
+
+Releases that share a shape (same engine, same features): 0.5.10/0.5.10.post1;
+0.5.11 - 0.5.17 (all post releases included); 0.5.18; 0.5.19/0.5.20/0.5.21; 0.5.22; 0.5.23.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH
+
+Engine = Literal["streams", "l2-v1", "l2-v2"]
+L2_ENGINE_RELPATH = Path("sglang/srt/mem_cache/l2_transfer.py")
+HYBRID_CONTROLLER_RELPATH = Path("sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py")
+
+FEATURE_PATTERNS: dict[str, tuple[Path, str]] = {
+    "draft": (CONTROLLER_RELPATH, r"def set_draft_kv_pool\("),
+    "load_fence": (CONTROLLER_RELPATH, r"self\.load_fence_stream\b"),
+    "write_fence": (CONTROLLER_RELPATH, r"self\.write_fence_stream\b"),
+    "done_event": (CONTROLLER_RELPATH, r"\.set_hicache_transfer_done_event\("),
+    "hybrid": (HYBRID_CONTROLLER_RELPATH, r"packed_draft_device_pools"),
+}
+"""Each feature, by the file and the name that introduces it."""
+
+
+@dataclass(frozen=True)
+class ReleaseShape:
+    """What the gate must adapt for one tree: the copy engine and the controller's features."""
+
+    engine: Engine
+    features: frozenset[str]
+
+    @property
+    def label(self) -> str:
+        """``engine+feature+...`` (features sorted), as the release matrix prints it."""
+        return "+".join([self.engine, *sorted(self.features)])
+
+    @property
+    def has_evict_device(self) -> bool:
+        return self.engine != "l2-v2"
+
+
+def _read(tree: Path, relpath: Path) -> str:
+    path = tree / relpath
+    return path.read_text() if path.is_file() else ""
+
+
+def detect_shape(tree: Path) -> ReleaseShape:
+    """The shape of the controller in ``tree``, from its files."""
+    engine_source = _read(tree, L2_ENGINE_RELPATH)
+    engine: Engine = "streams"
+    if engine_source:
+        engine = "l2-v2" if "load_to_device_per_layer_physical" in engine_source else "l2-v1"
+    features = frozenset(
+        name
+        for name, (relpath, pattern) in FEATURE_PATTERNS.items()
+        if re.search(pattern, _read(tree, relpath))
+    )
+    return ReleaseShape(engine, features)
+
+
+def is_l2_engine_tree(tree: Path) -> bool:
+    """Whether the tree's controller drives transfers through ``L2TransferEngine`` (0.5.18+)."""
+    return detect_shape(tree).engine != "streams"
+
+
+# -- the shims ------------------------------------------------------------------------------
+class L2V1HostPoolShim:
+    """The host-pool names 0.5.18 - 0.5.20's ``L2TransferEngine`` calls, over this project's
+    pool: the copies are this pool's own, and ``load_to_device_per_layer`` takes ``is_draft``
+    (upstream's pools use it only to pick the draft's buffers, which here are the draft pool
+    the transfer names). Everything else is the harness's pool itself."""
+
+    storage_format_tag = None
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: Any,
+        host_indices: Any,
+        device_indices: Any,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        self._pool.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend
+        )
+
+
+class L2HostPoolShim(L2V1HostPoolShim):
+    """The host-pool names 0.5.21+'s ``L2TransferEngine`` calls, over this project's pool.
+
+    0.5.21 renamed the copy entry points (``*_physical``) and added a per-submission index hook;
+    for a plain (non-compacting) pool upstream's own base class forwards them exactly like this.
+    """
+
+    @property
+    def logical_size(self) -> int:
+        return int(self._pool.size)
+
+    def prepare_transfer_indices(self, host_indices: Any, device_indices: Any, io: str) -> Any:
+        return host_indices, device_indices
+
+    def backup_from_device_all_layer_physical(
+        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: str
+    ) -> None:
+        self._pool.backup_from_device_all_layer(
+            device_pool, host_indices, device_indices, io_backend
+        )
+
+    def load_to_device_per_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: Any,
+        device_indices: Any,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        self.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
+        )
+
+
+def host_pool_shim(shape: ReleaseShape, pool: Any) -> Any:
+    """``pool`` as the shape's transfer engine calls it (itself for the ``streams`` engine)."""
+    if shape.engine == "l2-v2":
+        return L2HostPoolShim(pool)
+    if shape.engine == "l2-v1":
+        return L2V1HostPoolShim(pool)
+    return pool
