@@ -223,7 +223,9 @@ def _trace_for(args: argparse.Namespace) -> Trace:
     if args.sglang_src:
         use_sglang_src(args.sglang_src)
     name = args.impl or trace.header.implementation
-    reasons = unsupported_reasons(get_implementation(name).capabilities, trace.header.config)
+    source = trace.header.source if name == trace.header.implementation else ""
+    implementation = get_implementation(name, source)  # the trace's own tree (its shape)
+    reasons = unsupported_reasons(implementation.capabilities, trace.header.config)
     if reasons:
         raise HiCacheInputError(
             f"implementation {name!r} cannot replay trace {args.trace} "

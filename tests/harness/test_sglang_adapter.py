@@ -6,6 +6,7 @@ with ``pip download --no-deps`` into the cache directory; nothing of upstream is
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -145,17 +146,23 @@ def test_a_trace_remembers_its_tree_so_the_replay_line_needs_no_flag(
 UPSTREAM_CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
 
 
+UPSTREAM_NOTE = re.compile(r"^(F\d+) (INV-\d+|[A-Z]\w*Error)(?: on (\d+\.\d+\.\d+\S*))?: ")
+"""A note starts ``F<n> INV-xx:`` (found on 0.5.10) or ``F<n> INV-xx on 0.5.17:``."""
+
+
 @pytest.mark.parametrize("path", sorted(UPSTREAM_CORPUS.glob("*.jsonl")), ids=lambda p: p.stem)
 def test_upstream_finding_still_reproduces_and_the_reference_passes(
-    tree_0510: Path, path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # each note starts "F<n> INV-xx:": upstream 0.5.10 fails that way, the reference does not
+    # the release the note names (0.5.10 unless it says) fails that way, the reference does not
     from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
     from hicache_ref.harness.replay import replay
     from hicache_ref.harness.trace import Trace
 
-    monkeypatch.setenv(SRC_ENV, str(tree_0510))
     trace = Trace.read(path)
-    expected = trace.header.note.split(":", 1)[0].split()[1]
+    found = UPSTREAM_NOTE.match(trace.header.note)
+    assert found, f"{path.name}: the note must start 'F<n> INV-xx[ on X.Y.Z]: '"
+    _, expected, release = found.groups()
+    monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release or "0.5.10")))
     assert replay(trace).signature() == expected
     assert not replay(trace, implementation="reference").failed

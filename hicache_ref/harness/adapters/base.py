@@ -289,6 +289,8 @@ def missing_methods(controller_class: type, capability: str) -> list[str]:
     missing = [m for m in methods if not callable(getattr(controller_class, m, None))]
     if capability == "draft" and missing and _takes_draft_pools(controller_class):
         return []  # the constructor takes the draft pools instead
+    if capability == "draft" and callable(getattr(controller_class, "set_draft_kv_pool", None)):
+        return []  # upstream 0.5.11 - 0.5.18 take the draft pair after construction
     return missing
 
 

@@ -42,8 +42,10 @@ from typing import Any
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
 from hicache_ref.harness.adapters.sglang_shapes import (
+    L2AllocatorShim,
     detect_shape,
     host_pool_shim,
+    wire_draft_pools,
 )
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
@@ -342,25 +344,6 @@ def _producer_slots(module: types.ModuleType) -> int:
     return int(counter.num_counters)
 
 
-class L2AllocatorShim:
-    """0.5.23's allocator hook ``set_hicache_transfer_done_event`` over this project's allocator.
-
-    Upstream's allocator defers reuse of freed pages until that event; the harness's tree never
-    frees pages a transfer still uses (it pins them until the ack drains), so the events are
-    recorded and the free path is unchanged.
-    """
-
-    def __init__(self, allocator: Any) -> None:
-        self._allocator = allocator
-        self.transfer_done_events: dict[object, Any] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._allocator, name)
-
-    def set_hicache_transfer_done_event(self, key: object, event: Any) -> None:
-        self.transfer_done_events[key] = event
-
-
 class SglangImplementation:
     """Upstream SGLang's controller from a tree (``--impl sglang``)."""
 
@@ -373,6 +356,8 @@ class SglangImplementation:
         self.source_tree = str(self.tree)  # recorded in trace headers (replay rebuilds it)
         self._producer_slots: int | None = None
         self.shape = detect_shape(self.tree)  # which release shape, read from its files
+        if "draft" in self.shape.features:  # 0.5.11 - 0.5.18: set_draft_kv_pool
+            self.capabilities = UPSTREAM_CAPABILITIES | {"draft"}
 
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
         """The implementation's producer-slot count is a constant of its LayerDoneCounter."""
@@ -406,6 +391,8 @@ class SglangImplementation:
             # 0.5.21 dropped evict_device: its radix cache frees device pages itself, with the
             # allocator's free, which is what this does
             controller.evict_device = _allocator_free(request.allocator)
+        if request.draft_device_pool is not None:
+            wire_draft_pools(controller, request, shape)
         return controller
 
 

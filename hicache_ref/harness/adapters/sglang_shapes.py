@@ -163,3 +163,50 @@ def host_pool_shim(shape: ReleaseShape, pool: Any) -> Any:
     if shape.engine == "l2-v1":
         return L2V1HostPoolShim(pool)
     return pool
+
+
+class L2AllocatorShim:
+    """The allocator hook ``set_hicache_transfer_done_event`` (0.5.22+) over this project's
+    allocator. Upstream's base allocator ignores it; its compacting sub-pool allocator orders
+    frees after the recorded events. The harness's tree never frees pages a transfer still uses
+    (it pins them until the ack drains), so the events are recorded and the free path is
+    unchanged."""
+
+    def __init__(self, allocator: Any) -> None:
+        self._allocator = allocator
+        self.transfer_done_events: dict[object, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._allocator, name)
+
+    def set_hicache_transfer_done_event(self, key: object, event: Any) -> None:
+        self.transfer_done_events[key] = event
+
+
+# -- draft pools ----------------------------------------------------------------------------
+class AfterTargetForward:
+    """How upstream orders a draft layer read after a load: the draft device pool has no layer
+    counter of its own (upstream registers one on the target pool only), and the draft forward
+    of a batch runs after the target forward of that batch on the same stream, whose reads
+    waited for every target layer. So a draft read waits for the last target layer's event,
+    which upstream records after every draft copy it issues within the target's layers."""
+
+    def __init__(self, counter: Any, target_layer_num: int) -> None:
+        self._counter = counter
+        self._last_target_layer = target_layer_num - 1
+
+    def wait_until(self, threshold: int) -> None:
+        self._counter.wait_until(self._last_target_layer)
+
+
+def wire_draft_pools(controller: Any, request: Any, shape: ReleaseShape) -> None:
+    """Hand the harness's draft pool pair to a ``draft`` shape (``set_draft_kv_pool``: the draft
+    copies reuse the target's host slots, as the harness's non-CP drafts do), and give the draft
+    device pool upstream's read order (``AfterTargetForward``)."""
+    assert request.draft_device_pool is not None and request.draft_host_pool is not None
+    controller.set_draft_kv_pool(
+        request.draft_device_pool, host_pool_shim(shape, request.draft_host_pool)
+    )
+    request.draft_device_pool.register_layer_transfer_counter(
+        AfterTargetForward(controller.layer_done_counter, request.config.layer_num)
+    )
