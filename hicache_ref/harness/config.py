@@ -50,6 +50,11 @@ class HarnessConfig(BaseModel):
     hybrid: bool = False
     """The allocator's KV cache is a ``HybridLinearKVPool`` (full-attention layers interleaved
     with linear-attention ones) that the controller must unwrap to its ``full_kv_pool``."""
+    forward_stream: bool = False
+    """The forward runs on its own stream (overlap scheduling) while the tree calls the
+    controller from the default stream; the harness sets the controller's ``write_fence_stream``
+    and ``load_fence_stream`` to it (capability ``fence_streams``, F11's shape). Without CP:
+    CP per-layer backups record their fences inside the forward's own layer hooks."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
@@ -72,6 +77,8 @@ class HarnessConfig(BaseModel):
             raise ValueError(f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP)")
         if self.cp_size >= 1 and self.pool_kind != "nsa":
             raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
+        if self.forward_stream and self.cp_size >= 1:
+            raise ValueError("forward_stream is drawn without CP (cp_size=0)")
         if self.device_pages < 2 * self.num_ranks or self.host_pages < 1:
             raise ValueError("device_pages must be >= 2*cp_size and host_pages >= 1")
         return self
@@ -93,6 +100,7 @@ class HarnessConfig(BaseModel):
         cp = f" cp={self.cp_size}" if self.uses_cp else ""
         runs = f" copy={self.copy_path}" if self.copy_path != "gather" else ""
         runs += " hybrid" if self.hybrid else ""
+        runs += " fwd-stream" if self.forward_stream else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

@@ -85,11 +85,17 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         settle_records=draw(st.booleans()),
         copy_path=draw(st.sampled_from([p for p in DRAWN_COPY_PATHS if p in layout_paths])),
         hybrid=draw(st.sampled_from([False, False, True])),
+        forward_stream=not cp_size and _fenced(capabilities) and draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
     return config
+
+
+def _fenced(capabilities: frozenset[str]) -> bool:
+    """Whether the forward may run on its own stream (``fence_streams``; no restriction given)."""
+    return not capabilities or "fence_streams" in capabilities
 
 
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:

@@ -85,10 +85,13 @@ class World:
     device: HarnessDevice
     ranks: list[Rank]
     capabilities: frozenset[str] = frozenset()
+    forward: StreamT | None = None
+    """The forward's own stream (``config.forward_stream``); None: the default stream."""
 
     @property
     def forward_stream(self) -> StreamT:
-        return self.device.default_stream
+        """Where the forward's stores, reads and layer hooks run (the tree enters it)."""
+        return self.forward if self.forward is not None else self.device.default_stream
 
     @property
     def per_layer_write(self) -> bool:
@@ -168,6 +171,7 @@ def build_world(
             device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
     capabilities = implementation.capabilities
+    forward = device.Stream() if config.forward_stream else None
     page = config.page_size
     wanted = range(config.num_ranks) if only_ranks is None else only_ranks
     for rank in wanted:
@@ -228,6 +232,9 @@ def build_world(
         capabilities = check_declared_capabilities(
             implementation.capabilities, type(controller), implementation.name
         )
+        if forward is not None:  # what a scheduler under overlap does (sglang#36738, #38463)
+            controller.write_fence_stream = forward  # type: ignore[attr-defined]
+            controller.load_fence_stream = forward  # type: ignore[attr-defined]
         cp, per_layer = _views(controller, capabilities, config)
         ranks.append(
             Rank(
@@ -244,7 +251,7 @@ def build_world(
                 controller if isinstance(controller, UndrainedGateLike) else None,
             )
         )
-    return World(config, device, ranks, capabilities)
+    return World(config, device, ranks, capabilities, forward)
 
 
 # -- the device kind of the worlds built in a context ------------------------------------------

@@ -61,6 +61,8 @@ CAPABILITIES = frozenset(
         # wait_until waits on every one of them (one forward batch over several loads)
         "reset_drains",  # reset() synchronizes the write and load streams before clearing, so
         # no copy issued before it lands after it (a reset with copies in flight is safe)
+        "fence_streams",  # write_fence_stream / load_fence_stream: set to the forward stream,
+        # every D2H / H2D first waits for it (the forward on its own stream, F11's shape)
     }
 )
 
@@ -339,6 +341,8 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("draft")
     if config.hybrid:
         needed.add("pool:hybrid")
+    if config.forward_stream:
+        needed.add("fence_streams")
     return sorted(needed - capabilities)
 
 

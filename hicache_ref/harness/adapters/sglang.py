@@ -45,6 +45,7 @@ from hicache_ref.harness.adapters.sglang_shapes import (
     L2AllocatorShim,
     detect_shape,
     host_pool_shim,
+    shape_capabilities,
     wire_draft_pools,
 )
 from hicache_ref.harness.adapters.sglang_tree import (
@@ -73,7 +74,7 @@ Neither 0.5.10's nor 0.5.23's ``LayerDoneCounter.set_consumer(index: int)`` take
 ``wait_until`` compares the index with 0: no ``multi_consumer``), and neither ``reset()``
 synchronizes a stream before clearing the queues (no ``reset_drains``)."""
 
-SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage", "reset_drains"}
+SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage", "reset_drains", "fence_streams"}
 # the fork's move_indices also drives layer_page_first (direct) and unwraps hybrid pools
 """The fork adds CP shared KV (reserve/submit/load_cp/evict_cp_host), per-layer write-back and
 draft pools; like upstream it does not refuse unsafe calls. Its ``LayerDoneCounter`` takes a
@@ -356,8 +357,7 @@ class SglangImplementation:
         self.source_tree = str(self.tree)  # recorded in trace headers (replay rebuilds it)
         self._producer_slots: int | None = None
         self.shape = detect_shape(self.tree)  # which release shape, read from its files
-        if "draft" in self.shape.features:  # 0.5.11 - 0.5.18: set_draft_kv_pool
-            self.capabilities = UPSTREAM_CAPABILITIES | {"draft"}
+        self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
 
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
         """The implementation's producer-slot count is a constant of its LayerDoneCounter."""

@@ -210,3 +210,12 @@ def wire_draft_pools(controller: Any, request: Any, shape: ReleaseShape) -> None
     request.draft_device_pool.register_layer_transfer_counter(
         AfterTargetForward(controller.layer_done_counter, request.config.layer_num)
     )
+
+
+def shape_capabilities(shape: ReleaseShape) -> frozenset[str]:
+    """What a shape adds to the upstream contract: ``draft`` (``set_draft_kv_pool``) and
+    ``fence_streams`` (both fences: the harness sets them to the forward's own stream)."""
+    added = {"draft"} & shape.features
+    if {"write_fence", "load_fence"} <= shape.features:
+        added.add("fence_streams")
+    return frozenset(added)
