@@ -53,7 +53,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     "misuse": ("probe_evict_host", "probe_evict_device", "probe_rewrite"),
     "other": ("reset", "reset_in_flight", "noop"),
 }
-FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "forward")
+FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "forward", "pool group")
 
 
 def get_rule_family(rule: str) -> str:
@@ -83,6 +83,7 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         "copy": config.copy_path,
         "hybrid": "yes" if config.hybrid else "no",
         "forward": "own-stream" if config.forward_stream else "default",
+        "pool group": config.pool_group,
     }
 
 

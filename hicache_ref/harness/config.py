@@ -15,6 +15,7 @@ Layout = Literal["layer_first", "page_first", "page_first_direct", "page_head", 
 IoBackend = Literal["direct", "kernel"]
 AllocPolicy = Literal["fifo", "lifo", "random"]
 CopyPath = Literal["gather", "runs", "batch", "triton"]
+PoolGroup = Literal["none", "anchor", "packed", "sidecar"]
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "direct": ("layer_first", "page_first_direct", "layer_page_first"),
@@ -55,6 +56,13 @@ class HarnessConfig(BaseModel):
     controller from the default stream; the harness sets the controller's ``write_fence_stream``
     and ``load_fence_stream`` to it (capability ``fence_streams``, F11's shape). Without CP:
     CP per-layer backups record their fences inside the forward's own layer hooks."""
+    pool_group: PoolGroup = "none"
+    """How the host pools reach the controller: ``none``, the pools themselves (every
+    controller); as upstream 0.5.19+'s ``HostPoolGroup`` for its ``HybridCacheController``:
+    ``anchor`` (the KV pool alone), ``packed`` (the draft pool packed as MTP draft layers of
+    the KV host pool: ``layer_mapper``, ``is_draft``), ``sidecar`` (the draft pool as a side
+    pool whose transfers ride on the KV indices: a ``PoolTransfer`` with
+    ``indices_from_pool=KV``). Capability ``pool_group`` (``:packed``, ``:sidecar``); no CP."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
@@ -77,6 +85,14 @@ class HarnessConfig(BaseModel):
             raise ValueError(f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP)")
         if self.cp_size >= 1 and self.pool_kind != "nsa":
             raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
+        if self.pool_group != "none" and self.cp_size >= 1:
+            raise ValueError(f"pool_group={self.pool_group!r} is drawn without CP (cp_size=0)")
+        if self.pool_group in ("packed", "sidecar") and not self.has_draft:
+            raise ValueError(
+                f"pool_group={self.pool_group!r} carries a draft pool: draft_layer_num >= 1"
+            )
+        if self.pool_group == "anchor" and self.has_draft:
+            raise ValueError("pool_group='anchor' has no draft pool; use 'packed' or 'sidecar'")
         if self.forward_stream and self.cp_size >= 1:
             raise ValueError("forward_stream is drawn without CP (cp_size=0)")
         if self.device_pages < 2 * self.num_ranks or self.host_pages < 1:
@@ -101,6 +117,7 @@ class HarnessConfig(BaseModel):
         runs = f" copy={self.copy_path}" if self.copy_path != "gather" else ""
         runs += " hybrid" if self.hybrid else ""
         runs += " fwd-stream" if self.forward_stream else ""
+        runs += f" group={self.pool_group}" if self.pool_group != "none" else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

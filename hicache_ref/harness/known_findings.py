@@ -163,8 +163,10 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         implementations=("sglang",),
         invariant="INV-09",
         message_pattern=r"load ack drained: device copy of node \d+ draft layer \d+ ",
-        summary="0.5.11 - 0.5.18: a draft deeper than the target is loaded only for the target's "
-        "layer count (set_draft_kv_pool's copies ride inside the target's layer loop)",
+        summary="a draft deeper than the target is loaded only for the target's layer count: "
+        "set_draft_kv_pool's copies ride inside the target's layer loop (0.5.11 - 0.5.18), and a "
+        "packed MTP draft of depth d loads at transfer layer d (0.5.19 - 0.5.21; 0.5.22 loads "
+        "every depth by the last target layer)",
         also=(
             # a read of the never-loaded draft tail (after the target's last layer event)
             ("INV-11", r"forward read of node \d+ draft layer \d+ "),

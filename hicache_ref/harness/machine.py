@@ -34,6 +34,7 @@ from hicache_ref.harness.config import (
     HarnessConfig,
     IoBackend,
     Layout,
+    PoolGroup,
     PoolKind,
 )
 from hicache_ref.harness.lockstep import attach_lockstep
@@ -86,6 +87,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         copy_path=draw(st.sampled_from([p for p in DRAWN_COPY_PATHS if p in layout_paths])),
         hybrid=draw(st.sampled_from([False, False, True])),
         forward_stream=not cp_size and _fenced(capabilities) and draw(st.booleans()),
+        pool_group=draw(st.sampled_from(_pool_groups(capabilities, cp_size, draft_layer_num))),
         seed=draw(st.integers(0, 2**16)),
     )
     if capabilities and not supports(capabilities, config):
@@ -96,6 +98,16 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
 def _fenced(capabilities: frozenset[str]) -> bool:
     """Whether the forward may run on its own stream (``fence_streams``; no restriction given)."""
     return not capabilities or "fence_streams" in capabilities
+
+
+def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) -> list[PoolGroup]:
+    """The ways the host pools may reach the controller (``pool_group``; upstream 0.5.19+)."""
+    if cp_size or "pool_group" not in capabilities:
+        return ["none"]
+    if draft_layers <= 0:
+        return ["none", "anchor"]
+    grouped: list[PoolGroup] = ["packed", "sidecar"]
+    return ["none", *(g for g in grouped if f"pool_group:{g}" in capabilities)]
 
 
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from hicache_ref.errors import HiCacheSetupError
-from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.base import CAPABILITIES, GROUP_CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.sglang_group import build_group_controller
 from hicache_ref.harness.adapters.sglang_shapes import (
     L2AllocatorShim,
     detect_shape,
@@ -74,7 +75,13 @@ Neither 0.5.10's nor 0.5.23's ``LayerDoneCounter.set_consumer(index: int)`` take
 ``wait_until`` compares the index with 0: no ``multi_consumer``), and neither ``reset()``
 synchronizes a stream before clearing the queues (no ``reset_drains``)."""
 
-SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage", "reset_drains", "fence_streams"}
+SEED_CAPABILITIES = CAPABILITIES - {
+    "guards",
+    "storage",
+    "reset_drains",
+    "fence_streams",
+    *GROUP_CAPABILITIES,
+}
 # the fork's move_indices also drives layer_page_first (direct) and unwraps hybrid pools
 """The fork adds CP shared KV (reserve/submit/load_cp/evict_cp_host), per-layer write-back and
 draft pools; like upstream it does not refuse unsafe calls. Its ``LayerDoneCounter`` takes a
@@ -271,6 +278,7 @@ PER_WORLD_MODULES = (
     ("sglang.srt.mem_cache.l2_transfer", Path("sglang/srt/mem_cache/l2_transfer.py")),
     ("sglang.srt.managers.cache_controller", CONTROLLER_RELPATH),
 )
+HYBRID_CONTROLLER_RELPATH = Path("sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py")
 """Modules that bind ``device_module = get_device_module()`` at import: executed per world."""
 
 
@@ -294,32 +302,100 @@ class ControllerSource:
                     f"{path}:{exc.lineno}: the file does not compile ({exc.msg})"
                 ) from None
             self.codes.append((name, path, code))
-        self._last: tuple[Any, types.ModuleType] | None = None
+        self._last: tuple[Any, dict[str, types.ModuleType]] | None = None
+        self._hybrid_code: types.CodeType | None = None
 
     def module_for(self, device: Any) -> types.ModuleType:
         """The controller module bound to ``device`` (the last one is reused)."""
+        return self._world_modules(device)[CONTROLLER_MODULE]
+
+    def _world_modules(self, device: Any) -> dict[str, types.ModuleType]:
         if self._last is not None and self._last[0] is device:
             return self._last[1]
         install_stubs(self.tree)
         _CURRENT_DEVICE[0] = device
-        module = None
+        modules: dict[str, types.ModuleType] = {}
         try:
             for name, path, code in self.codes:
-                module = types.ModuleType(name)
-                module.__file__ = str(path)
-                sys.modules[name] = module
-                try:
-                    exec(code, module.__dict__)
-                except ImportError as exc:
-                    raise HiCacheSetupError(
-                        f"{path} imports {exc.name or exc}, which the gate does not stub; add a "
-                        "stub in hicache_ref/harness/adapters/sglang.py (install_stubs)"
-                    ) from None
+                modules[name] = _exec_module(name, path, code)
         finally:
             _CURRENT_DEVICE[0] = None
-        assert module is not None
-        self._last = (device, module)
-        return module
+        self._last = (device, modules)
+        return modules
+
+    def hybrid_module_for(self, device: Any) -> types.ModuleType:
+        """0.5.19+'s ``hybrid_cache_controller`` over the controller module bound to
+        ``device`` (its ``HostPoolGroup`` and the stubs it imports installed first)."""
+        modules = self._world_modules(device)
+        if "hybrid" in modules:
+            return modules["hybrid"]
+        path = self.tree / HYBRID_CONTROLLER_RELPATH
+        if "sglang.srt.mem_cache.pool_host.group" not in sys.modules:  # once per installed tree
+            install_group_stubs(self.tree)
+        if self._hybrid_code is None:
+            self._hybrid_code = compile(path.read_text(), str(path), "exec")
+        for name, module in modules.items():
+            sys.modules[name] = module  # its imports see this world's controller and engine
+        modules["hybrid"] = _exec_module(HYBRID_MODULE, path, self._hybrid_code)
+        return modules["hybrid"]
+
+
+def _exec_module(name: str, path: Path, code: types.CodeType) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except ImportError as exc:
+        raise HiCacheSetupError(
+            f"{path} imports {exc.name or exc}, which the gate does not stub; add a "
+            "stub in hicache_ref/harness/adapters/sglang.py (install_stubs)"
+        ) from None
+    return module
+
+
+CONTROLLER_MODULE = "sglang.srt.managers.cache_controller"
+HYBRID_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
+
+
+class _StubClass:
+    """A class the gate's pools are never instances of (an ``isinstance`` target)."""
+
+
+def install_group_stubs(tree: Path) -> None:
+    """What ``hybrid_cache_controller.py`` imports besides the controller: upstream's own
+    ``HostPoolGroup``/``PoolEntry`` (``pool_host/group.py``, run as it is) and classes the
+    gate's pools are never instances of (interleaved and envelope pools, request handles)."""
+    from hicache_ref.pools import host_pool
+
+    root = tree / "sglang" / "srt" / "mem_cache"
+    _package("sglang.srt.mem_cache.hybrid_cache")
+    _package("sglang.srt.mem_cache.allocator")
+    _stub(
+        "sglang.srt.mem_cache.allocator.page_interleave",
+        PageInterleavePoolAllocator=type("PageInterleavePoolAllocator", (_StubClass,), {}),
+    )
+    _stub(
+        "sglang.srt.mem_cache.base_prefix_cache",
+        CacheRequestHandle=type("CacheRequestHandle", (_StubClass,), {}),
+    )
+    _stub("sglang.srt.mem_cache.radix_cache", RadixKey=type("RadixKey", (_StubClass,), {}))
+    base = sys.modules["sglang.srt.mem_cache.pool_host.base"]
+    base.__dict__.update(HostKVCache=host_pool.HostKVCache, uses_shared_host_layout=lambda p: False)
+    _stub("sglang.srt.mem_cache.pool_host.mha", MHATokenToKVPoolHost=host_pool.MHATokenToKVPoolHost)
+    _stub(
+        "sglang.srt.mem_cache.pool_host.page_interleave",
+        PageInterleaveHostPool=type("PageInterleaveHostPool", (_StubClass,), {}),
+    )
+    _stub(
+        "sglang.srt.mem_cache.pool_host.unified",
+        UnifiedPageEnvelopeHostPool=type("UnifiedPageEnvelopeHostPool", (_StubClass,), {}),
+    )
+    sys.modules["sglang.srt.utils"].__dict__["broadcast_pyobj"] = _no_parallel_group
+    group = _load_real("sglang.srt.mem_cache.pool_host.group", root / "pool_host" / "group.py")
+    sys.modules["sglang.srt.mem_cache.pool_host"].__dict__.update(
+        HostPoolGroup=group.HostPoolGroup, PoolEntry=group.PoolEntry
+    )
 
 
 _SOURCES: dict[Path, ControllerSource] = {}
@@ -358,6 +434,20 @@ class SglangImplementation:
         self._producer_slots: int | None = None
         self.shape = detect_shape(self.tree)  # which release shape, read from its files
         self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
+        self.group_refused = ""  # why the tree's HybridCacheController is not drawn, if not
+        if "hybrid" in self.shape.features:
+            self.group_refused = self._try_hybrid()
+            if not self.group_refused:
+                self.capabilities = self.capabilities | GROUP_CAPABILITIES
+
+    def _try_hybrid(self) -> str:
+        from hicache_ref.device.sim import SimDevice
+
+        try:
+            self.loader.hybrid_module_for(SimDevice())
+        except HiCacheSetupError as exc:
+            return str(exc)
+        return ""
 
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
         """The implementation's producer-slot count is a constant of its LayerDoneCounter."""
@@ -373,15 +463,21 @@ class SglangImplementation:
         l2_engine = shape.engine != "streams"
         allocator = L2AllocatorShim(request.allocator) if l2_engine else request.allocator
         host_pool = host_pool_shim(shape, request.host_pool)
-        controller = module.HiCacheController(
-            allocator,
-            host_pool,
-            request.config.page_size,
-            None,  # tp_group: TP 1, no storage
-            threading.Event(),
-            write_policy="write_through",
-            io_backend=request.config.io_backend,
-        )
+        if request.config.pool_group != "none":  # 0.5.19+: HybridCacheController over a group
+            hybrid = self.loader.hybrid_module_for(request.device_module)
+            controller = build_group_controller(
+                hybrid, request, allocator, request.config.io_backend
+            )
+        else:
+            controller = module.HiCacheController(
+                allocator,
+                host_pool,
+                request.config.page_size,
+                None,  # tp_group: TP 1, no storage
+                threading.Event(),
+                write_policy="write_through",
+                io_backend=request.config.io_backend,
+            )
         engine = getattr(controller, "l2_transfer_engine", None)
         if engine is not None and not hasattr(controller, "write_stream"):
             # 0.5.18+ keeps its two streams on the transfer engine; the harness advances them
@@ -391,7 +487,7 @@ class SglangImplementation:
             # 0.5.21 dropped evict_device: its radix cache frees device pages itself, with the
             # allocator's free, which is what this does
             controller.evict_device = _allocator_free(request.allocator)
-        if request.draft_device_pool is not None:
+        if request.draft_device_pool is not None and request.config.pool_group == "none":
             wire_draft_pools(controller, request, shape)
         return controller
 

@@ -137,9 +137,7 @@ class L2HostPoolShim(L2V1HostPoolShim):
     def backup_from_device_all_layer_physical(
         self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: str
     ) -> None:
-        self._pool.backup_from_device_all_layer(
-            device_pool, host_indices, device_indices, io_backend
-        )
+        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
 
     def load_to_device_per_layer_physical(
         self,
