@@ -169,3 +169,25 @@ def test_upstream_finding_still_reproduces_and_the_reference_passes(
     config = trace.header.config.model_copy(update={"pool_group": "none"})
     as_pair = Trace(header=trace.header.model_copy(update={"config": config}), steps=trace.steps)
     assert not replay(as_pair, implementation="reference").failed
+
+
+def test_0523_defers_the_reuse_of_freed_pages_until_the_copies_before_the_free_land() -> None:
+    # 0.5.23 hands the allocator each submission's finish event; the allocator's free orders
+    # the current stream after them, so pages freed under a queued D2H are reused only after it
+    from hicache_ref.harness.world import build_world
+
+    impl = SglangImplementation(fetch_wheel_tree("0.5.23"))
+    world = build_world(impl.refine_config(HarnessConfig(page_size=4, layer_num=2)), impl)
+    rank, device = world.ranks[0], world.device
+    controller = rank.controller
+    locs = rank.allocator.alloc(8)
+    assert locs is not None
+    controller.write(locs, node_id=0)  # the D2H is queued on the write stream
+    controller.evict_device(locs)  # freed while the D2H still reads them
+    reused: list[bool] = []
+    device.launch(lambda: reused.append(True), label="reuse", kind="kernel")
+    device.advance(device.default_stream, 100)
+    assert not reused and controller.write_stream.pending > 0  # the reuse waits for the copy
+    device.advance(controller.write_stream, 100)
+    device.advance(device.default_stream, 100)
+    assert reused

@@ -461,7 +461,9 @@ class SglangImplementation:
         module = self.loader.module_for(request.device_module)
         shape = self.shape
         l2_engine = shape.engine != "streams"
-        allocator = L2AllocatorShim(request.allocator) if l2_engine else request.allocator
+        allocator: Any = request.allocator
+        if l2_engine:
+            allocator = L2AllocatorShim(request.allocator, request.device_module)
         host_pool = host_pool_shim(shape, request.host_pool)
         if request.config.pool_group != "none":  # 0.5.19+: HybridCacheController over a group
             hybrid = self.loader.hybrid_module_for(request.device_module)
@@ -486,7 +488,7 @@ class SglangImplementation:
         if not hasattr(controller, "evict_device"):
             # 0.5.21 dropped evict_device: its radix cache frees device pages itself, with the
             # allocator's free, which is what this does
-            controller.evict_device = _allocator_free(request.allocator)
+            controller.evict_device = _allocator_free(allocator)
         if request.draft_device_pool is not None and request.config.pool_group == "none":
             wire_draft_pools(controller, request, shape)
         return controller

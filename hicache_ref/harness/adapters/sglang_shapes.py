@@ -164,14 +164,21 @@ def host_pool_shim(shape: ReleaseShape, pool: Any) -> Any:
 
 
 class L2AllocatorShim:
-    """The allocator hook ``set_hicache_transfer_done_event`` (0.5.22+) over this project's
-    allocator. Upstream's base allocator ignores it; its compacting sub-pool allocator orders
-    frees after the recorded events. The harness's tree never frees pages a transfer still uses
-    (it pins them until the ack drains), so the events are recorded and the free path is
-    unchanged."""
+    """This project's allocator with upstream's deferred page reuse (0.5.22+).
 
-    def __init__(self, allocator: Any) -> None:
+    The controller hands the allocator the finish event of its latest write and of its latest
+    load (``set_hicache_transfer_done_event``, keyed ``(id, "write"|"load")``). Upstream's base
+    allocator ignores them; its sub-pool allocator defers reuse instead of trusting the tree:
+    a free first makes the current stream wait on every event recorded since the last free, so
+    work queued after the free (another request's KV landing in the reused pages) runs after
+    every copy issued before it. This shim does the same, then frees. The tree never frees
+    pages a transfer still uses, so in campaigns the waits are satisfied already; the direct
+    tests free pages under a queued copy.
+    """
+
+    def __init__(self, allocator: Any, device_module: Any) -> None:
         self._allocator = allocator
+        self._device = device_module
         self.transfer_done_events: dict[object, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -179,6 +186,15 @@ class L2AllocatorShim:
 
     def set_hicache_transfer_done_event(self, key: object, event: Any) -> None:
         self.transfer_done_events[key] = event
+
+    def free(self, free_index: Any) -> None:
+        """Order the current stream after the recorded copies, then free (deferred reuse)."""
+        if self.transfer_done_events:
+            stream = self._device.current_stream()
+            for event in self.transfer_done_events.values():
+                stream.wait_event(event)
+            self.transfer_done_events.clear()
+        self._allocator.free(free_index)
 
 
 # -- draft pools ----------------------------------------------------------------------------
