@@ -9,11 +9,24 @@ evicted (host only) -> loading -> backed_up; a node never backed up can be dropp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from hicache_ref.harness.adapters.base import CpMetadataLike, WriteReservationLike
 from hicache_ref.invariants.snapshot import NodeHoldings
+
+FORWARD_META = "forward"
+"""The meta key of the tree's forward kernels (a ``ForwardKernel``)."""
+
+
+@dataclass(frozen=True)
+class ForwardKernel:
+    """What a forward kernel the tree launches is: a store or read of one layer of one node."""
+
+    kind: Literal["store", "read"]
+    handle: int
+    layer: int
 
 
 @dataclass

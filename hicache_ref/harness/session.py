@@ -37,6 +37,7 @@ from hicache_ref.harness.adapters.base import (
     unsupported_reasons,
 )
 from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.outcome import SKIPPED, Outcome, done
 from hicache_ref.harness.rules import RULES, STREAMS
 from hicache_ref.harness.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.tree import TreeDriver
@@ -51,7 +52,6 @@ from hicache_ref.invariants.registry import (
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 DRAIN_ROUNDS_MAX = 10_000
-REFUSABLE_RULES = tuple(name for name, r in RULES.items() if r.refusable)  # "refused": INV-17
 __all__ = ["DRAIN_ROUNDS_MAX", "STREAMS", "Session", "SessionStats", "StepObserver"]
 SnapshotFn = Callable[[RankLike, Iterable[int]], RankSnapshot]
 
@@ -63,7 +63,7 @@ class StepObserver(Protocol):
     quiescence checks; raising ``InvariantViolation`` fails the case like any other check.
     """
 
-    def after_step(self, session: Session, step: Step, outcome: str) -> None: ...
+    def after_step(self, session: Session, step: Step, outcome: Outcome) -> None: ...
 
     def after_finish(self, session: Session) -> None: ...
 
@@ -138,27 +138,25 @@ class Session:
         return self.why_disabled(step) is None
 
     # -- applying steps ------------------------------------------------------------------------
-    def apply(self, step: Step) -> str:
+    def apply(self, step: Step) -> Outcome:
         self._candidates.clear()
         try:
             return self._apply(step)
         finally:
             self._candidates.clear()
 
-    def _apply(self, step: Step) -> str:
-        if step.rule == "prefill" and "handle" not in step.args:
-            # Name the node in the step itself, so deleting earlier steps (ddmin) keeps every
-            # later reference to it valid.
-            step = Step(rule="prefill", args={**step.args, "handle": self.tree.next_handle})
+    def _apply(self, step: Step) -> Outcome:
+        record = RULES[step.rule]
+        if record.pins is not None:
+            step = Step(rule=step.rule, args=dict(record.pins(self, step.args)))
         self.steps.append(step)
         self.stats.steps += 1
-        record = RULES[step.rule]
         reason = record.why_not(self, step.args)
         if reason is not None:
             self.stats.skipped += 1
             self.skip_reasons[len(self.outcomes)] = reason
-            self.outcomes.append("skipped")
-            return "skipped"
+            self.outcomes.append(SKIPPED.text)
+            return SKIPPED
         self.stats.rules[step.rule] += 1
         watch_refusal = record.refusable or record.probe
         # the state before this step is the state the previous step's checks read
@@ -166,14 +164,14 @@ class Session:
         gate_ids = list(range(self.tree.next_node_id)) if record.resets else []
         self._last_snapshots = None
         outcome = record.process(self, step.args)
-        self.outcomes.append(outcome)
+        self.outcomes.append(outcome.text)
         if self.tree.watch.active:
             self.tree.watch.verify()  # Verify no copy landed in a poisoned free slot
         self.tree.reads.collect()  # Verify the forward reads that have run on a GPU (INV-11)
         after = self.snapshots()
-        if before is not None and (outcome.startswith("refused") or record.probe):
+        if before is not None and (outcome.refused or record.probe):
             self.check_refusal_changed_nothing(before, after, f"{step.rule} ({outcome})")
-        elif before is not None and step.rule == "prefill" and "; refused:" in outcome:
+        elif before is not None and outcome.reservation == "refused":
             # the node's pages stay; its refused early reservation must leave nothing behind
             self.check_refusal_changed_nothing(
                 before, after, f"early reservation ({outcome})", may_change=("device pages",)
@@ -186,18 +184,19 @@ class Session:
             observer.after_step(self, step, outcome)
         return outcome
 
-    def advance(self, stream: str, n: int) -> str:
+    def advance(self, stream: str, n: int) -> Outcome:
         """Run ``n`` queued ops of one stream (on every rank for the copy streams)."""
         device = self.world.device
+        agreed = f"{stream} ran some op(s)"  # how many is rank-local
         if stream == "forward":  # and the caller's stream, when the forward has its own
             forward_ran = sum(device.advance(s, n) for s in self._forward_side())
-            return f"forward ran {forward_ran} op(s)"
+            return done(f"forward ran {forward_ran} op(s)", agreed=agreed)
         ran = [
             device.advance(self._stream(rank.controller, stream), n) for rank in self.world.ranks
         ]
-        return f"{stream} ran {ran} op(s)"
+        return done(f"{stream} ran {ran} op(s)", agreed=agreed)
 
-    def synchronize(self, stream: str) -> str:
+    def synchronize(self, stream: str) -> Outcome:
         """Host waits for a stream (what cancel_layer_write_state and a CPU read do)."""
         if stream == "forward":
             for forward in self._forward_side():
@@ -205,7 +204,7 @@ class Session:
         else:
             for rank in self.world.ranks:
                 self._stream(rank.controller, stream).synchronize()
-        return f"synchronized {stream}"
+        return done(f"synchronized {stream}")
 
     def _forward_side(self) -> list[StreamT]:
         """The forward stream, and the default stream the tree calls the controller from when

@@ -6,6 +6,7 @@ INV-17.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness import lockstep as lockstep_module
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
@@ -21,7 +23,10 @@ from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.lockstep import LOCKSTEP_STATS, LockstepOracle, attach_lockstep
 from hicache_ref.harness.lockstep_compare import compare_final_content, compare_state
 from hicache_ref.harness.machine import _draw_config, machine_for
+from hicache_ref.harness.outcome import done, refused
 from hicache_ref.harness.profiles import lockstep_enabled, make_settings
+from hicache_ref.harness.rule_record import untranslated
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, StepArg
 from hicache_ref.oracle.geometry import compute_token_tag
@@ -68,7 +73,7 @@ def followed(
     oracle = attach_lockstep(session)
     assert oracle is not None and oracle.off_reason is None
     for s in steps:
-        assert session.apply(s) != "skipped", s
+        assert session.apply(s).text != "skipped", s
     return session, oracle
 
 
@@ -109,13 +114,15 @@ def test_a_cp_round_trip_with_early_reservations_is_followed() -> None:
     assert oracle.steps == len(steps) and oracle.off_reason is None
 
 
-def test_a_step_the_oracle_cannot_express_turns_lockstep_off() -> None:
+def test_a_rule_without_an_oracle_translation_turns_lockstep_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a record whose translation was never written (the default) -> lockstep off, reason named
     session, oracle = followed(stored_node())
-    unknown = Step.model_construct(rule="made_up_rule", args={})  # type: ignore[arg-type]
-    oracle.after_step(session, unknown, "done")
-    assert oracle.off_reason == (
-        "the oracle cannot express made_up_rule: rule made_up_rule is not translated to oracle ops"
-    )
+    untranslated_noop = dataclasses.replace(RULES["noop"], oracle=untranslated)
+    monkeypatch.setattr(lockstep_module, "RULES", {**RULES, "noop": untranslated_noop})
+    oracle.after_step(session, Step(rule="noop"), done("noop"))
+    assert oracle.off_reason == "the oracle cannot express noop: the rule has no oracle translation"
 
 
 def test_the_universe_grows_and_restarts_with_the_tree() -> None:
@@ -368,7 +375,7 @@ def test_a_write_refused_while_the_oracle_has_room_is_a_divergence() -> None:
     with pytest.raises(
         InvariantViolation, match="refused \\(host capacity\\), but the oracle"
     ) as caught:
-        oracle.after_step(session, step("write", node=0), "refused: host full")
+        oracle.after_step(session, step("write", node=0), refused("host full"))
     assert caught.value.inv_id == "INV-17"
 
 
