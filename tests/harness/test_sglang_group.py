@@ -49,7 +49,7 @@ def round_trip(impl: SglangImplementation, group: PoolGroup, draft_layers: int) 
     ]
     outcomes = [session.apply(step) for step in steps]
     session.finish()
-    return outcomes[-1]
+    return outcomes[-1].text
 
 
 def test_0523_declares_the_groupings_and_the_reference_none(
