@@ -321,7 +321,9 @@ def test_gate_passes_on_the_reference(tmp_path: Path, capsys: pytest.CaptureFixt
     data = json.loads(report.read_text())
     assert data["gate"]["passed"] and data["cases"] > 0
     assert set(data["rule_families"]) == set(RULE_FAMILIES)
-    assert set(data["features"]) == {"pool", "layout/io", "cp", "draft", "page", "copy", "hybrid"}
+    assert set(data["features"]) == {
+        *("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "forward", "pool group")
+    }
     # under the ci profile the pure oracle follows every simulated case, and the report says so
     assert data["lockstep"]["cases"] == data["cases"] and data["lockstep"]["steps"] > 0
     assert f"lockstep oracle: {data['cases']} of {data['cases']} cases" in out

@@ -433,8 +433,10 @@ class SglangImplementation:
         self.source_tree = str(self.tree)  # recorded in trace headers (replay rebuilds it)
         self._producer_slots: int | None = None
         self.shape = detect_shape(self.tree)  # which release shape, read from its files
-        self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
         self.group_refused = ""  # why the tree's HybridCacheController is not drawn, if not
+        if self.name != "sglang":
+            return  # the fork declares its own surface (SEED_CAPABILITIES)
+        self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
         if "hybrid" in self.shape.features:
             self.group_refused = self._try_hybrid()
             if not self.group_refused:
