@@ -2,9 +2,12 @@
 
 Two implementations share this loader:
 
-- ``sglang``: upstream's controller (default: the 0.5.10 wheel; ``HICACHE_SGLANG_SRC`` or the
-  CLI's ``--sglang-src`` point at any other tree, e.g. a developer's modified copy). It has no
-  CP, no draft pools and no guards against unsafe calls, and three producer slots.
+- ``sglang``: upstream's controller (default: the 0.5.10 wheel; ``--sglang-version X`` any
+  release, ``HICACHE_SGLANG_SRC`` or ``--sglang-src`` any other tree, e.g. a developer's modified
+  copy). It has no CP and no guards against unsafe calls, and three producer slots; what else it
+  has depends on the release's shape (``sglang_shapes.py``: draft pools 0.5.11 - 0.5.18, the
+  fence streams of 0.5.23, ``HybridCacheController`` over a ``HostPoolGroup`` from 0.5.19 in
+  ``sglang_group.py``), and its capabilities follow the shape.
 - ``seed``: the context-parallel / draft fork this project was made from: the 0.5.10 tree with
   the fork's ``cache_controller.py`` (``sglang_tree.resolve_seed_tree``). Its fork-only imports
   are served by this project's equivalents (``CpSharedKVLayout``, the page-index validators,
@@ -12,16 +15,19 @@ Two implementations share this loader:
 
 How a controller file is run without the rest of sglang, in the order it happens:
 
-1. ``install_stubs(tree)``: a package shell ``sglang`` whose ``__path__`` is the tree, so the
-   real ``srt/environ.py`` and ``srt/mem_cache/hicache_storage.py`` load from it; stub modules for
-   the controller's other direct imports (``srt.utils.get_device_module``, ``srt.distributed``,
-   ``srt.layers.dp_attention``), and this project's pools as ``srt.mem_cache.memory_pool`` /
-   ``memory_pool_host`` so the controller's ``isinstance`` checks see the pools it is handed.
+1. ``install_stubs(tree)`` (``sglang_stubs.py``): the tree as the ``sglang`` package, its
+   controller's other imports stubbed, this project's pools as upstream's pool modules.
 2. ``ControllerSource.module_for(device)``: the controller file is compiled once and executed
    once per simulated world, with ``get_device_module()`` answering that world's ``SimDevice``
    (the file binds ``device_module`` at import, as upstream binds ``torch.cuda``).
-3. ``build_controller``: the module's ``HiCacheController`` over the harness's allocator and host
-   pool, with ``tp_group=None`` (no storage, TP 1).
+3. ``build_controller``: the module's ``HiCacheController`` (or, for ``pool_group`` worlds, the
+   hybrid module's ``HybridCacheController``, ``hybrid_module_for``) over the harness's allocator
+   and host pool behind the shape's shims, with ``tp_group=None`` (no storage, TP 1).
+
+Not drawn, and why: decode context parallel (``attn_dcp_size > 1``). In 0.5.23 its logic lives
+in upstream's MLA host pool (each rank's token selection), in the transfer engine's index
+translation for virtual-page device pools, and in the storage tier; the gate runs this
+project's pools, no virtual-page pool and no storage, so a DCP world would run none of it.
 
 Nothing here reads the implementation's view of itself: the harness checks it from its own model
 (``adapters/base.py``'s snapshot reads the ack queues and the harness's own pools).
@@ -29,9 +35,6 @@ Nothing here reads the implementation's view of itself: the harness checks it fr
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-import os
 import sys
 import threading
 import types
@@ -48,6 +51,11 @@ from hicache_ref.harness.adapters.sglang_shapes import (
     host_pool_shim,
     shape_capabilities,
     wire_draft_pools,
+)
+from hicache_ref.harness.adapters.sglang_stubs import (
+    CURRENT_DEVICE,
+    install_group_stubs,
+    install_stubs,
 )
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
@@ -70,7 +78,8 @@ UPSTREAM_CAPABILITIES = frozenset(
         "pool:hybrid",
     }
 )
-"""0.5.10: write/load/start_*/evict_*/reset; no CP, no draft pools, no guards, no storage here.
+"""Every release: write/load/start_*/evict_*/reset; no CP, no guards, no storage here (a
+release adds ``draft``, ``fence_streams`` or the ``pool_group`` family by its shape).
 Neither 0.5.10's nor 0.5.23's ``LayerDoneCounter.set_consumer(index: int)`` takes a list (its
 ``wait_until`` compares the index with 0: no ``multi_consumer``), and neither ``reset()``
 synchronizes a stream before clearing the queues (no ``reset_drains``)."""
@@ -87,192 +96,6 @@ SEED_CAPABILITIES = CAPABILITIES - {
 draft pools; like upstream it does not refuse unsafe calls. Its ``LayerDoneCounter`` takes a
 list of consumer slots and waits on each (``multi_consumer``); its ``reset()`` clears the queues
 without synchronizing the write or load stream (no ``reset_drains``)."""
-
-FORK_ENV_FLAGS: dict[str, object] = {
-    "SGLANG_CP_SHARED_KV_BS_GT1_TIMING": False,
-    "SGLANG_CP_SHARED_KV_BS_GT1_TIMING_SLOW_MS": 0.0,
-    "SGLANG_CP_SHARED_KV_BS_GT1_TIMING_LIMIT": 0,
-}
-"""Environment flags the fork reads that 0.5.10's ``srt/environ.py`` does not define (defaults)."""
-
-_CURRENT_DEVICE: list[Any] = [None]  # what the stub get_device_module() answers while loading
-
-
-class _EnvFlag:
-    """A stand-in for sglang's ``EnvField``: ``.get()`` reads the variable or the default."""
-
-    def __init__(self, name: str, default: object) -> None:
-        self.name, self.default = name, default
-
-    def get(self) -> object:
-        raw = os.environ.get(self.name)
-        if raw is None:
-            return self.default
-        if isinstance(self.default, bool):
-            return raw.lower() in ("1", "true", "yes")
-        return type(self.default)(raw)  # type: ignore[call-arg]
-
-
-class _ForkEnvs:
-    """sglang's ``envs`` plus the fork-only flags (``FORK_ENV_FLAGS``)."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return getattr(self._real, name)
-        except AttributeError:
-            if name in FORK_ENV_FLAGS:
-                return _EnvFlag(name, FORK_ENV_FLAGS[name])
-            raise
-
-
-def _stub(name: str, **attrs: Any) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    module.__hicache_stub__ = True  # type: ignore[attr-defined]
-    sys.modules[name] = module
-    return module
-
-
-def _package(name: str, path: Path | None = None) -> types.ModuleType:
-    module = _stub(name)
-    module.__path__ = [str(path)] if path is not None else []
-    return module
-
-
-def _no_parallel_group(*args: Any, **kwargs: Any) -> Any:
-    raise HiCacheSetupError("the gate runs TP 1: a custom parallel group was asked for")
-
-
-def _no_storage(*args: Any, **kwargs: Any) -> Any:
-    raise HiCacheSetupError("the gate drives no storage tier: a storage hash was asked for")
-
-
-_SINGLE_RANK = types.SimpleNamespace(
-    tp_rank=0,
-    tp_size=1,
-    pp_rank=0,
-    pp_size=1,
-    attn_tp_rank=0,
-    attn_tp_size=1,
-    attn_dp_rank=0,
-    attn_dp_size=1,
-    attn_cp_rank=0,
-    attn_cp_size=1,
-    attn_dcp_rank=0,
-    attn_dcp_size=1,
-)
-
-
-_INSTALLED: list[Path | None] = [None]
-
-
-def install_stubs(tree: Path) -> None:
-    """Make ``import sglang.srt...`` resolve against ``tree`` plus the stubs (idempotent)."""
-    if _INSTALLED[0] == tree:
-        return
-    from hicache_ref.invariants.models import CpHiCacheNodeMetadata
-    from hicache_ref.pools import device_pool, host_pool, hybrid_pool
-    from hicache_ref.pools.cp_layout import CpSharedKVLayout
-    from hicache_ref.pools.page_index import (
-        pad_token_locs_to_page_boundary,
-        validate_page_aligned_token_indices,
-    )
-
-    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-        del sys.modules[name]  # another tree's modules (a second gate in one process)
-    root = tree / "sglang"
-    _package("sglang", root)
-    _package("sglang.srt", root / "srt")
-    _package("sglang.srt.mem_cache", root / "srt" / "mem_cache")
-    _package("sglang.srt.managers", root / "srt" / "managers")
-    _stub(
-        "sglang.srt.utils",
-        get_device_module=lambda: _CURRENT_DEVICE[0],
-        is_cuda=lambda: False,
-        is_hip=lambda: False,
-        is_npu=lambda: False,
-        is_xpu=lambda: False,
-    )
-    _package("sglang.srt.distributed")
-    sys.modules["sglang.srt.distributed"].__dict__.update(
-        get_tensor_model_parallel_rank=lambda: 0,
-        get_tensor_model_parallel_world_size=lambda: 1,
-        get_pipeline_model_parallel_rank=lambda: 0,  # 0.5.13 - 0.5.15
-        get_pipeline_model_parallel_world_size=lambda: 1,
-    )
-    _stub("sglang.srt.distributed.parallel_state", create_custom_parallel_group=_no_parallel_group)
-    _package("sglang.srt.layers")
-    _stub(
-        "sglang.srt.layers.dp_attention",
-        is_dp_attention_enabled=lambda: False,
-        get_attention_dp_rank=lambda: 0,
-        get_attention_tp_rank=lambda: 0,
-        get_attention_tp_size=lambda: 1,
-    )
-    _stub(
-        "sglang.srt.mem_cache.memory_pool",
-        KVCache=device_pool.KVCache,
-        MHATokenToKVPool=device_pool.MHATokenToKVPool,
-        MLATokenToKVPool=device_pool.MLATokenToKVPool,
-        NSATokenToKVPool=device_pool.NSATokenToKVPool,
-        HybridLinearKVPool=hybrid_pool.HybridLinearKVPool,  # upstream unwraps it by isinstance
-    )
-    _stub(
-        "sglang.srt.mem_cache.memory_pool_host",
-        HostKVCache=host_pool.HostKVCache,
-        MHATokenToKVPoolHost=host_pool.MHATokenToKVPoolHost,
-        MLATokenToKVPoolHost=host_pool.MLATokenToKVPoolHost,
-    )
-    # fork-only modules, served by this project's equivalents
-    _stub(
-        "sglang.srt.mem_cache.cp_shared_kv_layout",
-        CpSharedKVLayout=CpSharedKVLayout,
-        pad_token_locs_to_page_boundary=pad_token_locs_to_page_boundary,
-    )
-    _stub(
-        "sglang.srt.mem_cache.page_index_utils",
-        validate_page_aligned_token_indices=validate_page_aligned_token_indices,
-    )
-    _stub("sglang.srt.mem_cache.hiradix_cache", CpHiCacheNodeMetadata=CpHiCacheNodeMetadata)
-    # modules later releases import (a superset: each tree imports the ones it has)
-    _package("sglang.srt.mem_cache.pool_host")  # 0.5.14+: host pools moved here
-    _stub("sglang.srt.mem_cache.pool_host.base", shared_host_layout_domains=lambda pools: [])
-    _stub(
-        "sglang.srt.mem_cache.utils",
-        get_hash_str=_no_storage,
-        get_storage_hash_str=_no_storage,  # 0.5.20+ imports it at module level
-    )
-    _stub("sglang.srt.runtime_context", get_parallel=lambda: _SINGLE_RANK)  # 0.5.16+
-    environ = _load_real("sglang.srt.environ", root / "srt" / "environ.py")
-    environ.__dict__["envs"] = _ForkEnvs(environ.__dict__["envs"])
-    _load_real(
-        "sglang.srt.mem_cache.hicache_storage", root / "srt" / "mem_cache" / "hicache_storage.py"
-    )
-    logging.getLogger("sglang").setLevel(logging.ERROR)  # the fork logs a fallback per write
-    _INSTALLED[0] = tree
-
-
-def _load_real(name: str, path: Path) -> types.ModuleType:
-    """Execute one real module of the tree (it must import only torch, stubs and the tree)."""
-    if not path.is_file():
-        raise HiCacheSetupError(f"the sglang tree lacks {path}; gate a complete unpacked tree")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except ImportError as exc:
-        del sys.modules[name]
-        raise HiCacheSetupError(
-            f"{path} imports {exc.name or exc}, which the gate does not stub; add a stub in "
-            "hicache_ref/harness/adapters/sglang.py (install_stubs)"
-        ) from None
-    return module
-
 
 PER_WORLD_MODULES = (
     ("sglang.srt.mem_cache.l2_transfer", Path("sglang/srt/mem_cache/l2_transfer.py")),
@@ -313,13 +136,13 @@ class ControllerSource:
         if self._last is not None and self._last[0] is device:
             return self._last[1]
         install_stubs(self.tree)
-        _CURRENT_DEVICE[0] = device
+        CURRENT_DEVICE[0] = device
         modules: dict[str, types.ModuleType] = {}
         try:
             for name, path, code in self.codes:
                 modules[name] = _exec_module(name, path, code)
         finally:
-            _CURRENT_DEVICE[0] = None
+            CURRENT_DEVICE[0] = None
         self._last = (device, modules)
         return modules
 
@@ -356,46 +179,6 @@ def _exec_module(name: str, path: Path, code: types.CodeType) -> types.ModuleTyp
 
 CONTROLLER_MODULE = "sglang.srt.managers.cache_controller"
 HYBRID_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
-
-
-class _StubClass:
-    """A class the gate's pools are never instances of (an ``isinstance`` target)."""
-
-
-def install_group_stubs(tree: Path) -> None:
-    """What ``hybrid_cache_controller.py`` imports besides the controller: upstream's own
-    ``HostPoolGroup``/``PoolEntry`` (``pool_host/group.py``, run as it is) and classes the
-    gate's pools are never instances of (interleaved and envelope pools, request handles)."""
-    from hicache_ref.pools import host_pool
-
-    root = tree / "sglang" / "srt" / "mem_cache"
-    _package("sglang.srt.mem_cache.hybrid_cache")
-    _package("sglang.srt.mem_cache.allocator")
-    _stub(
-        "sglang.srt.mem_cache.allocator.page_interleave",
-        PageInterleavePoolAllocator=type("PageInterleavePoolAllocator", (_StubClass,), {}),
-    )
-    _stub(
-        "sglang.srt.mem_cache.base_prefix_cache",
-        CacheRequestHandle=type("CacheRequestHandle", (_StubClass,), {}),
-    )
-    _stub("sglang.srt.mem_cache.radix_cache", RadixKey=type("RadixKey", (_StubClass,), {}))
-    base = sys.modules["sglang.srt.mem_cache.pool_host.base"]
-    base.__dict__.update(HostKVCache=host_pool.HostKVCache, uses_shared_host_layout=lambda p: False)
-    _stub("sglang.srt.mem_cache.pool_host.mha", MHATokenToKVPoolHost=host_pool.MHATokenToKVPoolHost)
-    _stub(
-        "sglang.srt.mem_cache.pool_host.page_interleave",
-        PageInterleaveHostPool=type("PageInterleaveHostPool", (_StubClass,), {}),
-    )
-    _stub(
-        "sglang.srt.mem_cache.pool_host.unified",
-        UnifiedPageEnvelopeHostPool=type("UnifiedPageEnvelopeHostPool", (_StubClass,), {}),
-    )
-    sys.modules["sglang.srt.utils"].__dict__["broadcast_pyobj"] = _no_parallel_group
-    group = _load_real("sglang.srt.mem_cache.pool_host.group", root / "pool_host" / "group.py")
-    sys.modules["sglang.srt.mem_cache.pool_host"].__dict__.update(
-        HostPoolGroup=group.HostPoolGroup, PoolEntry=group.PoolEntry
-    )
 
 
 _SOURCES: dict[Path, ControllerSource] = {}

@@ -4,26 +4,36 @@ Between 0.5.10 and 0.5.23 the controller's surface changed in three steps, and t
 each step with a thin shim over this project's pools (``detect_shape`` reads which one a tree
 has from its files, never from a version string, so a checkout between releases works too):
 
-| engine  | releases               | where the copies are issued                       | shim |
-| ------- | ---------------------- | ------------------------------------------------- | ---- |
-| streams | 0.5.10 - 0.5.17        | the controller's own ``write_stream``/``load_stream``, | none |
-|         |                        | ``evict_device`` frees device pages               |      |
-| l2-v1   | 0.5.18 - 0.5.20        | ``L2TransferEngine``; the host pool's                 | ``L2V1HostPoolShim`` |
-|         |                        | ``load_to_device_per_layer`` takes ``is_draft=``      |      |
-| l2-v2   | 0.5.21 - 0.5.23        | ``*_physical`` copies, ``prepare_transfer_indices``, | ``L2HostPoolShim``, |
-|         |                        | no ``evict_device``                                | ``evict_device`` |
+- ``streams`` (0.5.10 - 0.5.17): copies on the controller's own ``write_stream`` /
+  ``load_stream``; ``evict_device`` frees device pages. No shim.
+- ``l2-v1`` (0.5.18 - 0.5.20): copies issued by ``L2TransferEngine``, whose two streams the
+  adapter aliases as ``write_stream`` / ``load_stream``; the host pool's
+  ``load_to_device_per_layer`` takes ``is_draft=`` (``L2V1HostPoolShim``).
+- ``l2-v2`` (0.5.21 - 0.5.23): ``*_physical`` copy names, ``prepare_transfer_indices``, shared
+  layout domains, no ``evict_device`` (``L2HostPoolShim``; ``evict_device`` is the allocator's
+  free, which is what upstream's radix cache calls).
 
-On top of the engine, a shape carries the features a tree's controller has (each found by the
-name that introduces it): ``draft`` (``set_draft_kv_pool``, 0.5.11 - 0.5.18: draft pools ride
-along with every transfer), ``load_fence`` (``load_fence_stream``, 0.5.19+), ``write_fence``
-(``write_fence_stream``, 0.5.23), ``done_event`` (the allocator's
-``set_hicache_transfer_done_event``, 0.5.22+) and ``hybrid`` (a ``HybridCacheController`` over
-an ``L2Transfer`` engine with packed draft pools, 0.5.19+). Imports that moved between
-releases (``memory_pool_host`` -> ``pool_host/``, the pipeline-rank helpers of 0.5.13 - 0.5.15,
-``runtime_context.get_parallel`` from 0.5.16) are served by ``install_stubs`` for every tree.
+On top of the engine, a shape carries the features a tree's controller has, each found by the
+name that introduces it:
 
-Releases that share a shape (same engine, same features): 0.5.10/0.5.10.post1;
-0.5.11 - 0.5.17 (all post releases included); 0.5.18; 0.5.19/0.5.20/0.5.21; 0.5.22; 0.5.23.
+- ``draft`` (``set_draft_kv_pool``, 0.5.11 - 0.5.18): a draft pool pair rides along with every
+  transfer, reusing the target's host slots (``wire_draft_pools``);
+- ``hybrid`` (0.5.19+): a ``HybridCacheController`` over a ``HostPoolGroup`` with packed draft
+  pools (``sglang_group.py``; 0.5.19 - 0.5.20 name its transfer bound ``transfer_layer_num``);
+- ``load_fence`` (0.5.19+) and ``write_fence`` (0.5.23): ``load_fence_stream`` /
+  ``write_fence_stream``; with both, the shape has capability ``fence_streams``;
+- ``done_event`` (0.5.22+): the allocator's ``set_hicache_transfer_done_event``, with deferred
+  page reuse modelled by ``L2AllocatorShim``.
+
+Imports that moved between releases (``memory_pool_host`` -> ``pool_host/`` in 0.5.14, the
+pipeline-rank helpers of 0.5.13 - 0.5.15, ``runtime_context.get_parallel`` from 0.5.16) are
+served by ``install_stubs`` for every tree.
+
+Releases that share a shape (``ReleaseShape.label``): 0.5.10, 0.5.10.post1 (``streams``);
+0.5.11 - 0.5.17 with their post releases (``streams+draft``); 0.5.18 (``l2-v1+draft``); 0.5.19,
+0.5.20 (``l2-v1+hybrid+load_fence``); 0.5.21 (``l2-v2+hybrid+load_fence``); 0.5.22
+(``l2-v2+done_event+hybrid+load_fence``); 0.5.23 (``l2-v2+done_event+hybrid+load_fence+
+write_fence``).
 """
 
 from __future__ import annotations
