@@ -84,9 +84,18 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         settle_records=draw(st.booleans()),
         copy_path=draw(st.sampled_from([p for p in DRAWN_COPY_PATHS if p in layout_paths])),
         hybrid=draw(st.sampled_from([False, False, True])),
-        forward_stream=not cp_size and _fenced(capabilities) and draw(st.booleans()),
-        pool_group=draw(st.sampled_from(_pool_groups(capabilities, cp_size, draft_layer_num))),
         seed=draw(st.integers(0, 2**16)),
+    )
+    # Fields added later come after every other draw, so the programs of pinned campaigns keep
+    # their configurations: the forward's stream follows the seed's low bit (no draw at all),
+    # and a pool group is drawn only where there is a choice (upstream 0.5.19+).
+    groups = _pool_groups(capabilities, cp_size, draft_layer_num)
+    config = HarnessConfig.model_validate(
+        {
+            **config.model_dump(),
+            "forward_stream": not cp_size and _fenced(capabilities) and bool(config.seed & 1),
+            "pool_group": draw(st.sampled_from(groups)) if len(groups) > 1 else groups[0],
+        }
     )
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())

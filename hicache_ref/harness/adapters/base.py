@@ -63,17 +63,14 @@ CAPABILITIES = frozenset(
         # no copy issued before it lands after it (a reset with copies in flight is safe)
         "fence_streams",  # write_fence_stream / load_fence_stream: set to the forward stream,
         # every D2H / H2D first waits for it (the forward on its own stream, F11's shape)
-        "pool_group",  # upstream-only: the host pools arrive as a HostPoolGroup (0.5.19+'s
-        # HybridCacheController); ":packed" / ":sidecar" carry the draft pool in it. The
-        # reference takes its pools (and its draft pair) directly, so it has none of the three;
-        # the harness checks a grouped draft with the same byte model as a draft pair
-        "pool_group:packed",
-        "pool_group:sidecar",
     }
 )
 
 GROUP_CAPABILITIES = frozenset({"pool_group", "pool_group:packed", "pool_group:sidecar"})
-"""Upstream-only: how 0.5.19+'s ``HybridCacheController`` takes its pools (see CAPABILITIES)."""
+"""Upstream-only, so not in ``CAPABILITIES`` (which the reference and its mutants have): the host
+pools arrive as a ``HostPoolGroup`` (0.5.19+'s ``HybridCacheController``); ``:packed`` /
+``:sidecar`` carry the draft pool in it. The reference takes its pools and its draft pair
+directly; the harness checks a grouped draft with the same byte model as a draft pair."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),

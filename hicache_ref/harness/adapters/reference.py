@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from hicache_ref.controller.cache_controller import HiCacheController
-from hicache_ref.harness.adapters.base import CAPABILITIES, GROUP_CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
 
 
 class ReferenceImplementation:
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"
-    capabilities = CAPABILITIES - {"storage", *GROUP_CAPABILITIES}
+    capabilities = CAPABILITIES - {"storage"}
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:
