@@ -42,7 +42,7 @@ from hicache_ref.cli_inputs import (
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness import catalogue
 from hicache_ref.harness.adapters.base import unsupported_reasons
-from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.adapters.registry import checked_implementation, get_implementation
 from hicache_ref.harness.known_findings import (
     KNOWN_FINDINGS,
     KnownFinding,
@@ -52,6 +52,7 @@ from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.trace import Trace
 from hicache_ref.harness.world import DEVICE_KINDS
+from hicache_ref.vectors.cli import add_vectors_parser
 
 __all__ = ["CampaignReport", "main", "run_campaign"]
 
@@ -152,6 +153,7 @@ def _campaign(
         use_sglang_src(args.sglang_src)
     if args.sglang_version:
         use_sglang_version(args)
+    checked_implementation(args.impl)  # the contract's preflight: a break is exit 2, not a finding
     return run_campaign(
         args.impl,
         seconds=seconds,
@@ -224,7 +226,7 @@ def _trace_for(args: argparse.Namespace) -> Trace:
         use_sglang_src(args.sglang_src)
     name = args.impl or trace.header.implementation
     source = trace.header.source if name == trace.header.implementation else ""
-    implementation = get_implementation(name, source)  # the trace's own tree (its shape)
+    implementation = checked_implementation(name, source)  # the trace's own tree, checked
     reasons = unsupported_reasons(implementation.capabilities, trace.header.config)
     if reasons:
         raise HiCacheInputError(
@@ -245,6 +247,8 @@ def _checked_mutants(args: argparse.Namespace) -> int:
         check_output_file("--json", args.json)
     for name in args.names:
         get_implementation(f"mutant:{name}")  # an unknown name: one line naming the known ones
+    for spec in args.impl or ():
+        checked_implementation(spec)  # an outside mutant: the contract's preflight first
     return catalogue.cli_mutants(args)
 
 
@@ -264,7 +268,10 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--impl", default="reference", help="reference | sglang | seed | mutant:<name>"
+        "--impl",
+        default="reference",
+        help="reference | sglang | seed | mutant:<name> | an entry point of the "
+        "hicache_ref.implementations group | pkg.module:factory",
     )
     parser.add_argument(
         "--sglang-src",
@@ -308,7 +315,11 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a JSONL trace (fuzz/out/failure-*.jsonl, fuzz/corpus/)")
-    parser.add_argument("--impl", default=None, help="override the trace's implementation")
+    parser.add_argument(
+        "--impl",
+        default=None,
+        help="override the trace's implementation (a name, or pkg.module:factory)",
+    )
     parser.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
     parser.add_argument(
         "--device",
@@ -384,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     mut = sub.add_parser("mutants", help="check that every seeded mutant is caught")
     catalogue.add_arguments(mut)
     mut.set_defaults(func=_checked_mutants)
+    add_vectors_parser(sub)
     setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
     setup.add_argument(
         "--sglang-version",

@@ -7,7 +7,7 @@ applied step it
    harness's own pools handed out (``Insert(node, pages, tokens)``, ``Write(node, host)``,
    ``Load(node, pages)``, ``DrainWriteAcks(count)`` with the count the tree drained, ...);
 2. feeds what the ``SimDevice`` executed during the step, in execution order: every copy as
-   ``CopyLanded`` (rank and pool from the tags this module puts on each rank's host pools,
+   ``CopyLanded`` (rank and pool from the tags the world's host pools put on their copies,
    slots from the copy's meta), every forward store/read as ``ForwardRan`` once every rank ran
    its part; records and waits are not fed (the oracle runs a record once the work ahead of it
    ran, so it never drains later than a device could);
@@ -21,7 +21,8 @@ and lifecycles INV-16, producer slots INV-10, pages INV-05, content INV-06, a re
 the oracle's own verdict under its id) naming the step, the quantity, the oracle's value and the
 implementation's. A world it cannot follow (another device, a one-rank-per-process session)
 or a step the oracle cannot express turns lockstep off for the rest of the case, with the
-reason counted (``LOCKSTEP_STATS``).
+reason counted in the session's stats (``SessionStats.lockstep``: ``cases``,
+``cases_in_lockstep``, ``steps_in_lockstep``, ``cases_off`` and ``off: <reason>``).
 
 Not compared, by design: the implementation's own bookkeeping (metadata, in-flight trackers,
 pending layer states: only their effects, acks and copies, are seen); event records and waits
@@ -32,9 +33,9 @@ reads the tags of every held token slot once, at quiescence); padding slots and 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from hicache_ref.device.sim import ExecutedOp, SimDevice
 from hicache_ref.errors import InvariantViolation
@@ -49,6 +50,7 @@ from hicache_ref.harness.profiles import lockstep_enabled
 from hicache_ref.harness.rule_record import UntranslatedRuleError
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.trace import Step
+from hicache_ref.harness.world import COPY_POOL_TAG, COPY_RANK_TAG
 from hicache_ref.oracle import ops as o
 from hicache_ref.oracle.config import OracleConfig, Pool
 from hicache_ref.oracle.invariants import check_invariants
@@ -58,14 +60,8 @@ from hicache_ref.oracle.step import OpNotEnabledError, step
 if TYPE_CHECKING:
     import torch
 
-    from hicache_ref.device.protocol import DeviceModule
     from hicache_ref.harness.session import Session
 
-LOCKSTEP_STATS: Counter[str] = Counter()
-"""Process-wide counts: ``cases``, ``cases_in_lockstep``, ``steps_in_lockstep``,
-``cases_off``, and ``off: <reason>`` per reason (campaign summaries and tests read it)."""
-
-RANK_TAG, POOL_TAG = "lockstep_rank", "lockstep_pool"
 
 UnitKey = tuple[str, int, int]
 """A forward kernel: (``store`` or ``read``, tree handle, layer)."""
@@ -80,7 +76,7 @@ def attach_lockstep(session: Session) -> LockstepOracle | None:
     if not lockstep_enabled():
         return None
     oracle = LockstepOracle(session)
-    LOCKSTEP_STATS["cases"] += 1
+    session.stats.lockstep["cases"] += 1
     if oracle.off_reason is None:
         session.observers.append(oracle)
     return oracle
@@ -154,14 +150,7 @@ class LockstepOracle:
         self.state = initial_state(oracle_config_for(session))
         device = session.world.device
         assert isinstance(device, SimDevice)
-        for rank in session.world.ranks:
-            # The host pools launch every copy: tag theirs with the rank and the pool (the view
-            # is the device itself for everything but the meta of what it launches)
-            for pool, host_pool in (("target", rank.host_pool), ("draft", rank.draft_host_pool)):
-                if host_pool is not None:
-                    view = device.tagged(**{RANK_TAG: rank.rank, POOL_TAG: pool})
-                    host_pool.device_module = cast("DeviceModule", view)
-        device.on_execute.append(self._on_execute)
+        device.on_execute.append(self._on_execute)  # copies carry the world's rank/pool tags
 
     # -- the observer --------------------------------------------------------------------------
     def after_step(self, session: Session, step_: Step, outcome: Outcome) -> None:
@@ -182,7 +171,7 @@ class LockstepOracle:
         if record.resets:
             self.handles.clear()
         self.steps += 1
-        LOCKSTEP_STATS["steps_in_lockstep"] += 1
+        self.session.stats.lockstep["steps_in_lockstep"] += 1
         self._compare(f"step {len(session.steps) - 1} ({step_.rule}: {outcome})")
         self._save()
 
@@ -209,7 +198,7 @@ class LockstepOracle:
         except OpNotEnabledError as refused:
             self._turn_off(f"the oracle cannot express finish: {refused}")
             return
-        LOCKSTEP_STATS["cases_in_lockstep"] += 1
+        self.session.stats.lockstep["cases_in_lockstep"] += 1
         where = "quiescence (finish)"
         self._compare(where)
         compare_final_content(session, self.state, self.handles, where)
@@ -345,16 +334,16 @@ class LockstepOracle:
 
     def _landed(self, entry: ExecutedOp) -> list[o.Op]:
         meta = entry.meta
-        if RANK_TAG not in meta:
+        if COPY_RANK_TAG not in meta:
             raise OpNotEnabledError(f"copy {entry.label!r} was launched outside the host pools")
         host_slots, locs = _ints(meta["host_indices"]), list(_ints(meta["device_indices"]))
         if not host_slots:
             return []
-        rank = int(meta[RANK_TAG])  # type: ignore[call-overload]
+        rank = int(meta[COPY_RANK_TAG])  # type: ignore[call-overload]
         cp, page = self.session.config.cp_size, self.session.config.page_size
         if cp:  # physical page q of rank r is logical page q * cp + r (``CpSharedKVLayout``)
             locs = [((loc // page) * cp + rank) * page + loc % page for loc in locs]
-        pool: Pool = "draft" if meta[POOL_TAG] == "draft" else "target"
+        pool: Pool = "draft" if meta[COPY_POOL_TAG] == "draft" else "target"
         layers: tuple[int, ...] = meta["layer_ids"]  # type: ignore[assignment]
         direction = meta["direction"]
         device_locs = tuple(locs)
@@ -409,8 +398,8 @@ class LockstepOracle:
 
     def _turn_off(self, reason: str) -> None:
         self.off_reason = reason
-        LOCKSTEP_STATS["cases_off"] += 1
-        LOCKSTEP_STATS[f"off: {reason}"] += 1
+        self.session.stats.lockstep["cases_off"] += 1
+        self.session.stats.lockstep[f"off: {reason}"] += 1
 
 
 def _ints(indices: object) -> tuple[int, ...]:

@@ -119,10 +119,9 @@ def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) 
 
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
     config = data.draw(harness_configs(implementation.capabilities))
-    refine = getattr(implementation, "refine_config", None)
-    if refine is None:
+    refined = implementation.refine_config(config)  # contract: optional hook
+    if refined is config:
         return config
-    refined: HarnessConfig = refine(config)
     # a refinement is a model_copy, which skips validation: validate the world it asks for
     try:
         refined = HarnessConfig.model_validate(refined.model_dump())

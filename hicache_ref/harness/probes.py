@@ -12,15 +12,18 @@ pass every case (the mutants in fuzz/mutants/*ignores* / *during* show it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import as_reservation, is_write_failure
+from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.node_model import Node
 from hicache_ref.harness.outcome import Outcome, done
 
 if TYPE_CHECKING:
-    from hicache_ref.harness.tree import TreeDriver
+    from hicache_ref.harness.adapters.base import CpControllerLike
+    from hicache_ref.harness.rank_geometry import RankGeometry
+    from hicache_ref.harness.world import World
 
 ProbeKind = Literal["host_free", "device_free", "rewrite"]
 """What a probe tries: free a node's host slots (``evict_host``), free its device pages
@@ -33,10 +36,22 @@ PROBE_REFUSALS: dict[ProbeKind, tuple[str, ...]] = {
 """The invariant ids a refusal of each probe may carry (the first is reported when accepted)."""
 
 
+class ProbedTree(Protocol):
+    """What the probes read of the tree driver that owns them, and the two verbs they borrow."""
+
+    world: World
+    config: HarnessConfig
+    nodes: dict[int, Node]
+    geometry: RankGeometry
+
+    def evict_host_copies(self, node: Node, ranks: tuple[int, ...]) -> None: ...
+    def cp_controllers(self) -> list[CpControllerLike]: ...
+
+
 class MisuseProbes:
     """The probes of one tree driver (they read its nodes and call its ranks' controllers)."""
 
-    def __init__(self, tree: TreeDriver) -> None:
+    def __init__(self, tree: ProbedTree) -> None:
         self.tree = tree
         self.world = tree.world
         self.config = tree.config

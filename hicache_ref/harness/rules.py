@@ -335,6 +335,16 @@ def process_advance(session: Session, args: Args) -> Outcome:
     return session.advance(str(args["stream"]), int(args["n"]))
 
 
+def _rule_advance_to_record(session: Session, args: Args) -> str | None:
+    if args.get("stream") not in STREAMS:
+        return f"advance_to_record needs a stream in {STREAMS}"
+    return None
+
+
+def process_advance_to_record(session: Session, args: Args) -> Outcome:
+    return session.advance_to_record(str(args["stream"]))
+
+
 def _rule_synchronize(session: Session, args: Args) -> str | None:
     return None if args.get("stream") in STREAMS else f"synchronize needs a stream in {STREAMS}"
 
@@ -726,6 +736,17 @@ ADVANCE = RuleRecord(
     oracle=no_oracle_ops,  # device work: fed as executions
     weight=8,
 )
+ADVANCE_TO_RECORD = RuleRecord(
+    "advance_to_record",
+    "streams",
+    "run one stream up to and including its next event record (an ack or a layer becomes "
+    "visible while the ops behind it stay queued)",
+    _rule_advance_to_record,
+    process_advance_to_record,
+    draw=Draw({"stream": OneOf(STREAMS)}, _choose_stream, device_busy),
+    oracle=no_oracle_ops,  # device work: fed as executions
+    weight=4,
+)
 SYNCHRONIZE = RuleRecord(
     "synchronize",
     "streams",
@@ -838,6 +859,7 @@ _RECORDS: tuple[RuleRecord, ...] = (
     DROP,
     EVICT_HOST,
     ADVANCE,
+    ADVANCE_TO_RECORD,
     SYNCHRONIZE,
     SCRIBBLE_FREE_HOST,
     PROBE_EVICT_HOST,

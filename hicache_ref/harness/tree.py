@@ -23,7 +23,6 @@ backups go through ``submit_write_cp_all_layer`` and nothing is reserved early.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
@@ -31,7 +30,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import (
     AckQueue,
     ControllerLike,
@@ -53,8 +51,10 @@ from hicache_ref.harness.node_model import (
 from hicache_ref.harness.outcome import Outcome, done, refused
 from hicache_ref.harness.probes import MisuseProbes, ProbeKind
 from hicache_ref.harness.rank_geometry import RankGeometry
+from hicache_ref.harness.store_watch import StoreWatch
 from hicache_ref.harness.world import World
-from hicache_ref.invariants.checks_acks import check_ack_rows_identical
+from hicache_ref.invariants.evidence import DrainedAck, RankValues, ReturnedIndices, SlotReuse
+from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.snapshot import HarnessModel
 
 __all__ = ["Node", "TreeDriver", "handle_of"]
@@ -71,10 +71,10 @@ class MultiConsumerCounterLike(Protocol):
 class TreeDriver:
     """Drives every rank's controller in lockstep, as the radix cache and scheduler would."""
 
-    def __init__(self, world: World, checks: Counter[str] | None = None) -> None:
+    def __init__(self, world: World, checks: CheckRunner | None = None) -> None:
         self.world = world
         self.config = world.config
-        self.checks: Counter[str] = Counter() if checks is None else checks  # runs per id
+        self.checks = CheckRunner() if checks is None else checks  # the registry, per id
         self.nodes: dict[int, Node] = {}
         self.next_handle = 0
         self.next_node_id = 0
@@ -89,6 +89,7 @@ class TreeDriver:
         self.bytes = ByteChecks(world, self.geometry, self.checks)
         self.watch = FreeSlotWatch(world, self.geometry, self.bytes)
         self.reads = DeferredReads(world, self.bytes)
+        self.stores = StoreWatch(world, self.checks, self._rows_backing_up)
         self.probes = MisuseProbes(self)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -118,9 +119,6 @@ class TreeDriver:
     def _per_layer_controllers(self) -> list[PerLayerWriteLike]:
         """Every rank's controller as the per-layer contract (empty without per_layer_write)."""
         return [rank.per_layer for rank in self.world.ranks if rank.per_layer is not None]
-
-    def _count(self, inv_id: str) -> None:
-        self.checks[inv_id] += 1
 
     def _on_forward(self) -> AbstractContextManager[object]:
         """The forward's stream: its own under overlap scheduling (``config.forward_stream``)."""
@@ -163,11 +161,10 @@ class TreeDriver:
             return refused("device full")
         first = allocs[0]
         assert first is not None
-        for other in allocs[1:]:
-            if other is None or not torch.equal(other, first):
-                raise InvariantViolation(
-                    "INV-14", "CP ranks' allocators handed out different logical pages"
-                )
+        if len(allocs) > 1:
+            pages = [[a.tolist() if a is not None else []] for a in allocs]
+            values = RankValues("the allocators' logical pages", pages, ack_rows=False)
+            self.checks.run("INV-14", values)
         node = Node(
             handle=handle,
             node_id=self.next_node_id,
@@ -259,9 +256,13 @@ class TreeDriver:
             for c, buf in enumerate(buffers)
         ]  # on the buffers' device before the launch: the store itself never syncs the host
 
+        stores, pool_name = self.stores, "draft" if draft else "target"
+        rows_at = locs.tolist() if stores.active else []  # never a host sync on a GPU
+
         def store() -> None:
             for buf, rows in zip(buffers, payload, strict=True):
                 buf[locs] = rows
+            stores.stored(rank, pool_name, layer, rows_at)
 
         kernel = ForwardKernel("store", node.handle, layer)
         self.world.device.launch(
@@ -347,6 +348,8 @@ class TreeDriver:
         if host is None:
             return refused("host full")
         assert isinstance(host, torch.Tensor), "a non-CP write returns host indices or None"
+        page = self.config.page_size
+        self.checks.run("INV-01", ReturnedIndices(host, page, f"write of node {handle}"))
         node.host_value[0] = host
         self._start_backup(node)
         return done(f"write node {handle} -> host {host.numel()} slots")
@@ -370,8 +373,7 @@ class TreeDriver:
         node.cp_meta = [r.metadata for r in held]
         self.geometry.record_layout(node)
         for rank_index in range(len(controllers)):
-            for draft in self.geometry.host_copies():
-                self.geometry.host_slots(rank_index, node, draft)  # Verify the slot counts (INV-13)
+            self.geometry.check_reservation(rank_index, node)  # INV-01, INV-13
         per_layer = self._per_layer_controllers()
         for rank_index, reservation in enumerate(held):
             if per_layer:
@@ -431,11 +433,7 @@ class TreeDriver:
             rows_per_rank.append([list(ack.node_ids) for ack in islice(queue, count)])
             del queue[:count]
         # Verify every rank acked the same nodes in the same order (INV-14)
-        self._count("INV-14")
-        try:
-            check_ack_rows_identical(rows_per_rank)
-        except InvariantViolation as violation:
-            raise InvariantViolation("INV-14", f"{queue_name} drain: {violation.detail}") from None
+        self.checks.run("INV-14", RankValues(f"{queue_name} drain", rows_per_rank))
         return rows_per_rank[0]
 
     def writing_check(self) -> Outcome:
@@ -443,12 +441,9 @@ class TreeDriver:
         for row in rows:
             for node_id in row:
                 handle = self.ongoing_write.pop(node_id, None)
-                if handle is None:
-                    raise InvariantViolation(
-                        "INV-02",
-                        f"write ack for node_id {node_id}, which has no backup in "
-                        "flight (an extra ack, or an ack for a node already acked)",
-                    )
+                drained = DrainedAck("ack_write_queue", node_id, in_flight=handle is not None)
+                self.checks.run("INV-02", drained)
+                assert handle is not None
                 node = self.nodes[handle]
                 node.backup = "done"
                 self.acked_writes += 1
@@ -460,10 +455,9 @@ class TreeDriver:
         for row in rows:
             for node_id in row:
                 handle = self.ongoing_load.pop(node_id, None)
-                if handle is None:
-                    raise InvariantViolation(
-                        "INV-16", f"load ack for node_id {node_id}, which has no load in flight"
-                    )
+                drained = DrainedAck("ack_load_queue", node_id, in_flight=handle is not None)
+                self.checks.run("INV-16", drained)
+                assert handle is not None
                 node = self.nodes[handle]
                 node.loading = False
                 node.producer_id = None
@@ -490,10 +484,9 @@ class TreeDriver:
         if all(r is None for r in results):
             return refused("device full")
         allocations = [r for r in results if r is not None]
-        if len(allocations) < len(results) or any(
-            not torch.equal(r, allocations[0]) for r in allocations
-        ):
-            raise InvariantViolation("INV-14", "CP ranks disagree on a load_cp allocation")
+        if len(results) > 1:
+            rows = [[r.tolist() if r is not None else []] for r in results]
+            self.checks.run("INV-14", RankValues("the load_cp allocations", rows, ack_rows=False))
         node.value = allocations[0]
         if self.config.uses_cp:
             self.geometry.check_owner_replay(node)
@@ -504,20 +497,15 @@ class TreeDriver:
 
     def start_loading(self) -> Outcome:
         ids = [controller.start_loading() for controller in self._controllers()]
-        if len(set(ids)) != 1:
-            raise InvariantViolation("INV-14", f"ranks took different producer slots {ids}")
-        # Verify the slot is not still held by a load whose ack is undrained (INV-10)
+        if len(ids) > 1:
+            slots = RankValues("the producer slots", [[[i]] for i in ids], ack_rows=False)
+            self.checks.run("INV-14", slots)
         busy = sorted(
             n.handle
             for n in self.nodes.values()
             if n.loading and n.producer_id == ids[0] and n.handle not in self.queued_loads
         )
-        if busy:
-            raise InvariantViolation(
-                "INV-10",
-                f"start_loading handed out producer slot {ids[0]}, still held by the undrained "
-                f"load of node(s) {busy} (a consumer of that slot would wait on the wrong events)",
-            )
+        self.checks.run("INV-10", SlotReuse(ids[0], busy))
         for handle in self.queued_loads:
             if handle in self.nodes:
                 self.nodes[handle].producer_id = ids[0]
@@ -561,9 +549,18 @@ class TreeDriver:
                 for buf in self.geometry.pools(rank, draft)[0].layer_buffers(layer)
             ]
 
-            def poison(buffers: list[torch.Tensor] = buffers, locs: torch.Tensor = locs) -> None:
+            pools = [("draft" if d else "target", n) for d, n in self.geometry.layer_kinds()]
+
+            def poison(
+                buffers: list[torch.Tensor] = buffers,
+                locs: torch.Tensor = locs,
+                rank: int = rank,
+                pools: list[tuple[str, int]] = pools,
+            ) -> None:
                 for buf in buffers:
                     buf[locs] = FREED_ROW_VALUE
+                if self.stores.active:  # the simulator only: never a host sync on a GPU
+                    self.stores.poisoned(rank, pools, locs.tolist())
 
             with self._on_forward():
                 self.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
@@ -641,6 +638,15 @@ class TreeDriver:
         self.batch, self.batch_layer = [], 0
         self.next_node_id = 0
         self.watch.clear()
+        self.stores.clear()
+
+    def _rows_backing_up(self, rank: int) -> dict[int, set[int]]:
+        """The device rows each node being backed up holds on ``rank`` (the store watch)."""
+        return {
+            n.handle: set(self.geometry.placement(rank, n)[1].tolist())
+            for n in self.nodes.values()
+            if n.backup == "in_flight" and n.value is not None
+        }
 
     # -- the harness's model, for the session's checks ------------------------------------------
     def model(self) -> HarnessModel:
@@ -649,4 +655,9 @@ class TreeDriver:
         nodes = tuple(
             compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
         )
-        return HarnessModel(num_counters=self.config.num_counters, nodes=nodes)
+        return HarnessModel(
+            num_counters=self.config.num_counters,
+            nodes=nodes,
+            layer_num=self.config.layer_num,
+            draft_layer_num=self.config.draft_layer_num,
+        )

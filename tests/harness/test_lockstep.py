@@ -20,7 +20,7 @@ from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.lockstep import LOCKSTEP_STATS, LockstepOracle, attach_lockstep
+from hicache_ref.harness.lockstep import LockstepOracle, attach_lockstep
 from hicache_ref.harness.lockstep_compare import compare_final_content, compare_state
 from hicache_ref.harness.machine import _draw_config, machine_for
 from hicache_ref.harness.outcome import done, refused
@@ -90,11 +90,11 @@ def test_a_round_trip_is_followed_step_by_step_and_at_quiescence() -> None:
 def test_a_world_without_the_simulators_log_is_turned_off_with_its_reason() -> None:
     session = Session(CONFIG, ReferenceImplementation(), "reference")
     session.world.device = object()  # type: ignore[assignment]  # e.g. a GPU campaign's device
-    before = LOCKSTEP_STATS["cases_off"]
     oracle = attach_lockstep(session)
     assert oracle is not None and oracle.off_reason is not None
     assert oracle.off_reason.startswith("not a SimDevice")
-    assert oracle not in session.observers and LOCKSTEP_STATS["cases_off"] == before + 1
+    assert oracle not in session.observers and session.stats.lockstep["cases_off"] == 1
+    assert session.stats.lockstep[f"off: {oracle.off_reason}"] == 1
 
 
 def test_a_hybrid_world_is_followed() -> None:
@@ -142,16 +142,20 @@ class _LockstepMachine(machine_for(ReferenceImplementation(), "reference")):  # 
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name)
         attach_lockstep(self.session)
+        _FOLLOWED.append(self.session)
+
+
+_FOLLOWED: list[Session] = []
 
 
 def test_the_reference_passes_the_machine_in_lockstep() -> None:
-    before = dict(LOCKSTEP_STATS)
+    _FOLLOWED.clear()
     _LockstepMachine.TestCase.settings = make_settings("ci", max_examples=40)
     started = time.monotonic()
     _LockstepMachine.TestCase("runTest").runTest()
     assert time.monotonic() - started < 60
-    stepped = LOCKSTEP_STATS["steps_in_lockstep"] - before.get("steps_in_lockstep", 0)
-    followed_cases = LOCKSTEP_STATS["cases_in_lockstep"] - before.get("cases_in_lockstep", 0)
+    stepped = sum(s.stats.lockstep["steps_in_lockstep"] for s in _FOLLOWED)
+    followed_cases = sum(s.stats.lockstep["cases_in_lockstep"] for s in _FOLLOWED)
     assert stepped > 200 and followed_cases > 5
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.harness.adapters.base import CAPABILITIES, GROUP_CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.sglang_group import build_group_controller
 from hicache_ref.harness.adapters.sglang_shapes import (
     L2AllocatorShim,
@@ -198,7 +199,7 @@ def _producer_slots(module: types.ModuleType) -> int:
     return int(counter.num_counters)
 
 
-class SglangImplementation:
+class SglangImplementation(ImplementationBase):
     """Upstream SGLang's controller from a tree (``--impl sglang``)."""
 
     name = "sglang"
