@@ -130,6 +130,7 @@ def gate_release(
 ) -> ReleaseRow:
     """Fetch ``release``, read its shape and gate it; a setup problem becomes ``refused``."""
     from hicache_ref.campaign import run_campaign
+    from hicache_ref.harness.adapters.registry import checked_implementation
     from hicache_ref.harness.adapters.sglang import SglangImplementation
     from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
 
@@ -138,6 +139,7 @@ def gate_release(
         tree = fetch_release_tree(release, "--matrix")
         row.shape = SglangImplementation(tree).shape.label
         with _gating_tree(tree):
+            checked_implementation(MATRIX_IMPL, str(tree))  # the contract's preflight
             report = run_campaign(
                 MATRIX_IMPL,
                 seconds=budget_s,
