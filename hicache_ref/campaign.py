@@ -52,7 +52,18 @@ MINIMIZE_REPLAYS_MAX = 1000
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
 """The rules of each family, from the rule records (``harness/rules.py``)."""
-FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "storage")
+FEATURES = (
+    "pool",
+    "layout/io",
+    "cp",
+    "draft",
+    "page",
+    "copy",
+    "hybrid",
+    "forward",
+    "pool group",
+    "storage",
+)
 
 
 def get_rule_family(rule: str) -> str:
@@ -81,6 +92,8 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         "page": str(config.page_size),
         "copy": config.copy_path,
         "hybrid": "yes" if config.hybrid else "no",
+        "forward": "own-stream" if config.forward_stream else "default",
+        "pool group": config.pool_group,
         "storage": (
             f"{config.storage_ranks}r/{config.storage_backend}"
             + ("+faults" if config.storage_faults else "")

@@ -87,6 +87,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """A campaign that counts known findings, and fails only on a new failure."""
+    if args.matrix:  # every release of a range, one table (hicache_ref/harness/matrix.py)
+        from hicache_ref.harness.matrix import cmd_matrix
+
+        return cmd_matrix(args)
     known = get_known_findings(args.known, args.impl)
     report = _campaign(args, seconds=args.budget, known=known)
     print(report.render(replay_lines=False))
@@ -147,6 +151,8 @@ def _campaign(
         check_output_file("--json", args.json)
     if args.sglang_src:
         use_sglang_src(args.sglang_src)
+    if args.sglang_version:
+        use_sglang_version(args)
     checked_implementation(args.impl)  # the contract's preflight: a break is exit 2, not a finding
     return run_campaign(
         args.impl,
@@ -161,6 +167,15 @@ def _campaign(
         device=args.device,
         perturbation=check_spins_device("--spins", args.spins, args.device),
     )
+
+
+def use_sglang_version(args: argparse.Namespace) -> None:
+    """``--sglang-version X``: that release's wheel (fetched once) is the tree the gate reads."""
+    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
+
+    if args.sglang_src:
+        raise HiCacheInputError("--sglang-src and --sglang-version both name a tree; pass one")
+    use_sglang_src(str(fetch_release_tree(args.sglang_version)))
 
 
 def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -211,7 +226,7 @@ def _trace_for(args: argparse.Namespace) -> Trace:
         use_sglang_src(args.sglang_src)
     name = args.impl or trace.header.implementation
     source = trace.header.source if name == trace.header.implementation else ""
-    implementation = checked_implementation(name, source)  # the contract's preflight
+    implementation = checked_implementation(name, source)  # the trace's own tree, checked
     reasons = unsupported_reasons(implementation.capabilities, trace.header.config)
     if reasons:
         raise HiCacheInputError(
@@ -240,9 +255,10 @@ def _checked_mutants(args: argparse.Namespace) -> int:
 # -- the command line ------------------------------------------------------------------------
 def cmd_setup(args: argparse.Namespace) -> int:
     """Fetch the sglang tree the gate reads (once; cached), and build fork trees asked for."""
-    from hicache_ref.harness.adapters.sglang_tree import SGLANG_VERSION, fetch_wheel_tree, fork_tree
+    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
+    from hicache_ref.harness.adapters.sglang_tree import SGLANG_VERSION, fork_tree
 
-    tree = fetch_wheel_tree(args.version or SGLANG_VERSION)
+    tree = fetch_release_tree(args.version or SGLANG_VERSION)
     print(f"sglang {args.version or SGLANG_VERSION}: {tree}")
     for controller in args.seed or []:
         fork = fork_tree(Path(controller), base=tree)
@@ -262,6 +278,12 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="an unpacked sglang tree (holds sglang/srt/managers/cache_controller.py) for "
         "--impl sglang / seed; sets HICACHE_SGLANG_SRC",
+    )
+    parser.add_argument(
+        "--sglang-version",
+        metavar="X",
+        help="an upstream release (0.5.17, 0.5.15.post1) for --impl sglang: its wheel is "
+        "fetched once into the cache and gated like --sglang-src",
     )
     parser.add_argument("--profile", default="ci", choices=sorted(PROFILES))
     parser.add_argument(
@@ -350,6 +372,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="look for more after the first new failure (one replay line per distinct invariant)",
     )
+    gate.add_argument(
+        "--matrix",
+        metavar="LO..HI",
+        help="gate every upstream release in LO..HI (post releases included) or a comma list, "
+        "one table; --known defaults to all (hicache_ref/harness/matrix.py)",
+    )
+    gate.add_argument(
+        "--budget-each",
+        type=parse_duration,
+        default=None,
+        help="with --matrix: how long to fuzz each release (default 60s)",
+    )
     gate.set_defaults(func=cmd_gate)
     rep = sub.add_parser("replay", help="replay a trace without Hypothesis")
     _add_trace_arguments(rep)
@@ -363,7 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     mut.set_defaults(func=_checked_mutants)
     add_vectors_parser(sub)
     setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
-    setup.add_argument("--version", help="sglang version to fetch (default 0.5.10)")
+    setup.add_argument(
+        "--sglang-version",
+        "--version",
+        dest="version",
+        help="sglang release to fetch (default 0.5.10; --version is the old spelling)",
+    )
     setup.add_argument(
         "--seed",
         nargs="+",

@@ -322,13 +322,7 @@ def test_gate_passes_on_the_reference(tmp_path: Path, capsys: pytest.CaptureFixt
     assert data["gate"]["passed"] and data["cases"] > 0
     assert set(data["rule_families"]) == set(RULE_FAMILIES)
     assert set(data["features"]) == {
-        "pool",
-        "layout/io",
-        "cp",
-        "draft",
-        "page",
-        "copy",
-        "hybrid",
+        *("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "forward", "pool group"),
         "storage",
     }
     # under the ci profile the pure oracle follows every simulated case, and the report says so

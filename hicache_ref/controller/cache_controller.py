@@ -40,7 +40,7 @@ from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpo
 from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.controller.storage_facade import StorageFacade
-from hicache_ref.device.protocol import DeviceModule
+from hicache_ref.device.protocol import DeviceModule, StreamT
 from hicache_ref.errors import (
     DraftPoolPairError,
     HiCacheInputError,
@@ -157,6 +157,10 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, ControllerStat
 
         self.write_stream = self.device_module.Stream()
         self.load_stream = self.device_module.Stream()
+        # Set by a scheduler whose forward runs on its own stream (overlap scheduling): every
+        # D2H / H2D then waits for that stream too, not only for the caller's (sglang#36738)
+        self.write_fence_stream: StreamT | None = None
+        self.load_fence_stream: StreamT | None = None
 
         if storage_backend is not None:
             try:
@@ -321,6 +325,8 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, ControllerStat
         finish_event = self.device_module.Event()
         # Fence: the D2H must see every KV store already queued on the current stream (INV-12)
         start_event.record()
+        if self.write_fence_stream is not None:
+            self.write_stream.wait_stream(self.write_fence_stream)
         with self.device_module.stream(self.write_stream):
             start_event.wait(self.write_stream)
             if host_indices is not None and device_indices is not None:
@@ -424,6 +430,8 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, ControllerStat
         producer_event = self.layer_done_counter.events[producer_id]
         # Fence: pages being reused may still be written by queued forward work (sglang#36738)
         producer_event.start_event.record()
+        if self.load_fence_stream is not None:
+            self.load_stream.wait_stream(self.load_fence_stream)
         with self.device_module.stream(self.load_stream):
             producer_event.start_event.wait(self.load_stream)
             self._issue_load_layers(

@@ -18,6 +18,7 @@ CopyPath = Literal["gather", "runs", "batch", "triton"]
 StorageBackendName = Literal["memory", "file", "upstream_file"]
 StoragePolicy = Literal["best_effort", "wait_complete", "timeout"]
 STORAGE_RANKS_MAX = 4
+PoolGroup = Literal["none", "anchor", "packed", "sidecar"]
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "direct": ("layer_first", "page_first_direct", "layer_page_first"),
@@ -53,6 +54,18 @@ class HarnessConfig(BaseModel):
     hybrid: bool = False
     """The allocator's KV cache is a ``HybridLinearKVPool`` (full-attention layers interleaved
     with linear-attention ones) that the controller must unwrap to its ``full_kv_pool``."""
+    forward_stream: bool = False
+    """The forward runs on its own stream (overlap scheduling) while the tree calls the
+    controller from the default stream; the harness sets the controller's ``write_fence_stream``
+    and ``load_fence_stream`` to it (capability ``fence_streams``, F11's shape). Without CP:
+    CP per-layer backups record their fences inside the forward's own layer hooks."""
+    pool_group: PoolGroup = "none"
+    """How the host pools reach the controller: ``none``, the pools themselves (every
+    controller); as upstream 0.5.19+'s ``HostPoolGroup`` for its ``HybridCacheController``:
+    ``anchor`` (the KV pool alone), ``packed`` (the draft pool packed as MTP draft layers of
+    the KV host pool: ``layer_mapper``, ``is_draft``), ``sidecar`` (the draft pool as a side
+    pool whose transfers ride on the KV indices: a ``PoolTransfer`` with
+    ``indices_from_pool=KV``). Capability ``pool_group`` (``:packed``, ``:sidecar``); no CP."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
@@ -88,6 +101,16 @@ class HarnessConfig(BaseModel):
             raise ValueError(f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP)")
         if self.cp_size >= 1 and self.pool_kind != "nsa":
             raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
+        if self.pool_group != "none" and self.cp_size >= 1:
+            raise ValueError(f"pool_group={self.pool_group!r} is drawn without CP (cp_size=0)")
+        if self.pool_group in ("packed", "sidecar") and not self.has_draft:
+            raise ValueError(
+                f"pool_group={self.pool_group!r} carries a draft pool: draft_layer_num >= 1"
+            )
+        if self.pool_group == "anchor" and self.has_draft:
+            raise ValueError("pool_group='anchor' has no draft pool; use 'packed' or 'sidecar'")
+        if self.forward_stream and self.cp_size >= 1:
+            raise ValueError("forward_stream is drawn without CP (cp_size=0)")
         if self.device_pages < 2 * self.num_ranks or self.host_pages < 1:
             raise ValueError("device_pages must be >= 2*cp_size and host_pages >= 1")
         if not 0 <= self.storage_ranks <= STORAGE_RANKS_MAX or self.storage_batch_pages < 1:
@@ -126,6 +149,8 @@ class HarnessConfig(BaseModel):
         if self.uses_storage:
             faults = "+faults" if self.storage_faults else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
+        runs += " fwd-stream" if self.forward_stream else ""
+        runs += f" group={self.pool_group}" if self.pool_group != "none" else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

@@ -133,6 +133,16 @@ _SEED_AND_UPSTREAM: tuple[KnownFinding, ...] = (
         "when the tree resets at idle",
     ),
     KnownFinding(
+        id="F9",
+        implementations=("seed",),
+        invariant="INV-07",
+        message_pattern=r"free host slots .*holds node-content .*expected the harness's scribble "
+        r"into a free host slot",
+        summary="a cancel that finds no pending state (its ack is queued) does not drain the "
+        "write stream, so the rollback frees host slots a D2H still writes (reached through "
+        "F20's state: hinges on flat line 1249)",
+    ),
+    KnownFinding(
         id="F20",
         implementations=("seed",),
         invariant="INV-02",
@@ -153,7 +163,33 @@ _SEED_AND_UPSTREAM: tuple[KnownFinding, ...] = (
     ),
 )
 
-KNOWN_FINDINGS: dict[str, KnownFinding] = {f.id: f for f in _SEED_AND_UPSTREAM}
+_UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
+    KnownFinding(
+        id="F21",
+        implementations=("sglang",),
+        invariant="INV-09",
+        message_pattern=r"load ack drained: device copy of node \d+ draft layer \d+ ",
+        summary="a draft deeper than the target is loaded only for the target's layer count: "
+        "set_draft_kv_pool's copies ride inside the target's layer loop (0.5.11 - 0.5.18), and a "
+        "packed MTP draft of depth d loads at transfer layer d (0.5.19 - 0.5.21; 0.5.22 loads "
+        "every depth by the last target layer)",
+        also=(
+            # a read of the never-loaded draft tail (after the target's last layer event)
+            ("INV-11", r"forward read of node \d+ draft layer \d+ "),
+            # the lockstep oracle still holds the tail copy it expected, so it misplaces the
+            # next load's copies of that channel
+            (
+                "INV-11",
+                r"lockstep at step \d+ .*forward read of channel \d+ of node \d+ ran before "
+                r"that layer's H2D landed",
+            ),
+        ),
+    ),
+)
+
+KNOWN_FINDINGS: dict[str, KnownFinding] = {
+    f.id: f for f in (*_SEED_AND_UPSTREAM, *_UPSTREAM_RELEASES)
+}
 """Every known finding by id, from specs/upstream_findings.md (the F-entries whose failures the
 gate has reproduced); tests register their own."""
 

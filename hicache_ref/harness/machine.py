@@ -31,6 +31,7 @@ from hicache_ref.harness.config import (
     HarnessConfig,
     IoBackend,
     Layout,
+    PoolGroup,
     PoolKind,
 )
 from hicache_ref.harness.lockstep import attach_lockstep
@@ -88,9 +89,35 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         seed=draw(st.integers(0, 2**16)),
         **storage,
     )
+    # Fields added later come after every other draw, so the programs of pinned campaigns keep
+    # their configurations: the forward's stream follows the seed's low bit (no draw at all),
+    # and a pool group is drawn only where there is a choice (upstream 0.5.19+).
+    groups = _pool_groups(capabilities, cp_size, draft_layer_num)
+    config = HarnessConfig.model_validate(
+        {
+            **config.model_dump(),
+            "forward_stream": not cp_size and _fenced(capabilities) and bool(config.seed & 1),
+            "pool_group": draw(st.sampled_from(groups)) if len(groups) > 1 else groups[0],
+        }
+    )
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
     return config
+
+
+def _fenced(capabilities: frozenset[str]) -> bool:
+    """Whether the forward may run on its own stream (``fence_streams``; no restriction given)."""
+    return not capabilities or "fence_streams" in capabilities
+
+
+def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) -> list[PoolGroup]:
+    """The ways the host pools may reach the controller (``pool_group``; upstream 0.5.19+)."""
+    if cp_size or "pool_group" not in capabilities:
+        return ["none"]
+    if draft_layers <= 0:
+        return ["none", "anchor"]
+    grouped: list[PoolGroup] = ["packed", "sidecar"]
+    return ["none", *(g for g in grouped if f"pool_group:{g}" in capabilities)]
 
 
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:

@@ -193,10 +193,9 @@ class Session:
         """Run ``n`` queued ops of one stream (on every rank for the copy streams)."""
         device = self.world.device
         agreed = f"{stream} ran some op(s)"  # how many is rank-local
-        if stream == "forward":
-            return done(
-                f"forward ran {device.advance(device.default_stream, n)} op(s)", agreed=agreed
-            )
+        if stream == "forward":  # and the caller's stream, when the forward has its own
+            forward_ran = sum(device.advance(s, n) for s in self._forward_side())
+            return done(f"forward ran {forward_ran} op(s)", agreed=agreed)
         ran = [
             device.advance(self._stream(rank.controller, stream), n) for rank in self.world.ranks
         ]
@@ -220,11 +219,18 @@ class Session:
     def synchronize(self, stream: str) -> Outcome:
         """Host waits for a stream (what cancel_layer_write_state and a CPU read do)."""
         if stream == "forward":
-            self.world.device.default_stream.synchronize()
+            for forward in self._forward_side():
+                forward.synchronize()
         else:
             for rank in self.world.ranks:
                 self._stream(rank.controller, stream).synchronize()
         return done(f"synchronized {stream}")
+
+    def _forward_side(self) -> list[StreamT]:
+        """The forward stream, and the default stream the tree calls the controller from when
+        the forward has its own (it holds only the controller's event records then)."""
+        forward, default = self.world.forward_stream, self.world.device.default_stream
+        return [forward] if forward is default else [forward, default]
 
     @staticmethod
     def _stream(controller: ControllerLike, stream: str) -> StreamT:

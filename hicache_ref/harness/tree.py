@@ -24,6 +24,7 @@ backups go through ``submit_write_cp_all_layer`` and nothing is reserved early.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from itertools import islice
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -123,6 +124,10 @@ class TreeDriver:
         """Every rank's controller as the per-layer contract (empty without per_layer_write)."""
         return [rank.per_layer for rank in self.world.ranks if rank.per_layer is not None]
 
+    def _on_forward(self) -> AbstractContextManager[object]:
+        """The forward's stream: its own under overlap scheduling (``config.forward_stream``)."""
+        return self.world.device.stream(self.world.forward_stream)
+
     # -- what the probes and the byte checks answer (their modules hold the code) --------------
     def write_in_flight(self, handle: int, rank: int | None = None) -> bool:
         return self.probes.write_in_flight(handle, rank)
@@ -198,14 +203,15 @@ class TreeDriver:
         for draft, layer_num in self.geometry.layer_kinds():
             if layer >= layer_num:
                 continue
-            for node in batch:
-                if node.value is None:
-                    continue
+            with self._on_forward():
+                for node in batch:
+                    if node.value is None:
+                        continue
+                    for rank in range(len(self.world.ranks)):
+                        self._enqueue_store(rank, node, draft, layer)
                 for rank in range(len(self.world.ranks)):
-                    self._enqueue_store(rank, node, draft, layer)
-            for rank in range(len(self.world.ranks)):
-                pool, _ = self.geometry.pools(rank, draft)
-                pool.notify_layer_end(layer)
+                    pool, _ = self.geometry.pools(rank, draft)
+                    pool.notify_layer_end(layer)
         for node in batch:
             node.layers_stored = layer + 1
         self.batch_layer += 1
@@ -216,17 +222,19 @@ class TreeDriver:
     def store_layer(self, handle: int, layer: int, draft: bool) -> Outcome:
         """Queue one layer's KV store of one node (fine-grained; oracle traces use it)."""
         node = self.nodes[handle]
-        for rank in range(len(self.world.ranks)):
-            self._enqueue_store(rank, node, draft, layer)
+        with self._on_forward():
+            for rank in range(len(self.world.ranks)):
+                self._enqueue_store(rank, node, draft, layer)
         if not draft or self.config.draft_layer_num >= self.config.layer_num:
             node.layers_stored = max(node.layers_stored, layer + 1)
         return done(f"stored {'draft' if draft else 'target'} layer {layer} of node {handle}")
 
     def layer_end(self, layer: int, draft: bool) -> Outcome:
         """The device pools' layer-end hooks for ``layer`` (drives pending per-layer writes)."""
-        for rank in range(len(self.world.ranks)):
-            pool, _ = self.geometry.pools(rank, draft)
-            pool.notify_layer_end(layer)
+        with self._on_forward():
+            for rank in range(len(self.world.ranks)):
+                pool, _ = self.geometry.pools(rank, draft)
+                pool.notify_layer_end(layer)
         return done(f"layer_end {layer} ({'draft' if draft else 'target'})")
 
     def reserve(self, handle: int) -> Outcome:
@@ -276,8 +284,9 @@ class TreeDriver:
         for rank_index, rank in enumerate(self.world.ranks):
             rank.controller.layer_done_counter.set_consumer(consumer)
             pool, _ = self.geometry.pools(rank_index, draft)
-            pool.get_key_buffer(layer)  # waits until this layer landed (INV-11)
-            self._launch_read(rank_index, node, layer, draft)
+            with self._on_forward():
+                pool.get_key_buffer(layer)  # waits until this layer landed (INV-11)
+                self._launch_read(rank_index, node, layer, draft)
         for rank in self.world.ranks:
             rank.controller.layer_done_counter.set_consumer(-1)
         return done(f"read layer {layer} of node {handle}")
@@ -295,9 +304,10 @@ class TreeDriver:
             assert isinstance(counter, MultiConsumerCounterLike), "multi_consumer was declared"
             counter.set_consumer(consumers)
             pool, _ = self.geometry.pools(rank_index, draft)
-            pool.get_key_buffer(layer)  # waits until this layer landed in every slot (INV-11)
-            for node in nodes:
-                self._launch_read(rank_index, node, layer, draft)
+            with self._on_forward():
+                pool.get_key_buffer(layer)  # waits until this layer landed in every slot (INV-11)
+                for node in nodes:
+                    self._launch_read(rank_index, node, layer, draft)
         for rank in self.world.ranks:
             rank.controller.layer_done_counter.set_consumer(-1)
         return done(f"read layer {layer} of nodes {list(handles)} (consumers {consumers})")
@@ -556,7 +566,8 @@ class TreeDriver:
                 if self.stores.active:  # the simulator only: never a host sync on a GPU
                     self.stores.poisoned(rank, pools, locs.tolist())
 
-            self.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
+            with self._on_forward():
+                self.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
 
     def evict_host(self, handle: int) -> Outcome:
         node = self.nodes.pop(handle)

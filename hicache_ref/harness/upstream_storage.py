@@ -45,7 +45,7 @@ def _human_readable_int(value: object) -> int:
 
 def load_upstream_storage_module(tree: Path) -> types.ModuleType:
     """The tree's ``hicache_storage`` module, with what its ``HiCacheFile`` needs loaded."""
-    from hicache_ref.harness.adapters.sglang import _load_real, _package, _stub, install_stubs
+    from hicache_ref.harness.adapters.sglang_stubs import _load_real, _package, _stub, install_stubs
 
     install_stubs(tree)
     evictor = tree / EVICTOR_RELPATH

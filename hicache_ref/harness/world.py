@@ -90,10 +90,13 @@ class World:
     ranks: list[Rank]
     capabilities: frozenset[str] = frozenset()
     storage_group: Any = None  # the storage world's RankGroup (``storage_world.py``), if any
+    forward: StreamT | None = None
+    """The forward's own stream (``config.forward_stream``); None: the default stream."""
 
     @property
     def forward_stream(self) -> StreamT:
-        return self.device.default_stream
+        """Where the forward's stores, reads and layer hooks run (the tree enters it)."""
+        return self.forward if self.forward is not None else self.device.default_stream
 
     @property
     def per_layer_write(self) -> bool:
@@ -217,6 +220,7 @@ def build_world(
             device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
     capabilities = implementation.capabilities
+    forward = device.Stream() if config.forward_stream else None
     page = config.page_size
     storage_group = None
     if config.uses_storage:  # rank 0 of the storage world; the peers are storage_world.py's
@@ -285,6 +289,9 @@ def build_world(
         capabilities = check_declared_capabilities(
             implementation.capabilities, type(controller), implementation.name
         )
+        if forward is not None:  # what a scheduler under overlap does (sglang#36738, #38463)
+            controller.write_fence_stream = forward  # type: ignore[attr-defined]
+            controller.load_fence_stream = forward  # type: ignore[attr-defined]
         cp, per_layer = _views(controller, capabilities, config)
         ranks.append(
             Rank(
@@ -301,7 +308,7 @@ def build_world(
                 controller if has_undrained_gate(controller) else None,
             )
         )
-    return World(config, device, ranks, capabilities, storage_group)
+    return World(config, device, ranks, capabilities, storage_group, forward)
 
 
 # -- the device kind of the worlds built in a context ------------------------------------------

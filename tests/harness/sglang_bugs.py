@@ -1,8 +1,8 @@
 """Planted bugs in upstream's controller: what the gate must catch in code nobody here wrote.
 
-Each bug is one literal substitution in a copy of sglang 0.5.10's
-``sglang/srt/managers/cache_controller.py`` (the old snippet must occur exactly once). Only the
-few lines needed to find and change a line live here, never upstream's code. A test builds the
+Each bug is one literal substitution in a copy of sglang 0.5.10's (``BUGS``) or 0.5.23's
+(``BUGS_0523``) ``sglang/srt/managers/cache_controller.py`` (the old snippet must occur exactly
+once). Only the few lines needed to find and change a line live here, never upstream's code. A test builds the
 patched tree at run time (``sglang_tree.fork_tree``), gates it and replays the minimized trace.
 
 Per bug: ``NAME``, ``BUG_CLASS`` (stream order, acks, slot lifetime, index permutation, layer
@@ -187,3 +187,35 @@ BUGS: tuple[type[PlantedBug], ...] = (
     MergeReversesHostOrder,
 )
 BUGS_BY_NAME = {bug.NAME: bug for bug in BUGS}
+
+
+# -- 0.5.23's fence streams (the forward on its own stream) ------------------------------------
+class WriteFenceDropped(PlantedBug):
+    NAME = "write_fence_dropped"
+    BUG_CLASS = "stream order"
+    DESCRIPTION = "the D2H no longer waits for write_fence_stream (the forward's own stream)"
+    OLD = (
+        "self.l2_transfer_engine.device_to_host_stream.wait_stream(\n"
+        "                self.write_fence_stream\n            )"
+    )
+    NEW = "pass  # BUG: no write fence"
+    INVARIANTS = ("INV-12", "INV-09", "INV-06")
+    STREAM_ORDER = True
+
+
+class LoadFenceDropped(PlantedBug):
+    NAME = "load_fence_dropped"
+    BUG_CLASS = "stream order"
+    DESCRIPTION = "the H2D no longer waits for load_fence_stream: reused pages race the forward"
+    OLD = (
+        "self.l2_transfer_engine.host_to_device_stream.wait_stream(\n"
+        "                self.load_fence_stream\n            )"
+    )
+    NEW = "pass  # BUG: no load fence"
+    INVARIANTS = ("INV-08", "INV-09", "INV-11", "INV-06")  # INV-08: the lockstep oracle sees
+    # the H2D land in pages the forward is still writing
+    STREAM_ORDER = True
+
+
+BUGS_0523: tuple[type[PlantedBug], ...] = (WriteFenceDropped, LoadFenceDropped)
+"""Planted in 0.5.23's controller: caught only when the forward runs on its own stream."""

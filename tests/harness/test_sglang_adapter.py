@@ -6,12 +6,14 @@ with ``pip download --no-deps`` into the cache directory; nothing of upstream is
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from hicache_ref.errors import HiCacheSetupError
-from hicache_ref.harness.adapters.sglang import SglangImplementation, is_l2_engine_tree
+from hicache_ref.harness.adapters.sglang import SglangImplementation
+from hicache_ref.harness.adapters.sglang_shapes import is_l2_engine_tree
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
     check_tree,
@@ -144,17 +146,48 @@ def test_a_trace_remembers_its_tree_so_the_replay_line_needs_no_flag(
 UPSTREAM_CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
 
 
+UPSTREAM_NOTE = re.compile(r"^(F\d+) (INV-\d+|[A-Z]\w*Error)(?: on (\d+\.\d+\.\d+\S*))?: ")
+"""A note starts ``F<n> INV-xx:`` (found on 0.5.10) or ``F<n> INV-xx on 0.5.17:``."""
+
+
 @pytest.mark.parametrize("path", sorted(UPSTREAM_CORPUS.glob("*.jsonl")), ids=lambda p: p.stem)
 def test_upstream_finding_still_reproduces_and_the_reference_passes(
-    tree_0510: Path, path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # each note starts "F<n> INV-xx:": upstream 0.5.10 fails that way, the reference does not
+    # the release the note names (0.5.10 unless it says) fails that way, the reference does not
     from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
     from hicache_ref.harness.replay import replay
     from hicache_ref.harness.trace import Trace
 
-    monkeypatch.setenv(SRC_ENV, str(tree_0510))
     trace = Trace.read(path)
-    expected = trace.header.note.split(":", 1)[0].split()[1]
+    found = UPSTREAM_NOTE.match(trace.header.note)
+    assert found, f"{path.name}: the note must start 'F<n> INV-xx[ on X.Y.Z]: '"
+    _, expected, release = found.groups()
+    monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release or "0.5.10")))
     assert replay(trace).signature() == expected
-    assert not replay(trace, implementation="reference").failed
+    # the reference has no HostPoolGroup: it replays the same world with its draft pair attached
+    config = trace.header.config.model_copy(update={"pool_group": "none"})
+    as_pair = Trace(header=trace.header.model_copy(update={"config": config}), steps=trace.steps)
+    assert not replay(as_pair, implementation="reference").failed
+
+
+def test_0523_defers_the_reuse_of_freed_pages_until_the_copies_before_the_free_land() -> None:
+    # 0.5.23 hands the allocator each submission's finish event; the allocator's free orders
+    # the current stream after them, so pages freed under a queued D2H are reused only after it
+    from hicache_ref.harness.world import build_world
+
+    impl = SglangImplementation(fetch_wheel_tree("0.5.23"))
+    world = build_world(impl.refine_config(HarnessConfig(page_size=4, layer_num=2)), impl)
+    rank, device = world.ranks[0], world.device
+    controller = rank.controller
+    locs = rank.allocator.alloc(8)
+    assert locs is not None
+    controller.write(locs, node_id=0)  # the D2H is queued on the write stream
+    controller.evict_device(locs)  # freed while the D2H still reads them
+    reused: list[bool] = []
+    device.launch(lambda: reused.append(True), label="reuse", kind="kernel")
+    device.advance(device.default_stream, 100)
+    assert not reused and controller.write_stream.pending > 0  # the reuse waits for the copy
+    device.advance(controller.write_stream, 100)
+    device.advance(device.default_stream, 100)
+    assert reused

@@ -30,7 +30,7 @@ from hicache_ref.harness.machine import FAILURE_DIR_ENV
 from hicache_ref.harness.replay import replay
 from hicache_ref.harness.trace import Trace
 
-from .sglang_bugs import BUGS, PlantedBug
+from .sglang_bugs import BUGS, BUGS_0523, PlantedBug
 
 UNMODIFIED_BUDGET = "20s"
 BUG_BUDGET = "90s"  # a cap: each is caught in < 30 s alone; 2 shared cores run slower
@@ -150,6 +150,33 @@ def test_planted_bug_is_caught_by_its_invariant(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # plant the bug in a copy of 0.5.10 -> gate it -> exit 1 with one replay line
+    check_planted_bug_is_caught(bug, wheel_tree, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.usefixtures("gate_env")
+@pytest.mark.parametrize("bug", BUGS_0523, ids=lambda bug: bug.NAME)
+def test_planted_fence_bug_in_0_5_23_is_caught_with_the_forward_on_its_own_stream(
+    bug: type[PlantedBug],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 0.5.23 fences its copies on the forward's own stream; drop one fence -> the gate catches it
+    tree = fetch_wheel_tree("0.5.23")
+    source = (tree / CONTROLLER_RELPATH).read_text()
+    assert bug.apply(source) != source  # the old snippet is there exactly once
+    check_planted_bug_is_caught(bug, tree, tmp_path, monkeypatch, capsys)
+
+
+def check_planted_bug_is_caught(
+    bug: type[PlantedBug],
+    wheel_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Gate ``bug`` planted in ``wheel_tree``: caught by an invariant it declares, and its
+    minimized trace passes on the unmodified tree."""
     tree = plant(bug, wheel_tree, tmp_path)
     status, report, stdout = run_gate(tree, tmp_path, BUG_BUDGET, capsys)
     assert status == EXIT_FAILED, f"{bug.NAME} survived {report['cases']} cases:\n{stdout}"

@@ -61,8 +61,16 @@ CAPABILITIES = frozenset(
         # wait_until waits on every one of them (one forward batch over several loads)
         "reset_drains",  # reset() synchronizes the write and load streams before clearing, so
         # no copy issued before it lands after it (a reset with copies in flight is safe)
+        "fence_streams",  # write_fence_stream / load_fence_stream: set to the forward stream,
+        # every D2H / H2D first waits for it (the forward on its own stream, F11's shape)
     }
 )
+
+GROUP_CAPABILITIES = frozenset({"pool_group", "pool_group:packed", "pool_group:sidecar"})
+"""Upstream-only, so not in ``CAPABILITIES`` (which the reference and its mutants have): the host
+pools arrive as a ``HostPoolGroup`` (0.5.19+'s ``HybridCacheController``); ``:packed`` /
+``:sidecar`` carry the draft pool in it. The reference takes its pools and its draft pair
+directly; the harness checks a grouped draft with the same byte model as a draft pair."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),
@@ -294,6 +302,8 @@ def missing_methods(controller_class: type, capability: str) -> list[str]:
     missing = [m for m in methods if not callable(getattr(controller_class, m, None))]
     if capability == "draft" and missing and _takes_draft_pools(controller_class):
         return []  # the constructor takes the draft pools instead
+    if capability == "draft" and callable(getattr(controller_class, "set_draft_kv_pool", None)):
+        return []  # upstream 0.5.11 - 0.5.18 take the draft pair after construction
     return missing
 
 
@@ -344,6 +354,13 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("pool:hybrid")
     if config.uses_storage:
         needed.add("storage")
+    if config.forward_stream:
+        needed.add("fence_streams")
+    if config.pool_group == "anchor":
+        needed.add("pool_group")
+    elif config.pool_group != "none":
+        needed |= {"pool_group", f"pool_group:{config.pool_group}"}
+        needed.discard("draft")  # the draft rides in the group, not as a draft pair
     return sorted(needed - capabilities)
 
 

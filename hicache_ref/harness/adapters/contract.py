@@ -3,7 +3,8 @@
 An implementation under test is an object with three **required** hooks:
 
 - ``name: str`` — how traces, reports and replay lines name it;
-- ``capabilities: frozenset[str]`` — a subset of ``base.CAPABILITIES``; the machines draw only
+- ``capabilities: frozenset[str]`` — a subset of ``base.CAPABILITIES`` (upstream adapters may
+  add the upstream-only ``base.GROUP_CAPABILITIES``); the machines draw only
   configurations and rules these allow, and those detectable from the controller class
   (``base.CAPABILITY_METHODS``) are checked against it;
 - ``build_controller(request: BuildRequest) -> ControllerLike`` — one controller per rank, over
@@ -35,6 +36,7 @@ from typing import Any
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
+    GROUP_CAPABILITIES,
     BuildRequest,
     ControllerLike,
     RankLike,
@@ -175,7 +177,7 @@ def check_hooks(obj: object, origin: str) -> None:
             f"implementation {origin!r}: 'capabilities' must be a frozenset of names, got "
             f"{type(capabilities).__name__}"
         )
-    unknown = sorted(str(c) for c in capabilities if c not in CAPABILITIES)
+    unknown = sorted(str(c) for c in capabilities if c not in CAPABILITIES | GROUP_CAPABILITIES)
     # Verify every declared capability is one the harness knows
     if unknown:
         raise ContractError(

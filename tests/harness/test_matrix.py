@@ -1,0 +1,185 @@
+"""The release matrix: releases by name, ranges against the registry's list, shapes, one table.
+
+The three releases gated here at a small budget are one per copy engine (0.5.10: the
+controller's own streams; 0.5.19: the first ``L2TransferEngine``; 0.5.23: the ``*_physical``
+engine). Their wheels are fetched with pip on first use, like 0.5.10's for the other gate tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hicache_ref.cli import EXIT_USAGE, main
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.adapters import sglang_releases
+from hicache_ref.harness.adapters.sglang_releases import (
+    check_version,
+    registry_versions,
+    resolve_releases,
+)
+from hicache_ref.harness.adapters.sglang_shapes import detect_shape
+from hicache_ref.harness.adapters.sglang_tree import CACHE_ENV, CONTROLLER_RELPATH, SRC_ENV
+from hicache_ref.harness.machine import FAILURE_DIR_ENV
+from hicache_ref.harness.matrix import ReleaseRow, mark_transitions, render_matrix
+
+LISTED = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13"]
+MATRIX_BUDGET = "3s"
+ENGINE_RELEASES = ("0.5.10", "0.5.19", "0.5.23")
+
+
+# -- releases by name -------------------------------------------------------------------------
+def test_a_range_takes_every_release_between_its_ends_post_releases_included() -> None:
+    assert resolve_releases("0.5.10..0.5.12.post1", LISTED) == [
+        "0.5.10",
+        "0.5.10.post1",
+        "0.5.11",
+        "0.5.12",
+        "0.5.12.post1",
+    ]
+
+
+def test_a_comma_list_is_gated_as_given() -> None:
+    assert resolve_releases("0.5.23,0.5.10", LISTED) == ["0.5.23", "0.5.10"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("0.5.x..0.5.12", "not a release number"),
+        ("0.5.13..0.5.10", "comes after"),
+        ("0.6.0..0.6.9", "no release between"),
+        ("0.5.20rc1", "not a release number"),
+    ],
+)
+def test_a_bad_range_is_one_line_naming_the_fix(spec: str, message: str) -> None:
+    with pytest.raises(HiCacheInputError, match=message):
+        resolve_releases(spec, LISTED)
+
+
+def test_a_version_is_a_final_or_post_release() -> None:
+    assert check_version(" 0.5.15.post1 ") == "0.5.15.post1"
+    with pytest.raises(HiCacheInputError, match="--sglang-src DIR"):
+        check_version("main")
+
+
+def test_the_version_list_is_cached_and_offline_falls_back_to_the_cached_trees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    for name in ("sglang-0.5.12", "sglang-0.5.10", "sglang-0.5.10-fork-abc"):
+        (tmp_path / name / CONTROLLER_RELPATH).parent.mkdir(parents=True)
+        (tmp_path / name / CONTROLLER_RELPATH).write_text("")
+    # offline, nothing fetched before: the releases whose trees are cached (forks left out)
+    monkeypatch.setattr(sglang_releases, "_query_registry", lambda: None)
+    assert registry_versions() == (["0.5.10", "0.5.12"], "cached trees (offline)")
+    # online: the registry's list is kept, and read back without a query the next time
+    monkeypatch.setattr(sglang_releases, "_query_registry", lambda: ["0.5.10", "0.5.11"])
+    assert registry_versions() == (["0.5.10", "0.5.11"], "registry")
+    monkeypatch.setattr(sglang_releases, "_query_registry", lambda: pytest.fail("queried"))
+    assert registry_versions() == (["0.5.10", "0.5.11"], "registry (cached)")
+
+
+# -- shapes -----------------------------------------------------------------------------------
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for relpath, text in files.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "label"),
+    [
+        ({str(CONTROLLER_RELPATH): "def evict_device(self):"}, "streams"),
+        (
+            {
+                str(CONTROLLER_RELPATH): "def set_draft_kv_pool(self, d, h):",
+                "sglang/srt/mem_cache/l2_transfer.py": "load_to_device_per_layer(",
+            },
+            "l2-v1+draft",
+        ),
+        (
+            {
+                str(CONTROLLER_RELPATH): "self.load_fence_stream = None\n"
+                "self.write_fence_stream = None\nx.set_hicache_transfer_done_event(k, e)",
+                "sglang/srt/mem_cache/l2_transfer.py": "load_to_device_per_layer_physical(",
+            },
+            "l2-v2+done_event+load_fence+write_fence",
+        ),
+    ],
+    ids=["streams", "l2-v1", "l2-v2"],
+)
+def test_the_shape_is_read_from_the_tree_not_its_version(
+    tmp_path: Path, files: dict[str, str], label: str
+) -> None:
+    assert detect_shape(_tree(tmp_path, files)).label == label
+
+
+# -- the table --------------------------------------------------------------------------------
+def test_the_table_names_a_finding_where_it_appears_and_where_it_goes() -> None:
+    rows = [
+        ReleaseRow("0.5.10", "streams", 9, known_hits={"F8": 2}),
+        ReleaseRow("0.5.11", "streams+draft", refused="no tree"),
+        ReleaseRow(
+            "0.5.12",
+            "streams+draft",
+            9,
+            known_hits={"F8": 1},
+            new_failures=[{"invariant": "INV-11", "error": "e", "trace": "t.jsonl"}],
+        ),
+        ReleaseRow("0.5.13", "streams+draft", 9),
+    ]
+    mark_transitions(rows)
+    # the refused release says nothing: 0.5.12 is compared with 0.5.10
+    assert (rows[2].appeared, rows[2].disappeared) == (["NEW INV-11"], [])
+    assert (rows[3].appeared, rows[3].disappeared) == ([], ["F8", "NEW INV-11"])
+    table = render_matrix(rows)
+    assert "refused: no tree" in table and "+NEW INV-11" in table and "-F8" in table
+    assert "0.5.12: hicache-fuzz replay t.jsonl" in table
+    assert table.endswith("matrix: FAILED: 2 of 4 release(s) passed their gate")
+
+
+# -- the command line -------------------------------------------------------------------------
+def test_matrix_gates_one_release_per_engine_at_a_small_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the CI cut of `gate --matrix`: every engine shape adapted, none refused
+    monkeypatch.delenv(SRC_ENV, raising=False)
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
+    report = tmp_path / "matrix.json"
+    status = main(
+        [
+            "gate", "--impl", "sglang", "--matrix", ",".join(ENGINE_RELEASES),
+            "--budget-each", MATRIX_BUDGET, "--out", str(tmp_path), "--json", str(report),
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    rows = json.loads(report.read_text())["releases"]
+    assert status == 0, out
+    assert [row["release"] for row in rows] == list(ENGINE_RELEASES)
+    assert [row["shape"].split("+")[0] for row in rows] == ["streams", "l2-v1", "l2-v2"]
+    assert all(row["cases"] > 0 and row["refused"] is None for row in rows), out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["gate", "--impl", "sglang", "--sglang-version", "latest"], "not a release number"),
+        (["gate", "--impl", "reference", "--matrix", "0.5.10..0.5.11"], "--impl sglang"),
+        (
+            ["gate", "--impl", "sglang", "--matrix", "0.5.10", "--sglang-version", "0.5.10"],
+            "names the releases itself",
+        ),
+        (["setup", "--version", "0.5"], "not a release number"),
+    ],
+)
+def test_a_bad_release_argument_is_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
