@@ -13,15 +13,20 @@ first), ``offload``, ``cancel_and_reuse``, ``reload``, ``reload_staggered`` and
 a case with nothing to do, and the reload compounds keep the load path, where shipped
 corruption lives, above a fifth of the applied steps (``LOAD_PATH_SHARE_MIN``). After every
 step the session checks its invariants; teardown runs the quiescence checks. When a case
-fails, the machine writes the trace and prints one line that replays it.
+fails, the machine hands its trace to the class's ``sink``, and notes the line that replays it.
+
+Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
+implementation and a ``CaseSink`` (a campaign's: it counts every finished case and keeps the
+failing traces where that campaign wants them) to a fresh machine class. Without one, failing
+traces go to ``fuzz/out/`` (``FailureFolder``), as for the machines pytest runs.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from hypothesis import note, reject
 from hypothesis import strategies as st
@@ -39,18 +44,43 @@ from hicache_ref.harness.config import (
 from hicache_ref.harness.lockstep import attach_lockstep
 from hicache_ref.harness.rules import RULES, RuleRecord
 from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.trace import Step, Trace
 from hicache_ref.pools.transfer import copy_paths_for_layout
+from hicache_ref.replay_lines import get_replay_line
 
-FAILURE_DIR_ENV = "HICACHE_FUZZ_OUT"
 DEFAULT_FAILURE_DIR = Path("fuzz/out")
-LAST_FAILURE: dict[str, str] = {}
-STATS_SINKS: list[Any] = []  # callables receiving each finished Session (campaign summaries)
 DRAWN_COPY_PATHS = ("gather", "runs", "batch")
 """Copy paths a case draws: the simulator's gather, and the two GPU paths (run-merged copies,
 the copy engine's batched page copies, executed on the CPU by ``memmove`` from the same pointer
 plan). ``triton`` is left to the transfer tests: its CPU interpreter is too slow per step."""
 LOAD_PATH_SHARE_MIN = 0.20  # of applied steps, on the reference (tests/harness/test_rules.py)
+
+
+class CaseSink(Protocol):
+    """What a machine hands the campaign that runs it."""
+
+    def on_case(self, session: Session) -> None:
+        """A case finished without failing (its stats feed the campaign's report)."""
+
+    def on_failure(self, trace: Trace) -> Path:
+        """A case failed: keep its trace and say where (Hypothesis may re-run it many times)."""
+
+
+@dataclass
+class FailureFolder:
+    """The sink of a machine no campaign runs: ``folder/failure-<impl>.jsonl``, rewritten by
+    each failing run (Hypothesis shows the note of the final, shrunk run only)."""
+
+    folder: Path = DEFAULT_FAILURE_DIR
+    last_failure: Path | None = field(default=None, compare=False)
+
+    def on_case(self, session: Session) -> None:
+        return None
+
+    def on_failure(self, trace: Trace) -> Path:
+        name = trace.header.implementation.replace(":", "-")
+        self.last_failure = trace.write(self.folder / f"failure-{name}.jsonl")
+        return self.last_failure
 
 
 @st.composite
@@ -113,6 +143,7 @@ class HiCacheMachine(RuleBasedStateMachine):
 
     implementation: Implementation
     impl_name = "reference"
+    sink: ClassVar[CaseSink] = FailureFolder()
 
     def __init__(self) -> None:
         super().__init__()
@@ -131,22 +162,23 @@ class HiCacheMachine(RuleBasedStateMachine):
             self.failed = True  # teardown must not replace this error with a consequence
             self._report_failure(exc)
             raise
+        except KeyboardInterrupt:
+            self.failed = True  # Ctrl-C cut the step short: its half-done state proves nothing
+            raise
 
     def _report_failure(self, exc: BaseException) -> None:
-        """Write this case's trace and report the replay line.
+        """Hand this case's trace to the sink and note the replay line.
 
-        Hypothesis shrinks by re-running failing cases; each run overwrites the same file, and
-        ``report`` is shown only for the final (shrunk) run, so exactly one line is printed.
+        Hypothesis shrinks by re-running failing cases; the sink keeps the latest, and a note is
+        shown only for the final (shrunk) run, so exactly one line is printed.
         """
         if self.session is None or getattr(exc, "_hicache_reported", False):
             return
-        out = Path(os.environ.get(FAILURE_DIR_ENV, str(DEFAULT_FAILURE_DIR)))
         trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
-        path = trace.write(out / f"failure-{self.impl_name.replace(':', '-')}.jsonl")
-        LAST_FAILURE["path"] = str(path)
+        path = self.sink.on_failure(trace)
         note(
             f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
-            f"replay with: hicache-fuzz replay {path}"
+            f"replay with: {get_replay_line(path)}"
         )
         exc._hicache_reported = True  # type: ignore[attr-defined]
 
@@ -340,8 +372,7 @@ class HiCacheMachine(RuleBasedStateMachine):
             self._report_failure(exc)
             raise
         finally:
-            for sink in STATS_SINKS:
-                sink(self.session)
+            self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
 
 
 def _atomic_rule(record: RuleRecord) -> Callable[..., None]:
@@ -370,10 +401,16 @@ for _record in RULES.values():
         setattr(HiCacheMachine, _record.name, _atomic_rule(_record))
 
 
-def machine_for(implementation: Implementation, name: str) -> type[HiCacheMachine]:
-    """A machine class bound to one implementation (for pytest and the CLI)."""
-    return type(
-        f"HiCacheMachine_{name.replace(':', '_').replace('-', '_')}",
-        (HiCacheMachine,),
-        {"implementation": implementation, "impl_name": name},
-    )
+def machine_for(
+    implementation: Implementation, name: str, sink: CaseSink | None = None, *, key: str = ""
+) -> type[HiCacheMachine]:
+    """A machine class bound to one implementation and the sink of the campaign running it.
+
+    The class name is Hypothesis' example-database key for its failures; ``key`` (a digest of
+    the implementation's source, say) keeps two trees gated under one name apart there.
+    """
+    slug = name.replace(":", "_").replace("-", "_").replace(".", "_")
+    attributes: dict[str, Any] = {"implementation": implementation, "impl_name": name}
+    if sink is not None:
+        attributes["sink"] = sink
+    return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)
