@@ -177,6 +177,8 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
     if context.minimize_replays > 0:
         small = minimize(trace, max_replays=context.minimize_replays)
         small_path = small.write(context.out_dir / f"{stem}-min.jsonl").absolute()
+        if context.save_trace is not None:
+            context.save_trace(small)
         record.update(
             trace=str(small_path), replay=get_replay_line(small_path), steps=str(len(small.steps))
         )

@@ -200,6 +200,10 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
         )
     try:
         return run_fleet(tasks, view)
+    except KeyboardInterrupt:  # before a campaign could take it: nothing ran, say so
+        nothing = CampaignReport(args.impl, args.profile, args.seed, device=args.device)
+        nothing.interrupted = True
+        return nothing
     finally:
         if view is not None:
             view.close()

@@ -23,12 +23,18 @@ import queue as queue_module
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.campaign import CampaignReport, CampaignSignals, run_campaign
+from hicache_ref.campaign import (
+    MINIMIZE_REPLAYS_MAX,
+    CampaignReport,
+    CampaignSignals,
+    run_campaign,
+)
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.fleet.database import DatabaseSpec
@@ -71,6 +77,8 @@ class WorkerTask:
     database: DatabaseSpec | None = None
     examples_per_round: int | None = None
     rounds_max: int | None = None
+    minimize_replays: int = MINIMIZE_REPLAYS_MAX
+    """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
 
 
 def plan_workers(
@@ -107,6 +115,7 @@ def run_worker(
         signals=signals,
         on_round=on_round if on_round is not None else (view.on_round if view else None),
         rounds_max=task.rounds_max,
+        minimize_replays=task.minimize_replays,
     )
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
@@ -125,11 +134,27 @@ def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> Camp
 
 # -- the worker process --------------------------------------------------------------------------
 def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> None:
-    """A spawned worker: its campaign, then one final message (report, error or traceback)."""
+    """A spawned worker: SIGINT ends its campaign once, torch keeps to one thread, then run."""
     signal.signal(signal.SIGINT, _end_on_first_interrupt)
     import torch
 
     torch.set_num_threads(1)  # N processes on N cores: no intra-op threads fighting them
+
+    def ignore_interrupts() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    signals = CampaignSignals(interrupt, stop)
+    run_and_report(task, messages, signals, before_report=ignore_interrupts)
+
+
+def run_and_report(
+    task: WorkerTask,
+    messages: Any,
+    signals: CampaignSignals,
+    before_report: Callable[[], object] | None = None,
+) -> None:
+    """A worker's campaign, then one final message: its report, an input error's one line, or
+    a bug's traceback (``messages.put`` of ``(kind, worker, payload)``)."""
     worker = task.lane.worker
     sent = [0.0]
 
@@ -141,8 +166,9 @@ def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> 
 
     try:
         messages.put(("started", worker, None))
-        report = run_worker(task, signals=CampaignSignals(interrupt, stop), on_round=on_round)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        report = run_worker(task, signals=signals, on_round=on_round)
+        if before_report is not None:
+            before_report()  # (the worker: ignore SIGINT now, so the report gets out whole)
         messages.put(("done", worker, report))
     except KeyboardInterrupt:  # before its campaign began: nothing ran
         messages.put(("interrupted", worker, None))
