@@ -1,8 +1,8 @@
 """Fuzz campaigns: rounds of the state machine against one implementation, and their report.
 
-``run_campaign`` runs seeded rounds until the time is up (round k uses ``seed + k *
-seed_stride``: a worker of a fleet takes every stride-th seed, ``fleet/shards.py``), keeps the
-trace of every new failure (minimized with ddmin; ``campaign_failures.py``) and counts failures
+``run_campaign`` runs seeded rounds (``campaign_rounds.py``) until the time is up (round k
+uses ``seed + k * seed_stride``: a fleet's worker takes every stride-th, ``fleet/shards.py``),
+keeps the trace of every new failure (ddmin'd; ``campaign_failures.py``) and counts failures
 that a selected ``KnownFinding`` explains without stopping for them. With a ``database``
 (``fleet/database.py``) Hypothesis saves every failing case there and the first round replays
 what any campaign saved before. ``device="cuda"`` runs the same machines on a GPU
@@ -19,39 +19,27 @@ A fleet's report is the merge of its workers' (``fleet/merge.py``), which it kee
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import Unsatisfiable
-from hypothesis.stateful import run_state_machine_as_test
+from typing import TYPE_CHECKING, Any
 
 from hicache_ref.campaign_failures import (
-    CampaignSink,
-    FailureContext,
     RecordedFailure,
-    absorb_failure,
     get_campaign_failure,
     get_failure_invariant,
     get_root_failure,
     stamp_device,
 )
+from hicache_ref.campaign_rounds import CampaignSignals, RoundPlan, run_rounds
 from hicache_ref.campaign_summary import render_summary
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
-from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
-from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.known_findings import KnownFinding
 from hicache_ref.harness.lockstep import LockstepOracle
-from hicache_ref.harness.machine import machine_for
-from hicache_ref.harness.profiles import make_settings
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.world import check_device_kind, on_device, use_device
 
@@ -122,24 +110,6 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
 TIMELINE_POINTS_MAX = 400
 """A timeline longer than this keeps every other point and samples half as often."""
 TIMELINE_INTERVAL_S = 1.0
-
-
-class EventLike(Protocol):
-    """``threading.Event`` or ``multiprocessing.Event``: set by one party, seen by another."""
-
-    def is_set(self) -> bool: ...
-
-    def set(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class CampaignSignals:
-    """How a fleet steers a worker's campaign between rounds (``fleet/workers.py``)."""
-
-    interrupt: EventLike
-    """Ctrl-C reached the fleet: stop now and report what ran (``interrupted``)."""
-    stop: EventLike
-    """A worker found a new failure and the fleet stops at the first: stop, not interrupted."""
 
 
 @dataclass
@@ -293,22 +263,6 @@ class CampaignReport:
         return render_summary(self, replay_lines=replay_lines)
 
 
-@dataclass(frozen=True)
-class _Rounds:
-    """What every round of one campaign shares."""
-
-    out_dir: Path
-    examples_per_round: int
-    stop_on_failure: bool
-    minimize_replays: int
-    shrink: bool
-    known: Sequence[KnownFinding]
-    database: CampaignDatabase | None
-    signals: CampaignSignals | None
-    on_round: Callable[[CampaignReport, float], None] | None
-    rounds_max: int | None
-
-
 def run_campaign(
     impl: str,
     *,
@@ -351,7 +305,7 @@ def run_campaign(
 
         view = ProgressView(seconds)
         on_round = view.on_round
-    rounds = _Rounds(
+    rounds = RoundPlan(
         out_dir=out_dir,
         examples_per_round=examples_per_round or (10 if profile != "campaign" else 50),
         stop_on_failure=stop_on_failure,
@@ -369,94 +323,8 @@ def run_campaign(
     try:
         with use_device(kind, spins):
             implementation = on_device(get_implementation(impl), kind)
-            _run_rounds(report, implementation, seconds, rounds)
+            run_rounds(report, implementation, seconds, rounds)
     finally:
         if view is not None:
             view.close()
     return report
-
-
-def _run_rounds(
-    report: CampaignReport, implementation: Implementation, seconds: float, plan: _Rounds
-) -> None:
-    """The campaign's rounds, under the device binding ``run_campaign`` set up."""
-    from hicache_ref.fleet.database import get_source_key
-
-    out_dir = plan.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    scratch = Path(tempfile.mkdtemp(prefix="hicache-fuzz-"))
-    sink = CampaignSink(report, scratch, clock=lambda: time.monotonic() - start)
-    machine_class = machine_for(
-        implementation, report.implementation, sink, key=get_source_key(implementation)
-    )
-    report.sample(0.0)
-    try:
-        while time.monotonic() - start < seconds:
-            if plan.rounds_max is not None and report.rounds >= plan.rounds_max:
-                break
-            if plan.signals is not None and plan.signals.interrupt.is_set():
-                report.interrupted = True
-                break
-            if plan.signals is not None and plan.signals.stop.is_set():
-                break
-            if _run_round(report, machine_class, sink, plan, time.monotonic() - start):
-                if plan.signals is not None:
-                    plan.signals.stop.set()
-                break
-    except KeyboardInterrupt:
-        report.interrupted = True
-    finally:
-        report.seconds = time.monotonic() - start
-        report.sample(report.seconds, force=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _run_round(
-    report: CampaignReport,
-    machine_class: type[Any],
-    sink: CampaignSink,
-    plan: _Rounds,
-    started_s: float,
-) -> bool:
-    """One seeded round; True when it found a new failure and the campaign stops at the first."""
-    round_seed = report.seed + report.rounds * report.seed_stride
-    sink.last_failure = None
-    settings = make_settings(
-        report.profile,
-        shrink=plan.shrink,
-        max_examples=plan.examples_per_round,
-        derandomize=False,
-        database=plan.database.examples if plan.database is not None else None,
-        reuse=report.rounds == 0,  # what any worker saved replays once, first
-    )
-    try:
-        run_state_machine_as_test(hypothesis_seed(round_seed)(machine_class), settings=settings)
-    except HiCacheSetupError:
-        raise  # the implementation cannot be built: no finding, a setup problem
-    except Unsatisfiable as exc:
-        raise HiCacheSetupError(
-            f"implementation {report.implementation!r} supports no configuration the harness "
-            f"draws (capabilities: {sorted(machine_class.implementation.capabilities)}); fix "
-            "its capabilities"
-        ) from exc
-    except Exception as exc:  # a found bug: record it, keep its trace
-        context = FailureContext(
-            out_dir=plan.out_dir,
-            round_seed=round_seed,
-            round_index=report.rounds,
-            at_s=sink.clock(),
-            last_failure=sink.last_failure,
-            minimize_replays=plan.minimize_replays,
-            save_trace=plan.database.save_trace if plan.database is not None else None,
-        )
-        failure = get_campaign_failure(exc, sink.last_failure)
-        is_new = absorb_failure(report, failure, context, plan.known)
-        return is_new and plan.stop_on_failure
-    finally:
-        report.rounds += 1
-        elapsed = sink.clock()
-        report.sample(elapsed)
-        if plan.on_round is not None:
-            plan.on_round(report, elapsed)
-    return False

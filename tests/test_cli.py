@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import pytest
 
-from hicache_ref import campaign as campaign_module
+from hicache_ref import campaign_rounds
 from hicache_ref import cli
 from hicache_ref.campaign import RULE_FAMILIES, CampaignReport, get_rule_family
 from hicache_ref.campaign_failures import get_trace_stem
@@ -534,7 +534,7 @@ def test_an_interrupted_campaign_reports_what_it_did_in_one_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Ctrl-C during the second round -> the summary of the first, the JSON report, exit 130
-    real_run = campaign_module.run_state_machine_as_test
+    real_run = campaign_rounds.run_state_machine_as_test
     rounds: list[int] = []
 
     def run_then_interrupt(*args: Any, **kwargs: Any) -> None:
@@ -543,7 +543,7 @@ def test_an_interrupted_campaign_reports_what_it_did_in_one_process(
             raise KeyboardInterrupt
         real_run(*args, **kwargs)
 
-    monkeypatch.setattr(campaign_module, "run_state_machine_as_test", run_then_interrupt)
+    monkeypatch.setattr(campaign_rounds, "run_state_machine_as_test", run_then_interrupt)
     report = tmp_path / "run.json"
     argv = ["run", "--budget", "60", "--out", str(tmp_path), "--json", str(report)]
     assert cli.main([*argv, "--no-progress", "--workers", "1"]) == 130

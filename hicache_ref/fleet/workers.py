@@ -10,10 +10,11 @@ second and its report at the end. A worker that finds a new failure sets the fle
 event (unless ``--keep-going``), and the others end after their current round.
 
 Ctrl-C: the workers start with SIGINT ignored (inherited through exec, so a Ctrl-C while they
-import cannot kill them half-started); each then takes its first SIGINT as the end of its
-campaign and ignores later ones while it reports. The fleet sets ``interrupt`` (seen between
-rounds), forwards SIGINT (seen between steps), and waits ``INTERRUPT_GRACE_S`` for the reports;
-a second Ctrl-C stops waiting.
+import cannot kill them half-started); each then takes SIGINT as the end of its campaign, and
+ignores it once its campaign has ended and its report is on the way. The fleet sets
+``interrupt`` (seen between rounds), sends SIGINT to each worker still running (seen between
+steps) every ``RESEND_S``, and waits ``INTERRUPT_GRACE_S`` for the reports; a second Ctrl-C
+stops waiting.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import queue as queue_module
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -45,6 +47,8 @@ from hicache_ref.harness.known_findings import KnownFinding
 
 INTERRUPT_GRACE_S = 60.0
 """How long the fleet waits for its workers' reports after Ctrl-C."""
+RESEND_S = 1.0
+"""After Ctrl-C, SIGINT again to each worker still running this often (one may be lost)."""
 SNAPSHOT_INTERVAL_S = 1.0
 POLL_S = 0.5
 LOST_AFTER_S = 3.0
@@ -134,8 +138,9 @@ def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> Camp
 
 # -- the worker process --------------------------------------------------------------------------
 def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> None:
-    """A spawned worker: SIGINT ends its campaign once, torch keeps to one thread, then run."""
-    signal.signal(signal.SIGINT, _end_on_first_interrupt)
+    """A spawned worker: SIGINT ends its campaign, torch keeps to one thread, then run."""
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    sys.unraisablehook = _drop_interrupts
     import torch
 
     torch.set_num_threads(1)  # N processes on N cores: no intra-op threads fighting them
@@ -144,21 +149,25 @@ def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     signals = CampaignSignals(interrupt, stop)
-    run_and_report(task, messages, signals, before_report=ignore_interrupts)
+    run_and_report(task, messages, signals, ending=ignore_interrupts)
 
 
 def run_and_report(
     task: WorkerTask,
     messages: Any,
     signals: CampaignSignals,
-    before_report: Callable[[], object] | None = None,
+    ending: Callable[[], object] | None = None,
 ) -> None:
     """A worker's campaign, then one final message: its report, an input error's one line, or
-    a bug's traceback (``messages.put`` of ``(kind, worker, payload)``)."""
+    a bug's traceback (``messages.put`` of ``(kind, worker, payload)``). ``ending`` runs once
+    the campaign is past its last round (interrupted, or done): the spawned worker ignores
+    SIGINT from there on, so its wrap-up and its report get out whole."""
     worker = task.lane.worker
     sent = [0.0]
 
     def on_round(report: CampaignReport, elapsed_s: float) -> None:
+        if ending is not None and signals.interrupt.is_set():
+            ending()  # the rounds loop stops at its next check: nothing left to interrupt
         now = time.monotonic()
         if now - sent[0] >= SNAPSHOT_INTERVAL_S:
             sent[0] = now
@@ -167,8 +176,8 @@ def run_and_report(
     try:
         messages.put(("started", worker, None))
         report = run_worker(task, signals=signals, on_round=on_round)
-        if before_report is not None:
-            before_report()  # (the worker: ignore SIGINT now, so the report gets out whole)
+        if ending is not None:
+            ending()
         messages.put(("done", worker, report))
     except KeyboardInterrupt:  # before its campaign began: nothing ran
         messages.put(("interrupted", worker, None))
@@ -178,9 +187,15 @@ def run_and_report(
         messages.put(("crash", worker, traceback.format_exc()))
 
 
-def _end_on_first_interrupt(signum: int, frame: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # later ones must not cut the report short
+def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _drop_interrupts(unraisable: Any) -> None:
+    """A SIGINT that lands in a garbage-collector callback cannot stop anything there (Python
+    prints and drops it): stay quiet, the fleet sends another (``RESEND_S``)."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 # -- the fleet ----------------------------------------------------------------------------------
@@ -209,6 +224,7 @@ class _Fleet:
         self.lost: list[str] = []
         self.error: str | None = None
         self.grace_until: float | None = None
+        self.forwarded_at = 0.0
 
     def run(self) -> CampaignReport:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the children
@@ -235,8 +251,11 @@ class _Fleet:
 
     def _step(self) -> bool:
         """Handle one message (or a quiet poll); False when waiting is over."""
-        if self.grace_until is not None and time.monotonic() > self.grace_until:
-            return False
+        if self.grace_until is not None:
+            if time.monotonic() > self.grace_until:
+                return False
+            if time.monotonic() - self.forwarded_at >= RESEND_S:
+                self._forward_interrupt()
         try:
             kind, worker, payload = self.messages.get(timeout=POLL_S)
         except queue_module.Empty:
@@ -271,9 +290,17 @@ class _Fleet:
     def _interrupt(self) -> None:
         self.interrupt.set()
         self.grace_until = time.monotonic() + INTERRUPT_GRACE_S
-        for process in self.processes:
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGINT)
+        self._forward_interrupt()
+
+    def _forward_interrupt(self) -> None:
+        """SIGINT to every worker that has not reported yet (it ends its campaign there)."""
+        self.forwarded_at = time.monotonic()
+        for task, process in zip(self.tasks, self.processes, strict=True):
+            if task.lane.worker in self.pending and process.is_alive() and process.pid:
+                try:
+                    os.kill(process.pid, signal.SIGINT)
+                except ProcessLookupError:  # it exited in between
+                    pass
 
     def _notice_dead(self) -> None:
         now = time.monotonic()
