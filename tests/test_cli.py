@@ -24,8 +24,7 @@ from typing import Any, cast
 
 import pytest
 
-from hicache_ref import campaign_rounds
-from hicache_ref import cli
+from hicache_ref import campaign_rounds, cli
 from hicache_ref.campaign import RULE_FAMILIES, CampaignReport, get_rule_family
 from hicache_ref.campaign_failures import get_trace_stem
 from hicache_ref.cli_inputs import LEGAL_RULES, SGLANG_CONTROLLER, STEP_ARGUMENTS, parse_duration

@@ -136,7 +136,7 @@ def _failures(merged: CampaignReport) -> str:
         rows.append(
             [
                 _cell(get_invariant_label(failure["invariant"])),
-                _cell(failure.get("worker", "-"), num=True),
+                _cell(f"{failure.get('worker', '-')} ({failure.get('shard', '1/1')})"),
                 _cell(failure["seed"], num=True),
                 _cell(failure.get("found_at_s", "-"), num=True),
                 _cell(failure.get("steps", "-"), num=True),
@@ -145,7 +145,16 @@ def _failures(merged: CampaignReport) -> str:
                 f"<td><code>{_e(failure.get('replay', ''))}</code></td>",
             ]
         )
-    header = ["invariant", "worker", "seed", "found at s", "steps", "repeats", "error", "replay"]
+    header = [
+        "invariant",
+        "worker (shard)",
+        "seed",
+        "found at s",
+        "steps",
+        "repeats",
+        "error",
+        "replay",
+    ]
     return "<h2>Failures</h2>" + _table(header, rows)
 
 

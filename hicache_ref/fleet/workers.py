@@ -124,7 +124,7 @@ def run_worker(
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
     for failure in report.failures:
-        failure["worker"] = task.lane.worker
+        failure.update(worker=task.lane.worker, shard=report.shard)
     return report
 
 
