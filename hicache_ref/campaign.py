@@ -40,6 +40,7 @@ from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.known_findings import KnownFinding
 from hicache_ref.harness.lockstep import LockstepOracle
+from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.world import check_device_kind, on_device, use_device
 
@@ -65,24 +66,16 @@ __all__ = [
 MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
-RULE_FAMILIES: dict[str, tuple[str, ...]] = {
-    "write path": ("write", "start_writing", "drain_write", "reserve", "submit_layer", "cancel"),
-    "load path": ("load", "start_loading", "forward_read", "forward_read_batch", "drain_load"),
-    "eviction": ("evict_device", "evict_host", "drop", "scribble_free_host"),
-    "streams": ("advance", "synchronize"),
-    "forward": ("prefill", "forward_layer", "store_layer", "layer_end"),
-    "acks": ("drain_acks",),
-    "misuse": ("probe_evict_host", "probe_evict_device", "probe_rewrite"),
-    "other": ("reset", "reset_in_flight", "noop"),
-}
+RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
+"""The rules of each family, from the rule records (``harness/rules.py``)."""
 FEATURES = ("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid")
 
 
 def get_rule_family(rule: str) -> str:
     """The family a machine rule belongs to (``probe_*`` rules are misuse, unknown ones other)."""
-    for family, rules in RULE_FAMILIES.items():
-        if rule in rules:
-            return family
+    record = RULES.get(rule)
+    if record is not None:
+        return record.family
     return "misuse" if rule.startswith("probe_") else "other"
 
 

@@ -53,7 +53,7 @@ from hicache_ref.fleet.commands import (
 from hicache_ref.fleet.progress import ProgressView
 from hicache_ref.fleet.workers import run_fleet
 from hicache_ref.harness.adapters.base import unsupported_reasons
-from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.adapters.registry import checked_implementation
 from hicache_ref.harness.known_findings import (
     ALL,
     KNOWN_FINDINGS,
@@ -65,6 +65,7 @@ from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.trace import Trace
 from hicache_ref.harness.world import DEVICE_KINDS
 from hicache_ref.replay_lines import get_replay_line, get_rerun_line
+from hicache_ref.vectors.cli import add_vectors_parser
 
 __all__ = ["CampaignReport", "main", "run_campaign"]  # run_campaign: for older imports
 
@@ -183,9 +184,9 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
     if args.sglang_src:
         use_sglang_src(args.sglang_src)
     perturbation = check_spins_device("--spins", args.spins, args.device)
+    checked_implementation(args.impl)  # the contract's preflight: a break is exit 2, not a finding
     tasks = plan_from_args(args, out_dir=out_dir, known=known, perturbation=perturbation)
     if len(tasks) > 1:  # what a worker would find out after starting, found out once, here
-        get_implementation(args.impl)
         if args.device == "cuda":
             from hicache_ref.device.cuda import require_cuda
 
@@ -269,7 +270,9 @@ def _trace_for(args: argparse.Namespace) -> Trace:
     if args.sglang_src:
         use_sglang_src(args.sglang_src)
     name = args.impl or trace.header.implementation
-    reasons = unsupported_reasons(get_implementation(name).capabilities, trace.header.config)
+    source = trace.header.source if name == trace.header.implementation else ""
+    implementation = checked_implementation(name, source)  # the contract's preflight
+    reasons = unsupported_reasons(implementation.capabilities, trace.header.config)
     if reasons:
         raise HiCacheInputError(
             f"implementation {name!r} cannot replay trace {args.trace} "
@@ -295,7 +298,8 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser, budget_default: str
     parser.add_argument(
         "--impl",
         default="reference",
-        help="the implementation under test: reference | sglang | seed | mutant:<name> "
+        help="the implementation under test: reference | sglang | seed | mutant:<name> | an "
+        "entry point of the hicache_ref.implementations group | pkg.module:factory "
         "(default reference)",
     )
     parser.add_argument(
@@ -355,7 +359,11 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser, budget_default: str
 
 def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a JSONL trace (fuzz/out/failure-*.jsonl, fuzz/corpus/)")
-    parser.add_argument("--impl", default=None, help="override the trace's implementation")
+    parser.add_argument(
+        "--impl",
+        default=None,
+        help="override the trace's implementation (a name, or pkg.module:factory)",
+    )
     parser.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
     parser.add_argument(
         "--device",
@@ -419,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mutants_command(sub)
     add_report_command(sub)
     add_traces_command(sub)
+    add_vectors_parser(sub)
     setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
     setup.add_argument("--version", help="sglang version to fetch (default 0.5.10)")
     setup.add_argument(

@@ -14,7 +14,7 @@ from typing import Any
 from hicache_ref.cli_inputs import add_budget_argument, check_out_dir, check_output_file
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.mutant import GUARDS
-from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.adapters.registry import checked_implementation, get_implementation
 from hicache_ref.harness.catalogue import run_catalogue
 from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.world import DEVICE_KINDS
@@ -26,6 +26,13 @@ def add_mutants_command(sub: Any) -> None:
     """The ``mutants`` subcommand's parser."""
     parser = sub.add_parser("mutants", help="check that every seeded mutant is caught")
     parser.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
+    parser.add_argument(
+        "--impl",
+        action="append",
+        metavar="SPEC",
+        help="an outside mutant (pkg.module:factory, or an entry point name of the "
+        "hicache_ref.implementations group) to run as a catalogue row; repeatable",
+    )
     add_budget_argument(parser, MUTANT_BUDGET_DEFAULT, what="per mutant: at most")
     parser.add_argument(
         "--profile",
@@ -64,8 +71,10 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         check_output_file("--json", args.json)
     for name in args.names:
         get_implementation(f"mutant:{name}")  # an unknown name: one line naming the known ones
+    for spec in args.impl or ():
+        checked_implementation(spec)  # an outside mutant: the contract's preflight first
     report = run_catalogue(
-        list(args.names) or None,
+        [*args.names, *(args.impl or ())] or None,
         seconds=args.budget,
         profile=args.profile,
         seed=args.seed,

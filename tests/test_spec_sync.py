@@ -161,3 +161,57 @@ def test_every_cited_invariant_exists_in_the_spec() -> None:
         if inv_id not in known
     }
     assert not unknown, f"ids cited but not in specs/invariants.md: {unknown}"
+
+
+# --- every invariant is checked by a call, not only cited -----------------------------------------
+HARNESS_CALLERS = ("hicache_ref/harness", "hicache_ref/distributed")
+NOT_YET_REGISTERED = ("INV-19",)
+"""Ids whose evidence no machine produces yet (the storage tier's, registered once it is in the
+machines); the test below fails as soon as one of them is registered, so this list shrinks."""
+
+
+def _ids_handed_to_the_runner() -> set[str]:
+    """Ids some harness module hands evidence for: calls naming the id (``<runner>.run("INV-NN",
+    ...)``, or a byte check made ``check_rows(rows, expected, "INV-11", ...)``), and the
+    session's phase tuples (``STEP_IDS`` ...) of the registry. (That each one really runs in a
+    campaign is ``tests/harness/test_checks_reached.py``.)"""
+    import ast
+
+    from hicache_ref.invariants import registry
+
+    found = {
+        *registry.STEP_IDS,
+        *registry.REFUSAL_IDS,
+        *registry.RESET_IDS,
+        *registry.QUIESCENCE_IDS,
+    }
+    for folder in HARNESS_CALLERS:
+        for path in iter_files(folder):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and CITED_ID.fullmatch(str(arg.value)):
+                        found.add(str(arg.value))
+    return found
+
+
+def test_every_invariant_has_one_registered_checker_that_the_harness_calls() -> None:
+    from hicache_ref.invariants.registry import REGISTERED
+
+    spec = read_spec()
+    registered = set(REGISTERED)
+    assert registered <= {e.inv_id for e in spec}
+    assert not registered & set(NOT_YET_REGISTERED), "registered now: drop it from the list"
+    missing = [e.inv_id for e in spec if e.inv_id not in registered | set(NOT_YET_REGISTERED)]
+    assert not missing, f"spec ids with no registered checker: {missing}"
+    uncalled = sorted(registered - _ids_handed_to_the_runner())
+    assert not uncalled, f"registered checkers no harness module hands evidence to: {uncalled}"
+    unnamed = [
+        e.inv_id
+        for e in spec
+        if e.inv_id in registered and REGISTERED[e.inv_id].__name__ not in e.body
+    ]
+    assert not unnamed, (
+        f"spec entries whose Enforced section does not name their checker: {unnamed}"
+    )

@@ -8,7 +8,7 @@ again (a page still free is skipped, as 0.5.10 would silently accept it). The ne
 go back to the free list while it holds them. Must be caught by INV-05 (no page is both free
 and owned by a node).
 Caught by the session's slot-conservation check after the ``write`` whose late release
-freed the new owner's pages (``Session.check_slot_conservation``, INV-05).
+freed the new owner's pages (``registry.check_inv_05_slot_conservation``, INV-05).
 """
 
 from __future__ import annotations

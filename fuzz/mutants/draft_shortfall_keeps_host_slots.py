@@ -8,7 +8,7 @@ Caught since CP configs draw their own draft host pool size (``draft_host_pages`
 ``prefill``/``write`` whose reservation is refused with ``draft_host_capacity`` leaves target
 host pages allocated that no node owns. The session's check that a refused step left every
 rank's pools as they were raises INV-17; without that check, the slot-conservation check after
-the step (``Session.check_slot_conservation``) sees the same pages as INV-05.
+the step (``registry.check_inv_05_slot_conservation``) sees the same pages as INV-05.
 """
 
 from __future__ import annotations

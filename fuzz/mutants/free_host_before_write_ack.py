@@ -4,7 +4,7 @@ Re-creates bug class 4 / sglang#27444's cousin on the write side: the slots go b
 free list while the copy still writes them, so the next backup can take them and one of the
 two host copies is corrupted. The rule it breaks is INV-07 (no host free while in flight); what
 catches it is the session's slot-conservation check right after the ``write`` step
-(``Session.check_slot_conservation``: pages owned by a node but free, INV-05), before any later
+(``registry.check_inv_05_slot_conservation``: pages owned by a node but free, INV-05), before any later
 step could reuse the slots.
 """
 

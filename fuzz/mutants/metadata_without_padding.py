@@ -5,9 +5,10 @@ rounded up to a page) on the path the validators do not cover: records built on 
 never value-checked on the hot path, which this mutant models by copying the record without
 validation. ``load_cp`` then rebuilds the node from a padded length that disagrees with its
 page owners (bug class 3: owner replay on a wrong allocation length; partial pages, #35401).
-Caught at the reload (``load``/``reload`` rule -> ``load_cp``): the allocator's
-``alloc_pages_with_owners`` returns whole pages, which differ from the recorded padded length,
-and ``load_cp`` refuses with INV-03 (the machine never value-checks the record itself, INV-13).
+Caught at the write: the tree hands every CP reservation's record to the INV-13 checker, which
+finds ``padded_len`` below a page multiple. Without that check it would be caught at the reload
+(``load``/``reload`` rule -> ``load_cp``): the allocator's ``alloc_pages_with_owners`` returns
+whole pages, which differ from the recorded padded length, and ``load_cp`` refuses with INV-03.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.invariants.models import HiCacheWriteReservation
 
 NAME = "metadata_without_padding"
-INVARIANTS = ("INV-03",)
+INVARIANTS = ("INV-13", "INV-03")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 3 (padded_len / page_owners disagree); sglang#35401 (partial pages)"

@@ -221,6 +221,10 @@ class PerturbedDevice:
             self._perturb_current(f"advance {n}")
         return 0
 
+    def advance_to_record(self, stream: StreamT) -> int:
+        """As ``advance``: a real stream reaches its records by itself; only a spin is queued."""
+        return self.advance(stream, 1)
+
     def is_idle(self) -> bool:
         """Whether every stream of this world has finished its queued work (``query``)."""
         return all(stream.query() for stream in self._streams)

@@ -192,6 +192,7 @@ class SimDevice:
         self.log: list[ExecutedOp] = []
         self.log_enabled = True
         self.on_execute: list[Callable[[ExecutedOp], None]] = []
+        self._records_done: dict[int, int] = {}  # stream id -> event records it executed
 
     # -- torch.cuda surface ----------------------------------------------------------------------
     def Event(self, enable_timing: bool = False) -> SimEvent:
@@ -253,6 +254,18 @@ class SimDevice:
             executed += 1
         return executed
 
+    def advance_to_record(self, stream: StreamT) -> int:
+        """Execute ``stream``'s ops up to and including its next event record (what makes an ack
+        or a layer visible), leaving every op queued behind it; stops early at a blocked wait.
+        Returns how many ops ran on the stream (a record settled on its own counts too)."""
+        target = _as_sim_stream(stream)
+        records = self._records_done.get(target.stream_id, 0)
+        executed = 0
+        while target.head_is_runnable() and self._records_done.get(target.stream_id, 0) == records:
+            self._execute(target)
+            executed += 1
+        return executed
+
     def runnable_streams(self) -> list[SimStream]:
         return [s for s in self._streams if s.head_is_runnable()]
 
@@ -309,6 +322,8 @@ class SimDevice:
         if op.fn is not None:
             op.fn()
         op.done = True
+        if op.kind == "record":
+            self._records_done[stream.stream_id] = self._records_done.get(stream.stream_id, 0) + 1
         entry = ExecutedOp(
             seq=op.seq,
             stream_id=stream.stream_id,

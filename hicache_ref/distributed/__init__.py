@@ -6,7 +6,8 @@ with its own controller, pools and device, and the ranks agree on everything the
 tree decided over all of them at once. Primitives, in the order a case flows through them:
 
 - ``launcher.spawn_world``: spawn one process per rank, kill any left at the deadline, collect
-  each rank's ``RankReport``;
+  each rank's ``RankReport`` (``reports``: the ``WorldSpec`` every rank is told, and what it
+  reports);
 - ``group.open_group``: join the process group (file store, a timeout on every collective,
   NVLink multicast off in every process);
 - ``rank_campaign.run_rank``: rank 0 picks each case (a seeded CP config, or the trace to

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from hicache_ref.distributed.rank_session import RankSession
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.trace import Step
-
-RESERVING_RULES = ("write", "reserve")
 
 
 @dataclass(frozen=True)
@@ -44,13 +43,14 @@ class Agreement:
 
 def plan_step(rank_session: RankSession, step: Step) -> StepPlan:
     session = rank_session.session
-    if step.rule == "prefill" and bool(step.args.get("early_reserve", False)):
+    record = RULES[step.rule]
+    if bool(step.args.get("early_reserve", False)):
         raise ValueError(
             "prefill(early_reserve=True) cannot be agreed across processes (the reservation "
             "would be decided inside the step); record it as prefill then reserve"
         )
     enabled = session.is_enabled(step)
-    fits = not enabled or step.rule not in RESERVING_RULES or _reservation_fits(rank_session, step)
+    fits = not enabled or not record.reserves or _reservation_fits(rank_session, step)
     return StepPlan(enabled, rank_session.drains.local(), fits)
 
 

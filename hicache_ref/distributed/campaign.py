@@ -15,7 +15,8 @@ from typing import Any
 
 from hicache_ref.distributed.driver import backend_of
 from hicache_ref.distributed.group import Backend
-from hicache_ref.distributed.launcher import Failure, RankReport, WorldSpec, spawn_world
+from hicache_ref.distributed.launcher import spawn_world
+from hicache_ref.distributed.reports import Failure, RankReport, WorldSpec
 from hicache_ref.harness.trace import Trace
 
 

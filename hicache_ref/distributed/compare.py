@@ -16,14 +16,12 @@ rank 0, with both values, so every rank raises the same message.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from hicache_ref.distributed.rank_session import RankSession
+from hicache_ref.harness.outcome import Outcome
 
-_OP_COUNTS = re.compile(r" ran \[?[\d, ]*\]? op\(s\)")
-_CAPACITY = re.compile(r"\b(draft_)?host_capacity\b")
 Rows = tuple[tuple[int, ...], ...]
 
 
@@ -58,7 +56,9 @@ RULE_OF: dict[str, str] = {
 """What each compared field must satisfy (the message's fix)."""
 
 
-def digest_rank(rank_session: RankSession, outcome: str, *, quiescent: bool = False) -> RankDigest:
+def digest_rank(
+    rank_session: RankSession, outcome: Outcome, *, quiescent: bool = False
+) -> RankDigest:
     session = rank_session.session
     (snap,) = session.snapshots()
     config = session.config
@@ -85,7 +85,7 @@ def digest_rank(rank_session: RankSession, outcome: str, *, quiescent: bool = Fa
             tuple(a.finished for a in snap.load_acks),
         )
     return RankDigest(
-        outcome=_CAPACITY.sub("capacity", _OP_COUNTS.sub(" ran some op(s)", outcome)),
+        outcome=outcome.shared,  # the outcome without its rank-local detail
         write_rows=tuple(a.node_ids for a in snap.write_acks),
         load_rows=tuple(a.node_ids for a in snap.load_acks),
         device_pages=tuple(sorted(snap.device_pages)),

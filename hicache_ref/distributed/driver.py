@@ -26,6 +26,7 @@ from hicache_ref.distributed.schedule import StepProgram, quiesce_steps
 from hicache_ref.distributed.verdict import RankError, Verdict, decide
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.outcome import done
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, Trace
 from hicache_ref.harness.world import HarnessDevice
@@ -111,7 +112,8 @@ def drive_case(
         )
     except Exception as exc:
         error = RankError.of(group.rank, exc)
-    digest = None if error else _digest(case, "built")
+    built = case.rank_session
+    digest = None if error or built is None else digest_rank(built, done("built"))
     if _judge(case, "world setup", error, digest, record=False):  # the seed rebuilds it
         return case.result
     while True:
@@ -179,15 +181,10 @@ def _run_finish(case: _Case) -> None:
     digest: RankDigest | None = None
     try:
         rank_session.session.finish()
-        digest = digest_rank(rank_session, "finished", quiescent=True)
+        digest = digest_rank(rank_session, done("finished"), quiescent=True)
     except Exception as exc:
         error = RankError.of(case.group.rank, exc)
     _judge(case, "quiescence (Session.finish)", error, digest)
-
-
-def _digest(case: _Case, outcome: str) -> RankDigest:
-    assert case.rank_session is not None
-    return digest_rank(case.rank_session, outcome)
 
 
 def _judge(

@@ -13,82 +13,21 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.multiprocessing.spawn import start_processes
 
-from hicache_ref.distributed.group import Backend, apply_process_env, open_group
+from hicache_ref.distributed.group import apply_process_env, open_group
+from hicache_ref.distributed.rank_campaign import run_rank
+from hicache_ref.distributed.reports import RankReport, WorldSpec
 
 JOIN_POLL_S = 0.2
 
 
-@dataclass(frozen=True)
-class WorldSpec:
-    """Everything a rank needs to run its part (pickled to every child)."""
-
-    impl: str
-    processes: int
-    backend: Backend
-    seed: int = 0
-    seconds: float = 30.0
-    out_dir: str = "fuzz/out"
-    steps_per_case: int = 80
-    cases_max: int = 0  # 0: as many as fit in ``seconds``
-    keep_going: bool = False
-    progress: bool = False
-    trace: str = ""  # replay this trace instead of running a campaign
-    source: str = ""  # the implementation's source tree (sglang / seed)
-    collective_timeout_s: float = 60.0
-    deadline_s: float = 0.0  # 0: seconds + 2 collective timeouts + start-up slack
-
-
-@dataclass
-class Failure:
-    signature: str
-    message: str
-    trace: str
-    case: int
-    config: str
-
-
-@dataclass
-class RankReport:
-    """What one rank did (rank 0's counts are the campaign's)."""
-
-    rank: int
-    cases: int = 0
-    steps: int = 0
-    skipped: int = 0
-    left_out: int = 0
-    rules: dict[str, int] = field(default_factory=dict)
-    checks_by_id: dict[str, int] = field(default_factory=dict)
-    configs: dict[str, int] = field(default_factory=dict)
-    failures: list[Failure] = field(default_factory=list)
-    error: str = ""  # the rank could not take part (a collective timed out, setup failed)
-    seconds: float = 0.0
-
-    def absorb(self, rules: Counter[str], checks: Counter[str], config: str) -> None:
-        self.rules = dict(Counter(self.rules) + rules)
-        self.checks_by_id = dict(Counter(self.checks_by_id) + checks)
-        self.configs[config] = self.configs.get(config, 0) + 1
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> RankReport:
-        failures = [Failure(**f) for f in data.pop("failures", [])]
-        return RankReport(**data, failures=failures)
-
-
 def rank_main(rank: int, spec: WorldSpec, folder: str) -> None:
     """A child's entry point: it always writes its report, whatever happens."""
-    from hicache_ref.distributed.rank_campaign import run_rank
-
     apply_process_env()
     torch.set_num_threads(1)
     report = RankReport(rank)

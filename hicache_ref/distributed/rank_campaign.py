@@ -14,7 +14,7 @@ from typing import Any
 
 from hicache_ref.distributed.driver import CaseSpec, ProgramSource, TraceSource, drive_case
 from hicache_ref.distributed.group import RankGroup
-from hicache_ref.distributed.launcher import Failure, RankReport, WorldSpec
+from hicache_ref.distributed.reports import Failure, RankReport, WorldSpec
 from hicache_ref.distributed.schedule import draw_cp_config
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.trace import Trace

@@ -33,7 +33,6 @@ from hicache_ref.harness.adapters.base import (
     ControllerLike,
     Implementation,
     RankLike,
-    snapshot_rank,
 )
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.session import Session
@@ -54,8 +53,8 @@ class _RankImplementation:
         self.inner = inner
         self.name = inner.name
         self.capabilities = inner.capabilities
-        override = getattr(inner, "snapshot", None)
-        self._snapshot = override if callable(override) else snapshot_rank
+        self.source_tree = inner.source_tree
+        self._snapshot = inner.snapshot  # contract: optional hook
 
     def build_controller(self, request: BuildRequest) -> ControllerLike:
         return self.inner.build_controller(request)
@@ -64,7 +63,10 @@ class _RankImplementation:
         snap: RankSnapshot = self._snapshot(rank, gate_ids)
         return dataclasses.replace(snap, rank=0)
 
-    def __getattr__(self, name: str) -> Any:  # source_tree, refine_config, ...
+    def refine_config(self, config: HarnessConfig) -> HarnessConfig:
+        return self.inner.refine_config(config)
+
+    def __getattr__(self, name: str) -> Any:  # controller_class, focus, ...
         return getattr(self.inner, name)
 
 

@@ -14,7 +14,6 @@ spin opened stay open for the steps after it.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,8 @@ from hicache_ref.harness.content import describe_row, expected_rows
 from hicache_ref.harness.node_model import Node
 from hicache_ref.harness.rank_geometry import RankGeometry
 from hicache_ref.harness.world import World
-from hicache_ref.invariants.checks_transfer import check_bytes_equal
+from hicache_ref.invariants.evidence import Rows
+from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.pools.allocator import pages_to_token_locs
 from hicache_ref.pools.host_pool import HostKVCache
 
@@ -46,7 +46,7 @@ def describe(row: torch.Tensor) -> str:
 class ByteChecks:
     """Compares resident copies with the content oracle (counts each comparison per id)."""
 
-    def __init__(self, world: World, geometry: RankGeometry, checks: Counter[str]) -> None:
+    def __init__(self, world: World, geometry: RankGeometry, checks: CheckRunner) -> None:
         self.world = world
         self.geometry = geometry
         self.checks = checks
@@ -173,15 +173,14 @@ class ByteChecks:
         where: str,
         fix: str = "bytes moved before their copy landed, or into the wrong slots",
     ) -> None:
-        """The rows hold the content oracle's bytes (INV-06; INV-09 at a drain, INV-11 read)."""
-        self.checks[inv_id] += 1
+        """The rows hold the content oracle's bytes, judged by the registry under the id of the
+        moment (INV-06 at rest, INV-09 at a drain, INV-11 at a read, INV-07 / INV-18 in a
+        poisoned free slot)."""
         if (
             actual.device != expected.device
         ):  # a GPU world: the content oracle's rows are on the CPU
             actual = actual.to(expected.device)
-        if torch.equal(actual, expected):
-            return  # exact: the oracle's rows are never 0 or NaN, so equal values are equal bytes
-        check_bytes_equal(actual, expected, where, inv_id=inv_id, describe_row=describe, fix=fix)
+        self.checks.run(inv_id, Rows(actual, expected, where, describe, fix))
 
 
 @dataclass
@@ -311,12 +310,9 @@ class FreeSlotWatch:
                 watched.locs = pages_to_token_locs(sorted(still_free), page)
             if not watched.pages:
                 continue
-            self.bytes.checks[watched.inv_id] += 1
             locs = watched.locs
             scribble = SCRIBBLE_ROW_VALUE[watched.pool]
             for where, rows in self._rows_of(watched, locs):
-                if bool((rows == scribble).all()):
-                    continue
                 self.bytes.check_rows(
                     rows,
                     torch.full_like(rows, scribble, device="cpu"),

@@ -12,11 +12,16 @@ device): a GPU campaign has no misuse probes, so ``NEEDS_GUARDS`` mutants are sk
 mutants built from the simulator's internals (their module holds ``device.sim`` objects such as
 ``SimEvent``), which cannot run on a real device.
 
+A catalogue entry is a mutant file's name, or an outside mutant named ``pkg.module:factory``
+(``--impl``): its module may declare ``INVARIANTS`` and ``NEEDS_GUARDS`` as a mutant file does
+(without ``INVARIANTS`` any failure pins it).
+
 The ``hicache-fuzz mutants`` subcommand is ``cli_mutants.py``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import statistics
@@ -28,7 +33,10 @@ from typing import Any
 
 from hicache_ref.campaign import run_campaign
 from hicache_ref.errors import UnknownOptionError
-from hicache_ref.harness.adapters.mutant import register_unguarded_mutant
+from hicache_ref.harness.adapters.mutant import (
+    register_unguarded_mutant,
+    register_unguarded_outside,
+)
 from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_module
 from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
@@ -61,8 +69,9 @@ class MutantRow:
 
     @property
     def pinned(self) -> bool:
-        """The failure is one the mutant declares (not a harness artefact or another bug)."""
-        return self.killed and self.fired in self.declared
+        """The failure is one the mutant declares (not a harness artefact or another bug); an
+        outside mutant that declares nothing is pinned by any failure."""
+        return self.killed and (self.fired in self.declared or not self.declared)
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "declared": list(self.declared), "pinned": self.pinned}
@@ -207,15 +216,27 @@ def declared_invariants(module: Any) -> tuple[str, ...]:
     return tuple(str(inv_id) for inv_id in declared)
 
 
+def is_outside(name: str) -> bool:
+    """Whether a catalogue entry is an outside mutant (``pkg.module:factory``)."""
+    return ":" in name
+
+
+def mutant_module(name: str) -> Any:
+    """The module that declares a catalogue entry: its mutant file, or an outside factory's."""
+    if is_outside(name):
+        return importlib.import_module(name.split(":", 1)[0])
+    return load_mutant_module(name)
+
+
 def is_guard_mutant(name: str) -> bool:
     """Whether the mutant is only about refusing misuse (``NEEDS_GUARDS = True``)."""
-    return bool(getattr(load_mutant_module(name), "NEEDS_GUARDS", False))
+    return bool(getattr(mutant_module(name), "NEEDS_GUARDS", False))
 
 
 def is_sim_only_mutant(name: str) -> bool:
     """Whether the mutant is built from SimDevice internals (it holds ``device.sim`` objects,
     e.g. a ``SimEvent`` subclass), so it cannot run on a real device."""
-    module = load_mutant_module(name)
+    module = mutant_module(name)
     return any(
         getattr(value, "__module__", "") == SIM_MODULE
         or any(
@@ -236,8 +257,11 @@ def _run_one(
     device: str = "sim",
 ) -> MutantRow:
     """One mutant: campaign, ddmin the first failure, replay it for the invariant that fired."""
-    module = load_mutant_module(name)
-    impl = f"mutant:{name}" if guards else register_unguarded_mutant(name)
+    module = mutant_module(name)
+    if is_outside(name):
+        impl = name if guards else register_unguarded_outside(name)
+    else:
+        impl = f"mutant:{name}" if guards else register_unguarded_mutant(name)
     report = run_campaign(
         impl,
         seconds=seconds,

@@ -10,7 +10,7 @@ The translation is exact for every tree/controller call; ``Advance(stream)`` bec
 so a translated trace is a valid program with the same calls but possibly a gentler schedule.
 
 Every op becomes steps of the harness's atomic rules (``rules.RULES``, the same records the
-session applies), so an oracle ``process_*`` transition meets the harness rule of the same verb:
+session applies, named by their constants), so an oracle ``process_*`` transition meets the harness rule of the same verb:
 ``Store`` -> ``store_layer``, ``OnLayerEnd`` -> ``layer_end``, ``ReserveWriteCp`` -> ``reserve``.
 """
 
@@ -19,8 +19,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.rules import RULES
-from hicache_ref.harness.trace import RuleName, Step, StepArg, Trace, TraceHeader
+from hicache_ref.harness.programs import step
+from hicache_ref.harness.rules import (
+    ADVANCE,
+    CANCEL,
+    DRAIN_LOAD,
+    DRAIN_WRITE,
+    DROP,
+    EVICT_DEVICE,
+    EVICT_HOST,
+    FORWARD_READ,
+    LAYER_END,
+    LOAD,
+    NOOP,
+    PREFILL,
+    RESERVE,
+    RESET,
+    START_LOADING,
+    STORE_LAYER,
+    SUBMIT_LAYER,
+    WRITE,
+)
+from hicache_ref.harness.trace import Step, Trace, TraceHeader
 from hicache_ref.oracle import ops as o
 from hicache_ref.oracle.config import OracleConfig
 
@@ -52,66 +72,43 @@ def steps_for_ops(ops: Sequence[o.Op], config: OracleConfig) -> tuple[Step, ...]
     return tuple(steps)
 
 
-def _step(rule: RuleName, args: dict[str, StepArg] | None = None) -> Step:
-    """A step of one of the harness's atomic rules (its record says what it does)."""
-    assert rule in RULES, f"{rule!r} has no rule record (hicache_ref/harness/rules.py)"
-    return Step(rule=rule, args=args or {})
-
-
 def _translate(op: o.Op, config: OracleConfig, backed: set[int]) -> list[Step]:
-    args: dict[str, StepArg]
     if isinstance(op, o.Insert):
         tokens = config.node_tokens[op.node]
-        args = {"tokens": tokens, "early_reserve": False, "handle": op.node, "batch": False}
-        return [_step("prefill", args)]
+        return [step(PREFILL, tokens=tokens, early_reserve=False, handle=op.node, batch=False)]
     if isinstance(op, o.Store):
-        args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
-        return [_step("store_layer", args)]
-    if isinstance(op, o.Write):
+        return [step(STORE_LAYER, node=op.node, layer=op.layer, draft=op.pool == "draft")]
+    if isinstance(op, o.Write | o.ReserveWriteCp):
         backed.add(op.node)
-        args = {"node": op.node}
-        return [_step("write", args)]
-    if isinstance(op, o.ReserveWriteCp):
-        backed.add(op.node)
-        args = {"node": op.node}
-        return [_step("reserve", args)]
+        return [step(WRITE if isinstance(op, o.Write) else RESERVE, node=op.node)]
     if isinstance(op, o.SubmitLayer):
-        args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
-        return [_step("submit_layer", args)]
+        return [step(SUBMIT_LAYER, node=op.node, layer=op.layer, draft=op.pool == "draft")]
     if isinstance(op, o.OnLayerEnd):
-        args = {"layer": op.layer, "draft": op.source == "draft"}
-        return [_step("layer_end", args)]
+        return [step(LAYER_END, layer=op.layer, draft=op.source == "draft")]
     if isinstance(op, o.CancelLayerWrite):
         backed.discard(op.node)
-        args = {"node": op.node}
-        return [_step("cancel", args)]
+        return [step(CANCEL, node=op.node)]
     if isinstance(op, o.DrainWriteAcks):
-        return [_step("drain_write")]
+        return [step(DRAIN_WRITE)]
     if isinstance(op, o.DrainLoadAcks):
-        return [_step("drain_load")]
+        return [step(DRAIN_LOAD)]
     if isinstance(op, o.EvictDevice):
-        rule: RuleName = "evict_device" if op.node in backed else "drop"
-        args = {"node": op.node}
-        return [_step(rule, args)]
+        return [step(EVICT_DEVICE if op.node in backed else DROP, node=op.node)]
     if isinstance(op, o.EvictHost):
         backed.discard(op.node)
-        args = {"node": op.node}
-        return [_step("evict_host", args)]
+        return [step(EVICT_HOST, node=op.node)]
     if isinstance(op, o.Load):
-        args = {"node": op.node}
-        return [_step("load", args)]
+        return [step(LOAD, node=op.node)]
     if isinstance(op, o.StartLoading):
-        return [_step("start_loading")]
+        return [step(START_LOADING)]
     if isinstance(op, o.ForwardRead):
-        args = {"node": op.node, "layer": op.layer, "draft": op.pool == "draft"}
-        return [_step("forward_read", args)]
+        return [step(FORWARD_READ, node=op.node, layer=op.layer, draft=op.pool == "draft")]
     if isinstance(op, o.Advance):
-        args = {"stream": op.stream, "n": 1}
-        return [_step("advance", args)]
+        return [step(ADVANCE, stream=op.stream, n=1)]
     if isinstance(op, o.Reset):
         backed.clear()
-        return [_step("reset")]
-    return [_step("noop")]  # Noop, and CopyLanded (a harness report, not a call)
+        return [step(RESET)]
+    return [step(NOOP)]  # Noop, and CopyLanded (a harness report, not a call)
 
 
 def trace_for_ops(

@@ -112,7 +112,7 @@ _SEED_AND_UPSTREAM: tuple[KnownFinding, ...] = (
         id="F4",
         implementations=("seed",),
         invariant="INV-14",
-        message_pattern=r"ack_write_queue: rank \d+ (has \d+ ack rows but|ack row \d+ carries)",
+        message_pattern=r"ack_write_queue( drain)?: rank \d+ (has \d+ ack rows but|ack row \d+ carries)",
         summary="a zero-owned CP rank acks after the target layers, the owners after the draft "
         "layers (hinges on the re-indentation at flat line 1249)",
     ),
@@ -143,6 +143,12 @@ _SEED_AND_UPSTREAM: tuple[KnownFinding, ...] = (
         also=(
             # the second ack outlives every drain when the forward finishes at quiescence
             ("INV-16", r"ack_write_queue still holds \d+ ack\(s\) \[\[\d+\]\] at quiescence"),
+            # the fresh state outlives the node's backup when nothing ever completes it
+            (
+                "INV-15",
+                r"per-layer write states still pending for node ids \[[\d, ]+\], whose "
+                r"backup is not in flight",
+            ),
         ),
     ),
 )

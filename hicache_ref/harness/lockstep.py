@@ -7,7 +7,7 @@ applied step it
    harness's own pools handed out (``Insert(node, pages, tokens)``, ``Write(node, host)``,
    ``Load(node, pages)``, ``DrainWriteAcks(count)`` with the count the tree drained, ...);
 2. feeds what the ``SimDevice`` executed during the step, in execution order: every copy as
-   ``CopyLanded`` (rank and pool from the tags this module puts on each rank's host pools,
+   ``CopyLanded`` (rank and pool from the tags the world's host pools put on their copies,
    slots from the copy's meta), every forward store/read as ``ForwardRan`` once every rank ran
    its part; records and waits are not fed (the oracle runs a record once the work ahead of it
    ran, so it never drains later than a device could);
@@ -21,7 +21,8 @@ and lifecycles INV-16, producer slots INV-10, pages INV-05, content INV-06, a re
 the oracle's own verdict under its id) naming the step, the quantity, the oracle's value and the
 implementation's. A world it cannot follow (another device, a one-rank-per-process session)
 or a step the oracle cannot express turns lockstep off for the rest of the case, with the
-reason counted (``LOCKSTEP_STATS``).
+reason counted in the session's stats (``SessionStats.lockstep``: ``cases``,
+``cases_in_lockstep``, ``steps_in_lockstep``, ``cases_off`` and ``off: <reason>``).
 
 Not compared, by design: the implementation's own bookkeeping (metadata, in-flight trackers,
 pending layer states: only their effects, acks and copies, are seen); event records and waits
@@ -32,11 +33,9 @@ reads the tags of every held token slot once, at quiescence); padding slots and 
 
 from __future__ import annotations
 
-import re
-from collections import Counter, deque
-from collections.abc import Mapping
+from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from hicache_ref.device.sim import ExecutedOp, SimDevice
 from hicache_ref.errors import InvariantViolation
@@ -45,8 +44,13 @@ from hicache_ref.harness.lockstep_compare import (
     compare_state,
     unsupported_reason,
 )
+from hicache_ref.harness.node_model import FORWARD_META, ForwardKernel
+from hicache_ref.harness.outcome import Outcome
 from hicache_ref.harness.profiles import lockstep_enabled
-from hicache_ref.harness.trace import Step, StepArg
+from hicache_ref.harness.rule_record import UntranslatedRuleError
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.trace import Step
+from hicache_ref.harness.world import COPY_POOL_TAG, COPY_RANK_TAG
 from hicache_ref.oracle import ops as o
 from hicache_ref.oracle.config import OracleConfig, Pool
 from hicache_ref.oracle.invariants import check_invariants
@@ -56,23 +60,8 @@ from hicache_ref.oracle.step import OpNotEnabledError, step
 if TYPE_CHECKING:
     import torch
 
-    from hicache_ref.device.protocol import DeviceModule
     from hicache_ref.harness.session import Session
 
-LOCKSTEP_STATS: Counter[str] = Counter()
-"""Process-wide counts: ``cases``, ``cases_in_lockstep``, ``steps_in_lockstep``,
-``cases_off``, and ``off: <reason>`` per reason (campaign summaries and tests read it)."""
-
-RANK_TAG, POOL_TAG = "lockstep_rank", "lockstep_pool"
-FORWARD_KERNEL = re.compile(r"^(store|read) n(\d+) L(\d+)$")  # the tree's forward labels
-NO_OPS = frozenset({"advance", "synchronize", "start_writing", "noop", "scribble_free_host"})
-"""Rules with nothing to translate: device work only (advance, synchronize: fed as executions),
-write() and the CP writes already issued their copies (start_writing); a misuse probe is refused
-and changes nothing (``probe_*``, INV-17); ``scribble_free_host`` writes only free slots, whose
-content the oracle does not predict."""
-FEED_FIRST = frozenset({"reset", "reset_in_flight", "cancel"})
-"""Rules whose call runs queued device work before its own effect (a reset and a cancel
-synchronize the streams first): the executions are fed before the rule's ops."""
 
 UnitKey = tuple[str, int, int]
 """A forward kernel: (``store`` or ``read``, tree handle, layer)."""
@@ -87,7 +76,7 @@ def attach_lockstep(session: Session) -> LockstepOracle | None:
     if not lockstep_enabled():
         return None
     oracle = LockstepOracle(session)
-    LOCKSTEP_STATS["cases"] += 1
+    session.stats.lockstep["cases"] += 1
     if oracle.off_reason is None:
         session.observers.append(oracle)
     return oracle
@@ -161,34 +150,28 @@ class LockstepOracle:
         self.state = initial_state(oracle_config_for(session))
         device = session.world.device
         assert isinstance(device, SimDevice)
-        for rank in session.world.ranks:
-            # The host pools launch every copy: tag theirs with the rank and the pool (the view
-            # is the device itself for everything but the meta of what it launches)
-            for pool, host_pool in (("target", rank.host_pool), ("draft", rank.draft_host_pool)):
-                if host_pool is not None:
-                    view = device.tagged(**{RANK_TAG: rank.rank, POOL_TAG: pool})
-                    host_pool.device_module = cast("DeviceModule", view)
-        device.on_execute.append(self._on_execute)
+        device.on_execute.append(self._on_execute)  # copies carry the world's rank/pool tags
 
     # -- the observer --------------------------------------------------------------------------
-    def after_step(self, session: Session, step_: Step, outcome: str) -> None:
+    def after_step(self, session: Session, step_: Step, outcome: Outcome) -> None:
         if self.off_reason is not None:
             return
+        record = RULES[step_.rule]
         try:
-            ops = self._translate(step_, outcome)
-            if step_.rule in FEED_FIRST:
+            ops = record.oracle(self, step_.args, outcome)
+            if record.feeds_first:
                 self._feed()
             for op in ops:
                 self._apply(op)
             self._feed()
-        except OpNotEnabledError as refused:
+        except (OpNotEnabledError, UntranslatedRuleError) as refused:
             why = str(refused).split(" is not enabled: ", 1)[-1]
             self._turn_off(f"the oracle cannot express {step_.rule}: {why}")
             return
-        if step_.rule in ("reset", "reset_in_flight"):
+        if record.resets:
             self.handles.clear()
         self.steps += 1
-        LOCKSTEP_STATS["steps_in_lockstep"] += 1
+        self.session.stats.lockstep["steps_in_lockstep"] += 1
         self._compare(f"step {len(session.steps) - 1} ({step_.rule}: {outcome})")
         self._save()
 
@@ -215,54 +198,13 @@ class LockstepOracle:
         except OpNotEnabledError as refused:
             self._turn_off(f"the oracle cannot express finish: {refused}")
             return
-        LOCKSTEP_STATS["cases_in_lockstep"] += 1
+        self.session.stats.lockstep["cases_in_lockstep"] += 1
         where = "quiescence (finish)"
         self._compare(where)
         compare_final_content(session, self.state, self.handles, where)
 
-    # -- translation ----------------------------------------------------------------------------
-    def _translate(self, step_: Step, outcome: str) -> list[o.Op]:
-        rule, args = step_.rule, step_.args
-        refused = outcome.startswith("refused")
-        if rule == "prefill":
-            return [] if refused else self._prefill(int(args["handle"]), outcome)
-        if rule == "forward_layer":
-            saved = self._saved
-            return self._forward_ops(saved.batch, saved.batch_layer, saved.batch_layer + 1)
-        if rule == "store_layer":
-            return [o.Store(self._id(int(args["node"])), int(args["layer"]), _pool(args))]
-        if rule == "layer_end":
-            return [o.OnLayerEnd(int(args["layer"]), _pool(args))]
-        if rule == "forward_read":
-            return [o.ForwardRead(self._id(int(args["node"])), int(args["layer"]), _pool(args))]
-        if rule == "forward_read_batch":
-            handles = [int(h) for h in str(args["nodes"]).split(",") if h.strip()]
-            layer, pool = int(args["layer"]), _pool(args)
-            return [o.ForwardRead(self._id(h), layer, pool) for h in handles]
-        if rule in ("write", "reserve"):
-            return [self._backup(int(args["node"]), refused, rule == "reserve")]
-        if rule == "submit_layer":
-            node = self._id(int(args["node"]))
-            return [o.SubmitLayer(node, int(args["layer"]), _pool(args))]
-        if rule == "cancel":
-            return [o.CancelLayerWrite(self._id(int(args["node"])))]
-        if rule == "load":
-            return [] if refused else [self._load(int(args["node"]))]
-        if rule == "start_loading":
-            return [o.StartLoading()]
-        if rule in ("drain_write", "drain_load", "drain_acks"):
-            return self._drains(rule)
-        if rule in ("evict_device", "drop"):
-            return [o.EvictDevice(self._id(int(args["node"])))]
-        if rule == "evict_host":
-            return [o.EvictHost(self._id(int(args["node"])))]
-        if rule in ("reset", "reset_in_flight"):
-            return [o.Reset()]
-        if rule in NO_OPS or rule.startswith("probe_"):
-            return []
-        raise OpNotEnabledError(f"rule {rule} is not translated to oracle ops")
-
-    def _id(self, handle: int) -> int:
+    # -- what a rule's translation asks (``rule_record.OracleView``) -------------------------
+    def node_id(self, handle: int) -> int:
         node = self.session.tree.node(handle)
         if node is not None:
             return node.node_id
@@ -271,15 +213,19 @@ class LockstepOracle:
                 return node_id
         raise OpNotEnabledError(f"handle {handle} names no node of this epoch")
 
-    def _prefill(self, handle: int, outcome: str) -> list[o.Op]:
+    def prefill_ops(self, handle: int, outcome: Outcome) -> list[o.Op]:
         node = self.session.tree.nodes[handle]
         self.handles[node.node_id] = handle
         assert node.value is not None
         pages = _pages_of(node.value, self.session.config.page_size)
         ops: list[o.Op] = [o.Insert(node.node_id, device_pages=pages, tokens=node.logical_len)]
-        if "; reserve node" in outcome or "; refused" in outcome:  # an early CP reservation
-            ops.append(self._backup(handle, "; refused" in outcome, early=True))
+        if outcome.reservation:  # an early CP reservation inside the prefill
+            ops.append(self.backup_op(handle, outcome.reservation == "refused", early=True))
         return ops
+
+    def forward_layer_ops(self) -> list[o.Op]:
+        saved = self._saved
+        return self._forward_ops(saved.batch, saved.batch_layer, saved.batch_layer + 1)
 
     def _forward_ops(self, batch: list[int], first: int, end: int) -> list[o.Op]:
         """What ``forward_layer`` did for layers ``[first, end)``: each pool's stores of every
@@ -303,7 +249,7 @@ class LockstepOracle:
         ops: list[o.Op] = []
         kinds = self.session.tree.layer_kinds()
         for handle in pending:
-            node_id = self._id(handle)
+            node_id = self.node_id(handle)
             for draft, layer_num in kinds:
                 pool: Pool = "draft" if draft else "target"
                 ops += [o.Store(node_id, layer, pool) for layer in range(layer_num)]
@@ -313,7 +259,7 @@ class LockstepOracle:
                 ops += [o.OnLayerEnd(layer, pool) for layer in range(layer_num)]
         return ops
 
-    def _backup(self, handle: int, refused: bool, early: bool) -> o.Op:
+    def backup_op(self, handle: int, refused: bool, early: bool) -> o.Op:
         """``write`` (all layers) or an early CP reservation, with the host pages it took."""
         node = self.session.tree.nodes[handle]
         kind = o.ReserveWriteCp if early else o.Write
@@ -341,20 +287,21 @@ class LockstepOracle:
             draft_host_pages=host if self.session.config.has_draft else None,
         )
 
-    def _load(self, handle: int) -> o.Op:
+    def load_op(self, handle: int) -> o.Op:
         node = self.session.tree.nodes[handle]
         assert node.value is not None
         pages = _pages_of(node.value, self.session.config.page_size)
         return o.Load(node.node_id, device_pages=pages)
 
-    def _drains(self, rule: str) -> list[o.Op]:
+    def drain_ops(self, write: bool, load: bool) -> list[o.Op]:
+        """The drains a step did, with the counts the tree drained (rank 0's queues)."""
         controller = self.session.world.ranks[0].controller
         writes = self._saved.ack_lens[0] - len(controller.ack_write_queue)
         loads = self._saved.ack_lens[1] - len(controller.ack_load_queue)
         ops: list[o.Op] = []
-        if rule != "drain_load":
+        if write:
             ops.append(o.DrainWriteAcks(count=max(0, writes)))
-        if rule != "drain_write":
+        if load:
             ops.append(o.DrainLoadAcks(count=max(0, loads)))
         return ops
 
@@ -371,9 +318,9 @@ class LockstepOracle:
                 for op in self._landed(entry):
                     self._apply(op)
                 continue
-            match = FORWARD_KERNEL.match(entry.label)
-            if match is not None:
-                self._forward_ran((match[1], int(match[2]), int(match[3])))
+            kernel = entry.meta.get(FORWARD_META)
+            if isinstance(kernel, ForwardKernel):
+                self._forward_ran((kernel.kind, kernel.handle, kernel.layer))
 
     def _forward_ran(self, key: UnitKey) -> None:
         """One rank ran a forward kernel: the oracle runs every op all ranks have run."""
@@ -387,16 +334,16 @@ class LockstepOracle:
 
     def _landed(self, entry: ExecutedOp) -> list[o.Op]:
         meta = entry.meta
-        if RANK_TAG not in meta:
+        if COPY_RANK_TAG not in meta:
             raise OpNotEnabledError(f"copy {entry.label!r} was launched outside the host pools")
         host_slots, locs = _ints(meta["host_indices"]), list(_ints(meta["device_indices"]))
         if not host_slots:
             return []
-        rank = int(meta[RANK_TAG])  # type: ignore[call-overload]
+        rank = int(meta[COPY_RANK_TAG])  # type: ignore[call-overload]
         cp, page = self.session.config.cp_size, self.session.config.page_size
         if cp:  # physical page q of rank r is logical page q * cp + r (``CpSharedKVLayout``)
             locs = [((loc // page) * cp + rank) * page + loc % page for loc in locs]
-        pool: Pool = "draft" if meta[POOL_TAG] == "draft" else "target"
+        pool: Pool = "draft" if meta[COPY_POOL_TAG] == "draft" else "target"
         layers: tuple[int, ...] = meta["layer_ids"]  # type: ignore[assignment]
         direction = meta["direction"]
         device_locs = tuple(locs)
@@ -451,12 +398,8 @@ class LockstepOracle:
 
     def _turn_off(self, reason: str) -> None:
         self.off_reason = reason
-        LOCKSTEP_STATS["cases_off"] += 1
-        LOCKSTEP_STATS[f"off: {reason}"] += 1
-
-
-def _pool(args: Mapping[str, StepArg]) -> Pool:
-    return "draft" if bool(args["draft"]) else "target"
+        self.session.stats.lockstep["cases_off"] += 1
+        self.session.stats.lockstep[f"off: {reason}"] += 1
 
 
 def _ints(indices: object) -> tuple[int, ...]:

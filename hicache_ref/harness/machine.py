@@ -1,19 +1,16 @@
 """The Hypothesis state machine: rules named after protocol verbs, all applied through a Session.
 
-Each case draws a configuration the implementation supports, then a program of rules. The
-atomic machine rules are generated from the rule records (``rules.RULES``: every record with a
-``draw``), one method per record named after it, whose precondition is the record's ``offered``
-and whose arguments are the record's strategies; the session then checks the step against the
-same record. Rules pick nodes among the candidates the session offers (``@precondition`` keeps
-impossible rules out; no ``assume``), and mirror nothing in bundles: the session holds the
-state, so invariants and preconditions can see it. Compound rules compose atomic steps:
-``prefill`` (and compute), ``forward_layer`` (all layers), ``drain_acks`` (maybe flush writes
-first), ``offload``, ``cancel_and_reuse``, ``reload``, ``reload_staggered`` and
-``round_trip``; ``prefill`` and ``round_trip`` are always valid, so swarm testing never leaves
-a case with nothing to do, and the reload compounds keep the load path, where shipped
-corruption lives, above a fifth of the applied steps (``LOAD_PATH_SHARE_MIN``). After every
-step the session checks its invariants; teardown runs the quiescence checks. When a case
-fails, the machine hands its trace to the class's ``sink``, and notes the line that replays it.
+Each case draws a configuration the implementation supports, then a program of rules. Every
+machine rule is generated: one per compound program (``programs.PROGRAMS`` with
+``in_machine``: new_request, compute, offload, reload, reload_staggered, round_trip,
+cancel_and_reuse, scheduler_check) and one per atomic rule record whose draw is ``in_machine``
+(``rules.RULES``), named after it, whose precondition is its ``offered`` and whose arguments are
+its params' strategies; the steps it yields are applied one by one, and the session checks each
+against its record. Rules pick nodes among the candidates the session offers
+(``@precondition`` keeps impossible rules out; no ``assume``), and mirror nothing in bundles:
+the session holds the state, so invariants and preconditions can see it. After every step the
+session checks its invariants; teardown runs the quiescence checks. When a case fails, the
+machine hands its trace to the class's ``sink``, and notes the line that replays it.
 
 Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
 implementation and a ``CaseSink`` (a campaign's: it counts every finished case and keeps the
@@ -23,7 +20,7 @@ traces go to ``fuzz/out/`` (``FailureFolder``), as for the machines pytest runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -42,6 +39,8 @@ from hicache_ref.harness.config import (
     PoolKind,
 )
 from hicache_ref.harness.lockstep import attach_lockstep
+from hicache_ref.harness.programs import PROGRAMS
+from hicache_ref.harness.rule_record import Param
 from hicache_ref.harness.rules import RULES, RuleRecord
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, Trace
@@ -53,7 +52,6 @@ DRAWN_COPY_PATHS = ("gather", "runs", "batch")
 """Copy paths a case draws: the simulator's gather, and the two GPU paths (run-merged copies,
 the copy engine's batched page copies, executed on the CPU by ``memmove`` from the same pointer
 plan). ``triton`` is left to the transfer tests: its CPU interpreter is too slow per step."""
-LOAD_PATH_SHARE_MIN = 0.20  # of applied steps, on the reference (tests/harness/test_rules.py)
 
 
 class CaseSink(Protocol):
@@ -124,10 +122,9 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
 
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
     config = data.draw(harness_configs(implementation.capabilities))
-    refine = getattr(implementation, "refine_config", None)
-    if refine is None:
+    refined = implementation.refine_config(config)  # contract: optional hook
+    if refined is config:
         return config
-    refined: HarnessConfig = refine(config)
     # a refinement is a model_copy, which skips validation: validate the world it asks for
     try:
         refined = HarnessConfig.model_validate(refined.model_dump())
@@ -155,9 +152,9 @@ class HiCacheMachine(RuleBasedStateMachine):
         assert self.session is not None, "initialize() draws the configuration first"
         return self.session
 
-    def _apply(self, rule_name: str, **args: Any) -> None:
+    def _apply(self, step: Step) -> None:
         try:
-            self.s.apply(Step(rule=rule_name, args=args))  # type: ignore[arg-type]
+            self.s.apply(step)
         except Exception as exc:
             self.failed = True  # teardown must not replace this error with a consequence
             self._report_failure(exc)
@@ -182,186 +179,11 @@ class HiCacheMachine(RuleBasedStateMachine):
         )
         exc._hicache_reported = True  # type: ignore[attr-defined]
 
-    def _pick(self, rule_name: str, pick: int) -> int:
-        candidates = self.s.candidates(rule_name)
-        return candidates[pick % len(candidates)]
-
-    def _has(self, rule_name: str) -> bool:
-        return self.session is not None and bool(self.session.candidates(rule_name))
-
     @initialize(config=st.data())
     def setup(self, config: st.DataObject) -> None:
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name)
         attach_lockstep(self.session)  # the pure oracle follows every step
-
-    @rule(tokens=st.integers(1, 40), early_reserve=st.booleans(), compute_now=st.booleans())
-    def prefill(self, tokens: int, early_reserve: bool, compute_now: bool) -> None:
-        """A request's prefill: new pages; with ``compute_now`` the forward runs every layer."""
-        self._apply("prefill", tokens=tokens, early_reserve=early_reserve and self.s.config.uses_cp)
-        while compute_now and self.s.tree.batch:
-            self._apply("forward_layer")
-
-    @precondition(lambda self: self.session is not None and bool(self.s.tree.batch))
-    @rule(all_layers=st.booleans())
-    def forward_layer(self, all_layers: bool) -> None:
-        self._apply("forward_layer")
-        while all_layers and self.s.tree.batch_layer > 0:
-            self._apply("forward_layer")
-
-    @precondition(lambda self: self._has("write"))
-    @rule(pick=st.integers(0, 63))
-    def offload(self, pick: int) -> None:
-        """Compound: write -> host syncs the write stream -> drain -> evict_device (atomic steps)."""
-        node = self._pick("write", pick)
-        self._apply("write", node=node)
-        self._apply("synchronize", stream="write")
-        self._apply("drain_acks")
-        if node in self.s.candidates("evict_device"):
-            self._apply("evict_device", node=node)
-
-    @precondition(lambda self: self._has("load"))
-    @rule(
-        picks=st.lists(st.integers(0, 63), min_size=1, max_size=3),
-        reads=st.integers(1, 6),
-        run_ops=st.integers(0, 6),
-        drain=st.booleans(),
-    )
-    def reload(self, picks: list[int], reads: int, run_ops: int, drain: bool) -> None:
-        """Compound: load up to three nodes -> one start_loading (their ops merged) -> forward
-        reads of the loading nodes at once (they must wait on the per-layer events) -> part of
-        the H2D runs -> maybe drain (atomic steps)."""
-        loaded = self._load_some(picks)
-        self._start_and_read(loaded, reads, run_ops, drain)
-
-    @rule(
-        pick=st.integers(0, 63),
-        cycles=st.integers(1, 3),
-        reads=st.integers(1, 6),
-        run_ops=st.integers(0, 6),
-        tokens=st.integers(1, 40),
-    )
-    def round_trip(self, pick: int, cycles: int, reads: int, run_ops: int, tokens: int) -> None:
-        """Compound: a device node goes to host and comes back, ``cycles`` times: (a new node's
-        prefill and forward when none is ready) -> write -> sync -> drain -> (evict_device ->
-        load -> start_loading -> reads while it loads -> part of the H2D -> sync -> drain_load)
-        x cycles (atomic steps)."""
-        if not (self._has("write") or self._has("evict_device")):
-            self.prefill(tokens, early_reserve=False, compute_now=True)
-        if not (self._has("write") or self._has("evict_device")):
-            return  # the device is full: the prefill was refused
-        if self._has("write"):
-            node = self._pick("write", pick)
-            self._apply("write", node=node)
-            self._apply("synchronize", stream="write")
-            self._apply("drain_acks")
-        else:
-            node = self._pick("evict_device", pick)
-        for cycle in range(cycles):
-            if node not in self.s.candidates("evict_device"):
-                return
-            self._apply("evict_device", node=node)
-            if node not in self.s.candidates("load"):
-                return
-            self._apply("load", node=node)
-            self._start_and_read([node], reads, run_ops, drain=False)
-            if cycle + 1 < cycles:
-                self._apply("synchronize", stream="load")
-                self._apply("drain_load")
-
-    def _load_some(self, picks: list[int]) -> list[int]:
-        loaded: list[int] = []
-        for pick in picks:
-            if self._has("load"):
-                node = self._pick("load", pick)
-                self._apply("load", node=node)
-                loaded.append(node)
-        return loaded
-
-    def _start_and_read(self, loaded: list[int], reads: int, run_ops: int, drain: bool) -> None:
-        if self.s.is_enabled(Step(rule="start_loading")):
-            self._apply("start_loading")
-        config = self.s.config
-        kinds = [(False, config.layer_num)] + ([(True, config.draft_layer_num)] * config.has_draft)
-        for i in range(reads if loaded else 0):
-            node = loaded[i % len(loaded)]
-            draft, layer_num = kinds[(i // len(loaded)) % len(kinds)]
-            layer = (i // (len(loaded) * len(kinds))) % layer_num
-            if node in self.s.candidates("forward_read"):
-                self._apply("forward_read", node=node, layer=layer, draft=draft)
-        if run_ops:
-            self._apply("advance", stream="load", n=run_ops)
-            self._apply("advance", stream="forward", n=run_ops)
-        if drain:
-            self._apply("drain_load")
-
-    @precondition(lambda self: self._has("cancel"))
-    @rule(pick=st.integers(0, 63), run_ops=st.integers(0, 8))
-    def cancel_and_reuse(self, pick: int, run_ops: int) -> None:
-        """Compound: roll back a pending per-layer backup (its host slots are freed) -> the CPU
-        scribbles every free host slot while copies are queued -> part of the write stream
-        runs (a copy still writing a freed slot overwrites the scribble) (atomic steps)."""
-        self._apply("cancel", node=self._pick("cancel", pick))
-        if self.s.is_enabled(Step(rule="scribble_free_host")):
-            self._apply("scribble_free_host")
-        if run_ops:
-            self._apply("advance", stream="write", n=run_ops)
-
-    @precondition(lambda self: self._has("load"))
-    @rule(
-        picks=st.lists(st.integers(0, 63), min_size=2, max_size=3),
-        reads=st.integers(1, 6),
-        run_ops=st.integers(0, 6),
-        drain=st.booleans(),
-    )
-    def reload_staggered(self, picks: list[int], reads: int, run_ops: int, drain: bool) -> None:
-        """Compound: up to three nodes, each loaded by its own start_loading (a producer slot
-        each) -> forward reads of all of them in one batch (``forward_read_batch``: one wait
-        that must cover every slot's layer event; one read per node without
-        ``multi_consumer``) -> part of the H2D runs -> maybe drain (atomic steps)."""
-        loaded: list[int] = []
-        for pick in picks:
-            if self._has("load"):
-                node = self._pick("load", pick)
-                self._apply("load", node=node)
-                loaded.append(node)
-                if self.s.is_enabled(Step(rule="start_loading")):
-                    self._apply("start_loading")
-        config = self.s.config
-        kinds = [(False, config.layer_num)] + ([(True, config.draft_layer_num)] * config.has_draft)
-        for i in range(reads if len(loaded) >= 2 else 0):
-            draft, layer_num = kinds[i % len(kinds)]
-            layer = (i // len(kinds)) % layer_num
-            batch = Step(
-                rule="forward_read_batch",
-                args={"nodes": ",".join(map(str, loaded)), "layer": layer, "draft": draft},
-            )
-            if self.s.is_enabled(batch):
-                self._apply("forward_read_batch", **batch.args)
-                continue
-            for node in loaded:
-                single = Step(
-                    rule="forward_read", args={"node": node, "layer": layer, "draft": draft}
-                )
-                if self.s.is_enabled(single):
-                    self._apply("forward_read", **single.args)
-        if run_ops:
-            self._apply("advance", stream="load", n=run_ops)
-            self._apply("advance", stream="forward", n=run_ops)
-        if drain:
-            self._apply("drain_load")
-
-    @precondition(
-        lambda self: (
-            self.session is not None and bool(self.s.tree.ongoing_write or self.s.tree.ongoing_load)
-        )
-    )
-    @rule(start_writing=st.booleans())
-    def drain_acks(self, start_writing: bool) -> None:
-        """The scheduler's per-step check: maybe flush queued writes, then drain both queues."""
-        if start_writing:
-            self._apply("start_writing")
-        self._apply("drain_acks")
 
     def teardown(self) -> None:
         if self.session is None or self.failed:
@@ -375,30 +197,53 @@ class HiCacheMachine(RuleBasedStateMachine):
             self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
 
 
-def _atomic_rule(record: RuleRecord) -> Callable[..., None]:
-    """The machine rule of one atomic record: draw its strategies, choose, apply."""
-    draw = record.draw
-    assert draw is not None, f"rule {record.name} has no draw"
+def _machine_rule(
+    name: str,
+    doc: str,
+    params: Mapping[str, Param],
+    offered: Callable[[Session], bool],
+    steps: Callable[[Session, Mapping[str, Any]], Iterator[Step]],
+) -> Callable[..., None]:
+    """A machine rule: draw the params, then apply the steps one by one (each sees the world the
+    steps before it made)."""
 
-    def apply_record(self: HiCacheMachine, **drawn: Any) -> None:
-        args = draw.choose(self.s, drawn)
-        if args is not None:
-            self._apply(record.name, **args)
+    def apply_steps(self: HiCacheMachine, **drawn: Any) -> None:
+        for next_step in steps(self.s, drawn):
+            self._apply(next_step)
 
-    apply_record.__name__ = apply_record.__qualname__ = record.name
-    apply_record.__doc__ = f"Atomic ({record.family}): {record.doc}."
-    offered = draw.offered
-    strategies: dict[str, st.SearchStrategy[Any]] = dict(draw.strategies)
-    ruled = rule(**strategies)(apply_record)  # type: ignore[call-overload]  # (a dict of kwargs)
+    apply_steps.__name__ = apply_steps.__qualname__ = name
+    apply_steps.__doc__ = doc
+    strategies = {key: param.strategy() for key, param in params.items()}
+    ruled = rule(**strategies)(apply_steps)  # type: ignore[call-overload]  # (a dict of kwargs)
     guarded = precondition(lambda self: self.session is not None and offered(self.s))(ruled)
     return guarded  # type: ignore[no-any-return]
 
 
+def _atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Iterator[Step]]:
+    draw = record.draw
+    assert draw is not None, f"rule {record.name} has no draw"
+
+    def steps(session: Session, drawn: Mapping[str, Any]) -> Iterator[Step]:
+        args = draw.choose(session, drawn)
+        if args is not None:
+            yield Step(rule=record.name, args=args)
+
+    return steps
+
+
+for _program in PROGRAMS.values():
+    if _program.in_machine:
+        doc = f"Compound: {_program.doc} (atomic steps)."
+        method = _machine_rule(_program.name, doc, _program.params, _program.offered, _program.run)
+        setattr(HiCacheMachine, _program.name, method)
 for _record in RULES.values():
-    if _record.draw is not None:
-        # Verify a generated rule does not hide a compound rule of the same name
+    if _record.draw is not None and _record.draw.in_machine:
+        # Verify a generated atomic rule does not hide a compound rule of the same name
         assert _record.name not in HiCacheMachine.__dict__, f"{_record.name}: compound or atomic?"
-        setattr(HiCacheMachine, _record.name, _atomic_rule(_record))
+        doc = f"Atomic ({_record.family}): {_record.doc}."
+        draw = _record.draw
+        method = _machine_rule(_record.name, doc, draw.params, draw.offered, _atomic_steps(_record))
+        setattr(HiCacheMachine, _record.name, method)
 
 
 def machine_for(

@@ -9,11 +9,24 @@ evicted (host only) -> loading -> backed_up; a node never backed up can be dropp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from hicache_ref.harness.adapters.base import CpMetadataLike, WriteReservationLike
 from hicache_ref.invariants.snapshot import NodeHoldings
+
+FORWARD_META = "forward"
+"""The meta key of the tree's forward kernels (a ``ForwardKernel``)."""
+
+
+@dataclass(frozen=True)
+class ForwardKernel:
+    """What a forward kernel the tree launches is: a store or read of one layer of one node."""
+
+    kind: Literal["store", "read"]
+    handle: int
+    layer: int
 
 
 @dataclass
@@ -67,6 +80,20 @@ def handle_of(node: Node) -> int:
     return node.handle
 
 
+def _same(cached: object, now: object) -> bool:
+    """A cache key part unchanged: the same tensor object, or an equal plain value."""
+    return cached is now or (not isinstance(now, torch.Tensor) and cached == now)
+
+
+def compute_busy(node: Node) -> str:
+    """Why the node's device pages must stay allocated now ("" when nothing is in flight)."""
+    if node.loading:
+        return "loading"
+    if node.pending_reads:
+        return "forward reads queued"
+    return "backup in flight" if node.backup == "in_flight" and node.value is not None else ""
+
+
 def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> NodeHoldings:
     """One node's pages, rebuilt only when a tensor it reads (or its backup) changed."""
     if uses_cp:
@@ -76,13 +103,14 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
     else:
         host_of = list(node.host_value)
         draft_of = []
-    key = (node.value, node.backup, *host_of, *draft_of)
+    busy = compute_busy(node)
+    key = (node.value, node.backup, node.layers_stored, busy, *host_of, *draft_of)
     cached = node.holdings_key
     if (
         node.holdings is not None
         and cached is not None
         and len(cached) == len(key)
-        and all(a is b for a, b in zip(cached, key, strict=True))
+        and all(_same(a, b) for a, b in zip(cached, key, strict=True))
     ):
         return node.holdings
     device = _pages(node.value, page) if node.value is not None else frozenset()
@@ -91,7 +119,9 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
         draft = tuple(_pages(t, page) if t is not None else frozenset() for t in draft_of)
     else:
         draft = tuple(frozenset() for _ in range(num_ranks))
-    node.holdings = NodeHoldings(node.handle, node.node_id, device, host, draft, node.backup)
+    node.holdings = NodeHoldings(
+        node.handle, node.node_id, device, host, draft, node.backup, node.layers_stored, busy
+    )
     node.holdings_key = key
     return node.holdings
 

@@ -11,23 +11,26 @@ slots it chose, and only after checking their count.
 
 from __future__ import annotations
 
-from collections import Counter
+from typing import cast
 
 import torch
 
-from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import CpMetadataLike
 from hicache_ref.harness.node_model import Node
 from hicache_ref.harness.world import World
-from hicache_ref.invariants.checks_layout import check_host_slot_count, check_owner_replay
+from hicache_ref.invariants.checks_layout import CpMetadataLike as FullMetadata
+from hicache_ref.invariants.evidence import OwnerReplay, ReturnedIndices, SlotCount
+from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.pools.device_pool import KVCache
 from hicache_ref.pools.host_pool import HostKVCache
+
+METADATA_FIELDS = ("logical_len", "padded_len", "page_size", "owned_positions", "page_owners")
 
 
 class RankGeometry:
     """The harness's layout of one world: pools, placements, padding and host positions."""
 
-    def __init__(self, world: World, checks: Counter[str]) -> None:
+    def __init__(self, world: World, checks: CheckRunner) -> None:
         self.world = world
         self.config = world.config
         self.checks = checks  # runs per invariant id (shared with the session)
@@ -154,14 +157,33 @@ class RankGeometry:
         meta = self.meta(node, rank_index)
         slots = meta.draft_host_indices if draft else meta.host_indices
         owned = len(node.owned_positions[rank_index])
-        self.checks["INV-13"] += 1
-        check_host_slot_count(
+        count = SlotCount(
             0 if slots is None else len(slots),
             owned,
             f"node {node.handle} rank {rank_index}",
             pool="draft host" if draft else "host",
         )
+        self.checks.run("INV-13", count)
         return slots if slots is not None else torch.empty((0,), dtype=torch.int64)
+
+    def check_reservation(self, rank_index: int, node: Node) -> None:
+        """What a CP reservation chose on a rank: whole host pages (INV-01), metadata that obeys
+        every rule, and one host (and draft host) slot per owned position (INV-13)."""
+        meta = self.meta(node, rank_index)
+        page, what = self.config.page_size, f"node {node.handle} rank {rank_index}"
+        for pool, slots in (("host", meta.host_indices), ("draft host", meta.draft_host_indices)):
+            if slots is not None and len(slots):
+                returned = ReturnedIndices(slots, page, f"{what} {pool} indices")
+                self.checks.run("INV-01", returned)
+        owned = len(node.owned_positions[rank_index])
+        # the record's own rules where it carries them (the contract promises only host indices)
+        full = meta if all(hasattr(meta, f) for f in METADATA_FIELDS) else None
+        count = SlotCount(
+            len(meta.host_indices), owned, what, meta=cast("FullMetadata | None", full)
+        )
+        self.checks.run("INV-13", count)
+        for draft in self.host_copies():
+            self.host_slots(rank_index, node, draft)
 
     def check_owner_replay(self, node: Node) -> None:
         """The fresh pages repeat the owners the harness recorded at write time (INV-03)."""
@@ -173,14 +195,7 @@ class RankGeometry:
         pages = torch.div(padded[::page], page, rounding_mode="floor")
         owners = layout.owner_for_logical_pages(pages).tolist()
         owner_of = {int(p): int(o) for p, o in zip(pages.tolist(), owners, strict=True)}
-        self.checks["INV-03"] += 1
-        try:
-            check_owner_replay(
-                padded,
-                node.page_owners,
-                page,
-                self.config.cp_size,
-                owner_of_page=owner_of.__getitem__,
-            )
-        except InvariantViolation as violation:
-            raise InvariantViolation("INV-03", f"node {node.handle}: {violation.detail}") from None
+        replay = OwnerReplay(
+            node.handle, padded, node.page_owners, page, self.config.cp_size, owner_of.__getitem__
+        )
+        self.checks.run("INV-03", replay)

@@ -23,7 +23,7 @@ in ``finish()``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,25 +33,25 @@ from hicache_ref.harness.adapters.base import (
     ControllerLike,
     Implementation,
     RankLike,
-    snapshot_rank,
     unsupported_reasons,
 )
 from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.outcome import SKIPPED, Outcome, done
 from hicache_ref.harness.rules import RULES, STREAMS
 from hicache_ref.harness.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.tree import TreeDriver
 from hicache_ref.harness.world import build_world
+from hicache_ref.invariants.evidence import Refusal, StateView
 from hicache_ref.invariants.registry import (
-    QUIESCENCE_CHECKS,
-    REFUSAL_CHECKS,
-    RESET_CHECKS,
-    STEP_CHECKS,
-    StateCheck,
+    QUIESCENCE_IDS,
+    REFUSAL_IDS,
+    RESET_IDS,
+    STEP_IDS,
+    CheckRunner,
 )
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 DRAIN_ROUNDS_MAX = 10_000
-REFUSABLE_RULES = tuple(name for name, r in RULES.items() if r.refusable)  # "refused": INV-17
 __all__ = ["DRAIN_ROUNDS_MAX", "STREAMS", "Session", "SessionStats", "StepObserver"]
 SnapshotFn = Callable[[RankLike, Iterable[int]], RankSnapshot]
 
@@ -63,7 +63,7 @@ class StepObserver(Protocol):
     quiescence checks; raising ``InvariantViolation`` fails the case like any other check.
     """
 
-    def after_step(self, session: Session, step: Step, outcome: str) -> None: ...
+    def after_step(self, session: Session, step: Step, outcome: Outcome) -> None: ...
 
     def after_finish(self, session: Session) -> None: ...
 
@@ -75,6 +75,7 @@ class SessionStats:
     rules: Counter[str] = field(default_factory=Counter)
     invariant_checks: int = 0  # rounds of step checks (one per applied step)
     checks_by_id: Counter[str] = field(default_factory=Counter)  # check runs per invariant id
+    lockstep: Counter[str] = field(default_factory=Counter)  # what the lockstep oracle followed
 
 
 class Session:
@@ -94,19 +95,19 @@ class Session:
         self.world = build_world(config, implementation)
         self.capabilities: frozenset[str] = self.world.capabilities  # declared, checked
         self.stats = SessionStats()
-        self.tree: TreeDriver = TreeDriver(self.world, checks=self.stats.checks_by_id)
+        self.checks = CheckRunner(self.stats.checks_by_id)  # the registry, counting per id
+        self.tree: TreeDriver = TreeDriver(self.world, self.checks)
         self.steps: list[Step] = []
         self.outcomes: list[str] = []
         self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
         self._candidates: dict[str, list[int]] = {}
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
-        override = getattr(implementation, "snapshot", None)  # an adapter may read itself
-        self._snapshot_rank: SnapshotFn = override if callable(override) else snapshot_rank
+        self._snapshot_rank: SnapshotFn = implementation.snapshot  # contract: optional hook
         self.observers: list[StepObserver] = []  # called after each applied step and at finish
 
     # -- the trace -----------------------------------------------------------------------------
     def trace(self, note: str = "") -> Trace:
-        source = str(getattr(self.implementation, "source_tree", "") or "")
+        source = self.implementation.source_tree
         header = TraceHeader(
             implementation=self.impl_name, config=self.config, note=note, source=source
         )
@@ -138,27 +139,25 @@ class Session:
         return self.why_disabled(step) is None
 
     # -- applying steps ------------------------------------------------------------------------
-    def apply(self, step: Step) -> str:
+    def apply(self, step: Step) -> Outcome:
         self._candidates.clear()
         try:
             return self._apply(step)
         finally:
             self._candidates.clear()
 
-    def _apply(self, step: Step) -> str:
-        if step.rule == "prefill" and "handle" not in step.args:
-            # Name the node in the step itself, so deleting earlier steps (ddmin) keeps every
-            # later reference to it valid.
-            step = Step(rule="prefill", args={**step.args, "handle": self.tree.next_handle})
+    def _apply(self, step: Step) -> Outcome:
+        record = RULES[step.rule]
+        if record.pins is not None:
+            step = Step(rule=step.rule, args=dict(record.pins(self, step.args)))
         self.steps.append(step)
         self.stats.steps += 1
-        record = RULES[step.rule]
         reason = record.why_not(self, step.args)
         if reason is not None:
             self.stats.skipped += 1
             self.skip_reasons[len(self.outcomes)] = reason
-            self.outcomes.append("skipped")
-            return "skipped"
+            self.outcomes.append(SKIPPED.text)
+            return SKIPPED
         self.stats.rules[step.rule] += 1
         watch_refusal = record.refusable or record.probe
         # the state before this step is the state the previous step's checks read
@@ -166,44 +165,62 @@ class Session:
         gate_ids = list(range(self.tree.next_node_id)) if record.resets else []
         self._last_snapshots = None
         outcome = record.process(self, step.args)
-        self.outcomes.append(outcome)
+        self.outcomes.append(outcome.text)
         if self.tree.watch.active:
             self.tree.watch.verify()  # Verify no copy landed in a poisoned free slot
         self.tree.reads.collect()  # Verify the forward reads that have run on a GPU (INV-11)
         after = self.snapshots()
-        if before is not None and (outcome.startswith("refused") or record.probe):
+        if before is not None and (outcome.refused or record.probe):
             self.check_refusal_changed_nothing(before, after, f"{step.rule} ({outcome})")
-        elif before is not None and step.rule == "prefill" and "; refused:" in outcome:
+        elif before is not None and outcome.reservation == "refused":
             # the node's pages stay; its refused early reservation must leave nothing behind
             self.check_refusal_changed_nothing(
                 before, after, f"early reservation ({outcome})", may_change=("device pages",)
             )
         if record.resets:
-            self._run_checks(RESET_CHECKS, self.snapshots(gate_ids))
+            self._run_checks(RESET_IDS, self.snapshots(gate_ids))
         self.check_step_invariants(after)
         self._last_snapshots = after
         for observer in self.observers:
             observer.after_step(self, step, outcome)
         return outcome
 
-    def advance(self, stream: str, n: int) -> str:
+    def advance(self, stream: str, n: int) -> Outcome:
         """Run ``n`` queued ops of one stream (on every rank for the copy streams)."""
         device = self.world.device
+        agreed = f"{stream} ran some op(s)"  # how many is rank-local
         if stream == "forward":
-            return f"forward ran {device.advance(device.default_stream, n)} op(s)"
+            return done(
+                f"forward ran {device.advance(device.default_stream, n)} op(s)", agreed=agreed
+            )
         ran = [
             device.advance(self._stream(rank.controller, stream), n) for rank in self.world.ranks
         ]
-        return f"{stream} ran {ran} op(s)"
+        return done(f"{stream} ran {ran} op(s)", agreed=agreed)
 
-    def synchronize(self, stream: str) -> str:
+    def advance_to_record(self, stream: str) -> Outcome:
+        """Run one stream (on every rank for the copy streams) up to and including its next
+        event record: the boundary where an ack or a layer becomes visible, with the ops behind
+        it still queued."""
+        device = self.world.device
+        agreed = f"{stream} ran to its next record"
+        if stream == "forward":
+            ran = device.advance_to_record(device.default_stream)
+            return done(f"forward ran {ran} op(s) to its next record", agreed=agreed)
+        counts = [
+            device.advance_to_record(self._stream(rank.controller, stream))
+            for rank in self.world.ranks
+        ]
+        return done(f"{stream} ran {counts} op(s) to its next record", agreed=agreed)
+
+    def synchronize(self, stream: str) -> Outcome:
         """Host waits for a stream (what cancel_layer_write_state and a CPU read do)."""
         if stream == "forward":
             self.world.device.default_stream.synchronize()
         else:
             for rank in self.world.ranks:
                 self._stream(rank.controller, stream).synchronize()
-        return f"synchronized {stream}"
+        return done(f"synchronized {stream}")
 
     @staticmethod
     def _stream(controller: ControllerLike, stream: str) -> StreamT:
@@ -215,18 +232,14 @@ class Session:
         ids = [n.node_id for n in self.tree.nodes.values()] if gate_ids is None else list(gate_ids)
         return [self._snapshot_rank(rank, ids) for rank in self.world.ranks]
 
-    def _run_checks(
-        self, checks: Mapping[str, StateCheck], snapshots: Sequence[RankSnapshot]
-    ) -> None:
-        model = self.tree.model()
-        for inv_id, check in checks.items():
-            self.stats.checks_by_id[inv_id] += 1
-            check(snapshots, model)
+    def _run_checks(self, inv_ids: tuple[str, ...], snapshots: Sequence[RankSnapshot]) -> None:
+        self.checks.run_all(inv_ids, StateView(snapshots, self.tree.model()))
 
     def check_step_invariants(self, snapshots: Sequence[RankSnapshot] | None = None) -> None:
-        """After every step: the registry's ``STEP_CHECKS`` (INV-02, INV-14, INV-10, INV-05)."""
+        """After every step: the registry's ``STEP_IDS`` (INV-02, INV-14, INV-10, INV-04,
+        INV-05, INV-08)."""
         self.stats.invariant_checks += 1
-        self._run_checks(STEP_CHECKS, self.snapshots() if snapshots is None else snapshots)
+        self._run_checks(STEP_IDS, self.snapshots() if snapshots is None else snapshots)
 
     def check_refusal_changed_nothing(
         self,
@@ -236,9 +249,7 @@ class Session:
         may_change: Sequence[str] = (),
     ) -> None:
         """A refused operation left every rank as it was (INV-17)."""
-        for inv_id, check in REFUSAL_CHECKS.items():
-            self.stats.checks_by_id[inv_id] += 1
-            check(before, after, what, may_change)
+        self.checks.run_all(REFUSAL_IDS, Refusal(before, after, what, may_change))
 
     def finish(self) -> None:
         """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""
@@ -248,7 +259,9 @@ class Session:
         while t.batch:
             t.forward_layer()
         # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
-        pending = [h for h in t.nodes if t.has_pending_layer_write(h)]
+        # (only nodes still on device: a stale pending state of a host-only node is a finding,
+        # which the quiescence checks report, not layers to store)
+        pending = [h for h, n in t.nodes.items() if n.on_device and t.has_pending_layer_write(h)]
         for handle in pending:
             for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):
@@ -275,14 +288,14 @@ class Session:
         t.reads.collect(wait=True)  # Verify every forward read still unchecked (INV-11)
         # Verify no ack is left once every submission was acked (INV-16), then every resident
         # copy's bytes (INV-06), then the pages (INV-05) and the per-layer states (INV-15)
-        checks = dict(QUIESCENCE_CHECKS)
+        first, *rest = QUIESCENCE_IDS
         snapshots = self.snapshots()
-        self._run_checks({"INV-16": checks.pop("INV-16")}, snapshots)
+        self._run_checks((first,), snapshots)
         for node in t.nodes.values():
             if node.on_device and node.layers_stored == t.total_layers:
                 t.check_device_bytes(node, "INV-06", "quiescence")
             if node.backup == "done":
                 t.check_host_bytes(node, "INV-06", "quiescence")
-        self._run_checks(checks, snapshots)
+        self._run_checks(tuple(rest), snapshots)
         for observer in self.observers:
             observer.after_finish(self)

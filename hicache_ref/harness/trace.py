@@ -48,6 +48,7 @@ RuleName = Literal[
     "forward_read_batch",
     "scribble_free_host",
     "reset_in_flight",
+    "advance_to_record",
 ]
 StepArg = int | bool | str
 

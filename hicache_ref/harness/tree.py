@@ -23,14 +23,12 @@ backups go through ``submit_write_cp_all_layer`` and nothing is reserved early.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import (
     AckQueue,
     ControllerLike,
@@ -41,11 +39,21 @@ from hicache_ref.harness.adapters.base import (
 )
 from hicache_ref.harness.byte_checks import ByteChecks, DeferredReads, FreeSlotWatch
 from hicache_ref.harness.content import FREED_ROW_VALUE
-from hicache_ref.harness.node_model import CpNodeView, Node, compute_holdings, handle_of
-from hicache_ref.harness.probes import MisuseProbes
+from hicache_ref.harness.node_model import (
+    FORWARD_META,
+    CpNodeView,
+    ForwardKernel,
+    Node,
+    compute_holdings,
+    handle_of,
+)
+from hicache_ref.harness.outcome import Outcome, done, refused
+from hicache_ref.harness.probes import MisuseProbes, ProbeKind
 from hicache_ref.harness.rank_geometry import RankGeometry
+from hicache_ref.harness.store_watch import StoreWatch
 from hicache_ref.harness.world import World
-from hicache_ref.invariants.checks_acks import check_ack_rows_identical
+from hicache_ref.invariants.evidence import DrainedAck, RankValues, ReturnedIndices, SlotReuse
+from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.snapshot import HarnessModel
 
 __all__ = ["Node", "TreeDriver", "handle_of"]
@@ -62,10 +70,10 @@ class MultiConsumerCounterLike(Protocol):
 class TreeDriver:
     """Drives every rank's controller in lockstep, as the radix cache and scheduler would."""
 
-    def __init__(self, world: World, checks: Counter[str] | None = None) -> None:
+    def __init__(self, world: World, checks: CheckRunner | None = None) -> None:
         self.world = world
         self.config = world.config
-        self.checks: Counter[str] = Counter() if checks is None else checks  # runs per id
+        self.checks = CheckRunner() if checks is None else checks  # the registry, per id
         self.nodes: dict[int, Node] = {}
         self.next_handle = 0
         self.next_node_id = 0
@@ -80,6 +88,7 @@ class TreeDriver:
         self.bytes = ByteChecks(world, self.geometry, self.checks)
         self.watch = FreeSlotWatch(world, self.geometry, self.bytes)
         self.reads = DeferredReads(world, self.bytes)
+        self.stores = StoreWatch(world, self.checks, self._rows_backing_up)
         self.probes = MisuseProbes(self)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -110,9 +119,6 @@ class TreeDriver:
         """Every rank's controller as the per-layer contract (empty without per_layer_write)."""
         return [rank.per_layer for rank in self.world.ranks if rank.per_layer is not None]
 
-    def _count(self, inv_id: str) -> None:
-        self.checks[inv_id] += 1
-
     # -- what the probes and the byte checks answer (their modules hold the code) --------------
     def write_in_flight(self, handle: int, rank: int | None = None) -> bool:
         return self.probes.write_in_flight(handle, rank)
@@ -120,7 +126,7 @@ class TreeDriver:
     def load_in_flight(self, handle: int, rank: int | None = None) -> bool:
         return self.probes.load_in_flight(handle, rank)
 
-    def probe(self, kind: str, handle: int) -> str:
+    def probe(self, kind: ProbeKind, handle: int) -> Outcome:
         """A misuse probe (``probes.py``): the controller must refuse and change nothing."""
         return self.probes.probe(kind, handle)
 
@@ -133,7 +139,7 @@ class TreeDriver:
     # -- prefill and the forward pass ----------------------------------------------------------
     def prefill(
         self, num_tokens: int, early_reserve: bool, handle: int | None = None, batch: bool = True
-    ) -> str:
+    ) -> Outcome:
         """Allocate a new node's pages; its KV is stored layer by layer by ``forward_layer``."""
         handle = self.next_handle if handle is None else handle
         self.next_handle = max(self.next_handle, handle) + 1  # consumed even when refused
@@ -141,20 +147,19 @@ class TreeDriver:
         logical_len = num_tokens if self.config.uses_cp else -(-num_tokens // page) * page
         padded_len = -(-logical_len // page) * page
         if self.batch_layer > 0:
-            return "refused: a forward batch is mid-way (it finishes first)"
+            return refused("a forward batch is mid-way (it finishes first)")
         allocs = [rank.allocator.alloc(padded_len) for rank in self.world.ranks]
         if any(a is None for a in allocs):
             for a, rank in zip(allocs, self.world.ranks, strict=True):
                 if a is not None:
                     rank.allocator.free(a)
-            return "refused: device full"
+            return refused("device full")
         first = allocs[0]
         assert first is not None
-        for other in allocs[1:]:
-            if other is None or not torch.equal(other, first):
-                raise InvariantViolation(
-                    "INV-14", "CP ranks' allocators handed out different logical pages"
-                )
+        if len(allocs) > 1:
+            pages = [[a.tolist() if a is not None else []] for a in allocs]
+            values = RankValues("the allocators' logical pages", pages, ack_rows=False)
+            self.checks.run("INV-14", values)
         node = Node(
             handle=handle,
             node_id=self.next_node_id,
@@ -167,12 +172,17 @@ class TreeDriver:
         self.nodes[handle] = node
         if batch:  # else the node's layers are stored one by one with store_layer
             self.batch.append(handle)
+        text = f"node {handle} ({logical_len} tokens)"
         if early_reserve and self.config.uses_cp and self.world.per_layer_write:
-            outcome = self._reserve_cp(node, catch_up=False)
-            return f"node {handle} ({logical_len} tokens); {outcome}"
-        return f"node {handle} ({logical_len} tokens)"
+            early = self._reserve_cp(node, catch_up=False)
+            return Outcome(
+                f"{text}; {early.text}",
+                reservation="refused" if early.refused else "made",
+                agreed=f"{text}; {early.shared}",
+            )
+        return done(text)
 
-    def forward_layer(self) -> str:
+    def forward_layer(self) -> Outcome:
         """One layer of the forward batch: queue every batch node's KV store, then the hooks.
 
         All nodes prefilled together form one batch (a forward pass computes them together),
@@ -197,36 +207,36 @@ class TreeDriver:
         self.batch_layer += 1
         if self.batch_layer == self.total_layers:
             self.batch, self.batch_layer = [], 0
-        return f"stored layer {layer} of nodes {[n.handle for n in batch]}"
+        return done(f"stored layer {layer} of nodes {[n.handle for n in batch]}")
 
-    def store_layer(self, handle: int, layer: int, draft: bool) -> str:
+    def store_layer(self, handle: int, layer: int, draft: bool) -> Outcome:
         """Queue one layer's KV store of one node (fine-grained; oracle traces use it)."""
         node = self.nodes[handle]
         for rank in range(len(self.world.ranks)):
             self._enqueue_store(rank, node, draft, layer)
         if not draft or self.config.draft_layer_num >= self.config.layer_num:
             node.layers_stored = max(node.layers_stored, layer + 1)
-        return f"stored {'draft' if draft else 'target'} layer {layer} of node {handle}"
+        return done(f"stored {'draft' if draft else 'target'} layer {layer} of node {handle}")
 
-    def layer_end(self, layer: int, draft: bool) -> str:
+    def layer_end(self, layer: int, draft: bool) -> Outcome:
         """The device pools' layer-end hooks for ``layer`` (drives pending per-layer writes)."""
         for rank in range(len(self.world.ranks)):
             pool, _ = self.geometry.pools(rank, draft)
             pool.notify_layer_end(layer)
-        return f"layer_end {layer} ({'draft' if draft else 'target'})"
+        return done(f"layer_end {layer} ({'draft' if draft else 'target'})")
 
-    def reserve(self, handle: int) -> str:
+    def reserve(self, handle: int) -> Outcome:
         """Early CP reservation of an existing node (catch_up_all_layers=False)."""
         return self._reserve_cp(self.nodes[handle], catch_up=False)
 
-    def submit_layer(self, handle: int, layer: int, draft: bool) -> str:
+    def submit_layer(self, handle: int, layer: int, draft: bool) -> Outcome:
         node = self.nodes[handle]
         controllers = self._per_layer_controllers()
         for controller, reservation in zip(controllers, node.reservations, strict=True):
             controller.submit_write_cp_layer(
                 reservation, layer, submit_target=not draft, submit_draft=draft
             )
-        return f"submit {'draft' if draft else 'target'} layer {layer} of node {handle}"
+        return done(f"submit {'draft' if draft else 'target'} layer {layer} of node {handle}")
 
     def _enqueue_store(self, rank: int, node: Node, draft: bool, layer: int) -> None:
         assert node.value is not None
@@ -238,13 +248,23 @@ class TreeDriver:
             for c, buf in enumerate(buffers)
         ]  # on the buffers' device before the launch: the store itself never syncs the host
 
+        stores, pool_name = self.stores, "draft" if draft else "target"
+        rows_at = locs.tolist() if stores.active else []  # never a host sync on a GPU
+
         def store() -> None:
             for buf, rows in zip(buffers, payload, strict=True):
                 buf[locs] = rows
+            stores.stored(rank, pool_name, layer, rows_at)
 
-        self.world.device.launch(store, label=f"store n{node.handle} L{layer}", kind="kernel")
+        kernel = ForwardKernel("store", node.handle, layer)
+        self.world.device.launch(
+            store,
+            label=f"store n{node.handle} L{layer}",
+            kind="kernel",
+            meta={FORWARD_META: kernel},
+        )
 
-    def forward_read(self, handle: int, layer: int, draft: bool) -> str:
+    def forward_read(self, handle: int, layer: int, draft: bool) -> Outcome:
         """The forward reads one layer of the node: wait on the consumer slot, then check bytes."""
         node = self.nodes[handle]
         assert node.value is not None
@@ -256,9 +276,9 @@ class TreeDriver:
             self._launch_read(rank_index, node, layer, draft)
         for rank in self.world.ranks:
             rank.controller.layer_done_counter.set_consumer(-1)
-        return f"read layer {layer} of node {handle}"
+        return done(f"read layer {layer} of node {handle}")
 
-    def forward_read_batch(self, handles: Sequence[int], layer: int, draft: bool) -> str:
+    def forward_read_batch(self, handles: Sequence[int], layer: int, draft: bool) -> Outcome:
         """One forward batch reads one layer of several nodes, loaded by different
         ``start_loading`` calls: the consumer is every producer slot of the batch at once
         (capability ``multi_consumer``), and the one wait must cover each slot's layer event."""
@@ -276,7 +296,7 @@ class TreeDriver:
                 self._launch_read(rank_index, node, layer, draft)
         for rank in self.world.ranks:
             rank.controller.layer_done_counter.set_consumer(-1)
-        return f"read layer {layer} of nodes {list(handles)} (consumers {consumers})"
+        return done(f"read layer {layer} of nodes {list(handles)} (consumers {consumers})")
 
     def _launch_read(self, rank_index: int, node: Node, layer: int, draft: bool) -> None:
         """Queue a read of one layer of the node on the forward stream; it checks the bytes
@@ -303,23 +323,28 @@ class TreeDriver:
                 else:
                     self.bytes.check_rows(buf[locs], rows, "INV-11", where)
 
-        self.world.device.launch(read, label=f"read n{handle} L{layer}", kind="kernel")
+        kernel = ForwardKernel("read", handle, layer)
+        self.world.device.launch(
+            read, label=f"read n{handle} L{layer}", kind="kernel", meta={FORWARD_META: kernel}
+        )
 
     # -- write back ----------------------------------------------------------------------------
-    def write_backup(self, handle: int) -> str:
+    def write_backup(self, handle: int) -> Outcome:
         node = self.nodes[handle]
         assert node.value is not None and node.backup == "none"
         if self.config.uses_cp:
             return self._reserve_cp(node, catch_up=True)
         host = self.world.ranks[0].controller.write(node.value, node_id=node.node_id)
         if host is None:
-            return "refused: host full"
+            return refused("host full")
         assert isinstance(host, torch.Tensor), "a non-CP write returns host indices or None"
+        page = self.config.page_size
+        self.checks.run("INV-01", ReturnedIndices(host, page, f"write of node {handle}"))
         node.host_value[0] = host
         self._start_backup(node)
-        return f"write node {handle} -> host {host.numel()} slots"
+        return done(f"write node {handle} -> host {host.numel()} slots")
 
-    def _reserve_cp(self, node: Node, *, catch_up: bool) -> str:
+    def _reserve_cp(self, node: Node, *, catch_up: bool) -> Outcome:
         """Reserve on every rank, agree, then submit: a rank-local failure must not ack alone."""
         assert node.value is not None
         assert catch_up or self.world.per_layer_write, "early reservations need per_layer_write"
@@ -331,13 +356,14 @@ class TreeDriver:
                 if reservation is not None:
                     controller.evict_cp_host(reservation.metadata)
             reasons = sorted({r.reason for r in results if is_write_failure(r)})
-            return f"refused: {', '.join(reasons)}"
+            # which rank's (or which pool's) capacity fell short is rank-local
+            shared = sorted({"capacity" if "capacity" in r else r for r in reasons})
+            return refused(", ".join(reasons), agreed=f"refused: {', '.join(shared)}")
         held = [r for r in reservations if r is not None]
         node.cp_meta = [r.metadata for r in held]
         self.geometry.record_layout(node)
         for rank_index in range(len(controllers)):
-            for draft in self.geometry.host_copies():
-                self.geometry.host_slots(rank_index, node, draft)  # Verify the slot counts (INV-13)
+            self.geometry.check_reservation(rank_index, node)  # INV-01, INV-13
         per_layer = self._per_layer_controllers()
         for rank_index, reservation in enumerate(held):
             if per_layer:
@@ -348,13 +374,13 @@ class TreeDriver:
                 controllers[rank_index].submit_write_cp_all_layer(reservation)
         node.reservations = held
         self._start_backup(node)
-        return f"reserve node {handle_of(node)} on {len(results)} rank(s)"
+        return done(f"reserve node {handle_of(node)} on {len(results)} rank(s)")
 
     def _start_backup(self, node: Node) -> None:
         node.backup = "in_flight"
         self.ongoing_write[node.node_id] = node.handle
 
-    def cancel_backup(self, handle: int) -> str:
+    def cancel_backup(self, handle: int) -> Outcome:
         """Roll back a pending per-layer backup: cancel, then free the reserved host slots."""
         node = self.nodes[handle]
         per_layer = self._per_layer_controllers()
@@ -365,7 +391,7 @@ class TreeDriver:
         node.cp_meta = [None] * len(self.world.ranks)
         node.reservations = []
         self.ongoing_write.pop(node.node_id, None)
-        return f"cancelled backup of node {handle}"
+        return done(f"cancelled backup of node {handle}")
 
     def has_pending_layer_write(self, handle: int) -> bool:
         node = self.nodes[handle]
@@ -397,48 +423,40 @@ class TreeDriver:
             rows_per_rank.append([list(ack.node_ids) for ack in islice(queue, count)])
             del queue[:count]
         # Verify every rank acked the same nodes in the same order (INV-14)
-        self._count("INV-14")
-        try:
-            check_ack_rows_identical(rows_per_rank)
-        except InvariantViolation as violation:
-            raise InvariantViolation("INV-14", f"{queue_name} drain: {violation.detail}") from None
+        self.checks.run("INV-14", RankValues(f"{queue_name} drain", rows_per_rank))
         return rows_per_rank[0]
 
-    def writing_check(self) -> str:
+    def writing_check(self) -> Outcome:
         rows = self._pop_rows("ack_write_queue", self._ready_prefix("ack_write_queue"))
         for row in rows:
             for node_id in row:
                 handle = self.ongoing_write.pop(node_id, None)
-                if handle is None:
-                    raise InvariantViolation(
-                        "INV-02",
-                        f"write ack for node_id {node_id}, which has no backup in "
-                        "flight (an extra ack, or an ack for a node already acked)",
-                    )
+                drained = DrainedAck("ack_write_queue", node_id, in_flight=handle is not None)
+                self.checks.run("INV-02", drained)
+                assert handle is not None
                 node = self.nodes[handle]
                 node.backup = "done"
                 self.acked_writes += 1
                 self.check_host_bytes(node, "INV-09", "write ack drained")
-        return f"drained {len(rows)} write ack(s)"
+        return done(f"drained {len(rows)} write ack(s)")
 
-    def loading_check(self) -> str:
+    def loading_check(self) -> Outcome:
         rows = self._pop_rows("ack_load_queue", self._ready_prefix("ack_load_queue"))
         for row in rows:
             for node_id in row:
                 handle = self.ongoing_load.pop(node_id, None)
-                if handle is None:
-                    raise InvariantViolation(
-                        "INV-16", f"load ack for node_id {node_id}, which has no load in flight"
-                    )
+                drained = DrainedAck("ack_load_queue", node_id, in_flight=handle is not None)
+                self.checks.run("INV-16", drained)
+                assert handle is not None
                 node = self.nodes[handle]
                 node.loading = False
                 node.producer_id = None
                 self.acked_loads += 1
                 self.check_device_bytes(node, "INV-09", "load ack drained")
-        return f"drained {len(rows)} load ack(s)"
+        return done(f"drained {len(rows)} load ack(s)")
 
     # -- load back -----------------------------------------------------------------------------
-    def load_back(self, handle: int) -> str:
+    def load_back(self, handle: int) -> Outcome:
         node = self.nodes[handle]
         assert node.value is None and node.backup == "done" and not node.loading
         results: list[torch.Tensor | None] = []
@@ -454,53 +472,47 @@ class TreeDriver:
                 assert host is not None
                 results.append(controller.load(host, node_id=node.node_id))
         if all(r is None for r in results):
-            return "refused: device full"
+            return refused("device full")
         allocations = [r for r in results if r is not None]
-        if len(allocations) < len(results) or any(
-            not torch.equal(r, allocations[0]) for r in allocations
-        ):
-            raise InvariantViolation("INV-14", "CP ranks disagree on a load_cp allocation")
+        if len(results) > 1:
+            rows = [[r.tolist() if r is not None else []] for r in results]
+            self.checks.run("INV-14", RankValues("the load_cp allocations", rows, ack_rows=False))
         node.value = allocations[0]
         if self.config.uses_cp:
             self.geometry.check_owner_replay(node)
         node.loading = True
         self.ongoing_load[node.node_id] = handle
         self.queued_loads.append(handle)
-        return f"load node {handle} -> {allocations[0].numel()} locs"
+        return done(f"load node {handle} -> {allocations[0].numel()} locs")
 
-    def start_loading(self) -> str:
+    def start_loading(self) -> Outcome:
         ids = [controller.start_loading() for controller in self._controllers()]
-        if len(set(ids)) != 1:
-            raise InvariantViolation("INV-14", f"ranks took different producer slots {ids}")
-        # Verify the slot is not still held by a load whose ack is undrained (INV-10)
+        if len(ids) > 1:
+            slots = RankValues("the producer slots", [[[i]] for i in ids], ack_rows=False)
+            self.checks.run("INV-14", slots)
         busy = sorted(
             n.handle
             for n in self.nodes.values()
             if n.loading and n.producer_id == ids[0] and n.handle not in self.queued_loads
         )
-        if busy:
-            raise InvariantViolation(
-                "INV-10",
-                f"start_loading handed out producer slot {ids[0]}, still held by the undrained "
-                f"load of node(s) {busy} (a consumer of that slot would wait on the wrong events)",
-            )
+        self.checks.run("INV-10", SlotReuse(ids[0], busy))
         for handle in self.queued_loads:
             if handle in self.nodes:
                 self.nodes[handle].producer_id = ids[0]
         self.queued_loads.clear()
-        return f"start_loading -> producer {ids[0]}"
+        return done(f"start_loading -> producer {ids[0]}")
 
     # -- eviction ------------------------------------------------------------------------------
-    def evict_device(self, handle: int) -> str:
+    def evict_device(self, handle: int) -> Outcome:
         node = self.nodes[handle]
         assert node.value is not None
         for controller in self._controllers():
             controller.evict_device(node.value)
         self._poison_freed_pages(node)
         node.value, node.placement_of = None, None
-        return f"evict_device node {handle}"
+        return done(f"evict_device node {handle}")
 
-    def drop(self, handle: int) -> str:
+    def drop(self, handle: int) -> Outcome:
         """Free a node that was never backed up (its stores may still be queued: overlap)."""
         node = self.nodes.pop(handle)
         assert node.value is not None and node.backup == "none"
@@ -511,7 +523,7 @@ class TreeDriver:
         for controller in self._controllers():
             controller.evict_device(node.value)
         self._poison_freed_pages(node)
-        return f"drop node {handle}"
+        return done(f"drop node {handle}")
 
     def _poison_freed_pages(self, node: Node) -> None:
         """What reuse does to freed pages: another request's KV lands there. The forward stream
@@ -527,20 +539,29 @@ class TreeDriver:
                 for buf in self.geometry.pools(rank, draft)[0].layer_buffers(layer)
             ]
 
-            def poison(buffers: list[torch.Tensor] = buffers, locs: torch.Tensor = locs) -> None:
+            pools = [("draft" if d else "target", n) for d, n in self.geometry.layer_kinds()]
+
+            def poison(
+                buffers: list[torch.Tensor] = buffers,
+                locs: torch.Tensor = locs,
+                rank: int = rank,
+                pools: list[tuple[str, int]] = pools,
+            ) -> None:
                 for buf in buffers:
                     buf[locs] = FREED_ROW_VALUE
+                if self.stores.active:  # the simulator only: never a host sync on a GPU
+                    self.stores.poisoned(rank, pools, locs.tolist())
 
             self.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
 
-    def evict_host(self, handle: int) -> str:
+    def evict_host(self, handle: int) -> Outcome:
         node = self.nodes.pop(handle)
         if handle in self.batch:
             self.batch.remove(handle)
             if not self.batch:
                 self.batch_layer = 0
         self.evict_host_copies(node, tuple(range(len(self.world.ranks))))
-        return f"evict_host node {handle}"
+        return done(f"evict_host node {handle}")
 
     def evict_host_copies(self, node: Node, ranks: tuple[int, ...]) -> None:
         for rank_index in ranks:
@@ -554,7 +575,7 @@ class TreeDriver:
                 self.world.ranks[rank_index].controller.evict_host(host)
 
     # -- host writes from the CPU ----------------------------------------------------------------
-    def scribble_free_host(self) -> str:
+    def scribble_free_host(self) -> Outcome:
         """The CPU writes into every host slot the harness's pools report free, while copies
         are queued (what a storage prefetch into freed slots does). A D2H that still writes a
         freed slot overwrites the scribble (seen by the watch, INV-07); an H2D that still reads
@@ -565,16 +586,16 @@ class TreeDriver:
             "a copy wrote host slots after they were freed (free host slots only once every "
             "copy into them landed: synchronize the write stream before the rollback frees)",
         )
-        return f"scribbled {written} free host slot(s)"
+        return done(f"scribbled {written} free host slot(s)")
 
     # -- reset ---------------------------------------------------------------------------------
-    def reset(self) -> str:
+    def reset(self) -> Outcome:
         """Tree reset at idle: controller reset, pools cleared, node ids restart at 0."""
         self.world.device.run_until_idle()
         self._reset_world()
-        return "reset"
+        return done("reset")
 
-    def reset_in_flight(self) -> str:
+    def reset_in_flight(self) -> Outcome:
         """Tree reset while copies are queued (capability ``reset_drains``): the forward batch
         at hand finishes, then every controller resets with its write and load copies still
         queued. Every free page and slot is then poisoned: a copy that lands after the reset
@@ -588,7 +609,9 @@ class TreeDriver:
         )
         pages = self.watch.poison_free("device", "INV-18", why)
         slots = self.watch.poison_free("host", "INV-18", why)
-        return f"reset with copies {'queued' if queued else 'done'}; poisoned {pages} + {slots}"
+        return done(
+            f"reset with copies {'queued' if queued else 'done'}; poisoned {pages} + {slots}"
+        )
 
     def _reset_world(self) -> None:
         for rank in self.world.ranks:
@@ -604,6 +627,15 @@ class TreeDriver:
         self.batch, self.batch_layer = [], 0
         self.next_node_id = 0
         self.watch.clear()
+        self.stores.clear()
+
+    def _rows_backing_up(self, rank: int) -> dict[int, set[int]]:
+        """The device rows each node being backed up holds on ``rank`` (the store watch)."""
+        return {
+            n.handle: set(self.geometry.placement(rank, n)[1].tolist())
+            for n in self.nodes.values()
+            if n.backup == "in_flight" and n.value is not None
+        }
 
     # -- the harness's model, for the session's checks ------------------------------------------
     def model(self) -> HarnessModel:
@@ -612,4 +644,9 @@ class TreeDriver:
         nodes = tuple(
             compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
         )
-        return HarnessModel(num_counters=self.config.num_counters, nodes=nodes)
+        return HarnessModel(
+            num_counters=self.config.num_counters,
+            nodes=nodes,
+            layer_num=self.config.layer_num,
+            draft_layer_num=self.config.draft_layer_num,
+        )

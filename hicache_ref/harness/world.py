@@ -14,11 +14,11 @@ run (``copy_path="runs"``; no misuse probes, which would race the GPU's own prog
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.device.protocol import DeviceModule, StreamT
@@ -30,11 +30,13 @@ from hicache_ref.harness.adapters.base import (
     CpControllerLike,
     Implementation,
     PerLayerWriteLike,
+    RankLike,
     UndrainedGateLike,
     check_declared_capabilities,
 )
 from hicache_ref.harness.config import HarnessConfig
 from hicache_ref.harness.content import HARNESS_DTYPE
+from hicache_ref.invariants.snapshot import RankSnapshot
 from hicache_ref.pools.triton_copy import is_triton_available
 
 if TYPE_CHECKING:
@@ -73,6 +75,8 @@ class HarnessDevice(DeviceModule, Protocol):
     def default_stream(self) -> StreamT: ...
 
     def advance(self, stream: StreamT, n: int = 1) -> int: ...
+
+    def advance_to_record(self, stream: StreamT) -> int: ...
 
     def is_idle(self) -> bool: ...
 
@@ -143,6 +147,20 @@ def _views(
     return cp, per_layer
 
 
+COPY_RANK_TAG, COPY_POOL_TAG = "copy_rank", "copy_pool"
+"""Meta keys a simulated world's host pools put on every copy they launch: the rank and the
+pool (``target`` or ``draft``) the copy belongs to (what the lockstep oracle and the store
+watch read of an executed copy)."""
+
+
+def copy_launcher(device: HarnessDevice, rank: int, pool: str) -> DeviceModule | None:
+    """The device view a host pool launches its copies through: on the simulator one that tags
+    each copy with its rank and pool; elsewhere None (the device pool's device itself)."""
+    if not isinstance(device, SimDevice):
+        return None
+    return cast("DeviceModule", device.tagged(**{COPY_RANK_TAG: rank, COPY_POOL_TAG: pool}))
+
+
 def build_world(
     config: HarnessConfig,
     implementation: Implementation,
@@ -199,6 +217,7 @@ def build_world(
             alloc_policy=config.alloc_policy,
             seed=config.seed + 1,
             copy_path=config.copy_path,
+            device_module=copy_launcher(device, rank, "target"),
         )
         draft_device_pool = draft_host_pool = None
         if config.has_draft:
@@ -213,6 +232,7 @@ def build_world(
                 alloc_policy=config.draft_alloc_policy,
                 seed=config.seed + 2,
                 copy_path=config.copy_path,
+                device_module=copy_launcher(device, rank, "draft"),
             )
         request = BuildRequest(
             config=config,
@@ -329,17 +349,19 @@ class _OnGpu:
         self._inner = inner
         self.name = inner.name
         self.capabilities = inner.capabilities - GPU_UNSUPPORTED
+        self.source_tree = inner.source_tree
 
     def build_controller(self, request: BuildRequest) -> ControllerLike:
         return self._inner.build_controller(request)
 
+    def snapshot(self, rank: RankLike, gate_ids: Iterable[int]) -> RankSnapshot:
+        return self._inner.snapshot(rank, gate_ids)
+
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
-        refine = getattr(self._inner, "refine_config", None)
-        refined: HarnessConfig = refine(config) if refine is not None else config
-        return gpu_config(refined)
+        return gpu_config(self._inner.refine_config(config))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)  # snapshot, source_tree, controller_class, ...
+        return getattr(self._inner, name)  # controller_class, focus, ... (not contract hooks)
 
 
 def on_device(implementation: Implementation, kind: str) -> Implementation:

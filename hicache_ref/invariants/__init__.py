@@ -13,14 +13,14 @@ In the order data flows through the protocol:
   finish after every layer (INV-04), bytes as written (INV-06);
 - storage prefetch accounting (INV-19); reset leaves nothing behind (INV-18).
 
-``rules`` holds the pure rules shared by the models' validators and the checkers;
-``checks`` gathers the checkers and maps each id to them (``CHECKERS_BY_INVARIANT``).
-``snapshot`` is the plain data the harness reads of each rank and of its own model, and
-``registry`` is the one home of the harness's checks over it, by id (``STEP_CHECKS``,
-``REFUSAL_CHECKS``, ``RESET_CHECKS``, ``QUIESCENCE_CHECKS``), each calling the checkers above.
+``rules`` holds the pure rules shared by the models' validators and the checkers, ``checks_*``
+the pure checks over plain values, by concept. ``snapshot`` is the plain data the harness reads
+of each rank and of its own model, ``evidence`` what it hands a checker, and ``registry`` the one
+home of every invariant the harness checks: one ``check_inv_NN_*`` per id (``REGISTERED``), run
+by the session per phase (``STEP_IDS``, ``REFUSAL_IDS``, ``RESET_IDS``, ``QUIESCENCE_IDS``) and by
+the tree and the byte checks on what they observe (``CheckRunner``).
 """
 
-from hicache_ref.invariants.checks import CHECKERS_BY_INVARIANT
 from hicache_ref.invariants.models import (
     CpHiCacheNodeMetadata,
     HiCacheLayerWriteState,
@@ -29,10 +29,11 @@ from hicache_ref.invariants.models import (
     HiCacheWriteResult,
     WriteFailureReason,
 )
+from hicache_ref.invariants.registry import REGISTERED
 from hicache_ref.invariants.rules import Problem, compute_padded_len, find_page_misalignment
 
 __all__ = [
-    "CHECKERS_BY_INVARIANT",
+    "REGISTERED",
     "CpHiCacheNodeMetadata",
     "HiCacheLayerWriteState",
     "HiCacheWriteFailure",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
-from hicache_ref.errors import HiCacheInputError, InvariantViolation
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants._convert import shorten
 
 AckRows = Sequence[Sequence[int]]
@@ -71,57 +71,6 @@ def check_undrained_gate_agrees(
             )
 
 
-def count_completed_prefix(completed_flags: Sequence[bool]) -> int:
-    """How many acks at the front of the queue have completed finish events."""
-    count = 0
-    for done in completed_flags:
-        if not done:
-            break
-        count += 1
-    return count
-
-
-def check_fifo_drain(completed_flags: Sequence[bool], drained_count: int) -> None:
-    """Raise INV-09 unless draining ``drained_count`` acks takes only a completed FIFO prefix.
-
-    ``completed_flags[i]`` is ``ack_queue[i].finish_event.query()`` before the drain. Draining
-    past the first pending ack unlocks a node whose copy is still running (bug class 9).
-    """
-    if not 0 <= drained_count <= len(completed_flags):
-        raise InvariantViolation(
-            "INV-09",
-            f"drained {drained_count} acks from a queue of {len(completed_flags)} "
-            "(a drain takes between 0 and len(queue) acks)",
-        )
-    prefix = count_completed_prefix(completed_flags)
-    # Verify every drained ack had completed and none was skipped over
-    if drained_count > prefix:
-        raise InvariantViolation(
-            "INV-09",
-            f"drained {drained_count} acks but ack {prefix} has not completed "
-            f"(only the completed FIFO prefix may be drained: at most {prefix})",
-        )
-
-
-def check_producer_slot(num_undrained_load_acks: int, num_counters: int) -> None:
-    """Raise INV-10 if ``start_loading`` would claim a producer slot now.
-
-    Call it before ``start_loading``: each undrained load ack holds one of ``num_counters``
-    slots, so with ``num_counters`` acks undrained the next ``update_producer`` reuses a slot
-    whose finish event may be pending and the forward waits on the wrong load (bug class 7).
-    """
-    if num_counters <= 0:
-        raise HiCacheInputError(f"num_counters must be positive, got {num_counters}")
-    # Verify a free producer slot exists
-    if num_undrained_load_acks >= num_counters:
-        raise InvariantViolation(
-            "INV-10",
-            f"{num_undrained_load_acks} load acks are undrained with num_counters={num_counters}:"
-            " start_loading would reuse a producer slot still in use (drain a load ack first;"
-            " upstream guards with len(ack_load_queue) < num_counters)",
-        )
-
-
 def check_producer_slots_held(num_undrained_load_acks: int, num_counters: int) -> None:
     """Raise INV-10 if more load acks are undrained than there are producer slots.
 
@@ -135,16 +84,6 @@ def check_producer_slots_held(num_undrained_load_acks: int, num_counters: int) -
             f"{num_undrained_load_acks} undrained load acks exceed num_counters={num_counters}"
             " (a producer slot was handed out twice; start_loading only while fewer than "
             "num_counters load acks are undrained)",
-        )
-
-
-def check_producer_slot_ready(slot: int, finish_event_done: bool) -> None:
-    """Raise INV-10 if ``update_producer`` hands out ``slot`` while its finish event is pending."""
-    if not finish_event_done:
-        raise InvariantViolation(
-            "INV-10",
-            f"update_producer reuses producer slot {slot} whose previous finish event is pending "
-            "(its load has not landed; wait for the slot's load ack to drain)",
         )
 
 
@@ -182,26 +121,6 @@ def check_ack_rows_identical(rows_per_rank: Sequence[AckRows], *, allow_lag: boo
                 "INV-14",
                 f"rank {rank} has {len(rows)} ack rows but rank {reference_rank} has "
                 f"{len(reference)} (a zero-owned rank still appends an ack per node)",
-            )
-
-
-def check_acked_once(
-    submitted: Mapping[int, int], acked: Mapping[int, int], *, what: str = "write/load"
-) -> None:
-    """Raise INV-16 unless, at quiescence, each id was acked exactly as often as submitted.
-
-    ``submitted[id]``/``acked[id]`` count submissions and drained acks per node (or op) id.
-    Never acked: a lock and its slots leak. Acked twice: a double unlock (bug classes 1, 9).
-    """
-    for key in sorted(set(submitted) | set(acked)):
-        sent, done = submitted.get(key, 0), acked.get(key, 0)
-        # Verify one ack per submission for this id
-        if sent != done:
-            fix = "never acked: its lock and slots leak" if done < sent else "acked too often"
-            raise InvariantViolation(
-                "INV-16",
-                f"id {key}: {sent} {what} submission(s) but {done} drained ack(s) ({fix}; each "
-                "submission is acked exactly once by quiescence)",
             )
 
 

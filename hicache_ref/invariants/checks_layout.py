@@ -139,29 +139,3 @@ def check_owner_replay(
                 f"by rank {owner}, but page_owners[{position}]={owners[position]} was recorded "
                 "at write time (alloc_pages_with_owners must replay the recorded owners)",
             )
-
-
-def check_rank_loads_own_pages(
-    owned_positions: IntsLike, allocated_page_owners: IntsLike, page_size: int, rank: int
-) -> None:
-    """Raise INV-03 unless every position ``rank`` loads into lies on a page ``rank`` owns.
-
-    ``allocated_page_owners[k]`` is the owner of page ``k`` of the new allocation.
-    """
-    _require_page_size(page_size)
-    owners = to_ints(allocated_page_owners)
-    for position in to_ints(owned_positions):
-        page = position // page_size
-        # Verify the position is inside the allocation
-        if not 0 <= page < len(owners):
-            raise InvariantViolation(
-                "INV-03",
-                f"rank {rank} loads position {position}, outside the {len(owners)}-page allocation",
-            )
-        # Verify the page belongs to this rank
-        if owners[page] != rank:
-            raise InvariantViolation(
-                "INV-03",
-                f"rank {rank} loads its host bytes into position {position} on page {page}, "
-                f"owned by rank {owners[page]} (its physical slot belongs to another rank)",
-            )

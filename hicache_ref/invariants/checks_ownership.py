@@ -11,75 +11,11 @@ from typing import Literal, TypeVar
 
 import torch
 
-from hicache_ref.errors import HiCacheInputError, InvariantViolation
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants._convert import IntsLike, shorten, to_ints
 
 Holder = TypeVar("Holder", bound=Hashable)
 """Whoever holds units: a node id, an op, a label."""
-
-
-def check_slot_conservation(
-    capacity_units: int,
-    free_units: IntsLike,
-    owned: Mapping[Holder, IntsLike],
-    what: str,
-    *,
-    first_unit: int = 0,
-) -> None:
-    """Raise INV-05 unless every unit in ``[first_unit, first_unit + capacity_units)`` is either
-    free (once) or owned by exactly one holder, and nothing else appears.
-
-    ``owned`` maps a holder (a node id, an in-flight op, "prefetch 3", ...) to its units.
-    ``first_unit=1`` fits the paged device allocator, which reserves page 0. Catches double
-    frees (bug class 14, sglang#13483), frees of foreign slots (sglang#22767) and leaks.
-    """
-    if capacity_units < 0:
-        raise HiCacheInputError(f"capacity_units must be >= 0, got {capacity_units}")
-    end = first_unit + capacity_units
-    free_seen: set[int] = set()
-    for unit in to_ints(free_units):
-        # Verify the free list holds only real units, each once
-        if not first_unit <= unit < end:
-            raise InvariantViolation(
-                "INV-05", f"{what} free list holds {unit}, outside [{first_unit}, {end})"
-            )
-        if unit in free_seen:
-            raise InvariantViolation(
-                "INV-05",
-                f"{what} unit {unit} is in the free list twice (double free; a later alloc "
-                "would hand it to two holders)",
-            )
-        free_seen.add(unit)
-    holder_of: dict[int, Holder] = {}
-    for holder, units in owned.items():
-        for unit in to_ints(units):
-            # Verify an owned unit is real, not free, and not owned by anyone else
-            if not first_unit <= unit < end:
-                raise InvariantViolation(
-                    "INV-05",
-                    f"{what} unit {unit} owned by {holder} is outside [{first_unit}, {end})",
-                )
-            if unit in free_seen:
-                raise InvariantViolation(
-                    "INV-05",
-                    f"{what} unit {unit} is owned by {holder} and also free "
-                    "(freed while still owned, or never removed from the free list)",
-                )
-            if unit in holder_of:
-                raise InvariantViolation(
-                    "INV-05",
-                    f"{what} unit {unit} is owned by both {holder_of[unit]} and {holder} "
-                    "(each unit has exactly one holder)",
-                )
-            holder_of[unit] = holder
-    # Verify nothing leaked: free + owned == capacity
-    if len(free_seen) + len(holder_of) != capacity_units:
-        leaked = [u for u in range(first_unit, end) if u not in free_seen and u not in holder_of]
-        raise InvariantViolation(
-            "INV-05",
-            f"{what} units {shorten(leaked)} are neither free nor owned "
-            f"(leaked: free {len(free_seen)} + owned {len(holder_of)} != capacity {capacity_units})",
-        )
 
 
 def check_pages_owned_once(
@@ -142,32 +78,11 @@ def check_no_free_in_flight(
             )
 
 
-def check_no_host_free_in_flight(freed: IntsLike, in_flight: Mapping[int, str], what: str) -> None:
-    """INV-07: no host slot is freed or reused while a D2H writes it or an H2D reads it."""
-    check_no_free_in_flight(freed, in_flight, what, inv_id="INV-07")
-
-
 def check_no_device_free_in_flight(
     freed: IntsLike, in_flight: Mapping[int, str], what: str
 ) -> None:
     """INV-08: no device slot is freed or reused while an H2D writes it or a D2H reads it."""
     check_no_free_in_flight(freed, in_flight, what, inv_id="INV-08")
-
-
-def check_failure_reason(reason: str, expected_reason: str, what: str) -> None:
-    """Raise INV-17 unless a refused ``what`` names the cause it was refused for.
-
-    The caller acts on the reason: ``host_capacity`` evicts target host copies and retries,
-    ``undrained_ack`` skips the round. A draft-pool shortfall reported as ``host_capacity``
-    sends the caller evicting the wrong pool, possibly forever.
-    """
-    # Verify the reported cause is the actual cause
-    if reason != expected_reason:
-        raise InvariantViolation(
-            "INV-17",
-            f"{what} was refused with reason={reason!r} but the cause was {expected_reason!r} "
-            "(the reason tells the caller which pool to evict or whether to skip the round)",
-        )
 
 
 def is_same_value(left: object, right: object) -> bool:

@@ -85,6 +85,8 @@ class NodeHoldings:
     host_pages: tuple[frozenset[int], ...]  # per rank
     draft_host_pages: tuple[frozenset[int], ...]  # per rank (CP draft host pool only)
     backup: str  # none | in_flight | done
+    layers_stored: int = 0  # layers of the forward the tree has stored (target and draft alike)
+    busy: str = ""  # why its device pages must stay allocated now ("": nothing in flight)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ class HarnessModel:
     num_counters: int
     nodes: tuple[NodeHoldings, ...]
     allow_lag: bool = False  # the harness drives all ranks in lockstep: no rank may lag
+    layer_num: int = 1
+    draft_layer_num: int = 0
+
+    @property
+    def total_layers(self) -> int:
+        return max(self.layer_num, self.draft_layer_num)
 
     @property
     def node_ids(self) -> list[int]:

@@ -2,8 +2,10 @@
 
 Two sources, reported together: faults that a step recorded at the moment it happened (a read
 before its layer landed, a D2H before its store, a free of a busy slot, an early drain), and
-structural checks over the state below, one function per invariant id. The checks never look
-at the protocol variant: a planted bug changes a step, the checkers stay the same.
+structural checks over the state below, one ``judge_*`` function per invariant id (the model's
+own verdicts; the harness's checkers of an implementation are ``invariants/registry.py``'s
+``check_inv_NN_*``). The checks never look at the protocol variant: a planted bug changes a step,
+the checkers stay the same.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def is_quiescent(state: OracleState) -> bool:
     )
 
 
-def check_slot_conservation(state: OracleState) -> list[Violation]:
+def judge_slot_conservation(state: OracleState) -> list[Violation]:
     """INV-05: holders and node records agree; no page held twice or by a stale node."""
     found: list[Violation] = []
     claimed: dict[tuple[int, int, int], int] = {}
@@ -85,7 +87,7 @@ def check_slot_conservation(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_no_host_free_in_flight(state: OracleState) -> list[Violation]:
+def judge_no_host_free_in_flight(state: OracleState) -> list[Violation]:
     """INV-07: every host slot a queued copy uses is held by one of the copy's nodes."""
     found: list[Violation] = []
     layer_num = state.config.layer_num
@@ -108,7 +110,7 @@ def check_no_host_free_in_flight(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_no_device_free_in_flight(state: OracleState) -> list[Violation]:
+def judge_no_device_free_in_flight(state: OracleState) -> list[Violation]:
     """INV-08: every device page a queued store/read/copy uses is held by the op's node."""
     found: list[Violation] = []
     for queue in state.streams:
@@ -135,7 +137,7 @@ def check_no_device_free_in_flight(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_single_write_ack(state: OracleState) -> list[Violation]:
+def judge_single_write_ack(state: OracleState) -> list[Violation]:
     """INV-02: at most one undrained write ack per node id on every rank."""
     found: list[Violation] = []
     for rank, queue in enumerate(state.write_acks):
@@ -150,7 +152,7 @@ def check_single_write_ack(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_owner_replay(state: OracleState) -> list[Violation]:
+def judge_owner_replay(state: OracleState) -> list[Violation]:
     """INV-03: a node's device pages are owned by the ranks its ``page_owners`` recorded."""
     config = state.config
     found: list[Violation] = []
@@ -168,7 +170,7 @@ def check_owner_replay(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_layer_completeness(state: OracleState) -> list[Violation]:
+def judge_layer_completeness(state: OracleState) -> list[Violation]:
     """INV-04: an ack follows every target and draft copy of its nodes, in its stream."""
     found: list[Violation] = []
     all_channels = tuple(range(state.config.num_channels))
@@ -215,7 +217,7 @@ def _copies_after_finish(
     return found
 
 
-def check_byte_equality(state: OracleState) -> list[Violation]:
+def judge_byte_equality(state: OracleState) -> list[Violation]:
     """INV-06: every settled device and host copy holds the tags of its node's KV."""
     found: list[Violation] = []
     for node, record in enumerate(state.nodes):
@@ -301,7 +303,7 @@ def _check_host_copy(
     return []
 
 
-def check_producer_slots(state: OracleState) -> list[Violation]:
+def judge_producer_slots(state: OracleState) -> list[Violation]:
     """INV-10: undrained load acks use distinct producer slots, at most ``num_counters``."""
     found: list[Violation] = []
     limit = state.config.num_counters
@@ -317,7 +319,7 @@ def check_producer_slots(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_cp_ack_rows(state: OracleState) -> list[Violation]:
+def judge_cp_ack_rows(state: OracleState) -> list[Violation]:
     """INV-14: every rank's write acks, load acks and load queue carry the same node ids."""
     found: list[Violation] = []
     for name, rows in (
@@ -331,7 +333,7 @@ def check_cp_ack_rows(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_cancel_quiesces(state: OracleState) -> list[Violation]:
+def judge_cancel_quiesces(state: OracleState) -> list[Violation]:
     """INV-15: a cancelled node gets no later write ack, D2H or pending layer state."""
     found: list[Violation] = []
     for node in state.cancelled:
@@ -344,7 +346,7 @@ def check_cancel_quiesces(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_acked_once_at_quiescence(state: OracleState) -> list[Violation]:
+def judge_acked_once_at_quiescence(state: OracleState) -> list[Violation]:
     """INV-16: at quiescence no node waits for an ack and no lock is left behind."""
     if not is_quiescent(state):
         return []
@@ -361,7 +363,7 @@ def check_acked_once_at_quiescence(state: OracleState) -> list[Violation]:
     return found
 
 
-def check_reset_clean(state: OracleState) -> list[Violation]:
+def judge_reset_clean(state: OracleState) -> list[Violation]:
     """INV-18: right after reset nothing is queued, acked, pending, counted or held."""
     if not state.fresh_epoch:
         return []
@@ -380,18 +382,18 @@ def check_reset_clean(state: OracleState) -> list[Violation]:
 
 
 _CHECKS = (
-    check_slot_conservation,
-    check_single_write_ack,
-    check_owner_replay,
-    check_layer_completeness,
-    check_byte_equality,
-    check_no_host_free_in_flight,
-    check_no_device_free_in_flight,
-    check_producer_slots,
-    check_cp_ack_rows,
-    check_cancel_quiesces,
-    check_acked_once_at_quiescence,
-    check_reset_clean,
+    judge_slot_conservation,
+    judge_single_write_ack,
+    judge_owner_replay,
+    judge_layer_completeness,
+    judge_byte_equality,
+    judge_no_host_free_in_flight,
+    judge_no_device_free_in_flight,
+    judge_producer_slots,
+    judge_cp_ack_rows,
+    judge_cancel_quiesces,
+    judge_acked_once_at_quiescence,
+    judge_reset_clean,
 )
 
 

@@ -81,6 +81,7 @@ class HostKVCache:
         alloc_policy: str = "fifo",
         seed: int = 0,
         copy_path: str = "auto",
+        device_module: DeviceModule | None = None,
     ) -> None:
         # Verify the exact device pool class: an MLA host pool on an NSA device pool would look
         # like it drops the index_k sidecar (sglang#17085)
@@ -91,7 +92,9 @@ class HostKVCache:
                 "use make_host_pool(device_pool, ...) to pick the matching host pool"
             )
         self.device_pool = device_pool
-        self.device_module: DeviceModule = device_pool.device_module
+        # the device its copies launch on (default: the device pool's; a harness hands a view
+        # that tags each copy with the rank and pool it belongs to)
+        self.device_module: DeviceModule = device_module or device_pool.device_module
         self.layout: HostLayout = check_host_layout(layout)
         check_layout_for_pool_kind(
             self.layout, self._layout_pool_kind(device_pool), type(device_pool).__name__

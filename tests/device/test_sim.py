@@ -177,3 +177,51 @@ def test_advance_refuses_a_negative_count_and_foreign_streams() -> None:
         device.advance(device.default_stream, -1)
     with pytest.raises(HiCacheInputError, match="SimStream"):
         device.advance(object(), 1)  # type: ignore[arg-type]
+
+
+def test_advance_to_record_stops_right_after_the_streams_next_record() -> None:
+    # copy, copy, record(e1), copy, record(e2) -> advance_to_record runs three ops: e1 is
+    # visible while the copy behind it is still queued; the next call runs up to e2
+    device = SimDevice(seed=0)
+    stream = device.Stream("load")
+    ran: list[str] = []
+    first, second = device.Event(), device.Event()
+    with device.stream(stream):
+        device.launch(lambda: ran.append("a"), label="a", kind="copy")
+        device.launch(lambda: ran.append("b"), label="b", kind="copy")
+        first.record()
+        device.launch(lambda: ran.append("c"), label="c", kind="copy")
+        second.record()
+    assert device.advance_to_record(stream) == 3
+    assert ran == ["a", "b"] and first.query() and not second.query()
+    assert device.advance_to_record(stream) == 2 and second.query()
+    assert device.advance_to_record(stream) == 0  # nothing left
+
+
+def test_advance_to_record_counts_a_record_settled_on_its_own() -> None:
+    # with settle_records the record runs as soon as it reaches the head: the copy before it
+    # is the last op advance_to_record runs
+    device = SimDevice(seed=0, settle_records=True)
+    stream = device.Stream("write")
+    event = device.Event()
+    with device.stream(stream):
+        device.launch(lambda: None, label="a", kind="copy")
+        event.record()
+        device.launch(lambda: None, label="b", kind="copy")
+    assert device.advance_to_record(stream) == 1
+    assert event.query() and stream.pending == 1
+
+
+def test_advance_to_record_stops_at_a_blocked_wait() -> None:
+    device = SimDevice(seed=0)
+    producer, consumer = device.Stream("producer"), device.Stream("consumer")
+    event = device.Event()
+    with device.stream(producer):
+        event.record()
+    with device.stream(consumer):
+        event.wait()
+        consumer_done = device.Event()
+        consumer_done.record()
+    assert device.advance_to_record(consumer) == 0  # the wait's record has not run
+    device.advance(producer, 1)
+    assert device.advance_to_record(consumer) == 2 and consumer_done.query()

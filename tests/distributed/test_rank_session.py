@@ -39,7 +39,7 @@ def test_lone_rank_one_of_two_runs_a_round_trip() -> None:
         _step("start_loading"),
         _step("forward_read", node=0, layer=1, draft=False),
     ]
-    outcomes = [session.apply(step) for step in steps]
+    outcomes = [session.apply(step).text for step in steps]
     session.finish()
     assert "skipped" not in outcomes
     assert outcomes[5].startswith("drained 1 write ack(s)")
@@ -60,6 +60,6 @@ def test_drain_takes_the_agreed_minimum_of_ready_acks() -> None:
     controller = session.world.ranks[0].controller
     assert get_ready_prefix(controller, "ack_write_queue") == 1
     drains.agree([(1, 0), (0, 0)])
-    assert session.apply(_step("drain_write")) == "drained 0 write ack(s)"
+    assert session.apply(_step("drain_write")).text == "drained 0 write ack(s)"
     drains.release()
-    assert session.apply(_step("drain_write")) == "drained 1 write ack(s)"
+    assert session.apply(_step("drain_write")).text == "drained 1 write ack(s)"

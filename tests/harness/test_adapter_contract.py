@@ -111,16 +111,18 @@ def test_without_per_layer_write_cp_backups_are_all_layer_writes() -> None:
     rank = session.world.ranks[0]
     assert isinstance(rank.cp, CpControllerLike) and rank.per_layer is None
     # prefill with an early reservation -> the reservation is skipped (no per-layer hooks)
-    assert session.apply(Step(rule="prefill", args={"tokens": 5, "early_reserve": True})) == (
+    assert session.apply(Step(rule="prefill", args={"tokens": 5, "early_reserve": True})).text == (
         "node 0 (5 tokens)"
     )
     # the per-layer rules are refused, so a trace stays replayable
-    assert session.apply(Step(rule="reserve", args={"node": 0})) == "skipped"
-    assert session.apply(Step(rule="layer_end", args={"layer": 0, "draft": False})) == "skipped"
+    assert session.apply(Step(rule="reserve", args={"node": 0})).text == "skipped"
+    assert (
+        session.apply(Step(rule="layer_end", args={"layer": 0, "draft": False})).text == "skipped"
+    )
     session.apply(Step(rule="forward_layer"))
     session.apply(Step(rule="forward_layer"))
     # write -> one all-layer D2H per rank -> the ack drains with the right host bytes
-    assert session.apply(Step(rule="write", args={"node": 0})).startswith("reserve node 0")
+    assert session.apply(Step(rule="write", args={"node": 0})).text.startswith("reserve node 0")
     session.finish()
     assert session.tree.acked_writes == 1
 
@@ -129,7 +131,8 @@ def test_with_per_layer_write_an_early_reservation_is_taken() -> None:
     session = Session(CP_CONFIG, ReferenceImplementation(), "reference")
     assert isinstance(session.world.ranks[0].per_layer, PerLayerWriteLike)
     outcome = session.apply(Step(rule="prefill", args={"tokens": 5, "early_reserve": True}))
-    assert outcome == "node 0 (5 tokens); reserve node 0 on 2 rank(s)"
+    assert outcome.text == "node 0 (5 tokens); reserve node 0 on 2 rank(s)"
+    assert outcome.reservation == "made" and not outcome.refused
 
 
 # --- snapshots ----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ store's rows) while the spin still runs, where the old host-side comparison wait
 
 from __future__ import annotations
 
-from collections import Counter
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -19,13 +18,14 @@ import torch
 from hicache_ref.device import CudaDevice, SimDevice, cuda_available
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.byte_checks import ByteChecks, DeferredReads
+from hicache_ref.invariants.registry import CheckRunner
 
 ROWS = torch.arange(1.0, 9.0).reshape(4, 2)  # oracle rows are never 0
 
 
 def _checks(device: Any) -> tuple[DeferredReads, ByteChecks]:
     world = cast(Any, SimpleNamespace(device=device))
-    bytes_ = ByteChecks(world, cast(Any, None), Counter())
+    bytes_ = ByteChecks(world, cast(Any, None), CheckRunner())
     return DeferredReads(world, bytes_), bytes_
 
 
@@ -37,10 +37,10 @@ def test_a_read_behind_unfinished_work_is_compared_once_that_work_has_run() -> N
         device.launch(lambda: None, label="spin", kind="kernel")  # has not run
         reads.defer(ROWS.clone(), ROWS, "forward read of node 1 target layer 0 component 0")
     reads.collect()
-    assert len(reads.pending) == 1 and bytes_.checks["INV-11"] == 0  # still behind the work
+    assert len(reads.pending) == 1 and bytes_.checks.counts["INV-11"] == 0  # still behind the work
     device.advance(forward, 5)
     reads.collect()
-    assert reads.pending == [] and bytes_.checks["INV-11"] == 1
+    assert reads.pending == [] and bytes_.checks.counts["INV-11"] == 1
 
 
 def test_a_read_that_saw_the_wrong_bytes_fails_when_compared() -> None:
@@ -63,7 +63,7 @@ def test_at_quiescence_every_pending_read_is_compared() -> None:
             reads.defer(ROWS.clone(), ROWS, "forward read")
     device.run_until_idle()  # what finish() does before it collects
     reads.collect(wait=True)
-    assert reads.pending == [] and bytes_.checks["INV-11"] == 3
+    assert reads.pending == [] and bytes_.checks.counts["INV-11"] == 3
 
 
 SPIN_CYCLES = 400_000_000  # ~0.2 s on an H200: far longer than the host's next lines
@@ -86,9 +86,9 @@ def test_on_a_gpu_a_read_and_an_upload_leave_the_forward_stream_running() -> Non
         reads.collect()
         running = not forward.query()
     assert running, "the upload, the store or the read waited for the spin"
-    assert bytes_.checks["INV-11"] == 0  # the read has not run yet: nothing compared
+    assert bytes_.checks.counts["INV-11"] == 0  # the read has not run yet: nothing compared
     reads.collect(wait=True)
-    assert bytes_.checks["INV-11"] == 1  # compared once it ran, and it saw the store's rows
+    assert bytes_.checks.counts["INV-11"] == 1  # compared once it ran, and it saw the store's rows
     with torch.cuda.stream(forward):
         torch.cuda._sleep(SPIN_CYCLES)  # type: ignore[no-untyped-call]
         buf[locs] = 0.5  # a stale store lands before the read

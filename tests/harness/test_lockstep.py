@@ -6,6 +6,7 @@ INV-17.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -14,14 +15,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness import lockstep as lockstep_module
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.lockstep import LOCKSTEP_STATS, LockstepOracle, attach_lockstep
+from hicache_ref.harness.lockstep import LockstepOracle, attach_lockstep
 from hicache_ref.harness.lockstep_compare import compare_final_content, compare_state
 from hicache_ref.harness.machine import _draw_config, machine_for
+from hicache_ref.harness.outcome import done, refused
 from hicache_ref.harness.profiles import lockstep_enabled, make_settings
+from hicache_ref.harness.rule_record import untranslated
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.trace import Step, StepArg
 from hicache_ref.oracle.geometry import compute_token_tag
@@ -68,7 +73,7 @@ def followed(
     oracle = attach_lockstep(session)
     assert oracle is not None and oracle.off_reason is None
     for s in steps:
-        assert session.apply(s) != "skipped", s
+        assert session.apply(s).text != "skipped", s
     return session, oracle
 
 
@@ -85,11 +90,11 @@ def test_a_round_trip_is_followed_step_by_step_and_at_quiescence() -> None:
 def test_a_world_without_the_simulators_log_is_turned_off_with_its_reason() -> None:
     session = Session(CONFIG, ReferenceImplementation(), "reference")
     session.world.device = object()  # type: ignore[assignment]  # e.g. a GPU campaign's device
-    before = LOCKSTEP_STATS["cases_off"]
     oracle = attach_lockstep(session)
     assert oracle is not None and oracle.off_reason is not None
     assert oracle.off_reason.startswith("not a SimDevice")
-    assert oracle not in session.observers and LOCKSTEP_STATS["cases_off"] == before + 1
+    assert oracle not in session.observers and session.stats.lockstep["cases_off"] == 1
+    assert session.stats.lockstep[f"off: {oracle.off_reason}"] == 1
 
 
 def test_a_hybrid_world_is_followed() -> None:
@@ -109,13 +114,15 @@ def test_a_cp_round_trip_with_early_reservations_is_followed() -> None:
     assert oracle.steps == len(steps) and oracle.off_reason is None
 
 
-def test_a_step_the_oracle_cannot_express_turns_lockstep_off() -> None:
+def test_a_rule_without_an_oracle_translation_turns_lockstep_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a record whose translation was never written (the default) -> lockstep off, reason named
     session, oracle = followed(stored_node())
-    unknown = Step.model_construct(rule="made_up_rule", args={})  # type: ignore[arg-type]
-    oracle.after_step(session, unknown, "done")
-    assert oracle.off_reason == (
-        "the oracle cannot express made_up_rule: rule made_up_rule is not translated to oracle ops"
-    )
+    untranslated_noop = dataclasses.replace(RULES["noop"], oracle=untranslated)
+    monkeypatch.setattr(lockstep_module, "RULES", {**RULES, "noop": untranslated_noop})
+    oracle.after_step(session, Step(rule="noop"), done("noop"))
+    assert oracle.off_reason == "the oracle cannot express noop: the rule has no oracle translation"
 
 
 def test_the_universe_grows_and_restarts_with_the_tree() -> None:
@@ -135,16 +142,20 @@ class _LockstepMachine(machine_for(ReferenceImplementation(), "reference")):  # 
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name)
         attach_lockstep(self.session)
+        _FOLLOWED.append(self.session)
+
+
+_FOLLOWED: list[Session] = []
 
 
 def test_the_reference_passes_the_machine_in_lockstep() -> None:
-    before = dict(LOCKSTEP_STATS)
+    _FOLLOWED.clear()
     _LockstepMachine.TestCase.settings = make_settings("ci", max_examples=40)
     started = time.monotonic()
     _LockstepMachine.TestCase("runTest").runTest()
     assert time.monotonic() - started < 60
-    stepped = LOCKSTEP_STATS["steps_in_lockstep"] - before.get("steps_in_lockstep", 0)
-    followed_cases = LOCKSTEP_STATS["cases_in_lockstep"] - before.get("cases_in_lockstep", 0)
+    stepped = sum(s.stats.lockstep["steps_in_lockstep"] for s in _FOLLOWED)
+    followed_cases = sum(s.stats.lockstep["cases_in_lockstep"] for s in _FOLLOWED)
     assert stepped > 200 and followed_cases > 5
 
 
@@ -368,7 +379,7 @@ def test_a_write_refused_while_the_oracle_has_room_is_a_divergence() -> None:
     with pytest.raises(
         InvariantViolation, match="refused \\(host capacity\\), but the oracle"
     ) as caught:
-        oracle.after_step(session, step("write", node=0), "refused: host full")
+        oracle.after_step(session, step("write", node=0), refused("host full"))
     assert caught.value.inv_id == "INV-17"
 
 

@@ -44,7 +44,7 @@ def _round_trip(impl: SglangImplementation, config: HarnessConfig) -> list[str]:
             for layer in range(config.layer_num)
         ],
     ]
-    outcomes = [session.apply(step) for step in steps]
+    outcomes = [session.apply(step).text for step in steps]
     session.finish()  # every byte, slot and ack checked from the harness's own model
     return outcomes
 

@@ -100,5 +100,5 @@ def test_minimize_drops_steps_that_do_not_matter() -> None:
 
 def test_steps_whose_precondition_fails_are_skipped_not_fatal() -> None:
     session = Session(HarnessConfig(), ReferenceImplementation(), "reference")
-    assert session.apply(Step(rule="evict_host", args={"node": 42})) == "skipped"
+    assert session.apply(Step(rule="evict_host", args={"node": 42})).text == "skipped"
     assert session.stats.skipped == 1

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_ref.errors import HiCacheInputError, InvariantViolation
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants.checks_acks import (
     check_ack_queues_empty,
     check_ack_rows_identical,
-    check_acked_once,
-    check_fifo_drain,
-    check_producer_slot,
-    check_producer_slot_ready,
     check_producer_slots_held,
     check_reset_clean,
     check_single_write_ack,
     check_undrained_gate_agrees,
-    count_completed_prefix,
 )
 
 
@@ -74,53 +69,7 @@ def test_gate_false_positive_is_caught_under_the_given_id() -> None:
 # --- INV-09 ------------------------------------------------------------------------------------
 
 
-def test_fifo_drain_of_the_completed_prefix_passes() -> None:
-    flags = [True, True, False, True]
-    assert count_completed_prefix(flags) == 2
-    for drained in (0, 1, 2):
-        check_fifo_drain(flags, drained)
-
-
-def test_fifo_drain_past_a_pending_ack_is_caught() -> None:
-    # ack 1 pending, ack 2 done: draining 3 would unlock ack 1's node before its copy landed
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_fifo_drain([True, False, True], 3)
-    assert detail(excinfo, "INV-09") == (
-        "drained 3 acks but ack 1 has not completed (only the completed FIFO prefix may be "
-        "drained: at most 1)"
-    )
-
-
-def test_fifo_drain_of_more_than_the_queue_is_caught() -> None:
-    with pytest.raises(InvariantViolation, match="drained 2 acks from a queue of 1"):
-        check_fifo_drain([True], 2)
-
-
 # --- INV-10 ------------------------------------------------------------------------------------
-
-
-def test_producer_slot_free_below_num_counters() -> None:
-    check_producer_slot(4, 5)
-
-
-def test_producer_slot_exhausted_is_caught() -> None:
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_producer_slot(5, 5)
-    assert detail(excinfo, "INV-10") == (
-        "5 load acks are undrained with num_counters=5: start_loading would reuse a producer "
-        "slot still in use (drain a load ack first; upstream guards with len(ack_load_queue) < "
-        "num_counters)"
-    )
-    with pytest.raises(HiCacheInputError):
-        check_producer_slot(0, 0)
-
-
-def test_producer_slot_reuse_needs_a_finished_event() -> None:
-    check_producer_slot_ready(2, True)
-    with pytest.raises(
-        InvariantViolation, match="reuses producer slot 2 whose previous finish event is pending"
-    ):
-        check_producer_slot_ready(2, False)
 
 
 # --- INV-14 ------------------------------------------------------------------------------------
@@ -158,24 +107,6 @@ def test_a_lagging_rank_is_allowed_mid_run_but_not_a_diverging_one() -> None:
 
 
 # --- INV-16 ------------------------------------------------------------------------------------
-
-
-def test_every_submission_acked_once_passes() -> None:
-    check_acked_once({1: 1, 2: 2}, {1: 1, 2: 2})
-
-
-def test_a_submission_never_acked_is_caught() -> None:
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_acked_once({1: 1, 4: 1}, {1: 1}, what="write")
-    assert detail(excinfo, "INV-16") == (
-        "id 4: 1 write submission(s) but 0 drained ack(s) (never acked: its lock and slots "
-        "leak; each submission is acked exactly once by quiescence)"
-    )
-
-
-def test_an_ack_without_a_submission_is_caught() -> None:
-    with pytest.raises(InvariantViolation, match="id 7: 0 write/load submission"):
-        check_acked_once({}, {7: 1})
 
 
 # --- INV-18 ------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from hicache_ref.invariants.checks_layout import (
     check_host_slot_count,
     check_owner_replay,
     check_page_aligned,
-    check_rank_loads_own_pages,
 )
 from hicache_ref.invariants.models import CpHiCacheNodeMetadata
 
@@ -148,23 +147,6 @@ def test_owner_replay_uses_the_layout_owner_function_when_given() -> None:
     )
     with pytest.raises(InvariantViolation):
         check_owner_replay(pages_of(5 * PAGE, 1 * PAGE), [1, 0], PAGE, 2)
-
-
-def test_rank_loads_only_into_pages_it_owns() -> None:
-    # allocation owners [1, 0, 1]; rank 1 owns positions 0..15 and 32..47
-    check_rank_loads_own_pages(pages_of(0, 32), [1, 0, 1], PAGE, rank=1)
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_rank_loads_own_pages(pages_of(0, 16), [1, 0, 1], PAGE, rank=1)
-    assert str(excinfo.value) == violation(
-        "INV-03",
-        "rank 1 loads its host bytes into position 16 on page 1, owned by rank 0 (its physical "
-        "slot belongs to another rank)",
-    )
-
-
-def test_rank_loads_inside_the_allocation() -> None:
-    with pytest.raises(InvariantViolation, match="outside the 1-page allocation"):
-        check_rank_loads_own_pages(pages_of(16), [0], PAGE, rank=0)
 
 
 def test_host_slot_count_must_match_the_harness_layout() -> None:

@@ -8,21 +8,9 @@ import torch
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants.checks_transfer import (
     check_bytes_equal,
-    check_cancel_quiesced,
-    check_layer_landed_before_read,
-    check_layer_write_complete,
     check_layers_submitted,
-    check_load_finish_after_copies,
     check_no_stale_layer_writes,
-    check_store_before_backup,
 )
-from hicache_ref.invariants.models import (
-    CpHiCacheNodeMetadata,
-    HiCacheLayerWriteState,
-    HiCacheWriteReservation,
-)
-
-from .factories import FakeEvent, metadata_fields, pages_of
 
 
 def detail(excinfo: pytest.ExceptionInfo[InvariantViolation], inv_id: str) -> str:
@@ -45,41 +33,6 @@ def test_missing_draft_layer_before_the_ack_is_caught() -> None:
     assert detail(excinfo, "INV-04") == (
         "write ack for node_id=3 appended while target layers [] and draft layers [3] were not "
         "submitted (append the ack only after the last target and draft layer copy)"
-    )
-
-
-def test_layer_write_complete_reads_the_state() -> None:
-    meta = CpHiCacheNodeMetadata(**metadata_fields())  # type: ignore[arg-type]
-    res = HiCacheWriteReservation(
-        metadata=meta,
-        host_indices=meta.host_indices,
-        physical_device_indices=pages_of(0, 16),
-        node_id=2,
-    )
-    state = HiCacheLayerWriteState(
-        reservation=res, total_layers=2, start_event=FakeEvent(), finish_event=FakeEvent()
-    )
-    state.completed_target_layers.add(0)
-    with pytest.raises(InvariantViolation, match=r"target layers \[1\]"):
-        check_layer_write_complete(state, 2, None)
-    state.completed_target_layers.add(1)
-    check_layer_write_complete(state, 2, None)
-
-
-def test_load_finish_after_every_copy_passes() -> None:
-    check_load_finish_after_copies([4], 10, {"target": {0: 2, 1: 5}, "draft": {0: 1, 1: 4, 2: 9}})
-
-
-def test_load_finish_before_the_draft_tail_is_caught() -> None:
-    # seed start_loading: finish = load_events[layer_num-1] recorded after target layer 1,
-    # but draft layer 2 (draft has 3 layers) is copied after it
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_load_finish_after_copies(
-            [4], 6, {"target": {0: 2, 1: 5}, "draft": {0: 1, 1: 4, 2: 7}}
-        )
-    assert detail(excinfo, "INV-04") == (
-        "load ack for node_ids [4] finishes at position 6, before the draft layer 2 copy at "
-        "position 7 (record the finish event after the last target and draft copy)"
     )
 
 
@@ -125,51 +78,7 @@ def test_bytes_equal_reports_a_shape_or_dtype_change() -> None:
 # --- INV-11 / INV-12 ---------------------------------------------------------------------------
 
 
-def test_read_after_the_layer_landed_passes() -> None:
-    check_layer_landed_before_read(2, {0, 1, 2}, consumer_index=1)
-
-
-def test_read_before_the_layer_landed_is_caught() -> None:
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_layer_landed_before_read(3, {0, 1, 2}, pool="draft", consumer_index=1)
-    assert detail(excinfo, "INV-11") == (
-        "forward read draft layer 3 of producer slot 1 before it landed (landed: [0, 1, 2]; "
-        "wait_until(3) on the consumer slot first)"
-    )
-
-
-def test_backup_after_the_store_passes_and_before_it_is_caught() -> None:
-    check_store_before_backup(5, 1, {0, 1})
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_store_before_backup(5, 2, {0, 1})
-    assert detail(excinfo, "INV-12") == (
-        "per-layer D2H of node_id=5 layer 2 started before that layer's KV store (record a "
-        "layer event on the forward stream and make the write stream wait on it)"
-    )
-
-
 # --- INV-15 ------------------------------------------------------------------------------------
-
-
-def test_cancelled_node_untouched_afterwards_passes() -> None:
-    check_cancel_quiesced({4}, [5, 6], [[5], [6]])
-
-
-def test_layer_copy_after_cancel_is_caught() -> None:
-    with pytest.raises(InvariantViolation) as excinfo:
-        check_cancel_quiesced({4}, [5, 4], [])
-    assert detail(excinfo, "INV-15") == (
-        "a layer hook copied into node_id=4's host slots after cancel_layer_write_state dropped "
-        "it (the state must be gone from pending_layer_writes)"
-    )
-
-
-def test_ack_after_cancel_is_caught() -> None:
-    with pytest.raises(
-        InvariantViolation,
-        match="write ack row 1 appended after the cancel carries cancelled node_id=4",
-    ):
-        check_cancel_quiesced({4}, [], [[5], [6, 4]])
 
 
 def test_bytes_equal_reports_under_the_callers_id_with_decoded_rows() -> None:

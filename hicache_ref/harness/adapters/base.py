@@ -234,16 +234,18 @@ class BuildRequest:
 
 
 class Implementation(Protocol):
-    """An implementation under test.
-
-    It may also define ``snapshot(rank, gate_ids) -> RankSnapshot`` (looked up with getattr)
-    when its ack queues or per-layer states are not where SGLang keeps them.
-    """
+    """An implementation under test: the three required hooks (``name``, ``capabilities``,
+    ``build_controller``) and the three optional ones (``snapshot``, ``refine_config``,
+    ``source_tree``), which ``contract.ImplementationBase`` defines with their defaults.
+    ``contract.adopt`` gives any object with the required hooks the optional ones."""
 
     name: str
     capabilities: frozenset[str]
+    source_tree: str
 
     def build_controller(self, request: BuildRequest) -> ControllerLike: ...
+    def snapshot(self, rank: RankLike, gate_ids: Iterable[int]) -> RankSnapshot: ...
+    def refine_config(self, config: HarnessConfig) -> HarnessConfig: ...
 
 
 class RankLike(Protocol):

@@ -13,11 +13,14 @@ as an implementation without SGLang-style refusals (upstream has none) is run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from hicache_ref.controller.cache_controller import HiCacheController
+from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, RankLike
+from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.invariants.snapshot import RankSnapshot
 
 GUARDS = "guards"
 UNGUARDED_PREFIX = "unguarded:"
@@ -38,7 +41,10 @@ class MutantImplementation(ReferenceImplementation):
         if capabilities is not None:
             self.capabilities = capabilities
         # focus: the machine draws a config, then this narrows it to where the bug lives
-        self.refine_config = refine_config
+        self.focus = refine_config
+
+    def refine_config(self, config: HarnessConfig) -> HarnessConfig:
+        return config if self.focus is None else self.focus(config)
 
 
 def without_guards(implementation: MutantImplementation) -> MutantImplementation:
@@ -48,7 +54,7 @@ def without_guards(implementation: MutantImplementation) -> MutantImplementation
         implementation.controller_class,
         base,
         capabilities=implementation.capabilities - {GUARDS},
-        refine_config=implementation.refine_config,
+        refine_config=implementation.focus,
     )
     unguarded.name = f"{UNGUARDED_PREFIX}{base}"
     return unguarded
@@ -68,3 +74,32 @@ def register_unguarded_mutant(name: str) -> str:
 
     register_implementation(f"{UNGUARDED_PREFIX}{name}", build)
     return f"{UNGUARDED_PREFIX}{name}"
+
+
+class _Unguarded(ImplementationBase):
+    """Any implementation with the ``guards`` capability off (an outside mutant's)."""
+
+    def __init__(self, inner: ImplementationBase) -> None:
+        self.inner = inner
+        self.name = f"{UNGUARDED_PREFIX}{inner.name}"
+        self.capabilities = inner.capabilities - {GUARDS}
+        self.source_tree = inner.source_tree
+
+    def build_controller(self, request: BuildRequest) -> ControllerLike:
+        return self.inner.build_controller(request)
+
+    def snapshot(self, rank: RankLike, gate_ids: Iterable[int]) -> RankSnapshot:
+        return self.inner.snapshot(rank, gate_ids)
+
+    def refine_config(self, config: HarnessConfig) -> HarnessConfig:
+        return self.inner.refine_config(config)
+
+
+def register_unguarded_outside(spec: str) -> str:
+    """Register ``unguarded:<spec>`` (an outside implementation without guards); its name."""
+    from hicache_ref.harness.adapters.registry import get_implementation, register_implementation
+
+    register_implementation(
+        f"{UNGUARDED_PREFIX}{spec}", lambda: _Unguarded(get_implementation(spec))
+    )
+    return f"{UNGUARDED_PREFIX}{spec}"

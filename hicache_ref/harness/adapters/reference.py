@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.contract import ImplementationBase
 
 
-class ReferenceImplementation:
+class ReferenceImplementation(ImplementationBase):
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"

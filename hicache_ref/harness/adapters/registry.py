@@ -1,30 +1,53 @@
-"""Implementations by name: ``reference``, ``sglang`` and ``seed`` (adapters/sglang.py),
-``mutant:<name>`` (fuzz/mutants/<name>.py), and any registered adapter. A trace header names
-its implementation (and, for sglang trees, the tree), so a replay rebuilds the same one.
+"""Implementations by name, through one resolver (``get_implementation``), in this order:
+
+1. ``sglang`` and ``seed`` (adapters/sglang.py: a controller file read from a source tree);
+2. ``mutant:<name>`` (fuzz/mutants/<name>.py) and names registered in this process
+   (``register_implementation``: ``reference``, ``unguarded:<name>``);
+3. names an installed package registers in the ``hicache_ref.implementations`` entry-point
+   group (``[project.entry-points."hicache_ref.implementations"] my_impl = "pkg.mod:factory"``);
+4. ``pkg.module:factory``: imported from the path, ``factory`` a class or function returning an
+   implementation (or an implementation object itself).
+
+Whatever the source, the result goes through ``contract.adopt`` (its required hooks checked,
+its optional ones read once); ``checked_implementation`` also runs the contract's preflight
+(``contract.check_contract``), once per name in a process. A trace header names its
+implementation (the name as given: a ``pkg.module:factory`` too) and, for sglang trees, the
+tree, so a replay rebuilds the same one.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import importlib.util
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hicache_ref.errors import UnknownOptionError
-from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.contract import (
+    ContractError,
+    ImplementationBase,
+    adopt,
+    check_contract,
+)
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 
 MUTANTS_DIR_ENV = "HICACHE_MUTANTS_DIR"
+ENTRY_POINT_GROUP = "hicache_ref.implementations"
+_SPEC = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):([A-Za-z_][\w]*)$")
+_CHECKED: dict[tuple[str, str], ImplementationBase] = {}
 
 
-def _sglang(source: str = "") -> Implementation:
+def _sglang(source: str = "") -> ImplementationBase:
     from hicache_ref.harness.adapters.sglang import SglangImplementation
 
     return SglangImplementation(_source_tree(source))
 
 
-def _seed(source: str = "") -> Implementation:
+def _seed(source: str = "") -> ImplementationBase:
     from hicache_ref.harness.adapters.sglang import SeedImplementation
 
     return SeedImplementation(_source_tree(source))
@@ -39,18 +62,18 @@ def _source_tree(source: str) -> Path | None:
     return check_tree(Path(source))
 
 
-_SOURCED: dict[str, Callable[[str], Implementation]] = {
+_SOURCED: dict[str, Callable[[str], ImplementationBase]] = {
     "sglang": _sglang,  # upstream's controller from HICACHE_SGLANG_SRC (default: 0.5.10 wheel)
     "seed": _seed,  # the CP/draft fork: HICACHE_SGLANG_SRC or HICACHE_SEED_FILE
 }
 """Implementations whose code lives in a source tree (a trace header records it)."""
 
-_FACTORIES: dict[str, Callable[[], Implementation]] = {
+_FACTORIES: dict[str, Callable[[], object]] = {
     "reference": ReferenceImplementation,
 }
 
 
-def register_implementation(name: str, factory: Callable[[], Implementation]) -> None:
+def register_implementation(name: str, factory: Callable[[], object]) -> None:
     _FACTORIES[name] = factory
 
 
@@ -85,16 +108,84 @@ def list_mutants() -> list[str]:
     return sorted(p.stem for p in directory.glob("*.py") if not p.stem.startswith("_"))
 
 
-def get_implementation(name: str, source: str = "") -> Implementation:
+def get_implementation(name: str, source: str = "") -> ImplementationBase:
     """The implementation called ``name``; ``source`` is a trace's recorded source tree."""
     if name in _SOURCED:
         return _SOURCED[name](source)
     if name.startswith("mutant:"):
         module = load_mutant_module(name.split(":", 1)[1])
-        impl: Implementation = module.implementation()
-        return impl
+        return adopt(module.implementation(), name)
     factory = _FACTORIES.get(name)
-    if factory is None:
-        legal = ", ".join(sorted([*_FACTORIES, *_SOURCED])) + ", mutant:<name>"
-        raise UnknownOptionError(f"unknown implementation {name!r}; legal: {legal}")
-    return factory()
+    if factory is not None:
+        return adopt(factory(), name)
+    entry = _entry_points().get(name)
+    if entry is not None:
+        return adopt(_call_factory(_load_entry_point(name, entry), name), name)
+    if _SPEC.match(name):
+        return adopt(_call_factory(_import_spec(name), name), name)
+    raise UnknownOptionError(
+        f"unknown implementation {name!r}; legal: {', '.join(sorted(known_names()))}, "
+        "mutant:<name>, or pkg.module:factory (an importable factory)"
+    )
+
+
+def checked_implementation(name: str, source: str = "") -> ImplementationBase:
+    """``get_implementation``, after the contract's preflight (once per name and source)."""
+    key = (name, source)
+    cached = _CHECKED.get(key)
+    if cached is not None:
+        return cached
+    implementation = get_implementation(name, source)
+    check_contract(implementation)
+    _CHECKED[key] = implementation
+    return implementation
+
+
+def known_names() -> list[str]:
+    """Names ``get_implementation`` knows without a path: built in, registered, entry points."""
+    return sorted({*_FACTORIES, *_SOURCED, *_entry_points()})
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(name: str, entry: importlib.metadata.EntryPoint) -> object:
+    try:
+        return entry.load()
+    except Exception as exc:
+        raise ContractError(
+            f"implementation {name!r} (entry point {entry.value!r} of group "
+            f"{ENTRY_POINT_GROUP!r}) cannot be loaded ({type(exc).__name__}: {exc}); fix or "
+            "reinstall the package that registers it"
+        ) from None
+
+
+def _import_spec(spec: str) -> object:
+    module_name, attribute = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ContractError(
+            f"--impl {spec}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
+            "install its package or put its folder on PYTHONPATH"
+        ) from None
+    if not hasattr(module, attribute):
+        raise ContractError(
+            f"--impl {spec}: module {module_name!r} has no {attribute!r}; name a class or "
+            "function that returns an implementation (pkg.module:factory)"
+        )
+    return getattr(module, attribute)
+
+
+def _call_factory(found: object, origin: str) -> object:
+    """A factory's implementation: a class or function is called, an implementation kept."""
+    if isinstance(found, type) or (callable(found) and not hasattr(found, "build_controller")):
+        try:
+            return found()
+        except Exception as exc:
+            raise ContractError(
+                f"implementation {origin!r}: its factory raised {type(exc).__name__}: {exc} "
+                "(a factory takes no arguments and returns an implementation)"
+            ) from None
+    return found

@@ -41,6 +41,7 @@ from typing import Any
 
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
     resolve_seed_tree,
@@ -405,7 +406,7 @@ class L2AllocatorShim:
         self.transfer_done_events[key] = event
 
 
-class SglangImplementation:
+class SglangImplementation(ImplementationBase):
     """Upstream SGLang's controller from a tree (``--impl sglang``)."""
 
     name = "sglang"

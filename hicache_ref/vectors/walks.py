@@ -1,0 +1,316 @@
+"""Seeded programs, recorded on the reference: walks over the rule table and over the oracle.
+
+``program_vector``: at each step, draw the arguments of every rule of ``rules.RULES`` (from
+the record's ``draw`` through ``rule_record.sample_params``, or from ``ARGUMENTS`` for a rule
+that has none), then apply one of the enabled ones by weight, or a compound
+(``COMPOUNDS``: offload, reload, compute) as the machine's compound rules do; configurations
+come from ``draw_config`` in flavors (``upstream``: what sglang runs). ``oracle_vector``: a
+walk over the oracle's enabled ops, translated into harness steps (``harness/from_oracle``).
+
+Nothing here uses Hypothesis' engine: every choice comes from ``random.Random`` seeded with the
+suite seed and the program's index, so a program is the same on every machine and version.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from hicache_ref.harness.config import (
+    LEGAL_LAYOUTS,
+    MHA_ONLY_LAYOUTS,
+    CopyPath,
+    HarnessConfig,
+    Layout,
+)
+from hicache_ref.harness.from_oracle import harness_config_for, steps_for_ops
+from hicache_ref.harness.rule_record import sample_params
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.session import Session
+from hicache_ref.harness.trace import Step, StepArg
+from hicache_ref.oracle import OracleConfig, Store, initial_state
+from hicache_ref.oracle.step import OpNotEnabledError, all_ops, enabled_ops, step, why_disabled
+from hicache_ref.pools.transfer import copy_paths_for_layout
+from hicache_ref.vectors.models import Vector
+from hicache_ref.vectors.record import Recorder
+
+COPY_PATHS: tuple[CopyPath, ...] = ("gather", "runs", "batch")
+WEIGHTS: Mapping[str, float] = {
+    "prefill": 3.0,
+    "forward_layer": 5.0,
+    "write": 4.0,
+    "synchronize": 3.0,
+    "drain_acks": 3.0,
+    "drain_write": 1.5,
+    "drain_load": 1.5,
+    "evict_device": 3.0,
+    "load": 4.0,
+    "start_loading": 4.0,
+    "forward_read": 3.0,
+    "advance": 2.5,
+    "evict_host": 3.0,
+    "reset": 1.0,
+    "reset_in_flight": 2.0,
+    "noop": 0.2,
+}
+"""How often a walk picks each rule among the enabled ones (1 when not listed): enough
+writes, evictions and loads that most programs reach the load path."""
+
+
+# -- arguments ----------------------------------------------------------------------------------
+class UnsampledRule(ValueError):
+    """A rule has neither a ``draw`` nor an entry in ``ARGUMENTS`` or ``ORACLE_ONLY``."""
+
+
+def _prefill_args(session: Session, rng: random.Random) -> dict[str, StepArg] | None:
+    page = session.config.page_size
+    early = session.config.uses_cp and session.world.per_layer_write and rng.random() < 0.4
+    return {"tokens": rng.randint(1, 3 * page), "early_reserve": early, "batch": True}
+
+
+ARGUMENTS: Mapping[str, Callable[[Session, random.Random], dict[str, StepArg] | None]] = {
+    "prefill": _prefill_args,
+    "noop": lambda s, r: {},
+}
+"""Arguments of the rules whose record has no ``draw`` (a prefill; a noop)."""
+ORACLE_ONLY = frozenset({"store_layer", "layer_end", "reserve", "submit_layer"})
+"""Rules only translated oracle traces apply (one layer's store, a layer hook, an early
+reservation, one layer's submit): a walk over the rule table that applied them at random would
+write programs no radix tree runs (a store after the node's backup); the oracle programs cover
+them, and the coverage report checks that they do."""
+
+
+def rule_step(recorder: Recorder, rule: str, rng: random.Random) -> Step | None:
+    """A step of ``rule`` with arguments drawn for the session as it is now (None: none)."""
+    session = recorder.session
+    record = RULES[rule]
+    if record.draw is not None:
+        if not record.draw.offered(session):
+            return None
+        args = record.draw.choose(session, sample_params(record.draw.params, rng))
+    elif rule in ARGUMENTS:
+        args = ARGUMENTS[rule](session, rng)
+    elif rule in ORACLE_ONLY:
+        return None
+    else:
+        raise UnsampledRule(
+            f"rule {rule!r} has no draw and no entry in vectors/walks.py ARGUMENTS (or "
+            "ORACLE_ONLY); give it one so generated vectors cover it"
+        )
+    return None if args is None else recorder.prepared(rule, args)
+
+
+# -- configurations -----------------------------------------------------------------------------
+FLAVORS = ("upstream", "upstream", "any", "cp", "draft")
+
+
+def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
+    """A small world of one flavor: ``upstream`` (what sglang runs: no CP, no draft, three
+    producer slots), ``cp``, ``draft`` or ``any``."""
+    io = rng.choice(["direct", "kernel"])
+    layout = cast("Layout", rng.choice(LEGAL_LAYOUTS[io]))
+    cp = 0
+    if flavor == "cp" and layout not in MHA_ONLY_LAYOUTS:
+        cp = rng.choice([1, 2, 2, 3, 4])
+    elif flavor == "any" and layout not in MHA_ONLY_LAYOUTS:
+        cp = rng.choice([0, 0, 1, 2])
+    pool = (
+        "mha"
+        if layout in MHA_ONLY_LAYOUTS
+        else ("nsa" if cp else rng.choice(["mha", "mla", "nsa"]))
+    )
+    layers = rng.randint(1, 3)
+    draft = 0
+    if flavor in ("draft", "cp", "any") and rng.random() < (0.8 if flavor == "draft" else 0.4):
+        draft = rng.choice([max(1, layers - 1), layers, layers + 1])
+    ranks = max(1, cp)
+    fields: dict[str, object] = dict(
+        page_size=rng.choice([1, 2, 2, 4]),
+        layer_num=layers,
+        draft_layer_num=draft,
+        pool_kind=pool,
+        layout=layout,
+        io_backend=io,
+        cp_size=cp,
+        device_pages=rng.randint(2 * ranks + 4, 2 * ranks + 14),
+        host_pages=rng.randint(3, 12),
+        alloc_policy=rng.choice(["fifo", "lifo", "random"]),
+        draft_alloc_policy=rng.choice(["fifo", "lifo"]),
+        draft_host_pages=rng.randint(2, 10) if cp and draft else 0,
+        num_counters=3 if flavor == "upstream" else rng.choice([2, 5, 5]),
+        settle_records=rng.random() < 0.5,
+        hybrid=rng.random() < 0.15,
+        copy_path=rng.choice([p for p in COPY_PATHS if p in copy_paths_for_layout(layout)]),
+        seed=rng.randrange(1 << 16),
+    )
+    return HarnessConfig.model_validate(fields)
+
+
+# -- programs -----------------------------------------------------------------------------------
+def _offload(recorder: Recorder, rng: random.Random) -> None:
+    """Compound (as the machine's ``offload``): write, the write stream runs dry, drain,
+    evict the device copy."""
+    handles = recorder.session.candidates("write")
+    if not handles:
+        return
+    node = rng.choice(handles)
+    for rule, args in (
+        ("write", {"node": node}),
+        ("synchronize", {"stream": "write"}),
+        ("drain_acks", {}),
+        ("evict_device", {"node": node}),
+    ):
+        if not recorder.offer(recorder.prepared(rule, args)):
+            return
+
+
+def _reload(recorder: Recorder, rng: random.Random) -> None:
+    """Compound (as the machine's ``reload``): load one or two nodes, one start_loading, a
+    forward read of the loading node, then maybe the load stream runs dry and drains."""
+    handles = list(recorder.session.candidates("load"))
+    rng.shuffle(handles)
+    loaded = [
+        h
+        for h in handles[: rng.randint(1, 2)]
+        if recorder.offer(recorder.prepared("load", {"node": h}))
+    ]
+    if not loaded or not recorder.offer(recorder.prepared("start_loading")):
+        return
+    config = recorder.session.config
+    read = {"node": loaded[0], "layer": rng.randrange(config.layer_num), "draft": False}
+    recorder.offer(recorder.prepared("forward_read", read))
+    if rng.random() < 0.7:
+        recorder.offer(recorder.prepared("synchronize", {"stream": "load"}))
+        recorder.offer(recorder.prepared("drain_load"))
+
+
+def _compute(recorder: Recorder, rng: random.Random) -> None:
+    """Compound: the forward stores every remaining layer of its batch."""
+    while recorder.session.tree.batch:
+        if not recorder.offer(recorder.prepared("forward_layer")):
+            return
+
+
+COMPOUNDS: Mapping[str, Callable[[Recorder, random.Random], None]] = {
+    "offload": _offload,
+    "reload": _reload,
+    "compute": _compute,
+}
+"""Steps the walk may take several atomic steps at a time (each still one recorded step), so
+programs of twenty-odd steps reach the load path as the machine's compound rules do."""
+COMPOUND_CHANCE = 0.35
+
+
+def program_vector(
+    seed: int,
+    index: int,
+    *,
+    favour: str | None = None,
+    length: int | None = None,
+    settle: bool = True,
+) -> Vector:
+    """A seeded walk over the rule table, recorded on the reference (``favour``: a rule whose
+    weight is raised, for coverage; ``settle=False``: drains read the reference's own partial
+    progress, an ``ops`` vector)."""
+    rng = random.Random(f"{seed}:{index}:{favour or ''}:{'' if settle else 'ops'}")
+    flavor = FLAVORS[index % len(FLAVORS)]
+    config = draw_config(rng, flavor)
+    suffix = f"-{favour.replace('_', '-')}" if favour else ""
+    prefix = "gen" if settle else "ops"
+    recorder = Recorder(
+        config,
+        vector_id=f"{prefix}-{index:04d}{suffix}",
+        title=f"seeded program {index} over the rule table ({flavor}: {config.describe()})",
+        kind="generated",
+        settle=settle,
+    )
+    target = length or rng.randint(10, 30)
+    for _ in range(4 * target):  # bounded: a walk with nothing left to do stops
+        if len(recorder.steps) >= target:
+            break
+        if rng.random() < COMPOUND_CHANCE:
+            COMPOUNDS[rng.choice(sorted(COMPOUNDS))](recorder, rng)
+            continue
+        options = []
+        for rule in RULES:
+            candidate = rule_step(recorder, rule, rng)
+            if candidate is not None and recorder.session.why_disabled(candidate) is None:
+                weight = WEIGHTS.get(rule, 1.0) * (25.0 if rule == favour else 1.0)
+                options.append((candidate, weight))
+        if not options:
+            break
+        while options:
+            chosen = rng.choices(range(len(options)), weights=[w for _, w in options])[0]
+            if recorder.offer(options[chosen][0]):
+                break
+            options.pop(chosen)  # not determinate now: pick another
+    return recorder.vector()
+
+
+ORACLE_WEIGHTS: Mapping[str, float] = {
+    "Reset": 0.05,
+    "Store": 5.0,
+    "Write": 4.0,
+    "ReserveWriteCp": 3.0,
+    "Load": 4.0,
+    "StartLoading": 4.0,
+    "DrainWriteAcks": 2.0,
+    "DrainLoadAcks": 2.0,
+    "EvictDevice": 2.0,
+    "Advance": 2.0,
+}
+"""How often an oracle walk picks each op kind among the enabled ones (1 when not listed)."""
+
+
+def oracle_config(rng: random.Random) -> OracleConfig:
+    cp = rng.choice([0, 0, 1, 2])
+    nodes = rng.randint(2, 3)
+    page = rng.choice([1, 2])
+    return OracleConfig(
+        page_size=page,
+        layer_num=rng.randint(1, 2),
+        draft_layer_num=rng.choice([0, 0, 1]),
+        device_pages=rng.randint(4, 7),
+        host_pages=rng.randint(3, 6),
+        draft_host_pages=rng.randint(3, 6),
+        cp_size=cp,
+        num_counters=rng.choice([2, 3]),
+        node_tokens=tuple(rng.randint(1, 2 * page) for _ in range(nodes)),
+    )
+
+
+def oracle_vector(seed: int, index: int) -> Vector:
+    """A seeded walk over the oracle's enabled ops, translated to harness steps and recorded
+    on the reference (a translated step the session does not enable is left out)."""
+    rng = random.Random(f"oracle:{seed}:{index}")
+    config = oracle_config(rng)
+    state = initial_state(config)
+    universe = all_ops(config)
+    ops = []
+    for _ in range(rng.randint(10, 30)):
+        enabled = enabled_ops(state, universe)
+        if not enabled:
+            break
+        weights = [ORACLE_WEIGHTS.get(type(op).__name__, 1.0) for op in enabled]
+        op = rng.choices(enabled, weights=weights)[0]
+        try:
+            state, _ = step(state, op)
+        except OpNotEnabledError:
+            continue
+        ops.append(op)
+    # the forward finishes the layers it began (quiescence reads every layer of a resident node)
+    stores = [op for op in universe if isinstance(op, Store)]
+    while pending := [op for op in stores if why_disabled(state, op) is None]:
+        state, _ = step(state, pending[0])
+        ops.append(pending[0])
+    harness = harness_config_for(config, seed=rng.randrange(1 << 16))
+    recorder = Recorder(
+        harness,
+        vector_id=f"oracle-{index:04d}",
+        title=f"seeded walk {index} over the oracle's ops ({harness.describe()})",
+        kind="oracle",
+    )
+    for translated in steps_for_ops(ops, config):
+        recorder.offer(translated)
+    return recorder.vector()
