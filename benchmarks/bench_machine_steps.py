@@ -35,9 +35,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from hicache_ref.harness import machine as machine_module
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.machine import HiCacheMachine, machine_for
+from hicache_ref.harness.machine import FailureFolder, HiCacheMachine, machine_for
 from hicache_ref.harness.outcome import Outcome
 from hicache_ref.harness.profiles import LOCKSTEP_ENV
 from hicache_ref.harness.session import Session
@@ -130,7 +129,8 @@ def run_ours(
     Session.apply = timed_apply  # type: ignore[method-assign]
     Session.check_step_invariants = timed_check  # type: ignore[method-assign]
     try:
-        base = machine_for(ReferenceImplementation(), "reference")
+        sink = FailureFolder(Path("/tmp/hicache-bench-out"))
+        base = machine_for(ReferenceImplementation(), "reference", sink)
 
         class Counted(base):  # type: ignore[valid-type,misc]
             @invariant()
@@ -162,7 +162,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     profiler = cProfile.Profile() if args.profile else None
-    os.environ.setdefault(machine_module.FAILURE_DIR_ENV, "/tmp/hicache-bench-out")
     n_rules = _count_rules(HiCacheMachine)
     trivial = make_trivial_machine(n_rules)
     trivial_rates, our_rates, protocol_rates, shares = [], [], [], []

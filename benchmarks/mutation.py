@@ -213,7 +213,6 @@ def configure(src: Path, paths: list[str], tests: list[str]) -> None:
 def mutmut_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
-    env.setdefault("HICACHE_FUZZ_OUT", str(Path(tempfile.gettempdir()) / "hicache-mutation-out"))
     return env
 
 

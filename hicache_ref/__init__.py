@@ -8,7 +8,8 @@ Packages, in the order data flows through them:
 - ``invariants``: pydantic records and one checker per invariant id in ``specs/invariants.md``;
 - ``oracle``: a pure model of what a correct controller must do;
 - ``formal``: CrossHair contracts and a bounded model checker over the oracle;
-- ``harness``: adapters, Hypothesis state machines, traces and replay; ``cli``: campaigns.
+- ``harness``: adapters, Hypothesis state machines, traces and replay; ``campaign``: campaigns;
+- ``fleet``: workers, shards, a shared failure database, merged and HTML reports; ``cli``.
 """
 
 __version__ = "0.1.0"

@@ -1,51 +1,72 @@
 """Fuzz campaigns: rounds of the state machine against one implementation, and their report.
 
-``run_campaign`` runs seeded rounds until the time is up, keeps the trace of every new failure
-(minimized with ddmin) and counts failures that a selected ``KnownFinding`` explains without
-stopping for them. ``device="cuda"`` runs the same machines on a GPU (``world.use_device``):
-each world gets a ``PerturbedDevice`` whose seeded spins vary the timing, and each failing
-trace's header records the device and the perturbation, so its replay runs the same schedule. ``CampaignReport`` says what the campaign exercised: steps, rules and rule
-families, the configuration features drawn, invariant checks (by id when the session counts
-them), and each failure with the one line that replays it.
+``run_campaign`` runs seeded rounds (``campaign_rounds.py``) until the time is up (round k
+uses ``seed + k * seed_stride``: a fleet's worker takes every stride-th, ``fleet/shards.py``),
+keeps the trace of every new failure (ddmin'd; ``campaign_failures.py``) and counts failures
+that a selected ``KnownFinding`` explains without stopping for them. With a ``database``
+(``fleet/database.py``) Hypothesis saves every failing case there and the first round replays
+what any campaign saved before. ``device="cuda"`` runs the same machines on a GPU
+(``world.use_device``): each world gets a ``PerturbedDevice`` whose seeded spins vary the
+timing, and each failing trace's header records the device and the perturbation, so its replay
+runs the same schedule. Ctrl-C ends the campaign between two steps: the report says what ran
+and that it was interrupted.
+
+``CampaignReport`` says what the campaign exercised: steps, rules and rule families, the
+configuration features drawn, invariant checks by id, each failure with the one line that
+replays it, and a timeline (cumulative counts sampled as it ran, for ``hicache-fuzz report``).
+A fleet's report is the merge of its workers' (``fleet/merge.py``), which it keeps as ``parts``.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import Flaky, Unsatisfiable
-from hypothesis.stateful import run_state_machine_as_test
-
+from hicache_ref.campaign_failures import (
+    RecordedFailure,
+    get_campaign_failure,
+    get_failure_invariant,
+    get_root_failure,
+    stamp_device,
+)
+from hicache_ref.campaign_rounds import CampaignSignals, RoundPlan, run_rounds
+from hicache_ref.campaign_summary import render_summary
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
-from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
-from hicache_ref.harness import machine as machine_module
-from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.known_findings import KnownFinding, match_known_finding
+from hicache_ref.harness.known_findings import KnownFinding
 from hicache_ref.harness.lockstep import LockstepOracle
-from hicache_ref.harness.machine import machine_for
-from hicache_ref.harness.profiles import make_settings
-from hicache_ref.harness.replay import minimize
 from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Trace
 from hicache_ref.harness.world import (
     check_device_kind,
     get_auto_copy_path,
     on_device,
     use_device,
 )
-from hicache_ref.invariants.checks_storage import STORAGE_IDS
+
+if TYPE_CHECKING:
+    from hicache_ref.fleet.database import CampaignDatabase
+
+__all__ = [
+    "FEATURES",
+    "MINIMIZE_REPLAYS_MAX",
+    "RULE_FAMILIES",
+    "CampaignReport",
+    "CampaignSignals",
+    "RecordedFailure",
+    "get_campaign_failure",
+    "get_config_features",
+    "get_failure_invariant",
+    "get_root_failure",
+    "get_rule_family",
+    "run_campaign",
+    "stamp_device",
+]
 
 MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
@@ -103,45 +124,9 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
     }
 
 
-def get_failure_invariant(exc: BaseException) -> str:
-    """The invariant a failure broke (``INV-xx``), or its exception type when it is no violation."""
-    inv = getattr(exc, "inv_id", None)
-    return inv if isinstance(inv, str) else type(exc).__name__
-
-
-def get_root_failure(exc: BaseException) -> BaseException:
-    """The failure inside an exception group (Hypothesis' ``FlakyFailure`` wraps the first run's
-    error when a re-run passed, which a GPU's timing can make happen), else ``exc`` itself."""
-    inner = getattr(exc, "exceptions", None)
-    if not inner:
-        return exc
-    leaves = [get_root_failure(e) for e in inner if isinstance(e, BaseException)]
-    violations = [e for e in leaves if isinstance(getattr(e, "inv_id", None), str)]
-    return (violations or leaves or [exc])[0]
-
-
-class RecordedFailure(Exception):
-    """A failure known from its trace's note only: Hypothesis saw it, then its re-run drew a
-    different program (a real device's timing changes which rules are enabled) and it raised a
-    ``Flaky`` error of its own. ``inv_id`` is the recorded failure's invariant or type."""
-
-    def __init__(self, note: str) -> None:
-        super().__init__(note)
-        kind, _, rest = note.partition(": ")
-        found = re.match(r"(INV-\d\d)\b", rest)
-        self.inv_id = found.group(1) if found else kind
-
-
-def get_campaign_failure(exc: BaseException) -> BaseException:
-    """What a round's exception says was found: the root failure, or for a Hypothesis ``Flaky``
-    error with nothing inside, the failure its last trace recorded (``RecordedFailure``)."""
-    failure = get_root_failure(exc)
-    last = machine_module.LAST_FAILURE.get("path")
-    if isinstance(failure, Flaky) and last is not None:
-        note = Trace.read(Path(last)).header.note
-        if note:
-            return RecordedFailure(note)
-    return failure
+TIMELINE_POINTS_MAX = 400
+"""A timeline longer than this keeps every other point and samples half as often."""
+TIMELINE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -163,7 +148,7 @@ class CampaignReport:
         default_factory=lambda: {name: Counter() for name in FEATURES}
     )
     checks_by_id: Counter[str] = field(default_factory=Counter)
-    failures: list[dict[str, str]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
     """New failures: one record per distinct invariant, with its minimized trace."""
     repeats: Counter[str] = field(default_factory=Counter)
     """Further new failures of an invariant already in ``failures`` (not minimized again)."""
@@ -174,8 +159,25 @@ class CampaignReport:
     lockstep_steps: int = 0
     auto_copy_paths: Counter[str] = field(default_factory=Counter)
     """What ``copy_path="auto"`` would take in each case's world on this device."""
+    seed_stride: int = 1
+    """Round k ran seed ``seed + k * seed_stride`` (a fleet's worker takes every stride-th)."""
+    worker: int | None = 0
+    """This worker's index in its fleet (None: a merge of several workers)."""
+    workers: int = 1
+    shard: str = "1/1"
+    database: str = ""
+    """The failure database it read and wrote (``--database``), passwords left out."""
+    interrupted: bool = False
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    """Cumulative counts sampled as the campaign ran (``t`` in seconds since it started)."""
+    config_first_s: dict[str, float] = field(default_factory=dict)
+    checks_first_s: dict[str, float] = field(default_factory=dict)
+    parts: list[CampaignReport] = field(default_factory=list)
+    """A merged report's workers, each its own report."""
+    _timeline_interval_s: float = TIMELINE_INTERVAL_S
 
-    def absorb(self, session: Session) -> None:
+    def absorb(self, session: Session, at_s: float | None = None) -> None:
+        """Count one finished case (``at_s``: seconds since the start, for first sightings)."""
         self.cases += 1
         for observer in getattr(session, "observers", ()):  # a report fed plain stats has none
             if isinstance(observer, LockstepOracle) and observer.off_reason is None:
@@ -185,13 +187,39 @@ class CampaignReport:
         self.skipped_steps += session.stats.skipped
         self.invariant_checks += session.stats.invariant_checks
         self.rules.update(session.stats.rules)
-        self.checks_by_id.update(getattr(session.stats, "checks_by_id", None) or {})
-        self.configs[session.config.describe().split(" alloc=")[0]] += 1
+        by_id = getattr(session.stats, "checks_by_id", None) or {}
+        self.checks_by_id.update(by_id)
+        config = session.config.describe().split(" alloc=")[0]
+        self.configs[config] += 1
         for name, value in get_config_features(session.config).items():
             self.features[name][value] += 1
         world = getattr(session, "world", None)  # a report fed plain stats has none
         if world is not None:
             self.auto_copy_paths[get_auto_copy_path(world)] += 1
+        if at_s is not None:
+            self.config_first_s.setdefault(config, round(at_s, 2))
+            for inv_id in by_id:
+                self.checks_first_s.setdefault(inv_id, round(at_s, 2))
+
+    def sample(self, elapsed_s: float, *, force: bool = False) -> None:
+        """Add a timeline point, at most one per interval (``force``: the final one)."""
+        if self.timeline and not force:
+            if elapsed_s - self.timeline[-1]["t"] < self._timeline_interval_s:
+                return
+        self.timeline.append(
+            {
+                "t": round(elapsed_s, 2),
+                "cases": self.cases,
+                "steps": self.steps,
+                "failures": len(self.failures) + sum(self.repeats.values()),
+                "known": sum(self.known_hits.values()),
+                "configs": len(self.configs),
+                "families": dict(self.families),
+            }
+        )
+        if len(self.timeline) > TIMELINE_POINTS_MAX:
+            self.timeline = [*self.timeline[:-1:2], self.timeline[-1]]
+            self._timeline_interval_s *= 2
 
     @property
     def device_label(self) -> str:
@@ -216,8 +244,14 @@ class CampaignReport:
             "implementation": self.implementation,
             "profile": self.profile,
             "seed": self.seed,
+            "seed_stride": self.seed_stride,
+            "worker": self.worker,
+            "workers": self.workers,
+            "shard": self.shard,
+            "database": self.database,
             "device": self.device,
             "perturbation": None if self.perturbation is None else self.perturbation.model_dump(),
+            "interrupted": self.interrupted,
             "seconds": round(self.seconds, 2),
             "rounds": self.rounds,
             "cases": self.cases,
@@ -225,6 +259,7 @@ class CampaignReport:
             "skipped_steps": self.skipped_steps,
             "invariant_checks": self.invariant_checks,
             "checks_by_id": dict(sorted(self.checks_by_id.items())),
+            "checks_first_s": dict(sorted(self.checks_first_s.items())),
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else 0.0,
             "rules": dict(sorted(self.rules.items())),
             "rule_families": {
@@ -233,74 +268,22 @@ class CampaignReport:
             },
             "features": {name: dict(sorted(c.items())) for name, c in self.features.items()},
             "distinct_configs": len(self.configs),
+            "configs": {
+                config: {"cases": count, "first_s": self.config_first_s.get(config)}
+                for config, count in sorted(self.configs.items())
+            },
             "failures": self.failures,
             "repeats": dict(sorted(self.repeats.items())),
             "known_hits": dict(sorted(self.known_hits.items())),
             "lockstep": {"cases": self.lockstep_cases, "steps": self.lockstep_steps},
             "auto_copy_paths": dict(sorted(self.auto_copy_paths.items())),
+            "timeline": self.timeline,
+            "parts": [part.as_json() for part in self.parts],
         }
 
     def render(self, *, replay_lines: bool = True) -> str:
         """The summary; ``replay_lines=False`` leaves the replay lines to the caller (the gate)."""
-        lines = [
-            f"hicache-fuzz: {self.implementation} on {self.device_label}, profile {self.profile}, "
-            f"seed {self.seed}",
-            f"  {self.cases} cases, {self.steps} steps ({self.skipped_steps} skipped) in "
-            f"{self.seconds:.1f}s = {self.steps / max(self.seconds, 1e-9):.0f} steps/s; "
-            f"{self.invariant_checks} invariant checks; {len(self.configs)} distinct configs",
-            "  rules hit: " + ", ".join(f"{k}={v}" for k, v in sorted(self.rules.items())),
-            "  rule families (share of applied steps): "
-            + ", ".join(f"{f} {s:.0%}" for f, s in self.family_shares().items()),
-            "  configs: " + "; ".join(_render_feature(n, c) for n, c in self.features.items()),
-            "  copy_path auto takes here (cases): "
-            + (" ".join(f"{k}={v}" for k, v in sorted(self.auto_copy_paths.items())) or "-"),
-        ]
-        lines.append(
-            f"  lockstep oracle: {self.lockstep_cases} of {self.cases} cases, "
-            f"{self.lockstep_steps} steps compared"
-            + ("" if self.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)")
-        )
-        storage = {r: n for r, n in sorted(self.rules.items()) if get_rule_family(r) == "storage"}
-        if storage:
-            ids = {i: n for i, n in sorted(self.checks_by_id.items()) if i in STORAGE_IDS}
-            lines.append(
-                f"  storage: {self.family_shares().get('storage', 0.0):.0%} of applied steps ("
-                + ", ".join(f"{k}={v}" for k, v in storage.items())
-                + "); checks "
-                + ", ".join(f"{k}={v}" for k, v in ids.items())
-            )
-        if self.checks_by_id:
-            lines.append(
-                "  checks by invariant: "
-                + ", ".join(f"{k}={v}" for k, v in sorted(self.checks_by_id.items()))
-            )
-        if self.known_hits:
-            lines.append(
-                "  known findings hit: "
-                + ", ".join(f"{k} x{v}" for k, v in sorted(self.known_hits.items()))
-            )
-        if self.failures:
-            lines.append(f"  FAILURES: {len(self.failures)}")
-            for failure in self.failures:
-                repeats = self.repeats[failure["invariant"]]
-                again = f" (and {repeats} more like it)" if repeats else ""
-                lines.append(f"    {failure['error']}{again}")
-                if replay_lines:
-                    lines.append(f"    replay: hicache-fuzz replay {failure['trace']}")
-        else:
-            lines.append("  failures: none" + (" new" if self.known_hits else ""))
-        return "\n".join(lines)
-
-
-def _render_feature(name: str, counts: Counter[str]) -> str:
-    ordered = sorted(counts.items(), key=lambda item: _natural_key(item[0]))
-    inner = " ".join(f"{value}={count}" for value, count in ordered)
-    return f"{name} {inner or '-'}"
-
-
-def _natural_key(value: str) -> tuple[int, int, str]:
-    """Numbers in numeric order (page 1 2 4 16), then names in alphabetical order."""
-    return (0, int(value), "") if value.isdigit() else (1, 0, value)
+        return render_summary(self, replay_lines=replay_lines)
 
 
 def run_campaign(
@@ -319,173 +302,52 @@ def run_campaign(
     device: str = "sim",
     perturbation: Perturbation | None = None,
     minimize_replays: int = MINIMIZE_REPLAYS_MAX,
+    seed_stride: int = 1,
+    database: CampaignDatabase | None = None,
+    signals: CampaignSignals | None = None,
+    on_round: Callable[[CampaignReport, float], None] | None = None,
+    rounds_max: int | None = None,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
     A failure that one of ``known`` explains is counted in ``known_hits`` and the campaign goes
     on with the next round (its round ends there: Hypothesis stops a round at its first failure).
     On ``device="cuda"`` the worlds run on the GPU with ``perturbation`` (default
-    ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``.
+    ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``. ``progress``
+    draws a bar (a terminal) or a line now and then (a log) on stderr, unless ``on_round``
+    takes each round's report instead. Ctrl-C ends it with ``interrupted`` set.
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
+    assert seed_stride >= 1, f"seed_stride must be at least 1, got {seed_stride}"
     kind = check_device_kind(device)
     spins = (perturbation or DEFAULT_PERTURBATION) if kind != "sim" else None
-    with use_device(kind, spins):
-        implementation = on_device(get_implementation(impl), kind)
-        report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
-        _run_rounds(
-            report,
-            implementation,
-            seconds=seconds,
-            out_dir=out_dir,
-            examples_per_round=examples_per_round,
-            stop_on_failure=stop_on_failure,
-            progress=progress,
-            minimize_replays=minimize_replays if minimize_failures else 0,
-            shrink=shrink,
-            known=known,
-        )
-    return report
+    view = None
+    if progress and on_round is None:
+        from hicache_ref.fleet.progress import ProgressView
 
-
-def _run_rounds(
-    report: CampaignReport,
-    implementation: Implementation,
-    *,
-    seconds: float,
-    out_dir: Path,
-    examples_per_round: int | None,
-    stop_on_failure: bool,
-    progress: bool,
-    minimize_replays: int,
-    shrink: bool,
-    known: Sequence[KnownFinding],
-) -> None:
-    """The campaign's rounds, under the device binding ``run_campaign`` set up."""
-    impl, profile, seed = report.implementation, report.profile, report.seed
-    machine_class = machine_for(implementation, impl)
-    machine_module.STATS_SINKS.append(report.absorb)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    bar = _progress_bar(seconds, progress)
-    os.environ[machine_module.FAILURE_DIR_ENV] = str(out_dir)
-    per_round = examples_per_round or (10 if profile != "campaign" else 50)
-    try:
-        while time.monotonic() - start < seconds:
-            round_seed = seed + report.rounds
-            seeded = hypothesis_seed(round_seed)(machine_class)
-            machine_module.LAST_FAILURE.clear()
-            try:
-                run_state_machine_as_test(
-                    seeded,
-                    settings=make_settings(
-                        profile, shrink=shrink, max_examples=per_round, derandomize=False
-                    ),
-                )
-            except HiCacheSetupError:
-                raise  # the implementation cannot be built: no finding, a setup problem
-            except Unsatisfiable as exc:
-                raise HiCacheSetupError(
-                    f"implementation {impl!r} supports no configuration the harness draws "
-                    f"(capabilities: {sorted(implementation.capabilities)}); fix its capabilities"
-                ) from exc
-            except Exception as exc:  # a found bug: record it, keep its trace
-                failure = get_campaign_failure(exc)
-                is_new = _absorb_failure(
-                    report, failure, out_dir, round_seed, minimize_replays, known
-                )
-                if is_new and stop_on_failure:
-                    break
-            finally:
-                report.rounds += 1
-                _update_bar(bar, report, seconds, time.monotonic() - start)
-    finally:
-        machine_module.STATS_SINKS.remove(report.absorb)
-        if bar is not None:
-            bar.close()
-    report.seconds = time.monotonic() - start
-
-
-def _absorb_failure(
-    report: CampaignReport,
-    exc: BaseException,
-    out_dir: Path,
-    round_seed: int,
-    minimize_replays: int,
-    known: Sequence[KnownFinding],
-) -> bool:
-    """Count a known failure or record a new one; True when it is new."""
-    invariant = get_failure_invariant(exc)
-    finding = match_known_finding(known, report.implementation, invariant, str(exc))
-    if finding is not None:
-        report.known_hits[finding.id] += 1
-        return False
-    if any(f["invariant"] == invariant for f in report.failures):
-        report.repeats[invariant] += 1
-        return True
-    record = _record_failure(exc, out_dir, report, round_seed, minimize_replays)
-    report.failures.append({**record, "invariant": invariant})
-    return True
-
-
-def _record_failure(
-    exc: BaseException,
-    out_dir: Path,
-    report: CampaignReport,
-    round_seed: int,
-    minimize_replays: int,
-) -> dict[str, str]:
-    error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    last = machine_module.LAST_FAILURE.get("path")
-    record = {"error": error, "seed": str(round_seed), "trace": ""}
-    if last is None:
-        return record
-    stamp = f"{report.implementation.replace(':', '-')}-seed{round_seed}"
-    kept = out_dir / f"failure-{stamp}.jsonl"
-    # the header says where the case ran (the machine's printed line names this file too)
-    trace = stamp_device(Trace.read(Path(last)), report.device, report.perturbation)
-    trace.write(Path(last))
-    shutil.copyfile(last, kept)
-    record["trace"] = str(kept)
-    if minimize_replays > 0:
-        small = minimize(trace, max_replays=minimize_replays)
-        small_path = small.write(out_dir / f"failure-{stamp}-min.jsonl")
-        record["trace"] = str(small_path)
-        record["steps"] = str(len(small.steps))
-    return record
-
-
-def stamp_device(trace: Trace, device: str, perturbation: Perturbation | None) -> Trace:
-    """``trace`` with its header naming ``device`` and the perturbation it ran under."""
-    if device == "sim" and perturbation is None:
-        return trace
-    header = trace.header.model_copy(update={"device": device, "perturbation": perturbation})
-    return Trace(header=header, steps=trace.steps)
-
-
-def _progress_bar(total: float, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is a dependency; without it the campaign still runs
-        return None
-    return tqdm(
-        total=total,
-        unit="s",
-        desc="fuzzing",
-        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s {postfix}",
+        view = ProgressView(seconds)
+        on_round = view.on_round
+    rounds = RoundPlan(
+        out_dir=out_dir,
+        examples_per_round=examples_per_round or (10 if profile != "campaign" else 50),
+        stop_on_failure=stop_on_failure,
+        minimize_replays=minimize_replays if minimize_failures else 0,
+        shrink=shrink,
+        known=known,
+        database=database,
+        signals=signals,
+        on_round=on_round,
+        rounds_max=rounds_max,
     )
-
-
-def _update_bar(bar: Any, report: CampaignReport, total: float, elapsed: float) -> None:
-    if bar is None:
-        return
-    bar.n = min(total, round(elapsed, 1))
-    postfix: dict[str, int] = {"cases": report.cases, "steps": report.steps}
-    postfix["failures"] = len(report.failures)
-    if report.known_hits:
-        postfix["known"] = sum(report.known_hits.values())
-    bar.set_postfix(**postfix)
-    bar.refresh()
+    report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
+    report.seed_stride = seed_stride
+    report.database = database.label if database is not None else ""
+    try:
+        with use_device(kind, spins):
+            implementation = on_device(get_implementation(impl), kind)
+            run_rounds(report, implementation, seconds, rounds)
+    finally:
+        if view is not None:
+            view.close()
+    return report

@@ -2,20 +2,24 @@
 the mutant catalogue.
 
 hicache-fuzz run                      # default campaign: reference controller, SimDevice, 60 s
-hicache-fuzz run --impl mutant:extra_write_ack --seconds 30 --json report.json
-hicache-fuzz run --cp-processes 2 --seconds 60   # CP ranks one per process (gloo; nccl: GPUs)
-hicache-fuzz run --device cuda --seconds 60   # the same machines on a GPU, timing perturbed
-hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m --known all
-hicache-fuzz replay fuzz/out/failure-reference.jsonl
+hicache-fuzz run --impl mutant:extra_write_ack --budget 30 --json report.json
+hicache-fuzz run --workers 2 --shard 1/4 --database redis://ci-redis:6379 --json shard1.json
+hicache-fuzz run --cp-processes 2 --budget 60   # CP ranks one per process (gloo; nccl: GPUs)
+hicache-fuzz run --device cuda --budget 60   # the same machines on a GPU, timing perturbed
+hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m   # written-up findings baselined
+hicache-fuzz replay fuzz/out/failure-reference-seed3-<digest>-min.jsonl
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
 hicache-fuzz mutants                  # every seeded mutant must be caught
+hicache-fuzz report shard*.json -o report.html   # one page: plots, coverage, failures
+hicache-fuzz traces --database redis://ci-redis:6379 -o fuzz/out   # the fleet's failure traces
 hicache-fuzz setup [--seed FILE]      # fetch sglang 0.5.10 for --impl sglang (and build the fork)
 
 Exit status: 0 when nothing (new) failed, 1 when a campaign, gate or replay failed, 2 on a bad
-argument, a bad file or a setup problem: one line on stderr naming it and the fix. The gate
-counts failures explained by the known findings it is given (--known; see
-hicache_ref/harness/known_findings.py) and fails only on a new one, printing one
-``hicache-fuzz replay <trace>`` line for each.
+argument, a bad file or a setup problem: one line on stderr naming it and the fix; 130 when
+Ctrl-C ended a campaign (its summary and --json report say what ran). The gate counts failures
+explained by known findings (--known, by default those written up for the implementation
+gated; see hicache_ref/harness/known_findings.py) and fails only on a new one, printing one
+replay line for each, runnable as printed.
 """
 
 from __future__ import annotations
@@ -30,20 +34,29 @@ from typing import Any, NoReturn
 from hicache_ref.campaign import CampaignReport, run_campaign
 from hicache_ref.cli_inputs import (
     UsageError,
+    add_budget_argument,
     check_out_dir,
     check_output_file,
-    check_positive_seconds,
     check_spins_device,
     parse_duration,
     parse_spins,
     read_trace_file,
     use_sglang_src,
 )
+from hicache_ref.cli_mutants import add_mutants_command
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness import catalogue
+from hicache_ref.fleet.commands import (
+    add_fleet_arguments,
+    add_report_command,
+    add_traces_command,
+    plan_from_args,
+)
+from hicache_ref.fleet.progress import ProgressView
+from hicache_ref.fleet.workers import run_fleet
 from hicache_ref.harness.adapters.base import unsupported_reasons
-from hicache_ref.harness.adapters.registry import checked_implementation, get_implementation
+from hicache_ref.harness.adapters.registry import checked_implementation
 from hicache_ref.harness.known_findings import (
+    ALL,
     KNOWN_FINDINGS,
     KnownFinding,
     get_known_findings,
@@ -52,13 +65,15 @@ from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.trace import Trace
 from hicache_ref.harness.world import DEVICE_KINDS
+from hicache_ref.replay_lines import get_replay_line, get_rerun_line
 from hicache_ref.vectors.cli import add_vectors_parser
 
-__all__ = ["CampaignReport", "main", "run_campaign"]
+__all__ = ["CampaignReport", "main", "run_campaign"]  # run_campaign: for older imports
 
 PROG = "hicache-fuzz"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-GATE_BUDGET_DEFAULT = "120s"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+RUN_BUDGET_DEFAULT, GATE_BUDGET_DEFAULT = "60s", "120s"
+KNOWN_NONE = "none"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,11 +93,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise HiCacheInputError(
                 "--spins is for a single-process GPU campaign; drop it or --cp-processes"
             )
+        if args.workers is not None or args.database:
+            raise HiCacheInputError(
+                "--workers and --database are for single-process worlds; --cp-processes "
+                "spawns one process per rank itself: drop one of them"
+            )
         return run_cp_command(args)
-    report = _campaign(args, seconds=args.seconds, known=())
+    report = _campaign(args, known=())
     print(report.render())
     _write_json(args, report.as_json())
-    return EXIT_FAILED if report.failures else EXIT_OK
+    return get_exit_status(report)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -91,12 +111,31 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from hicache_ref.harness.matrix import cmd_matrix
 
         return cmd_matrix(args)
-    known = get_known_findings(args.known, args.impl)
-    report = _campaign(args, seconds=args.budget, known=known)
+    known = get_gate_known(args.known, args.impl)
+    report = _campaign(args, known=known)
     print(report.render(replay_lines=False))
     print(render_gate(report, known))
     _write_json(args, {**report.as_json(), "gate": gate_json(report, known)})
+    return get_exit_status(report)
+
+
+def get_exit_status(report: CampaignReport) -> int:
+    """130 when Ctrl-C ended it, else 1 on a new failure, else 0."""
+    if report.interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_FAILED if report.failures else EXIT_OK
+
+
+def get_gate_known(ids: list[str] | None, implementation: str) -> tuple[KnownFinding, ...]:
+    """``--known``: by default every finding written up for ``implementation`` (a gate passes
+    the release it gates against); ``none`` counts nothing, so every failure shows."""
+    if ids is None:
+        return get_known_findings([ALL], implementation)
+    if ids == [KNOWN_NONE]:
+        return ()
+    if KNOWN_NONE in ids:
+        raise HiCacheInputError(f"--known {KNOWN_NONE} stands alone; drop the other ids")
+    return get_known_findings(ids, implementation)
 
 
 def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
@@ -117,12 +156,12 @@ def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
             f"{failure['error']}"
         )
         if failure["trace"]:
-            lines.append(f"hicache-fuzz replay {failure['trace']}")
+            lines.append(get_replay_line(failure["trace"]))
         else:  # it failed outside a step, so no trace exists: the seed reproduces it
-            lines.append(
-                f"  no trace; rerun: hicache-fuzz run --impl {report.implementation} "
-                f"--profile {report.profile} --seed {failure['seed']}"
+            rerun = get_rerun_line(
+                report.implementation, report.profile, int(failure["seed"]), report.device
             )
+            lines.append(f"  no trace; rerun: {rerun}")
     verdict = (
         f"gate: FAILED: {len(report.failures)} new failure(s)"
         if report.failures
@@ -142,10 +181,8 @@ def gate_json(report: CampaignReport, known: tuple[KnownFinding, ...]) -> dict[s
     }
 
 
-def _campaign(
-    args: argparse.Namespace, *, seconds: float, known: tuple[KnownFinding, ...]
-) -> CampaignReport:
-    """Check every input first, then run; a bad one is a one-line error before any work."""
+def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> CampaignReport:
+    """Check every input first, then run the workers; a bad one is one line before any work."""
     out_dir = check_out_dir("--out", args.out)
     if args.json:
         check_output_file("--json", args.json)
@@ -153,20 +190,31 @@ def _campaign(
         use_sglang_src(args.sglang_src)
     if args.sglang_version:
         use_sglang_version(args)
+    perturbation = check_spins_device("--spins", args.spins, args.device)
     checked_implementation(args.impl)  # the contract's preflight: a break is exit 2, not a finding
-    return run_campaign(
-        args.impl,
-        seconds=seconds,
-        profile=args.profile,
-        seed=args.seed,
-        out_dir=out_dir,
-        stop_on_failure=not args.keep_going,
-        progress=not args.no_progress,
-        shrink=args.hypothesis_shrink,
-        known=known,
-        device=args.device,
-        perturbation=check_spins_device("--spins", args.spins, args.device),
-    )
+    tasks = plan_from_args(args, out_dir=out_dir, known=known, perturbation=perturbation)
+    if len(tasks) > 1:  # what a worker would find out after starting, found out once, here
+        if args.device == "cuda":
+            from hicache_ref.device.cuda import require_cuda
+
+            require_cuda()
+    view = None if args.no_progress else ProgressView(args.budget, workers=len(tasks))
+    if view is not None:
+        print(
+            f"{PROG}: fuzzing {args.impl} for {args.budget:g}s on {len(tasks)} worker(s), "
+            f"seeds from {args.seed}, shard {args.shard.label}; Ctrl-C stops and reports",
+            file=view.stream,
+            flush=True,
+        )
+    try:
+        return run_fleet(tasks, view)
+    except KeyboardInterrupt:  # before a campaign could take it: nothing ran, say so
+        nothing = CampaignReport(args.impl, args.profile, args.seed, device=args.device)
+        nothing.interrupted = True
+        return nothing
+    finally:
+        if view is not None:
+            view.close()
 
 
 def use_sglang_version(args: argparse.Namespace) -> None:
@@ -179,9 +227,16 @@ def use_sglang_version(args: argparse.Namespace) -> None:
 
 
 def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
-    if args.json:
+    """Write the report; the path was checked writable before the work, so a failure here (a
+    full disk) is one line on stderr and the verdict's exit status stands."""
+    if not args.json:
+        return
+    try:
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
-        print(f"  report: {args.json}")
+    except OSError as exc:
+        print(f"{PROG}: error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+        return
+    print(f"  report: {args.json}")
 
 
 # -- traces ----------------------------------------------------------------------------------
@@ -213,6 +268,12 @@ def cmd_minimize(args: argparse.Namespace) -> int:
             f"trace {args.trace} was recorded across {trace.header.cp_processes} processes and "
             "minimize replays in one; replay it with hicache-fuzz replay instead"
         )
+    if not replay(trace, implementation=args.impl, device=args.device).failed:
+        name = args.impl or trace.header.implementation
+        raise HiCacheInputError(
+            f"trace {args.trace} does not fail on {name}: it passes every step and the "
+            "quiescence checks, so there is nothing to minimize (check --impl, or replay it)"
+        )
     small = minimize(trace, implementation=args.impl, device=args.device)
     path = small.write(output)
     print(f"minimized {len(trace.steps)} -> {len(small.steps)} steps: {path}")
@@ -236,22 +297,6 @@ def _trace_for(args: argparse.Namespace) -> Trace:
     return trace
 
 
-# -- mutants ---------------------------------------------------------------------------------
-def _checked_mutants(args: argparse.Namespace) -> int:
-    """The catalogue runner, after the same input checks the other subcommands make."""
-    check_positive_seconds("--seconds", args.seconds)
-    if args.jobs is not None and args.jobs < 1:
-        raise HiCacheInputError(f"--jobs {args.jobs} is not positive; give 1 or more processes")
-    check_out_dir("--out", args.out)
-    if args.json:
-        check_output_file("--json", args.json)
-    for name in args.names:
-        get_implementation(f"mutant:{name}")  # an unknown name: one line naming the known ones
-    for spec in args.impl or ():
-        checked_implementation(spec)  # an outside mutant: the contract's preflight first
-    return catalogue.cli_mutants(args)
-
-
 # -- the command line ------------------------------------------------------------------------
 def cmd_setup(args: argparse.Namespace) -> int:
     """Fetch the sglang tree the gate reads (once; cached), and build fork trees asked for."""
@@ -266,12 +311,13 @@ def cmd_setup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_campaign_arguments(parser: argparse.ArgumentParser, budget_default: str) -> None:
     parser.add_argument(
         "--impl",
         default="reference",
-        help="reference | sglang | seed | mutant:<name> | an entry point of the "
-        "hicache_ref.implementations group | pkg.module:factory",
+        help="the implementation under test: reference | sglang | seed | mutant:<name> | an "
+        "entry point of the hicache_ref.implementations group | pkg.module:factory "
+        "(default reference)",
     )
     parser.add_argument(
         "--sglang-src",
@@ -285,7 +331,14 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
         help="an upstream release (0.5.17, 0.5.15.post1) for --impl sglang: its wheel is "
         "fetched once into the cache and gated like --sglang-src",
     )
-    parser.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    add_budget_argument(parser, budget_default, what="per worker")
+    parser.add_argument(
+        "--profile",
+        default="ci",
+        choices=sorted(PROFILES),
+        help="Hypothesis settings profile: ci (bounded cases, the pure oracle in lockstep), dev "
+        "(more steps), campaign (long cases, no lockstep oracle: the most steps/s); default ci",
+    )
     parser.add_argument(
         "--device",
         default="sim",
@@ -301,16 +354,30 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
         "GPU cycles, log-uniform (default 0.5:4096..8388608); recorded in failing traces",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="round k of the campaign uses seed + k (default 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="the seed space starts here; one worker on one runner runs seed + k in round k "
+        "(default 0; see --workers and --shard for how they split it)",
     )
-    parser.add_argument("--out", default="fuzz/out", help="where failing traces are written")
+    parser.add_argument(
+        "--out",
+        default="fuzz/out",
+        help="where failing traces are written (default fuzz/out; names carry the "
+        "implementation, seed and a digest of the trace, so runs never overwrite each other)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write a machine-readable report here")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (by default: a bar on a terminal, a line every 30 s in a log)",
+    )
     parser.add_argument(
         "--hypothesis-shrink",
         action="store_true",
         help="also let Hypothesis shrink failures (can take minutes; ddmin always runs after)",
     )
+    add_fleet_arguments(parser)
 
 
 def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
@@ -335,8 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run a fuzz campaign and print a summary")
-    _add_campaign_arguments(run)
-    run.add_argument("--seconds", type=parse_duration, default=60.0, help="60, 90s, 2m, ...")
+    _add_campaign_arguments(run, RUN_BUDGET_DEFAULT)
     run.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     run.add_argument(
         "--cp-processes",
@@ -352,20 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
     gate = sub.add_parser("gate", help="fail only on a failure no known finding explains")
-    _add_campaign_arguments(gate)
-    gate.add_argument(
-        "--budget",
-        type=parse_duration,
-        default=parse_duration(GATE_BUDGET_DEFAULT),
-        help=f"how long to fuzz: 120, 120s, 2m, 1.5m (default {GATE_BUDGET_DEFAULT})",
-    )
+    _add_campaign_arguments(gate, GATE_BUDGET_DEFAULT)
     gate.add_argument(
         "--known",
         nargs="+",
-        default=[],
+        default=None,
         metavar="ID",
-        help="known-finding ids to count instead of failing on, or 'all' for every entry "
-        f"covering --impl (registered: {', '.join(sorted(KNOWN_FINDINGS)) or 'none'})",
+        help="known-finding ids to count instead of failing on; default: every finding written "
+        f"up for --impl (as '{ALL}'); '{KNOWN_NONE}' fails on every failure "
+        f"(registered: {', '.join(sorted(KNOWN_FINDINGS)) or 'none'})",
     )
     gate.add_argument(
         "--keep-going",
@@ -390,11 +451,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_replay)
     mini = sub.add_parser("minimize", help="delta-debug a failing trace to fewer steps")
     _add_trace_arguments(mini)
-    mini.add_argument("-o", "--output", required=True)
+    mini.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="TRACE",
+        help="where to write the minimized trace (a .jsonl file; its folder must exist)",
+    )
     mini.set_defaults(func=cmd_minimize)
-    mut = sub.add_parser("mutants", help="check that every seeded mutant is caught")
-    catalogue.add_arguments(mut)
-    mut.set_defaults(func=_checked_mutants)
+    add_mutants_command(sub)
+    add_report_command(sub)
+    add_traces_command(sub)
     add_vectors_parser(sub)
     setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
     setup.add_argument(
@@ -451,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     except HiCacheInputError as exc:  # a HiCacheSetupError too; any other error is a bug
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # outside a campaign's rounds (they report what ran themselves)
+        print(f"{PROG}: interrupted before any campaign ran", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

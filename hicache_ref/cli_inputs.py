@@ -2,9 +2,11 @@
 
 ``hicache-fuzz`` turns a ``HiCacheInputError`` (and so a ``HiCacheSetupError``) into one line on
 stderr and exit status 2; everything else that goes wrong is a bug and keeps its traceback. The
-checks here name the argument, what is wrong with it and the fix: durations (``--seconds``,
-``--budget``), output folders and files (``--out``, ``--json``, ``-o``), ``--sglang-src`` and
-trace files (missing, not JSON, a bad header, a wrong version, a step with an unknown rule).
+checks here name the argument, what is wrong with it and the fix: durations (``--budget``, one
+name for the time budget of every subcommand; ``--seconds`` is its hidden old spelling), output
+folders and files (``--out``, ``--json``, ``-o``: each opened for writing before any work),
+``--sglang-src`` and trace files (missing, not JSON, a bad header, a wrong version, a step with
+an unknown rule or an argument of the wrong type).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import ValidationError
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, SRC_ENV, check_tree
+from hicache_ref.harness.rule_record import STREAMS
 from hicache_ref.harness.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
 
 SGLANG_SRC_ENV = SRC_ENV
@@ -56,6 +59,21 @@ def check_positive_seconds(flag: str, seconds: float) -> float:
     if not seconds > 0:
         raise HiCacheInputError(f"{flag} {seconds:g} is not positive; give a time such as 20")
     return seconds
+
+
+def add_budget_argument(parser: argparse.ArgumentParser, default: str, *, what: str) -> None:
+    """``--budget`` (``--seconds``, the old spelling, still parses and is left out of --help)."""
+    parser.add_argument(
+        "--budget",
+        type=parse_duration,
+        default=parse_duration(default),
+        metavar="TIME",
+        help=f"how long to fuzz, {what}: 60, 90s, 2m, 1.5m, 1h (default {default})",
+    )
+    parser.add_argument(
+        "--seconds", type=parse_duration, dest="budget", default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )  # fmt: skip
 
 
 # -- GPU timing perturbation ---------------------------------------------------------------
@@ -109,7 +127,9 @@ def check_out_dir(flag: str, path_text: str) -> Path:
 
 
 def check_output_file(flag: str, path_text: str) -> Path:
-    """``path_text`` as a file that can be written once the work is done."""
+    """``path_text`` as a file that can be written once the work is done: it is opened for
+    writing now (and removed again if it did not exist), so ``/proc/r.json`` or a read-only
+    folder fails before the campaign, not after it."""
     path = Path(path_text)
     if path.is_dir():
         raise HiCacheInputError(f"{flag} {path_text} is a folder; pass a file name inside it")
@@ -118,8 +138,17 @@ def check_output_file(flag: str, path_text: str) -> Path:
         raise HiCacheInputError(
             f"{flag} {path_text}: folder {parent} does not exist; create it or pick another path"
         )
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise HiCacheInputError(f"{flag} {path_text} is not writable; pick a writable path")
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise HiCacheInputError(
+            f"{flag} {path_text} is not writable ({why}); pick a writable path"
+        ) from None
+    if not existed:
+        path.unlink(missing_ok=True)
     return path
 
 
@@ -149,8 +178,8 @@ def read_trace_file(path_text: str) -> Trace:
         ) from None
     records = _parse_lines(path_text, text)
     _check_header(path_text, *records[0])
-    for line_no, record in records[1:]:
-        _check_step(path_text, line_no, record)
+    for index, (line_no, record) in enumerate(records[1:]):
+        _check_step(path_text, line_no, record, index)
     try:
         return Trace.read(path)
     except ValueError as exc:  # pydantic's ValidationError and json's errors are ValueErrors
@@ -197,7 +226,7 @@ def _check_header(path_text: str, line_no: int, record: dict[str, Any]) -> None:
         ) from None
 
 
-def _check_step(path_text: str, line_no: int, record: dict[str, Any]) -> None:
+def _check_step(path_text: str, line_no: int, record: dict[str, Any], index: int) -> None:
     rule = record.get("rule")
     if rule not in LEGAL_RULES:
         raise HiCacheInputError(
@@ -211,6 +240,44 @@ def _check_step(path_text: str, line_no: int, record: dict[str, Any]) -> None:
             f"trace {path_text} line {line_no} is not a valid step ({_first_error(exc)}); "
             'a step looks like {"rule": "prefill", "args": {"tokens": 1}}'
         ) from None
+    for name, value in record.get("args", {}).items():
+        problem = get_step_argument_problem(name, value)
+        if problem is not None:
+            raise HiCacheInputError(
+                f"trace {path_text} line {line_no} (step {index}, {rule}): argument "
+                f"{name}={value!r} {problem}; fix the step or re-record the trace"
+            )
+
+
+STEP_ARGUMENTS: dict[str, str] = {
+    "node": "int",
+    "layer": "int",
+    "n": "int",
+    "tokens": "int",
+    "handle": "int",
+    "draft": "bool",
+    "early_reserve": "bool",
+    "batch": "bool",
+    "stream": "stream",
+    "nodes": "handles",
+}
+"""The type of every step argument the rules read (``harness/rules.py``): a wrong one is a bad
+trace, never a controller failure (tests/test_cli.py keeps this table complete)."""
+_HANDLES = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
+
+
+def get_step_argument_problem(name: str, value: Any) -> str | None:
+    """What is wrong with one step argument, or None (names the rules do not read pass)."""
+    kind = STEP_ARGUMENTS.get(name)
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return "is not an integer (nodes are handles 0, 1, ...; layers and counts are numbers)"
+    if kind == "bool" and not isinstance(value, bool):
+        return "is not true or false"
+    if kind == "stream" and value not in STREAMS:
+        return f"is not a stream; legal: {', '.join(STREAMS)}"
+    if kind == "handles" and not (isinstance(value, str) and _HANDLES.match(value)):
+        return 'is not a comma-separated list of node handles such as "0,2"'
+    return None
 
 
 def _first_error(exc: ValidationError) -> str:

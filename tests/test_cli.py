@@ -8,8 +8,12 @@ a mutant's exit 1 into 0.
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -20,12 +24,15 @@ from typing import Any, cast
 
 import pytest
 
-from hicache_ref import cli
+from hicache_ref import campaign_rounds, cli
 from hicache_ref.campaign import RULE_FAMILIES, CampaignReport, get_rule_family
-from hicache_ref.cli_inputs import LEGAL_RULES, SGLANG_CONTROLLER, parse_duration
+from hicache_ref.campaign_failures import get_trace_stem
+from hicache_ref.cli_inputs import LEGAL_RULES, SGLANG_CONTROLLER, STEP_ARGUMENTS, parse_duration
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.fleet.progress import ProgressView, Snapshot
+from hicache_ref.fleet.workers import WorkerTask
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.base import BuildRequest, Implementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
@@ -37,7 +44,8 @@ from hicache_ref.harness.known_findings import (
     match_known_finding,
 )
 from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import TRACE_VERSION
+from hicache_ref.harness.trace import TRACE_VERSION, Trace
+from hicache_ref.replay_lines import get_cli_command
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_TRACE = ROOT / "fuzz" / "corpus" / "load_slot_reuse_false_inv08.jsonl"
@@ -60,6 +68,9 @@ def _header_line(**changes: object) -> str:
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
+
+
+ADVANCE_H2D = '{"rule": "advance", "args": {"stream": "h2d", "n": 1}}\n'
 
 
 # -- bad input: one line, exit 2 -------------------------------------------------------------
@@ -158,6 +169,69 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         lambda d: ["run", "--cp-processes", "2", "--spins", "0.5:10..20", "--seconds", "1"],
         "--spins is for a single-process GPU campaign",
     ),
+    "trace_step_argument_of_the_wrong_type": (
+        lambda d: [
+            "replay",
+            _write(
+                d / "t.jsonl", _header_line() + '\n{"rule": "write", "args": {"node": "zero"}}\n'
+            ),
+        ],
+        "line 2 (step 0, write): argument node='zero' is not an integer",
+    ),
+    "trace_step_with_an_unknown_stream": (
+        lambda d: [
+            "minimize",
+            _write(d / "t.jsonl", _header_line() + "\n" + ADVANCE_H2D),
+            "-o",
+            str(d / "small.jsonl"),
+        ],
+        "argument stream='h2d' is not a stream; legal: forward, write, load",
+    ),
+    "minimize_a_trace_that_passes": (
+        lambda d: ["minimize", str(CORPUS_TRACE), "-o", str(d / "small.jsonl")],
+        "does not fail on reference: it passes every step and the quiescence checks",
+    ),
+    "json_under_proc": (
+        lambda d: ["gate", "--out", str(d), "--json", "/proc/r.json"],
+        "--json /proc/r.json is not writable",
+    ),
+    "out_under_proc": (lambda d: ["run", "--out", "/proc/hicache-out"], "cannot write files there"),
+    "minimize_output_under_proc": (
+        lambda d: ["minimize", str(CORPUS_TRACE), "-o", "/proc/small.jsonl"],
+        "-o/--output /proc/small.jsonl is not writable",
+    ),
+    "report_output_under_proc": (
+        lambda d: ["report", str(d / "run.json"), "-o", "/proc/report.html"],
+        "-o/--output /proc/report.html is not writable",
+    ),
+    "report_of_a_missing_file": (
+        lambda d: ["report", str(d / "run.json"), "-o", str(d / "r.html")],
+        "run.json does not exist",
+    ),
+    "report_of_a_file_that_is_no_campaign_report": (
+        lambda d: ["report", _write(d / "run.json", "[1]"), "-o", str(d / "r.html")],
+        "is not a campaign report",
+    ),
+    "zero_workers": (lambda d: ["run", "--workers", "0"], "'0' is not positive"),
+    "shard_past_the_count": (lambda d: ["gate", "--shard", "5/4"], "must be 1 to 4"),
+    "shard_counted_from_zero": (lambda d: ["run", "--shard", "0/4"], "shards count from 1"),
+    "shard_not_a_fraction": (lambda d: ["run", "--shard", "half"], "'half' is not I/N"),
+    "database_with_an_unknown_scheme": (
+        lambda d: ["run", "--database", "mongodb://x", "--out", str(d)],
+        "--database mongodb://x: unknown scheme",
+    ),
+    "database_nobody_serves": (
+        lambda d: ["run", "--database", "redis://127.0.0.1:1", "--out", str(d)],
+        "--database redis://127.0.0.1:1: cannot reach redis",
+    ),
+    "workers_with_cp_processes": (
+        lambda d: ["run", "--cp-processes", "2", "--workers", "2", "--out", str(d)],
+        "--workers and --database are for single-process worlds",
+    ),
+    "known_none_with_ids": (
+        lambda d: ["gate", "--known", "none", "F8", "--out", str(d)],
+        "--known none stands alone",
+    ),
     "unknown_flag": (lambda d: ["gate", "--bogus"], "unrecognized arguments: --bogus"),
     "unknown_command": (lambda d: ["frobnicate"], "unknown command 'frobnicate'"),
 }
@@ -204,7 +278,8 @@ def test_a_setup_error_inside_a_case_is_no_finding(
 ) -> None:
     monkeypatch.setitem(registry._FACTORIES, "lazy", _LazilyUnbuildable)
     # the controller cannot be built in the first case -> exit 2, not a "new failure"
-    assert cli.main(["gate", "--impl", "lazy", "--out", str(tmp_path), "--no-progress"]) == 2
+    argv = ["gate", "--impl", "lazy", "--out", str(tmp_path), "--no-progress", "--workers", "1"]
+    assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [
         "hicache-fuzz: error: the sglang tree has no memory_pool_host.py; unpack it whole"
@@ -304,18 +379,23 @@ def test_the_report_counts_checks_by_id_families_and_features() -> None:
     assert data["checks_by_id"] == {"INV-02": 4}
     assert data["rule_families"]["acks"] == {"steps": 2, "share": 0.5}
     assert data["features"]["cp"] == {"2": 1} and data["features"]["draft"] == {"deeper": 1}
-    assert "checks by invariant: INV-02=4" in report.render()
+    assert "checks by invariant: INV-02 single-write-ack=4" in report.render()
 
 
 # -- the gate --------------------------------------------------------------------------------
 def _replay_lines(out: str) -> list[str]:
-    return [line for line in out.splitlines() if line.startswith("hicache-fuzz replay ")]
+    """The gate's replay lines: this interpreter's hicache-fuzz, ``replay``, the trace."""
+    return [line for line in out.splitlines() if line.startswith(f"{get_cli_command()} replay ")]
+
+
+def _replayed_trace(line: str) -> Path:
+    return Path(line.removeprefix(f"{get_cli_command()} replay "))
 
 
 def test_gate_passes_on_the_reference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "gate.json"
     argv = ["gate", "--budget", "3s", "--out", str(tmp_path), "--json", str(report)]
-    assert cli.main([*argv, "--no-progress"]) == 0
+    assert cli.main([*argv, "--no-progress", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "gate: passed" in out and not _replay_lines(out)
     data = json.loads(report.read_text())
@@ -337,10 +417,10 @@ def test_gate_fails_on_a_mutant_with_one_replay_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["gate", "--impl", MUTANT, "--budget", "30s", "--out", str(tmp_path), "--no-progress"]
-    assert cli.main(argv) == 1
+    assert cli.main([*argv, "--workers", "1"]) == 1
     out = capsys.readouterr().out
     (line,) = _replay_lines(out)
-    trace = Path(line.removeprefix("hicache-fuzz replay "))
+    trace = _replayed_trace(line)
     assert trace.parent == tmp_path and trace.name.endswith("-min.jsonl") and trace.is_file()
     assert "gate: NEW INV-02" in out
 
@@ -350,27 +430,228 @@ def test_a_known_finding_turns_the_mutant_gate_green(
 ) -> None:
     monkeypatch.setitem(KNOWN_FINDINGS, EXTRA_ACK.id, EXTRA_ACK)
     argv = ["gate", "--impl", MUTANT, "--budget", "3s", "--out", str(tmp_path), "--no-progress"]
+    argv += ["--workers", "1", "--seed", "1000"]  # seed 1000 hits the mutant in its 2nd case
     # the same mutant, its bug baselined -> counted, not failed
     assert cli.main([*argv, "--known", EXTRA_ACK.id]) == 0
     out = capsys.readouterr().out
     assert f"gate: known {EXTRA_ACK.id} hit x" in out and not _replay_lines(out)
 
 
-def test_spins_reach_the_campaign_as_the_perturbation_it_records(
+def test_spins_reach_every_worker_as_the_perturbation_it_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # --device cuda --spins 0.25:100..200 -> run_campaign gets that Perturbation (its trace
-    # headers and report record it, so a replay spins the same way)
-    seen: dict[str, Any] = {}
+    # --device cuda --spins 0.25:100..200 --workers 3 -> three workers, each on the GPU with
+    # that Perturbation (their trace headers and reports record it, so a replay spins the same
+    # way) and each on its own seeds; the GPU check itself is this machine's to fail
+    seen: list[WorkerTask] = []
 
-    def fake_campaign(impl: str, **kwargs: Any) -> Any:
-        seen.update(kwargs)
+    def fake_fleet(tasks: list[WorkerTask], view: Any) -> Any:
+        seen.extend(tasks)
         raise HiCacheInputError("stop here")
 
-    monkeypatch.setattr(cli, "run_campaign", fake_campaign)
+    monkeypatch.setattr(cli, "run_fleet", fake_fleet)
+    monkeypatch.setattr("hicache_ref.device.cuda.require_cuda", lambda what="": None)
     argv = ["run", "--device", "cuda", "--spins", "0.25:100..200", "--out", str(tmp_path)]
-    assert cli.main(argv) == 2
-    assert seen["perturbation"] == Perturbation(
-        probability=0.25, cycles_min=100, cycles_max=200, paces=True
+    assert cli.main([*argv, "--workers", "3"]) == 2
+    spins = Perturbation(probability=0.25, cycles_min=100, cycles_max=200, paces=True)
+    assert [task.perturbation for task in seen] == [spins] * 3
+    assert {task.device for task in seen} == {"cuda"}
+    assert [(task.lane.first, task.lane.stride) for task in seen] == [(0, 3), (1, 3), (2, 3)]
+
+
+# -- a gate CI can trust: replay lines, trace names, outputs, Ctrl-C, progress, names -----------
+FAST_MUTANTS = ("mutant:skip_load_fence", "mutant:producer_index_off_by_one")
+"""Mutants seed 0 catches in its first cases (under a second each)."""
+
+
+@pytest.fixture
+def twin_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[[str], tuple[set[str], list[str]]]:
+    """Gate ``mutant`` under the name "twin" with seed 0 into one folder (as two sglang trees
+    gated under "sglang" are): the trace files there after it, and its replay lines."""
+
+    def gate(mutant: str) -> tuple[set[str], list[str]]:
+        monkeypatch.setitem(
+            registry._FACTORIES, "twin", lambda: registry.get_implementation(mutant)
+        )
+        argv = ["gate", "--impl", "twin", "--out", str(tmp_path), "--no-progress", "--workers", "1"]
+        assert cli.main([*argv, "--budget", "30s"]) == 1
+        lines = _replay_lines(capsys.readouterr().out)
+        return {path.name for path in tmp_path.glob("failure-twin-seed*.jsonl")}, lines
+
+    return gate
+
+
+def test_the_printed_replay_line_runs_when_pasted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["gate", "--impl", FAST_MUTANTS[0], "--out", str(tmp_path), "--no-progress"]
+    assert cli.main([*argv, "--workers", "1", "--budget", "30s"]) == 1
+    (line,) = _replay_lines(capsys.readouterr().out)
+    # paste the line into a shell with no venv on PATH, from another folder -> it replays
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shell_env = {"PATH": "/usr/bin:/bin", "HOME": str(elsewhere)}
+    done = subprocess.run(
+        line, shell=True, cwd=elsewhere, env=shell_env, capture_output=True, text=True, timeout=120
     )
-    assert seen["device"] == "cuda"
+    assert done.returncode == 1, done.stderr
+    assert "FAILED after" in done.stdout and "command not found" not in done.stderr
+
+
+def test_failure_traces_of_two_trees_under_one_name_never_overwrite_each_other(
+    twin_gate: Callable[[str], tuple[set[str], list[str]]], tmp_path: Path
+) -> None:
+    # two implementations gated as "twin", seed 0, into one folder -> two traces (raw + min)
+    first, _ = twin_gate(FAST_MUTANTS[0])
+    both, _ = twin_gate(FAST_MUTANTS[1])
+    assert len(first) == 2 and len(both) == 4 and first < both
+    # ... each named by its own text (the same trace always gets the same name), min beside it
+    raw = sorted(name for name in both if not name.endswith("-min.jsonl"))
+    for name in raw:
+        stem = get_trace_stem(Trace.read(tmp_path / name), 0)
+        assert name == f"{stem}.jsonl" and f"{stem}-min.jsonl" in both
+
+
+def test_a_pass_stays_exit_0_when_its_report_cannot_be_written_after_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --json passed its check before the work; the disk then fills -> one line, verdict stands
+    real_write = Path.write_text
+
+    def full_disk(self: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        if self.name == "gate.json":
+            raise OSError(28, "No space left on device")
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    argv = ["gate", "--budget", "1s", "--out", str(tmp_path), "--json", str(tmp_path / "gate.json")]
+    assert cli.main([*argv, "--no-progress", "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "gate: passed" in captured.out
+    assert captured.err.splitlines() == [
+        f"hicache-fuzz: error: --json {tmp_path / 'gate.json'}: No space left on device"
+    ]
+
+
+def test_an_interrupted_campaign_reports_what_it_did_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C during the second round -> the summary of the first, the JSON report, exit 130
+    real_run = campaign_rounds.run_state_machine_as_test
+    rounds: list[int] = []
+
+    def run_then_interrupt(*args: Any, **kwargs: Any) -> None:
+        rounds.append(1)
+        if len(rounds) == 2:
+            raise KeyboardInterrupt
+        real_run(*args, **kwargs)
+
+    monkeypatch.setattr(campaign_rounds, "run_state_machine_as_test", run_then_interrupt)
+    report = tmp_path / "run.json"
+    argv = ["run", "--budget", "60", "--out", str(tmp_path), "--json", str(report)]
+    assert cli.main([*argv, "--no-progress", "--workers", "1"]) == 130
+    out = capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert "INTERRUPTED after" in out and data["interrupted"] and data["rounds"] == 2
+    assert data["cases"] > 0 and f"{data['cases']} cases" in out
+
+
+def test_ctrl_c_stops_every_worker_and_writes_the_merged_report(tmp_path: Path) -> None:
+    # SIGINT to hicache-fuzz (not to its workers) once it runs -> every worker stops and
+    # reports, the summary and JSON say so, exit 130 (well before the 600 s budget)
+    report = tmp_path / "run.json"
+    argv = ["run", "--budget", "600", "--workers", "2", "--out", str(tmp_path)]
+    command = [sys.executable, "-m", "hicache_ref.cli", *argv, "--json", str(report)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    first = process.stderr.readline()  # the start line: the CLI runs, its workers start
+    assert first.startswith("hicache-fuzz: fuzzing reference for 600s on 2 worker(s)"), first
+    running = process.stderr.readline()  # both workers' campaigns are on
+    assert running == "hicache-fuzz: all 2 workers running\n", running
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "INTERRUPTED after" in out and "Traceback" not in err
+    data = json.loads(report.read_text())
+    assert data["interrupted"] and len(data["parts"]) == 2
+    assert [part["seed"] for part in data["parts"]] == [0, 1]
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--budget", "1", "--out", str(tmp_path), "--workers", "1"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    # captured stderr is no terminal -> the start line only: no bar, no redraws
+    assert err.splitlines() == [
+        "hicache-fuzz: fuzzing reference for 1s on 1 worker(s), seeds from 0, shard 1/1; "
+        "Ctrl-C stops and reports"
+    ]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_now_and_then_in_a_log() -> None:
+    snapshot = Snapshot(elapsed_s=3.0, cases=5, steps=200, failures=0, known=1)
+    terminal, log = _Terminal(), io.StringIO()
+    bar = ProgressView(10.0, workers=2, stream=terminal)
+    bar.update(0, snapshot)
+    bar.update(1, snapshot)
+    bar.close()
+    assert "fuzzing" in terminal.getvalue() and "steps=400" in terminal.getvalue()
+    lines = ProgressView(10.0, workers=2, stream=log, interval_s=0.0)
+    lines.update(0, snapshot)
+    lines.update(1, snapshot)
+    assert log.getvalue().splitlines() == [
+        "hicache-fuzz: 3/10s, 1/2 workers, 5 cases, 200 steps, 0 failures, 1 known",
+        "hicache-fuzz: 3/10s, 2/2 workers, 10 cases, 400 steps, 0 failures, 2 known",
+    ]
+
+
+@pytest.mark.parametrize("command", ["run", "gate", "mutants"])
+def test_one_name_for_the_time_budget(command: str) -> None:
+    # --budget everywhere; --seconds (the old spelling) still parses, and --help leaves it out
+    assert cli.parse_args([command, "--budget", "2m"]).budget == 120.0
+    assert cli.parse_args([command, "--seconds", "90"]).budget == 90.0
+    help_text = cli._subparsers(cli.build_parser())[command].format_help()
+    assert "--budget" in help_text and "--seconds" not in help_text
+
+
+def _options_without_help(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):  # a subcommand's own options
+            for name, sub in action.choices.items():
+                missing += _options_without_help(sub, f"{path} {name}")
+        elif not action.help:
+            missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+def test_every_option_has_help() -> None:
+    assert _options_without_help(cli.build_parser(), "hicache-fuzz") == []
+
+
+def test_the_gate_baselines_the_findings_written_up_for_the_implementation() -> None:
+    upstream = cli.get_gate_known(None, "sglang")
+    assert "F8" in {finding.id for finding in upstream}
+    assert upstream == get_known_findings(["all"], "sglang")
+    assert cli.get_gate_known(["none"], "sglang") == ()
+    assert cli.get_gate_known(None, "reference") == ()  # nothing is written up for it
+
+
+def test_every_step_argument_the_rules_read_has_a_type() -> None:
+    # a rule reading an argument the trace checks do not know would let a bad value through
+    harness = ROOT / "hicache_ref" / "harness"
+    source = "\n".join(path.read_text() for path in harness.glob("*.py"))
+    read = set(re.findall(r'args\.get\("([a-z_]+)"', source))
+    read |= set(re.findall(r'args\["([a-z_]+)"\]', source))
+    assert read and read <= set(STEP_ARGUMENTS), read - set(STEP_ARGUMENTS)

@@ -48,7 +48,7 @@ def run_cp_command(args: argparse.Namespace) -> int:
         args.impl,
         processes=processes,
         backend=backend,
-        seconds=float(args.seconds),
+        seconds=float(args.budget),
         seed=int(args.seed),
         out_dir=out_dir,
         keep_going=bool(args.keep_going),

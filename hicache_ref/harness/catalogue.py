@@ -1,6 +1,6 @@
 """The mutant catalogue: run every seeded mutant, in parallel, and say what caught each one.
 
-run_catalogue -> one bounded campaign per mutant (``cli.run_campaign``) -> ddmin the first
+run_catalogue -> one bounded campaign per mutant (``campaign.run_campaign``) -> ddmin the first
 failure -> replay the minimized trace -> a ``MutantRow``: killed, seconds to the first failure,
 shrunk length, the invariant that fired and whether it is one the mutant declares (``INVARIANTS``
 in ``fuzz/mutants/<name>.py``). ``guards=False`` runs each mutant with the ``guards`` capability
@@ -16,14 +16,12 @@ A catalogue entry is a mutant file's name, or an outside mutant named ``pkg.modu
 (``--impl``): its module may declare ``INVARIANTS`` and ``NEEDS_GUARDS`` as a mutant file does
 (without ``INVARIANTS`` any failure pins it).
 
-``add_arguments`` and ``cli_mutants`` are the ``hicache-fuzz mutants`` subcommand.
+The ``hicache-fuzz mutants`` subcommand is ``cli_mutants.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
 import re
 import statistics
@@ -33,9 +31,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from hicache_ref.campaign import run_campaign
 from hicache_ref.errors import UnknownOptionError
 from hicache_ref.harness.adapters.mutant import (
-    GUARDS,
     register_unguarded_mutant,
     register_unguarded_outside,
 )
@@ -43,7 +41,7 @@ from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_modu
 from hicache_ref.harness.profiles import PROFILES
 from hicache_ref.harness.replay import minimize, replay
 from hicache_ref.harness.trace import Trace
-from hicache_ref.harness.world import DEVICE_KINDS, check_device_kind
+from hicache_ref.harness.world import check_device_kind
 
 SIM_MODULE = "hicache_ref.device.sim"
 
@@ -259,8 +257,6 @@ def _run_one(
     device: str = "sim",
 ) -> MutantRow:
     """One mutant: campaign, ddmin the first failure, replay it for the invariant that fired."""
-    from hicache_ref.cli import run_campaign  # lazily: the CLI imports this module
-
     module = mutant_module(name)
     if is_outside(name):
         impl = name if guards else register_unguarded_outside(name)
@@ -309,54 +305,3 @@ def _shrink(row: MutantRow, path: Path, max_replays: int = MINIMIZE_REPLAYS_MAX)
     return replace(
         row, shrunk_length=len(small.steps), fired=result.signature(), trace=str(small_path)
     )
-
-
-# -- the ``hicache-fuzz mutants`` subcommand ---------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``mutants`` subcommand's arguments (the CLI sets ``func=cli_mutants``)."""
-    parser.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
-    parser.add_argument(
-        "--impl",
-        action="append",
-        metavar="SPEC",
-        help="an outside mutant (pkg.module:factory, or an entry point name of the "
-        "hicache_ref.implementations group) to run as a catalogue row; repeatable",
-    )
-    parser.add_argument("--seconds", type=float, default=20.0, help="budget per mutant")
-    parser.add_argument("--profile", default="ci", choices=sorted(PROFILES))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="fuzz/out", help="where failing traces are written")
-    parser.add_argument("--json", metavar="FILE", help="write a machine-readable report here")
-    parser.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
-    parser.add_argument(
-        "--no-guards",
-        action="store_true",
-        help=f"switch the {GUARDS!r} capability off (probes disabled, as for upstream SGLang); "
-        "mutants with NEEDS_GUARDS = True are skipped",
-    )
-    parser.add_argument(
-        "--device",
-        default="sim",
-        choices=DEVICE_KINDS,
-        help="sim (default) or cuda: the catalogue on a GPU with timing perturbation, one "
-        "mutant at a time (NEEDS_GUARDS and SimDevice-built mutants are skipped there)",
-    )
-
-
-def cli_mutants(args: argparse.Namespace) -> int:
-    """Print the catalogue table; 1 if a mutant survived or fired an undeclared invariant."""
-    report = run_catalogue(
-        [*args.names, *(args.impl or ())] or None,
-        seconds=args.seconds,
-        profile=args.profile,
-        seed=args.seed,
-        out_dir=Path(args.out),
-        guards=not args.no_guards,
-        jobs=args.jobs,
-        device=args.device,
-    )
-    print(report.render())
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.as_json(), indent=2) + "\n")
-        print(f"report: {args.json}")
-    return 0 if report.is_clean() else 1

@@ -10,15 +10,20 @@ against its record. Rules pick nodes among the candidates the session offers
 (``@precondition`` keeps impossible rules out; no ``assume``), and mirror nothing in bundles:
 the session holds the state, so invariants and preconditions can see it. After every step the
 session checks its invariants; teardown runs the quiescence checks. When a case fails, the
-machine writes the trace and prints one line that replays it.
+machine hands its trace to the class's ``sink``, and notes the line that replays it.
+
+Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
+implementation and a ``CaseSink`` (a campaign's: it counts every finished case and keeps the
+failing traces where that campaign wants them) to a fresh machine class. Without one, failing
+traces go to ``fuzz/out/`` (``FailureFolder``), as for the machines pytest runs.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from hypothesis import note, reject
 from hypothesis import strategies as st
@@ -40,17 +45,42 @@ from hicache_ref.harness.rule_record import Param
 from hicache_ref.harness.rules import RULES, RuleRecord
 from hicache_ref.harness.session import Session
 from hicache_ref.harness.storage_config import storage_fields
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.trace import Step, Trace
 from hicache_ref.pools.transfer import copy_paths_for_layout
+from hicache_ref.replay_lines import get_replay_line
 
-FAILURE_DIR_ENV = "HICACHE_FUZZ_OUT"
 DEFAULT_FAILURE_DIR = Path("fuzz/out")
-LAST_FAILURE: dict[str, str] = {}
-STATS_SINKS: list[Any] = []  # callables receiving each finished Session (campaign summaries)
 DRAWN_COPY_PATHS = ("gather", "runs", "batch")
 """Copy paths a case draws: the simulator's gather, and the two GPU paths (run-merged copies,
 the copy engine's batched page copies, executed on the CPU by ``memmove`` from the same pointer
 plan). ``triton`` is left to the transfer tests: its CPU interpreter is too slow per step."""
+
+
+class CaseSink(Protocol):
+    """What a machine hands the campaign that runs it."""
+
+    def on_case(self, session: Session) -> None:
+        """A case finished without failing (its stats feed the campaign's report)."""
+
+    def on_failure(self, trace: Trace) -> Path:
+        """A case failed: keep its trace and say where (Hypothesis may re-run it many times)."""
+
+
+@dataclass
+class FailureFolder:
+    """The sink of a machine no campaign runs: ``folder/failure-<impl>.jsonl``, rewritten by
+    each failing run (Hypothesis shows the note of the final, shrunk run only)."""
+
+    folder: Path = DEFAULT_FAILURE_DIR
+    last_failure: Path | None = field(default=None, compare=False)
+
+    def on_case(self, session: Session) -> None:
+        return None
+
+    def on_failure(self, trace: Trace) -> Path:
+        name = trace.header.implementation.replace(":", "-")
+        self.last_failure = trace.write(self.folder / f"failure-{name}.jsonl")
+        return self.last_failure
 
 
 @st.composite
@@ -140,6 +170,7 @@ class HiCacheMachine(RuleBasedStateMachine):
 
     implementation: Implementation
     impl_name = "reference"
+    sink: ClassVar[CaseSink] = FailureFolder()
 
     def __init__(self) -> None:
         super().__init__()
@@ -158,22 +189,23 @@ class HiCacheMachine(RuleBasedStateMachine):
             self.failed = True  # teardown must not replace this error with a consequence
             self._report_failure(exc)
             raise
+        except KeyboardInterrupt:
+            self.failed = True  # Ctrl-C cut the step short: its half-done state proves nothing
+            raise
 
     def _report_failure(self, exc: BaseException) -> None:
-        """Write this case's trace and report the replay line.
+        """Hand this case's trace to the sink and note the replay line.
 
-        Hypothesis shrinks by re-running failing cases; each run overwrites the same file, and
-        ``report`` is shown only for the final (shrunk) run, so exactly one line is printed.
+        Hypothesis shrinks by re-running failing cases; the sink keeps the latest, and a note is
+        shown only for the final (shrunk) run, so exactly one line is printed.
         """
         if self.session is None or getattr(exc, "_hicache_reported", False):
             return
-        out = Path(os.environ.get(FAILURE_DIR_ENV, str(DEFAULT_FAILURE_DIR)))
         trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
-        path = trace.write(out / f"failure-{self.impl_name.replace(':', '-')}.jsonl")
-        LAST_FAILURE["path"] = str(path)
+        path = self.sink.on_failure(trace)
         note(
             f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
-            f"replay with: hicache-fuzz replay {path}"
+            f"replay with: {get_replay_line(path)}"
         )
         exc._hicache_reported = True  # type: ignore[attr-defined]
 
@@ -192,8 +224,7 @@ class HiCacheMachine(RuleBasedStateMachine):
             self._report_failure(exc)
             raise
         finally:
-            for sink in STATS_SINKS:
-                sink(self.session)
+            self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
 
 
 def _machine_rule(
@@ -245,10 +276,16 @@ for _record in RULES.values():
         setattr(HiCacheMachine, _record.name, method)
 
 
-def machine_for(implementation: Implementation, name: str) -> type[HiCacheMachine]:
-    """A machine class bound to one implementation (for pytest and the CLI)."""
-    return type(
-        f"HiCacheMachine_{name.replace(':', '_').replace('-', '_')}",
-        (HiCacheMachine,),
-        {"implementation": implementation, "impl_name": name},
-    )
+def machine_for(
+    implementation: Implementation, name: str, sink: CaseSink | None = None, *, key: str = ""
+) -> type[HiCacheMachine]:
+    """A machine class bound to one implementation and the sink of the campaign running it.
+
+    The class name is Hypothesis' example-database key for its failures; ``key`` (a digest of
+    the implementation's source, say) keeps two trees gated under one name apart there.
+    """
+    slug = name.replace(":", "_").replace("-", "_").replace(".", "_")
+    attributes: dict[str, Any] = {"implementation": implementation, "impl_name": name}
+    if sink is not None:
+        attributes["sink"] = sink
+    return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)

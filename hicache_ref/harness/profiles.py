@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import ExampleDatabase
 
 PROFILE_ENV = "HICACHE_PROFILE"
 
@@ -19,8 +20,15 @@ PROFILES: dict[str, dict[str, object]] = {
 
 
 def make_settings(
-    profile: str | None = None, *, shrink: bool = True, **overrides: object
+    profile: str | None = None,
+    *,
+    shrink: bool = True,
+    database: ExampleDatabase | None = None,
+    reuse: bool = True,
+    **overrides: object,
 ) -> settings:
+    """The profile's settings; with ``database`` Hypothesis saves every failing case there, and
+    with ``reuse`` it first replays what the database holds for this machine."""
     name = profile or os.environ.get(PROFILE_ENV, "ci")
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; legal: {', '.join(PROFILES)}")
@@ -33,11 +41,11 @@ def make_settings(
             HealthCheck.filter_too_much,
             HealthCheck.data_too_large,
         ],
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+        phases=[Phase.explicit, *([Phase.reuse] if reuse else []), Phase.generate, Phase.target]
         + ([Phase.shrink] if shrink else []),
         print_blob=False,
         report_multiple_bugs=False,
-        database=None,
+        database=database,
         **values,  # type: ignore[arg-type]
     )
 

@@ -114,15 +114,19 @@ class Trace(BaseModel):
 
     @staticmethod
     def read(path: Path) -> Trace:
-        text = Path(path).read_text()
+        return Trace.from_jsonl(Path(path).read_text(), where=str(path))
+
+    @staticmethod
+    def from_jsonl(text: str, where: str = "<text>") -> Trace:
+        """The trace ``to_jsonl`` wrote (``where`` names it in errors)."""
         lines = [line for line in text.splitlines() if line.strip()]
         if not lines:
-            raise HiCacheInputError(f"trace {path} is empty (expected a header line and steps)")
+            raise HiCacheInputError(f"trace {where} is empty (expected a header line and steps)")
         header_data = json.loads(lines[0])
         version = header_data.get("version")
         if version != TRACE_VERSION:
             raise HiCacheInputError(
-                f"trace {path} has version {version!r}; this hicache_ref reads {TRACE_VERSION!r}"
+                f"trace {where} has version {version!r}; this hicache_ref reads {TRACE_VERSION!r}"
             )
         header = TraceHeader.model_validate(header_data)
         steps = tuple(Step.model_validate_json(line) for line in lines[1:])

@@ -38,7 +38,12 @@ def add_vectors_parser(sub: Any) -> None:
     rep.add_argument("suite", nargs="?", default=None, help="default: the shipped suite")
     rep.add_argument("--impl", default="reference", help="a name, or pkg.module:factory")
     rep.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
-    rep.add_argument("--device", default="sim", choices=DEVICE_KINDS)
+    rep.add_argument(
+        "--device",
+        default="sim",
+        choices=DEVICE_KINDS,
+        help="sim (default) or cuda: where to replay",
+    )
     rep.add_argument("--only", nargs="+", metavar="ID", help="replay only these vector ids")
     rep.add_argument("--json", metavar="FILE", help="write a machine-readable report here")
     rep.add_argument("--quiet", action="store_true", help="print only failures and the total")

@@ -35,7 +35,6 @@ from hicache_ref.device.perturb import (
 )
 from hicache_ref.device.protocol import EventT, OpKind, StreamT
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness import machine as machine_module
 from hicache_ref.harness import world
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.config import HarnessConfig
@@ -396,11 +395,7 @@ def test_a_flaky_rerun_without_inner_errors_reports_the_recorded_trace(tmp_path:
     # a Flaky error with nothing inside -> the last failing trace's note names the invariant
     header = TraceHeader(config=HarnessConfig(), note="InvariantViolation: INV-11 violated: read")
     path = Trace(header=header, steps=()).write(tmp_path / "failure.jsonl")
-    machine_module.LAST_FAILURE["path"] = str(path)
-    try:
-        found = get_campaign_failure(FlakyStrategyDefinition("Inconsistent data generation"))
-    finally:
-        machine_module.LAST_FAILURE.clear()
+    found = get_campaign_failure(FlakyStrategyDefinition("Inconsistent data generation"), path)
     assert isinstance(found, RecordedFailure)
     assert get_failure_invariant(found) == "INV-11"
 

@@ -7,10 +7,10 @@ the machine's misuse probes are disabled; every mutant that is not only about re
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from hicache_ref import cli
 from hicache_ref.harness import catalogue
 from hicache_ref.harness.adapters.mutant import GUARDS, register_unguarded_mutant
 from hicache_ref.harness.adapters.registry import get_implementation, list_mutants
@@ -82,12 +82,9 @@ def test_report_pins_each_row_and_takes_the_median_of_the_kills() -> None:
 
 
 def test_cli_mutants_prints_the_table_writes_json_and_exits_clean(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    catalogue.add_arguments(parser)
     out_json = tmp_path / "catalogue.json"
-    argv = ["extra_write_ack", "--seconds", "30", "--jobs", "1", "--out", str(tmp_path)]
-    args = parser.parse_args([*argv, "--json", str(out_json)])
-    assert catalogue.cli_mutants(args) == 0
+    argv = ["mutants", "extra_write_ack", "--budget", "30", "--jobs", "1", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())
     assert data["rows"][0]["name"] == "extra_write_ack" and data["rows"][0]["pinned"]
     assert data["rows"][0]["shrunk_length"] is not None

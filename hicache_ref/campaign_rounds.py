@@ -1,0 +1,160 @@
+"""A campaign's rounds: seeded runs of the state machine until the time is up, or a stop.
+
+``run_rounds`` hands the machine this campaign's sink (``campaign_failures.CampaignSink``),
+then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh seed, the
+database's saved failures replayed in the first round only (``reuse``), each failure absorbed
+(``campaign_failures.absorb_failure``), a timeline point and the ``on_round`` callback after
+every round. It stops when the time is up, at ``rounds_max``, at the first new failure (unless
+it keeps going: then it also sets the fleet's ``stop``), when another worker set ``stop``, and
+at Ctrl-C (``interrupt`` between rounds, ``KeyboardInterrupt`` between steps): then the report
+says ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Unsatisfiable
+from hypothesis.stateful import run_state_machine_as_test
+
+from hicache_ref.campaign_failures import (
+    CampaignSink,
+    FailureContext,
+    absorb_failure,
+    get_campaign_failure,
+)
+from hicache_ref.errors import HiCacheSetupError
+from hicache_ref.fleet.database import get_source_key
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.known_findings import KnownFinding
+from hicache_ref.harness.machine import machine_for
+from hicache_ref.harness.profiles import make_settings
+
+if TYPE_CHECKING:
+    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.fleet.database import CampaignDatabase
+
+
+class EventLike(Protocol):
+    """``threading.Event`` or ``multiprocessing.Event``: set by one party, seen by another."""
+
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CampaignSignals:
+    """How a fleet steers a worker's campaign between rounds (``fleet/workers.py``)."""
+
+    interrupt: EventLike
+    """Ctrl-C reached the fleet: stop now and report what ran (``interrupted``)."""
+    stop: EventLike
+    """A worker found a new failure and the fleet stops at the first: stop, not interrupted."""
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What every round of one campaign shares."""
+
+    out_dir: Path
+    examples_per_round: int
+    stop_on_failure: bool
+    minimize_replays: int
+    shrink: bool
+    known: Sequence[KnownFinding]
+    database: CampaignDatabase | None
+    signals: CampaignSignals | None
+    on_round: Callable[[CampaignReport, float], None] | None
+    rounds_max: int | None
+
+
+def run_rounds(
+    report: CampaignReport, implementation: Implementation, seconds: float, plan: RoundPlan
+) -> None:
+    """The campaign's rounds, under the device binding ``run_campaign`` set up."""
+    out_dir = plan.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="hicache-fuzz-"))
+    sink = CampaignSink(report, scratch, clock=lambda: time.monotonic() - start)
+    machine_class = machine_for(
+        implementation, report.implementation, sink, key=get_source_key(implementation)
+    )
+    report.sample(0.0)
+    try:
+        while time.monotonic() - start < seconds:
+            if plan.rounds_max is not None and report.rounds >= plan.rounds_max:
+                break
+            if plan.signals is not None and plan.signals.interrupt.is_set():
+                report.interrupted = True
+                break
+            if plan.signals is not None and plan.signals.stop.is_set():
+                break
+            if _run_round(report, machine_class, sink, plan, time.monotonic() - start):
+                if plan.signals is not None:
+                    plan.signals.stop.set()
+                break
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        report.seconds = time.monotonic() - start
+        report.sample(report.seconds, force=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_round(
+    report: CampaignReport,
+    machine_class: type[Any],
+    sink: CampaignSink,
+    plan: RoundPlan,
+    started_s: float,
+) -> bool:
+    """One seeded round; True when it found a new failure and the campaign stops at the first."""
+    round_seed = report.seed + report.rounds * report.seed_stride
+    sink.last_failure = None
+    settings = make_settings(
+        report.profile,
+        shrink=plan.shrink,
+        max_examples=plan.examples_per_round,
+        derandomize=False,
+        database=plan.database.examples if plan.database is not None else None,
+        reuse=report.rounds == 0,  # what any worker saved replays once, first
+    )
+    try:
+        run_state_machine_as_test(hypothesis_seed(round_seed)(machine_class), settings=settings)
+    except HiCacheSetupError:
+        raise  # the implementation cannot be built: no finding, a setup problem
+    except Unsatisfiable as exc:
+        raise HiCacheSetupError(
+            f"implementation {report.implementation!r} supports no configuration the harness "
+            f"draws (capabilities: {sorted(machine_class.implementation.capabilities)}); fix "
+            "its capabilities"
+        ) from exc
+    except Exception as exc:  # a found bug: record it, keep its trace
+        context = FailureContext(
+            out_dir=plan.out_dir,
+            round_seed=round_seed,
+            round_index=report.rounds,
+            at_s=sink.clock(),
+            last_failure=sink.last_failure,
+            minimize_replays=plan.minimize_replays,
+            save_trace=plan.database.save_trace if plan.database is not None else None,
+        )
+        failure = get_campaign_failure(exc, sink.last_failure)
+        is_new = absorb_failure(report, failure, context, plan.known)
+        return is_new and plan.stop_on_failure
+    finally:
+        report.rounds += 1
+        elapsed = sink.clock()
+        report.sample(elapsed)
+        if plan.on_round is not None:
+            plan.on_round(report, elapsed)
+    return False

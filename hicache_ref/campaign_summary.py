@@ -1,0 +1,119 @@
+"""The text summary of a campaign, as ``hicache-fuzz run`` and ``gate`` print it.
+
+One header line (implementation, device, profile, seeds, workers, shard, database), a line
+when Ctrl-C cut it short, then the counts: cases and steps, rules and rule families, the
+configuration features drawn, the lockstep oracle, invariant checks by id *with each title*
+(``INV-02 single-write-ack=40``), known findings hit, and each new failure with the line that
+replays it (``replay_lines.get_replay_line``: runnable as printed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from hicache_ref.harness.rules import RULES
+from hicache_ref.invariant_titles import get_invariant_label
+from hicache_ref.invariants.checks_storage import STORAGE_IDS
+
+if TYPE_CHECKING:
+    from hicache_ref.campaign import CampaignReport
+
+SUMMARY_WIDTH = 100
+
+
+def render_summary(report: CampaignReport, *, replay_lines: bool = True) -> str:
+    """The summary; ``replay_lines=False`` leaves the replay lines to the caller (the gate)."""
+    lines = [f"hicache-fuzz: {report.implementation} on {report.device_label}, {_where(report)}"]
+    if report.interrupted:
+        lines.append(
+            f"  INTERRUPTED after {report.seconds:.1f}s (Ctrl-C): what follows is what ran"
+        )
+    lines += [
+        f"  {report.cases} cases, {report.steps} steps ({report.skipped_steps} skipped) in "
+        f"{report.seconds:.1f}s = {report.steps / max(report.seconds, 1e-9):.0f} steps/s; "
+        f"{report.invariant_checks} invariant checks; {len(report.configs)} distinct configs",
+        "  rules hit: " + ", ".join(f"{k}={v}" for k, v in sorted(report.rules.items())),
+        "  rule families (share of applied steps): "
+        + ", ".join(f"{f} {s:.0%}" for f, s in report.family_shares().items()),
+        "  configs: " + "; ".join(_render_feature(n, c) for n, c in report.features.items()),
+        "  copy_path auto takes here (cases): "
+        + (" ".join(f"{k}={v}" for k, v in sorted(report.auto_copy_paths.items())) or "-"),
+        f"  lockstep oracle: {report.lockstep_cases} of {report.cases} cases, "
+        f"{report.lockstep_steps} steps compared"
+        + ("" if report.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)"),
+    ]
+    lines += _render_storage(report)
+    if report.checks_by_id:
+        checks = [f"{get_invariant_label(k)}={v}" for k, v in sorted(report.checks_by_id.items())]
+        lines += _wrap_items("  checks by invariant: ", checks)
+    if report.known_hits:
+        lines.append(
+            "  known findings hit: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(report.known_hits.items()))
+        )
+    lines += _render_failures(report, replay_lines)
+    return "\n".join(lines)
+
+
+def _render_storage(report: CampaignReport) -> list[str]:
+    """The storage rules applied and the storage ids checked, when the campaign drew storage."""
+    storage = {
+        r: n for r, n in sorted(report.rules.items()) if r in RULES and RULES[r].family == "storage"
+    }
+    if not storage:
+        return []
+    ids = [
+        f"{get_invariant_label(i)}={n}"
+        for i, n in sorted(report.checks_by_id.items())
+        if i in STORAGE_IDS
+    ]
+    share = report.family_shares().get("storage", 0.0)
+    rules = ", ".join(f"{k}={v}" for k, v in storage.items())
+    return _wrap_items(f"  storage: {share:.0%} of applied steps ({rules}); checks ", ids)
+
+
+def _wrap_items(first: str, items: list[str]) -> list[str]:
+    """``items`` joined by commas, in lines of at most ``SUMMARY_WIDTH`` (an item is never cut)."""
+    lines, line = [], first
+    for i, item in enumerate(items):
+        piece = item + ("," if i + 1 < len(items) else "")
+        if line.strip() and len(line) + len(piece) + 1 > SUMMARY_WIDTH and line != first:
+            lines.append(line.rstrip())
+            line = "    "
+        line += piece + " "
+    lines.append(line.rstrip())
+    return lines
+
+
+def _render_failures(report: CampaignReport, replay_lines: bool) -> list[str]:
+    if not report.failures:
+        return ["  failures: none" + (" new" if report.known_hits else "")]
+    lines = [f"  FAILURES: {len(report.failures)}"]
+    for failure in report.failures:
+        repeats = report.repeats[failure["invariant"]]
+        again = f" (and {repeats} more like it)" if repeats else ""
+        lines.append(f"    {get_invariant_label(failure['invariant'])}: {failure['error']}{again}")
+        if replay_lines:
+            lines.append(f"    replay: {failure['replay']}")
+    return lines
+
+
+def _where(report: CampaignReport) -> str:
+    """Profile, seeds, workers and shard, as the header line says them."""
+    stride = f" (then every {report.seed_stride}th)" if report.seed_stride > 1 else ""
+    fleet = f", {report.workers} workers" if report.workers > 1 else ""
+    shard = f", shard {report.shard}" if report.shard != "1/1" else ""
+    database = f", database {report.database}" if report.database else ""
+    return f"profile {report.profile}, seed {report.seed}{stride}{fleet}{shard}{database}"
+
+
+def _render_feature(name: str, counts: Counter[str]) -> str:
+    ordered = sorted(counts.items(), key=lambda item: _natural_key(item[0]))
+    inner = " ".join(f"{value}={count}" for value, count in ordered)
+    return f"{name} {inner or '-'}"
+
+
+def _natural_key(value: str) -> tuple[int, int, str]:
+    """Numbers in numeric order (page 1 2 4 16), then names in alphabetical order."""
+    return (0, int(value), "") if value.isdigit() else (1, 0, value)

@@ -1,0 +1,348 @@
+"""Workers: one campaign per process, each on its own seed lane, merged into one report.
+
+``plan_workers`` gives every worker its lane (``shards.py``) and the campaign settings they
+share; ``run_fleet`` runs one in this process, or spawns one process per worker (``spawn``: a
+fresh interpreter, never a fork of a process holding torch threads or a CUDA context) and
+merges their reports (``merge.py``). Nothing crosses between processes while they fuzz: each
+worker builds its own worlds (on ``cuda`` its own streams on the shared GPU), opens its own
+database connection, keeps its own traces, and sends at most one progress ``Snapshot`` a
+second and its report at the end. A worker that finds a new failure sets the fleet's ``stop``
+event (unless ``--keep-going``), and the others end after their current round.
+
+Ctrl-C: the workers start with SIGINT ignored (inherited through exec, so a Ctrl-C while they
+import cannot kill them half-started); each then takes SIGINT as the end of its campaign, and
+ignores it once its campaign has ended and its report is on the way. The fleet sets
+``interrupt`` (seen between rounds), sends SIGINT to each worker still running (seen between
+steps) every ``RESEND_S``, and waits ``INTERRUPT_GRACE_S`` for the reports; a second Ctrl-C
+stops waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from hicache_ref.campaign import (
+    MINIMIZE_REPLAYS_MAX,
+    CampaignReport,
+    CampaignSignals,
+    run_campaign,
+)
+from hicache_ref.device.perturb import Perturbation
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.fleet.database import DatabaseSpec
+from hicache_ref.fleet.merge import merge_reports
+from hicache_ref.fleet.progress import ProgressView, get_snapshot
+from hicache_ref.fleet.shards import SeedLane, Shard, get_lanes
+from hicache_ref.harness.known_findings import KnownFinding
+
+INTERRUPT_GRACE_S = 60.0
+"""How long the fleet waits for its workers' reports after Ctrl-C."""
+RESEND_S = 1.0
+"""After Ctrl-C, SIGINT again to each worker still running this often (one may be lost)."""
+SNAPSHOT_INTERVAL_S = 1.0
+POLL_S = 0.5
+LOST_AFTER_S = 3.0
+"""A worker that exited this long ago without a report is lost (its last message would have
+arrived by then)."""
+
+
+def get_default_workers() -> int:
+    """The cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """Everything one worker needs (picklable: it crosses into the worker's process)."""
+
+    impl: str
+    lane: SeedLane
+    seconds: float
+    profile: str
+    out_dir: str
+    stop_on_failure: bool = True
+    shrink: bool = False
+    known: tuple[KnownFinding, ...] = ()
+    device: str = "sim"
+    perturbation: Perturbation | None = None
+    database: DatabaseSpec | None = None
+    examples_per_round: int | None = None
+    rounds_max: int | None = None
+    minimize_replays: int = MINIMIZE_REPLAYS_MAX
+    """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
+
+
+def plan_workers(
+    impl: str, *, seed: int, shard: Shard, workers: int, **common: Any
+) -> list[WorkerTask]:
+    """One task per worker of this runner, each on its own lane."""
+    return [WorkerTask(impl, lane=lane, **common) for lane in get_lanes(seed, shard, workers)]
+
+
+def run_worker(
+    task: WorkerTask,
+    *,
+    signals: CampaignSignals | None = None,
+    view: ProgressView | None = None,
+    on_round: Any = None,
+) -> CampaignReport:
+    """One worker's campaign, in this process; its report names its place in the fleet."""
+    database = task.database.open() if task.database is not None else None
+    report = run_campaign(
+        task.impl,
+        seconds=task.seconds,
+        profile=task.profile,
+        seed=task.lane.first,
+        seed_stride=task.lane.stride,
+        out_dir=Path(task.out_dir),
+        examples_per_round=task.examples_per_round,
+        stop_on_failure=task.stop_on_failure,
+        progress=False,
+        shrink=task.shrink,
+        known=task.known,
+        device=task.device,
+        perturbation=task.perturbation,
+        database=database,
+        signals=signals,
+        on_round=on_round if on_round is not None else (view.on_round if view else None),
+        rounds_max=task.rounds_max,
+        minimize_replays=task.minimize_replays,
+    )
+    report.worker, report.workers = task.lane.worker, task.lane.workers
+    report.shard = task.lane.shard.label
+    for failure in report.failures:
+        failure.update(worker=task.lane.worker, shard=report.shard)
+    return report
+
+
+def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> CampaignReport:
+    """Run every task (in this process when there is one) and merge their reports."""
+    assert tasks, "a fleet needs a worker"
+    if len(tasks) == 1:
+        return run_worker(tasks[0], view=view)
+    return _Fleet(tasks, view).run()
+
+
+# -- the worker process --------------------------------------------------------------------------
+def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> None:
+    """A spawned worker: SIGINT ends its campaign, torch keeps to one thread, then run."""
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    sys.unraisablehook = _drop_interrupts
+    import torch
+
+    torch.set_num_threads(1)  # N processes on N cores: no intra-op threads fighting them
+
+    def ignore_interrupts() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    signals = CampaignSignals(interrupt, stop)
+    run_and_report(task, messages, signals, ending=ignore_interrupts)
+
+
+def run_and_report(
+    task: WorkerTask,
+    messages: Any,
+    signals: CampaignSignals,
+    ending: Callable[[], object] | None = None,
+) -> None:
+    """A worker's campaign, then one final message: its report, an input error's one line, or
+    a bug's traceback (``messages.put`` of ``(kind, worker, payload)``). ``ending`` runs once
+    the campaign is past its last round (interrupted, or done): the spawned worker ignores
+    SIGINT from there on, so its wrap-up and its report get out whole."""
+    worker = task.lane.worker
+    sent = [0.0]
+
+    def on_round(report: CampaignReport, elapsed_s: float) -> None:
+        if ending is not None and signals.interrupt.is_set():
+            ending()  # the rounds loop stops at its next check: nothing left to interrupt
+        now = time.monotonic()
+        if now - sent[0] >= SNAPSHOT_INTERVAL_S:
+            sent[0] = now
+            messages.put(("progress", worker, get_snapshot(report, elapsed_s)))
+
+    try:
+        messages.put(("started", worker, None))
+        report = run_worker(task, signals=signals, on_round=on_round)
+        if ending is not None:
+            ending()
+        messages.put(("done", worker, report))
+    except KeyboardInterrupt:  # before its campaign began: nothing ran
+        messages.put(("interrupted", worker, None))
+    except HiCacheInputError as exc:  # a setup problem too: the one line the CLI prints
+        messages.put(("input_error", worker, str(exc)))
+    except BaseException:
+        messages.put(("crash", worker, traceback.format_exc()))
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _drop_interrupts(unraisable: Any) -> None:
+    """A SIGINT that lands in a garbage-collector callback cannot stop anything there (Python
+    prints and drops it): stay quiet, the fleet sends another (``RESEND_S``)."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+class _Fleet:
+    """Spawned workers and what the parent hears from them."""
+
+    def __init__(self, tasks: list[WorkerTask], view: ProgressView | None) -> None:
+        self.tasks = tasks
+        self.view = view
+        context = get_context("spawn")
+        self.messages = context.Queue()
+        self.interrupt = context.Event()
+        self.stop = context.Event()
+        self.processes = [
+            context.Process(
+                target=_worker_main,
+                args=(task, self.messages, self.interrupt, self.stop),
+                name=f"hicache-fuzz-worker-{task.lane.worker}",
+            )
+            for task in tasks
+        ]
+        self.reports: dict[int, CampaignReport] = {}
+        self.pending = {task.lane.worker for task in tasks}
+        self.started: set[int] = set()
+        self.dead_since: dict[int, float] = {}
+        self.lost: list[str] = []
+        self.error: str | None = None
+        self.grace_until: float | None = None
+        self.forwarded_at = 0.0
+
+    def run(self) -> CampaignReport:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the children
+        try:
+            for process in self.processes:
+                process.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
+            self._collect()
+        finally:
+            self._reap()
+        return self._result()
+
+    def _collect(self) -> None:
+        while self.pending:
+            try:
+                if not self._step():
+                    return
+            except KeyboardInterrupt:
+                if self.grace_until is not None:
+                    return  # a second Ctrl-C: stop waiting for the rest
+                self._interrupt()
+
+    def _step(self) -> bool:
+        """Handle one message (or a quiet poll); False when waiting is over."""
+        if self.grace_until is not None:
+            if time.monotonic() > self.grace_until:
+                return False
+            if time.monotonic() - self.forwarded_at >= RESEND_S:
+                self._forward_interrupt()
+        try:
+            kind, worker, payload = self.messages.get(timeout=POLL_S)
+        except queue_module.Empty:
+            self._notice_dead()
+            return True
+        if kind == "progress":
+            if self.view is not None:
+                self.view.update(worker, payload)
+        elif kind == "started":
+            self._on_started(worker)
+        elif kind == "done":
+            self.reports[worker] = payload
+            self.pending.discard(worker)
+        elif kind == "interrupted":
+            self.pending.discard(worker)
+        else:  # input_error or crash: stop the others, keep the first
+            self.error = self.error or f"{kind}\n{payload}"
+            self.pending.discard(worker)
+            self.stop.set()
+            return False
+        return True
+
+    def _on_started(self, worker: int) -> None:
+        self.started.add(worker)
+        if len(self.started) == len(self.tasks) and self.view is not None:
+            print(
+                f"hicache-fuzz: all {len(self.tasks)} workers running",
+                file=self.view.stream,
+                flush=True,
+            )
+
+    def _interrupt(self) -> None:
+        self.interrupt.set()
+        self.grace_until = time.monotonic() + INTERRUPT_GRACE_S
+        self._forward_interrupt()
+
+    def _forward_interrupt(self) -> None:
+        """SIGINT to every worker that has not reported yet (it ends its campaign there)."""
+        self.forwarded_at = time.monotonic()
+        for task, process in zip(self.tasks, self.processes, strict=True):
+            if task.lane.worker in self.pending and process.is_alive() and process.pid:
+                try:
+                    os.kill(process.pid, signal.SIGINT)
+                except ProcessLookupError:  # it exited in between
+                    pass
+
+    def _notice_dead(self) -> None:
+        now = time.monotonic()
+        for task, process in zip(self.tasks, self.processes, strict=True):
+            worker = task.lane.worker
+            if worker not in self.pending or process.is_alive():
+                continue
+            since = self.dead_since.setdefault(worker, now)
+            if now - since > LOST_AFTER_S:
+                self.pending.discard(worker)
+                self.lost.append(
+                    f"worker {worker} exited (code {process.exitcode}) before it reported"
+                )
+
+    def _reap(self) -> None:
+        for process in self.processes:
+            process.join(timeout=5.0 if self.error is None else 0.5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5.0)
+        self.messages.close()
+        self.messages.cancel_join_thread()
+
+    def _result(self) -> CampaignReport:
+        if self.error is not None:
+            kind, _, text = self.error.partition("\n")
+            if kind == "input_error":
+                raise HiCacheSetupError(text)
+            raise RuntimeError(f"a worker crashed; its traceback:\n{text}")
+        interrupted = self.interrupt.is_set()
+        missing = [t.lane.worker for t in self.tasks if t.lane.worker not in self.reports]
+        if missing and not interrupted:
+            raise HiCacheSetupError(
+                "; ".join(self.lost)
+                or f"workers {missing} sent no report"
+                + "; their rounds are lost, so the run proves nothing: run again"
+            )
+        if not self.reports:
+            empty = CampaignReport(self.tasks[0].impl, self.tasks[0].profile, 0)
+            empty.interrupted = True
+            return empty
+        merged = merge_reports([self.reports[w] for w in sorted(self.reports)])
+        merged.interrupted = merged.interrupted or interrupted
+        merged.workers = len(self.tasks)
+        return merged

@@ -1,0 +1,55 @@
+"""A real redis-server on loopback for the fleet's database tests (each test its own)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REDIS_START_POLLS = 100  # x 0.05 s: a loaded CI machine starts redis-server in well under 5 s
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """``redis://127.0.0.1:<port>`` of a redis-server this test started (and stops)."""
+    server = shutil.which("redis-server")
+    assert server is not None, (
+        "the fleet's database tests need redis-server on PATH: apt-get install -y "
+        "redis-server (.ci/run installs it when missing)"
+    )
+    port = _free_port()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    options = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(
+        [server, *options, "--dir", str(folder), "--logfile", str(folder / "redis.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(REDIS_START_POLLS):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as ping:
+                    ping.sendall(b"PING\r\n")
+                    if ping.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError(f"redis-server did not answer on port {port}; see {folder}")
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
