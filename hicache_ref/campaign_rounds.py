@@ -12,6 +12,7 @@ says ``interrupted``.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import time
@@ -76,6 +77,15 @@ class RoundPlan:
     rounds_max: int | None
 
 
+def freeze_long_lived_objects() -> None:
+    """Move every object alive now (torch's, Hypothesis', the modules') out of the collector's
+    sight: a full collection then walks only what the cases allocate. Measured: the collector
+    took 15-20% of a campaign's CPU walking ~190k objects that live as long as the process
+    (``benchmarks/RESULTS.md``, the speed pass)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_rounds(
     report: CampaignReport, implementation: Implementation, seconds: float, plan: RoundPlan
 ) -> None:
@@ -90,6 +100,7 @@ def run_rounds(
     )
     report.sample(0.0)
     try:
+        freeze_long_lived_objects()  # inside: a Ctrl-C during the collection still reports
         while time.monotonic() - start < seconds:
             if plan.rounds_max is not None and report.rounds >= plan.rounds_max:
                 break

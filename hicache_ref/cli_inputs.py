@@ -260,6 +260,14 @@ STEP_ARGUMENTS: dict[str, str] = {
     "batch": "bool",
     "stream": "stream",
     "nodes": "handles",
+    # the storage rules' (``harness/storage_rules.py``)
+    "pick": "int",
+    "new": "bool",
+    "rank": "int",
+    "pages": "int",
+    "request": "str",
+    "kind": "str",
+    "fault": "str",
 }
 """The type of every step argument the rules read (``harness/rules.py``): a wrong one is a bad
 trace, never a controller failure (tests/test_cli.py keeps this table complete)."""
@@ -273,6 +281,8 @@ def get_step_argument_problem(name: str, value: Any) -> str | None:
         return "is not an integer (nodes are handles 0, 1, ...; layers and counts are numbers)"
     if kind == "bool" and not isinstance(value, bool):
         return "is not true or false"
+    if kind == "str" and not isinstance(value, str):
+        return "is not a string"
     if kind == "stream" and value not in STREAMS:
         return f"is not a stream; legal: {', '.join(STREAMS)}"
     if kind == "handles" and not (isinstance(value, str) and _HANDLES.match(value)):

@@ -34,6 +34,18 @@ INVARIANT_TITLES: dict[str, str] = {
     "INV-17": "write-failure-clean",
     "INV-18": "reset-clean",
     "INV-19": "prefetch-ranges",
+    "INV-20": "storage-collectives",
+    "INV-21": "min-progress",
+    "INV-22": "verdict-after-hit",
+    "INV-23": "io-owned-bounce-pages",
+    "INV-24": "storage-epochs",
+    "INV-25": "one-storage-ack",
+    "INV-26": "ack-is-stored-prefix",
+    "INV-27": "prefix-chained-keys",
+    "INV-28": "key-namespace",
+    "INV-29": "hit-endpoint",
+    "INV-30": "l3-bytes",
+    "INV-31": "l3-prefix-closed",
 }
 _ID_LINE = re.compile(r"^(INV-\d\d) ([a-z0-9-]+):")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from hypothesis import note, reject
 from hypothesis import strategies as st
@@ -33,6 +33,8 @@ from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.config import (
     LEGAL_LAYOUTS,
     MHA_ONLY_LAYOUTS,
+    AllocPolicy,
+    CopyPath,
     HarnessConfig,
     IoBackend,
     Layout,
@@ -50,7 +52,7 @@ from hicache_ref.pools.transfer import copy_paths_for_layout
 from hicache_ref.replay_lines import get_replay_line
 
 DEFAULT_FAILURE_DIR = Path("fuzz/out")
-DRAWN_COPY_PATHS = ("gather", "runs", "batch")
+DRAWN_COPY_PATHS: tuple[CopyPath, ...] = ("gather", "runs", "batch")
 """Copy paths a case draws: the simulator's gather, and the two GPU paths (run-merged copies,
 the copy engine's batched page copies, executed on the CPU by ``memmove`` from the same pointer
 plan). ``triton`` is left to the transfer tests: its CPU interpreter is too slow per step."""
@@ -83,19 +85,36 @@ class FailureFolder:
         return self.last_failure
 
 
+# the strategies a case's configuration draws from, built once (not once per case)
+_PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
+_IO_BACKENDS: st.SearchStrategy[IoBackend] = st.sampled_from(["direct", "kernel"])
+_LAYOUTS: dict[str, st.SearchStrategy[Layout]] = {
+    io: st.sampled_from(cast("tuple[Layout, ...]", layouts))
+    for io, layouts in LEGAL_LAYOUTS.items()
+}
+_LAYOUT_NAMES = [cast("tuple[Layout, ...]", layouts) for layouts in LEGAL_LAYOUTS.values()]
+_CP_SIZES = st.sampled_from([0, 0, 1, 2, 3, 4])
+_POOL_KINDS: st.SearchStrategy[PoolKind] = st.sampled_from(["mha", "mla", "nsa"])
+_POLICIES: st.SearchStrategy[AllocPolicy] = st.sampled_from(["fifo", "lifo", "random"])
+_COUNTERS = st.sampled_from([2, 5])
+_HYBRID = st.sampled_from([False, False, True])
+_COPY_PATHS: dict[Layout, st.SearchStrategy[CopyPath]] = {
+    layout: st.sampled_from([p for p in DRAWN_COPY_PATHS if p in copy_paths_for_layout(layout)])
+    for layouts in _LAYOUT_NAMES
+    for layout in layouts
+}
+
+
 @st.composite
 def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset()) -> HarnessConfig:
     """Configurations drawn per case, restricted to what the implementation supports."""
-    page_size = draw(st.sampled_from([1, 2, 4, 16]))
-    io_backend: IoBackend = draw(st.sampled_from(["direct", "kernel"]))
-    layout: Layout = draw(st.sampled_from(LEGAL_LAYOUTS[io_backend]))
+    page_size = draw(_PAGE_SIZES)
+    io_backend: IoBackend = draw(_IO_BACKENDS)
+    layout: Layout = draw(_LAYOUTS[io_backend])
     mha_only = layout in MHA_ONLY_LAYOUTS
-    layout_paths = copy_paths_for_layout(layout)  # the copy engine's batch refuses some layouts
     storage = draw(storage_fields(capabilities))  # a storage world has no CP and no draft
-    cp_size = 0 if mha_only or storage else draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
-    pool_kind: PoolKind = (
-        "mha" if mha_only else "nsa" if cp_size else draw(st.sampled_from(["mha", "mla", "nsa"]))
-    )
+    cp_size = 0 if mha_only or storage else draw(_CP_SIZES)
+    pool_kind: PoolKind = "mha" if mha_only else "nsa" if cp_size else draw(_POOL_KINDS)
     layer_num = draw(st.integers(1, 3))
     draft_layer_num = 0 if storage else draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
     ranks = max(1, cp_size)
@@ -109,13 +128,13 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         cp_size=cp_size,
         device_pages=draw(st.integers(2 * ranks + 6, 2 * ranks + 40)),
         host_pages=draw(st.integers(2, 24)),
-        alloc_policy=draw(st.sampled_from(["fifo", "lifo", "random"])),
-        draft_alloc_policy=draw(st.sampled_from(["fifo", "lifo", "random"])),
+        alloc_policy=draw(_POLICIES),
+        draft_alloc_policy=draw(_POLICIES),
         draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
-        num_counters=draw(st.sampled_from([2, 5])),
+        num_counters=draw(_COUNTERS),
         settle_records=draw(st.booleans()),
-        copy_path=draw(st.sampled_from([p for p in DRAWN_COPY_PATHS if p in layout_paths])),
-        hybrid=draw(st.sampled_from([False, False, True])),
+        copy_path=draw(_COPY_PATHS[layout]),  # the copy engine's batch refuses some layouts
+        hybrid=draw(_HYBRID),
         seed=draw(st.integers(0, 2**16)),
         **storage,
     )

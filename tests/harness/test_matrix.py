@@ -22,7 +22,6 @@ from hicache_ref.harness.adapters.sglang_releases import (
 )
 from hicache_ref.harness.adapters.sglang_shapes import detect_shape
 from hicache_ref.harness.adapters.sglang_tree import CACHE_ENV, CONTROLLER_RELPATH, SRC_ENV
-from hicache_ref.harness.machine import FAILURE_DIR_ENV
 from hicache_ref.harness.matrix import ReleaseRow, mark_transitions, render_matrix
 
 LISTED = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13"]
@@ -148,7 +147,6 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
 ) -> None:
     # the CI cut of `gate --matrix`: every engine shape adapted, none refused
     monkeypatch.delenv(SRC_ENV, raising=False)
-    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
     report = tmp_path / "matrix.json"
     status = main(
         [

@@ -380,9 +380,7 @@ def test_bounded_seed_gate_with_every_written_up_finding_baselined_finds_nothing
     import json
 
     from hicache_ref.cli import EXIT_OK, main
-    from hicache_ref.harness.machine import FAILURE_DIR_ENV
 
-    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
     report_path = tmp_path / "gate.json"
     status = main(
         [
