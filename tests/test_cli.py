@@ -651,9 +651,7 @@ def test_the_gate_baselines_the_findings_written_up_for_the_implementation() -> 
 def test_every_step_argument_the_rules_read_has_a_type() -> None:
     # a rule reading an argument the trace checks do not know would let a bad value through
     harness = ROOT / "hicache_ref" / "harness"
-    source = "\n".join(
-        p.read_text() for p in harness.rglob("*.py") if "adapters" not in p.parts
-    )
+    source = "\n".join(p.read_text() for p in harness.rglob("*.py") if "adapters" not in p.parts)
     read = set(re.findall(r'args\.get\("([a-z_]+)"', source))
     read |= set(re.findall(r'args\["([a-z_]+)"\]', source))
     assert read and read <= set(STEP_ARGUMENTS), read - set(STEP_ARGUMENTS)
