@@ -36,11 +36,11 @@ from hypothesis.stateful import (
 )
 
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.machine import FailureFolder, HiCacheMachine, machine_for
-from hicache_ref.harness.outcome import Outcome
-from hicache_ref.harness.profiles import LOCKSTEP_ENV
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.campaigns.machine import FailureFolder, HiCacheMachine, machine_for
+from hicache_ref.harness.campaigns.profiles import LOCKSTEP_ENV
+from hicache_ref.harness.steps.outcome import Outcome
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
 
 STEPS = {"n": 0}
 CHECK_SHARE: list[float] = []

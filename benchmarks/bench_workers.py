@@ -31,7 +31,7 @@ import torch
 
 from hicache_ref.fleet.shards import Shard
 from hicache_ref.fleet.workers import plan_workers, run_fleet
-from hicache_ref.harness.profiles import PROFILES
+from hicache_ref.harness.campaigns.profiles import PROFILES
 
 
 def parse_counts(text: str) -> list[int]:

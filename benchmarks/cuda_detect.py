@@ -57,9 +57,9 @@ from hicache_ref.harness.adapters.sglang_tree import (  # noqa: E402
     fetch_wheel_tree,
     fork_tree,
 )
-from hicache_ref.harness.known_findings import get_known_findings  # noqa: E402
-from hicache_ref.harness.replay import minimize, replay  # noqa: E402
-from hicache_ref.harness.trace import Trace  # noqa: E402
+from hicache_ref.harness.campaigns.known_findings import get_known_findings  # noqa: E402
+from hicache_ref.harness.steps.replay import minimize, replay  # noqa: E402
+from hicache_ref.harness.steps.trace import Trace  # noqa: E402
 
 MUTANTS = (
     "write_ack_on_current_stream",

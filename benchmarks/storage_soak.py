@@ -19,7 +19,12 @@ from pathlib import Path
 
 import torch
 
-from hicache_ref.harness.storage_soak import SOAK_BACKENDS, SoakConfig, SoakReport, run_soak
+from hicache_ref.harness.campaigns.storage_soak import (
+    SOAK_BACKENDS,
+    SoakConfig,
+    SoakReport,
+    run_soak,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

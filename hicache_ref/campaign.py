@@ -37,12 +37,12 @@ from hicache_ref.campaign_summary import render_summary
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.known_findings import KnownFinding
-from hicache_ref.harness.lockstep import LockstepOracle
-from hicache_ref.harness.rules import RULES, rule_families
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.world import (
+from hicache_ref.harness.campaigns.known_findings import KnownFinding
+from hicache_ref.harness.lockstep.oracle import LockstepOracle
+from hicache_ref.harness.steps.rules import RULES, rule_families
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.world import (
     check_device_kind,
     get_auto_copy_path,
     on_device,
@@ -72,7 +72,7 @@ MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
-"""The rules of each family, from the rule records (``harness/rules.py``)."""
+"""The rules of each family, from the rule records (``harness/steps/rules.py``)."""
 FEATURES = (
     "pool",
     "layout/io",
@@ -155,7 +155,7 @@ class CampaignReport:
     known_hits: Counter[str] = field(default_factory=Counter)
     """Failures explained by a selected known finding, by finding id."""
     lockstep_cases: int = 0
-    """Cases the pure oracle followed step by step (``harness/lockstep.py``)."""
+    """Cases the pure oracle followed step by step (``harness/lockstep/oracle.py``)."""
     lockstep_steps: int = 0
     auto_copy_paths: Counter[str] = field(default_factory=Counter)
     """What ``copy_path="auto"`` would take in each case's world on this device."""

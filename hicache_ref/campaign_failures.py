@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from hypothesis.errors import Flaky
 
 from hicache_ref.device.perturb import Perturbation
-from hicache_ref.harness.known_findings import KnownFinding, match_known_finding
-from hicache_ref.harness.replay import minimize
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
+from hicache_ref.harness.steps.replay import minimize
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.replay_lines import get_replay_line, get_rerun_line
 
 if TYPE_CHECKING:

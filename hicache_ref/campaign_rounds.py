@@ -34,9 +34,9 @@ from hicache_ref.campaign_failures import (
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.database import get_source_key
 from hicache_ref.harness.adapters.base import Implementation
-from hicache_ref.harness.known_findings import KnownFinding
-from hicache_ref.harness.machine import machine_for
-from hicache_ref.harness.profiles import make_settings
+from hicache_ref.harness.campaigns.known_findings import KnownFinding
+from hicache_ref.harness.campaigns.machine import machine_for
+from hicache_ref.harness.campaigns.profiles import make_settings
 
 if TYPE_CHECKING:
     from hicache_ref.campaign import CampaignReport

@@ -18,7 +18,7 @@ Exit status: 0 when nothing (new) failed, 1 when a campaign, gate or replay fail
 argument, a bad file or a setup problem: one line on stderr naming it and the fix; 130 when
 Ctrl-C ended a campaign (its summary and --json report say what ran). The gate counts failures
 explained by known findings (--known, by default those written up for the implementation
-gated; see hicache_ref/harness/known_findings.py) and fails only on a new one, printing one
+gated; see hicache_ref/harness/campaigns/known_findings.py) and fails only on a new one, printing one
 replay line for each, runnable as printed.
 """
 
@@ -55,16 +55,16 @@ from hicache_ref.fleet.progress import ProgressView
 from hicache_ref.fleet.workers import run_fleet
 from hicache_ref.harness.adapters.base import unsupported_reasons
 from hicache_ref.harness.adapters.registry import checked_implementation
-from hicache_ref.harness.known_findings import (
+from hicache_ref.harness.campaigns.known_findings import (
     ALL,
     KNOWN_FINDINGS,
     KnownFinding,
     get_known_findings,
 )
-from hicache_ref.harness.profiles import PROFILES
-from hicache_ref.harness.replay import minimize, replay
-from hicache_ref.harness.trace import Trace
-from hicache_ref.harness.world import DEVICE_KINDS
+from hicache_ref.harness.campaigns.profiles import PROFILES
+from hicache_ref.harness.steps.replay import minimize, replay
+from hicache_ref.harness.steps.trace import Trace
+from hicache_ref.harness.world.world import DEVICE_KINDS
 from hicache_ref.replay_lines import get_replay_line, get_rerun_line
 from hicache_ref.vectors.cli import add_vectors_parser
 
@@ -107,8 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """A campaign that counts known findings, and fails only on a new failure."""
-    if args.matrix:  # every release of a range, one table (hicache_ref/harness/matrix.py)
-        from hicache_ref.harness.matrix import cmd_matrix
+    if args.matrix:  # every release of a range, one table (hicache_ref/harness/campaigns/matrix.py)
+        from hicache_ref.harness.campaigns.matrix import cmd_matrix
 
         return cmd_matrix(args)
     known = get_gate_known(args.known, args.impl)
@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--matrix",
         metavar="LO..HI",
         help="gate every upstream release in LO..HI (post releases included) or a comma list, "
-        "one table; --known defaults to all (hicache_ref/harness/matrix.py)",
+        "one table; --known defaults to all (hicache_ref/harness/campaigns/matrix.py)",
     )
     gate.add_argument(
         "--budget-each",

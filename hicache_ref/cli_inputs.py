@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, SRC_ENV, check_tree
-from hicache_ref.harness.rule_record import STREAMS
-from hicache_ref.harness.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
+from hicache_ref.harness.steps.rule_record import STREAMS
+from hicache_ref.harness.steps.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
 
 SGLANG_SRC_ENV = SRC_ENV
 SGLANG_CONTROLLER = CONTROLLER_RELPATH
@@ -260,7 +260,7 @@ STEP_ARGUMENTS: dict[str, str] = {
     "batch": "bool",
     "stream": "stream",
     "nodes": "handles",
-    # the storage rules' (``harness/storage_rules.py``)
+    # the storage rules' (``harness/steps/storage_rules.py``)
     "pick": "int",
     "new": "bool",
     "rank": "int",
@@ -269,7 +269,7 @@ STEP_ARGUMENTS: dict[str, str] = {
     "kind": "str",
     "fault": "str",
 }
-"""The type of every step argument the rules read (``harness/rules.py``): a wrong one is a bad
+"""The type of every step argument the rules read (``harness/steps/rules.py``): a wrong one is a bad
 trace, never a controller failure (tests/test_cli.py keeps this table complete)."""
 _HANDLES = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
 

@@ -8,8 +8,8 @@ from typing import cast
 
 from hicache_ref.campaign import CampaignReport
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.session import Session
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.world.config import HarnessConfig
 
 
 def test_the_report_counts_what_auto_takes_in_each_world() -> None:

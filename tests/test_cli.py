@@ -36,15 +36,15 @@ from hicache_ref.fleet.workers import WorkerTask
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.base import BuildRequest, Implementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.known_findings import (
+from hicache_ref.harness.campaigns.known_findings import (
     KNOWN_FINDINGS,
     KnownFinding,
     get_known_findings,
     match_known_finding,
 )
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import TRACE_VERSION, Trace
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import TRACE_VERSION, Trace
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.replay_lines import get_cli_command
 
 ROOT = Path(__file__).resolve().parents[1]

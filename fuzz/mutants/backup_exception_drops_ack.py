@@ -14,7 +14,7 @@ from hicache_ref.controller.storage.records import StepResult
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.storage_config import storage_focus
+from hicache_ref.harness.world.storage_config import storage_focus
 
 NAME = "backup_exception_drops_ack"
 INVARIANTS = ("INV-25",)

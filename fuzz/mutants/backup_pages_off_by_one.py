@@ -15,7 +15,7 @@ from hicache_ref.controller.storage.backup import Backup
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.storage_config import storage_focus
+from hicache_ref.harness.world.storage_config import storage_focus
 from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.pages import get_page_head
 

@@ -4,7 +4,7 @@ Re-creates bug classes 4 and 12 (the seed's rollback must ``write_stream.synchro
 the caller frees the slots): per-layer copies already issued for the cancelled node may still
 write its host slots after the rollback freed them (INV-07, INV-15).
 
-What catches it: the lockstep oracle (``harness/lockstep.py``), fed what the device executed,
+What catches it: the lockstep oracle (``harness/lockstep/oracle.py``), fed what the device executed,
 sees the rollback free host slots that a queued D2H still writes, at the ``cancel`` step itself
 (INV-07). The ordinary checks alone do not: every later user of those slots is ordered after
 the stale copies on the FIFO write stream, so only a CPU-side reader sees them early, which is

@@ -16,7 +16,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.storage_config import storage_focus
+from hicache_ref.harness.world.storage_config import storage_focus
 from hicache_ref.storage.hashing import Token
 
 NAME = "keys_restart_at_node"

@@ -17,7 +17,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.operations import LayerLoadingEvent
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 NAME = "load_finish_on_target_last_layer"
 INVARIANTS = ("INV-09", "INV-11", "INV-06")

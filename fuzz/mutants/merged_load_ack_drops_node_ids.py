@@ -17,7 +17,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.operations import HiCacheAck
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 NAME = "merged_load_ack_drops_node_ids"
 INVARIANTS = ("INV-16", "INV-10")

@@ -13,7 +13,7 @@ from hicache_ref.controller.storage.prefetch_sync import PrefetchSync
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.storage_config import storage_focus
+from hicache_ref.harness.world.storage_config import storage_focus
 from hicache_ref.storage.operations import PrefetchAck
 
 NAME = "progress_not_reduced"

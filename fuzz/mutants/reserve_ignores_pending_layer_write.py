@@ -19,7 +19,7 @@ import torch
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 NAME = "reserve_ignores_pending_layer_write"
 INVARIANTS = ("INV-02",)

@@ -13,7 +13,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.storage_config import storage_focus
+from hicache_ref.harness.world.storage_config import storage_focus
 
 NAME = "reset_keeps_release_queue"
 INVARIANTS = ("INV-24",)

@@ -18,7 +18,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.adapters.unfenced import UnfencedEvent
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 NAME = "skip_load_fence"
 INVARIANTS = ("INV-11", "INV-09", "INV-06")

@@ -14,7 +14,7 @@ from hicache_ref.controller.storage.releases import queue_page_releases
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.storage_config import storage_focus
+from hicache_ref.harness.world.storage_config import storage_focus
 from hicache_ref.storage.operations import PrefetchOperation
 
 NAME = "terminate_releases_tail"

@@ -17,7 +17,7 @@ from hicache_ref.distributed.driver import backend_of
 from hicache_ref.distributed.group import Backend
 from hicache_ref.distributed.launcher import spawn_world
 from hicache_ref.distributed.reports import Failure, RankReport, WorldSpec
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.trace import Trace
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from hicache_ref.distributed.campaign import replay_cp_trace, run_cp_campaign
 from hicache_ref.distributed.group import Backend
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.trace import Trace
 
 EXIT_OK, EXIT_FAILED = 0, 1
 

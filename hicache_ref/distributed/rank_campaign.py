@@ -17,8 +17,8 @@ from hicache_ref.distributed.group import RankGroup
 from hicache_ref.distributed.reports import Failure, RankReport, WorldSpec
 from hicache_ref.distributed.schedule import draw_cp_config
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.trace import Trace
-from hicache_ref.harness.world import HarnessDevice, gpu_config
+from hicache_ref.harness.steps.trace import Trace
+from hicache_ref.harness.world.world import HarnessDevice, gpu_config
 
 
 def run_rank(group: RankGroup, spec: WorldSpec, report: RankReport) -> None:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-from hicache_ref.harness import session as session_module
 from hicache_ref.harness.adapters.base import (
     AckQueue,
     BuildRequest,
@@ -34,10 +33,11 @@ from hicache_ref.harness.adapters.base import (
     Implementation,
     RankLike,
 )
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.tree import TreeDriver
-from hicache_ref.harness.world import HarnessDevice, World, build_world
+from hicache_ref.harness.driver.tree import TreeDriver
+from hicache_ref.harness.steps import session as session_module
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.world import HarnessDevice, World, build_world
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 ACK_QUEUES = ("ack_write_queue", "ack_load_queue")

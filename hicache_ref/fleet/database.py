@@ -38,7 +38,7 @@ from hypothesis.database import (
 
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.trace import Trace
 
 TRACE_KEY = b"hicache-fuzz:traces"
 LOCAL_DIR_DEFAULT = Path(".hypothesis/examples")

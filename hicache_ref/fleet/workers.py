@@ -43,7 +43,7 @@ from hicache_ref.fleet.database import DatabaseSpec
 from hicache_ref.fleet.merge import merge_reports
 from hicache_ref.fleet.progress import ProgressView, get_snapshot
 from hicache_ref.fleet.shards import SeedLane, Shard, get_lanes
-from hicache_ref.harness.known_findings import KnownFinding
+from hicache_ref.harness.campaigns.known_findings import KnownFinding
 
 INTERRUPT_GRACE_S = 60.0
 """How long the fleet waits for its workers' reports after Ctrl-C."""

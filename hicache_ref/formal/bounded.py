@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not result.ok:
         from pathlib import Path
 
-        from hicache_ref.harness.from_oracle import trace_for_ops
+        from hicache_ref.harness.lockstep.from_oracle import trace_for_ops
 
         note = "; ".join(f"{v.inv_id}: {v.message}" for v in result.violations)[:500]
         trace = trace_for_ops(result.trace, result.config, implementation=args.impl, note=note)

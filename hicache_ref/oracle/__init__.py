@@ -29,7 +29,7 @@ Plus ``Advance(stream)``, ``CopyLanded(...)`` (a harness reports an executed cop
 ``Noop()``. A harness grows the node universe as it inserts (``Insert(node, tokens=...)``
 under ``OracleConfig(max_tokens=...)``) and drains what its tree drained
 (``DrainWriteAcks(count)``), with ``OracleConfig(harness_schedule=True)`` admitting the
-harness tree's looser schedule; ``harness/lockstep.py`` steps the oracle this way.
+harness tree's looser schedule; ``harness/lockstep/oracle.py`` steps the oracle this way.
 ``check_invariants(state)`` returns every ``Violation`` (INV-02..18 where expressible);
 ``ProtocolVariant`` flags plant one bug each (``PLANTED_BUGS``).
 Query functions (``get_*``) answer what a harness compares: slot owners and their in-flight

@@ -20,7 +20,7 @@ from typing import Any
 
 from hicache_ref.cli_inputs import check_out_dir, check_output_file, use_sglang_src
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.world import DEVICE_KINDS
+from hicache_ref.harness.world.world import DEVICE_KINDS
 
 EXIT_OK, EXIT_FAILED = 0, 1
 

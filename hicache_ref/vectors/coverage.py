@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.vectors.models import Vector
 
 INVARIANT_IDS = tuple(f"INV-{n:02d}" for n in range(1, 20))

@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import RuleName, StepArg
+from hicache_ref.harness.steps.trace import RuleName, StepArg
+from hicache_ref.harness.world.config import HarnessConfig
 
 FORMAT_VERSION: Literal["hicache-vector/1"] = "hicache-vector/1"
 SUITE_VERSION = "v1"

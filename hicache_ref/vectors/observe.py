@@ -9,7 +9,7 @@ same at quiescence, with every resident copy's bytes).
 Bytes are digested per page of a node, over its logical rows in a fixed order (pool, layer,
 component, token), so the digest does not depend on the host layout, the slots the
 implementation chose or which CP rank holds the page; ``expected_digests`` computes the same
-from the content oracle (``harness/content.py``).
+from the content oracle (``harness/world/content.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Literal
 
 import torch
 
-from hicache_ref.harness.content import expected_rows
-from hicache_ref.harness.node_model import Node
-from hicache_ref.harness.outcome import Outcome
-from hicache_ref.harness.rules import RULES
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.driver.node_model import Node
+from hicache_ref.harness.steps.outcome import Outcome
+from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.content import expected_rows
 from hicache_ref.vectors.models import (
     Acked,
     AckRows,

@@ -176,7 +176,7 @@ class GateItem(pytest.Item):
 
     def runtest(self) -> None:
         from hicache_ref.campaign import run_campaign
-        from hicache_ref.harness.known_findings import get_known_findings
+        from hicache_ref.harness.campaigns.known_findings import get_known_findings
 
         known = get_known_findings(self.config.getoption("--hicache-known"), self.spec)
         given = self.config.getoption("--hicache-out")

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.lockstep import attach_lockstep
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step, StepArg
-from hicache_ref.harness.world import make_device_pool
+from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.world import make_device_pool
 from hicache_ref.vectors.models import (
     SUITE_VERSION,
     Schedule,

@@ -20,10 +20,10 @@ from typing import Any
 from hicache_ref.harness.adapters.base import unsupported_reasons
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.lockstep import attach_lockstep
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
-from hicache_ref.harness.world import check_device_kind, gpu_config, on_device, use_device
+from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.world import check_device_kind, gpu_config, on_device, use_device
 from hicache_ref.vectors.models import Expect, Final, Vector
 from hicache_ref.vectors.observe import capture, observe, observe_final
 

@@ -26,9 +26,9 @@ from types import MappingProxyType
 from typing import Literal
 
 from hicache_ref.device.sim import ExecutedOp, SimDevice, SimStream
-from hicache_ref.harness.rules import RULES
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
 
 Reads = Literal["nothing", "acks", "in_flight"]
 COMPLETION: Mapping[str, Reads] = MappingProxyType(

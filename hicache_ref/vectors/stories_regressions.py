@@ -3,7 +3,7 @@ own schedule (``ops``: a load ack observed op by op). Registered after ``stories
 
 from __future__ import annotations
 
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.vectors.record import Recorder
 from hicache_ref.vectors.storybook import (
     BASE,

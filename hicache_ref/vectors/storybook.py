@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.vectors.record import Recorder
 
 BASE = HarnessConfig(

@@ -17,18 +17,18 @@ import random
 from collections.abc import Callable, Mapping
 from typing import cast
 
-from hicache_ref.harness.config import (
+from hicache_ref.harness.lockstep.from_oracle import harness_config_for, steps_for_ops
+from hicache_ref.harness.steps.rule_record import sample_params
+from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.world.config import (
     LEGAL_LAYOUTS,
     MHA_ONLY_LAYOUTS,
     CopyPath,
     HarnessConfig,
     Layout,
 )
-from hicache_ref.harness.from_oracle import harness_config_for, steps_for_ops
-from hicache_ref.harness.rule_record import sample_params
-from hicache_ref.harness.rules import RULES
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step, StepArg
 from hicache_ref.oracle import OracleConfig, Store, initial_state
 from hicache_ref.oracle.step import OpNotEnabledError, all_ops, enabled_ops, step, why_disabled
 from hicache_ref.pools.transfer import copy_paths_for_layout

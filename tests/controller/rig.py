@@ -19,7 +19,7 @@ import torch
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.device import DeviceModule, SimDevice, SimStream
 from hicache_ref.device.sim import SimDeadlock
-from hicache_ref.harness.content import HARNESS_DTYPE, describe_row, expected_rows
+from hicache_ref.harness.world.content import HARNESS_DTYPE, describe_row, expected_rows
 from hicache_ref.invariants.models import CpHiCacheNodeMetadata
 from hicache_ref.pools import (
     CpSharedKVLayout,

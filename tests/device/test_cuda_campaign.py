@@ -17,8 +17,8 @@ from hicache_ref.campaign import run_campaign
 from hicache_ref.device import cuda_available
 from hicache_ref.device.cuda import cuda_campaign_device, keep_current_stream
 from hicache_ref.device.perturb import Perturbation
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
 
 pytestmark = [
     pytest.mark.cuda,

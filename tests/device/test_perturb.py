@@ -35,12 +35,12 @@ from hicache_ref.device.perturb import (
 )
 from hicache_ref.device.protocol import EventT, OpKind, StreamT
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness import world
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace, TraceHeader
-from hicache_ref.harness.world import gpu_config
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace, TraceHeader
+from hicache_ref.harness.world import world
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.world import gpu_config
 
 
 # -- the fake: an eager device whose spins are recorded --------------------------------------------

@@ -17,8 +17,8 @@ from hicache_ref.distributed.rank_session import open_rank_session
 from hicache_ref.distributed.verdict import RankError, RankFailure, decide
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
 
 DIGEST = RankDigest(
     outcome="drained 1 write ack(s)",

@@ -12,8 +12,8 @@ from hicache_ref import cli
 from hicache_ref.distributed.driver import backend_of
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.world.config import HarnessConfig
 
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus"
 

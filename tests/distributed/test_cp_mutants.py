@@ -16,7 +16,7 @@ import pytest
 
 from hicache_ref import cli
 from hicache_ref.distributed.campaign import run_cp_campaign
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.trace import Trace
 
 
 def _campaign_failures(mutant: str, out: Path, via_cli: bool) -> list[list[tuple[str, str]]]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from hicache_ref.distributed.rank_session import get_ready_prefix, open_rank_session
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
 
 CONFIG = HarnessConfig(
     page_size=2, layer_num=2, pool_kind="nsa", cp_size=2, device_pages=16, host_pages=12, seed=3

@@ -17,9 +17,9 @@ from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.database import DatabaseSpec, check_database, parse_database
 from hicache_ref.fleet.shards import SeedLane, Shard
 from hicache_ref.fleet.workers import WorkerTask, run_worker
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.world.config import HarnessConfig
 
 MUTANT = "mutant:double_free_host_slot"
 """Found by seed 1000 in its second case, and by none of seeds 0-60 in their first cases."""

@@ -19,9 +19,9 @@ from hicache_ref.harness.adapters.base import (
     snapshot_rank,
 )
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
 
 CP_CONFIG = HarnessConfig(
     page_size=2, layer_num=2, pool_kind="nsa", cp_size=2, device_pages=16, host_pages=16

@@ -12,9 +12,9 @@ import torch
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.evidence import (
     BackupRead,
     DrainedAck,

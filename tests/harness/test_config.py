@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_ref.harness.config import LEGAL_LAYOUTS, HarnessConfig
+from hicache_ref.harness.world.config import LEGAL_LAYOUTS, HarnessConfig
 from hicache_ref.pools.host_layout import LAYOUTS_BY_IO_BACKEND, MHA_ONLY_LAYOUTS
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hicache_ref.harness.content import (
+from hicache_ref.harness.world.content import (
     compute_row_value,
     describe_row,
     expected_rows,

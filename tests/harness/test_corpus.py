@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.device import cuda_available
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
 
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus"
 FINDINGS = sorted(CORPUS.glob("*.jsonl"))

@@ -17,7 +17,7 @@ import torch
 
 from hicache_ref.device import CudaDevice, SimDevice, cuda_available
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness.byte_checks import ByteChecks, DeferredReads
+from hicache_ref.harness.driver.byte_checks import ByteChecks, DeferredReads
 from hicache_ref.invariants.registry import CheckRunner
 
 ROWS = torch.arange(1.0, 9.0).reshape(4, 2)  # oracle rows are never 0

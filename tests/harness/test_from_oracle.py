@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.formal.bounded import explore, main
-from hicache_ref.harness.from_oracle import trace_for_ops
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.lockstep.from_oracle import trace_for_ops
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.oracle.config import OracleConfig, make_variant
 
 WORLD = {"page_size": 2, "layer_num": 2, "device_pages": 4, "host_pages": 4,

@@ -17,7 +17,7 @@ from hicache_ref.harness.adapters.contract import (
     check_contract,
 )
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 
 class _DuckTyped:

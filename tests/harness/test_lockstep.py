@@ -1,4 +1,4 @@
-"""The oracle in lockstep (harness/lockstep.py): it follows the reference step by step, catches
+"""The oracle in lockstep (harness/lockstep/oracle.py): it follows the reference step by step, catches
 seeded mutants the ordinary checks catch later (INV-12) or not at all (INV-07), and names the quantity when it diverges:
 ack rows and lifecycles INV-16, producer slots INV-10, pages INV-05, content INV-06, a refusal
 INV-17.
@@ -15,20 +15,20 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness import lockstep as lockstep_module
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.lockstep import LockstepOracle, attach_lockstep
-from hicache_ref.harness.lockstep_compare import compare_final_content, compare_state
-from hicache_ref.harness.machine import _draw_config, machine_for
-from hicache_ref.harness.outcome import done, refused
-from hicache_ref.harness.profiles import lockstep_enabled, make_settings
-from hicache_ref.harness.rule_record import untranslated
-from hicache_ref.harness.rules import RULES
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step, StepArg
+from hicache_ref.harness.campaigns.machine import _draw_config, machine_for
+from hicache_ref.harness.campaigns.profiles import lockstep_enabled, make_settings
+from hicache_ref.harness.lockstep import oracle as lockstep_module
+from hicache_ref.harness.lockstep.compare import compare_final_content, compare_state
+from hicache_ref.harness.lockstep.oracle import LockstepOracle, attach_lockstep
+from hicache_ref.harness.steps.outcome import done, refused
+from hicache_ref.harness.steps.rule_record import untranslated
+from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.oracle.geometry import compute_token_tag
 from hicache_ref.oracle.state import Ack, evolve, replace_at, with_fault, with_node
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.registry import register_implementation
-from hicache_ref.harness.machine import machine_for
-from hicache_ref.harness.profiles import make_settings
+from hicache_ref.harness.campaigns.machine import machine_for
+from hicache_ref.harness.campaigns.profiles import make_settings
 
 ReferenceMachine = machine_for(ReferenceImplementation(), "reference")
 ReferenceMachine.TestCase.settings = make_settings()  # HICACHE_PROFILE=ci|dev|campaign

@@ -22,7 +22,7 @@ from hicache_ref.harness.adapters.sglang_releases import (
 )
 from hicache_ref.harness.adapters.sglang_shapes import detect_shape
 from hicache_ref.harness.adapters.sglang_tree import CACHE_ENV, CONTROLLER_RELPATH, SRC_ENV
-from hicache_ref.harness.matrix import ReleaseRow, mark_transitions, render_matrix
+from hicache_ref.harness.campaigns.matrix import ReleaseRow, mark_transitions, render_matrix
 
 LISTED = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13"]
 MATRIX_BUDGET = "3s"

@@ -17,8 +17,8 @@ import pytest
 from hicache_ref.cli import run_campaign
 from hicache_ref.harness.adapters.mutant import register_unguarded_mutant
 from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_module
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
 
 MUTANTS = list_mutants()
 GUARD_MUTANTS = [name for name in MUTANTS if load_mutant_module(name).NEEDS_GUARDS]

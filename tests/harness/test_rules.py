@@ -1,4 +1,4 @@
-"""A rule is defined once: the records of ``harness/rules.py`` are what the trace format names,
+"""A rule is defined once: the records of ``harness/steps/rules.py`` are what the trace format names,
 what the session applies, what the machine draws and what the campaign counts."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import get_args
 from hicache_ref.campaign import RULE_FAMILIES, run_campaign
 from hicache_ref.distributed.schedule import schedule_entries
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.machine import HiCacheMachine
-from hicache_ref.harness.programs import LOAD_PATH_SHARE_MIN, PROGRAMS
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.rules import RULES, STREAMS, rule_families
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import RuleName, Step, Trace, TraceHeader
+from hicache_ref.harness.campaigns.machine import HiCacheMachine
+from hicache_ref.harness.steps.programs import LOAD_PATH_SHARE_MIN, PROGRAMS
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.rules import RULES, STREAMS, rule_families
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import RuleName, Step, Trace, TraceHeader
+from hicache_ref.harness.world.config import HarnessConfig
 
 LOAD_PATH_CAMPAIGN_SECONDS = 15
 

@@ -27,11 +27,11 @@ import pytest
 import torch
 
 from hicache_ref.harness.adapters.sglang import SeedImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace
-from hicache_ref.harness.tree import TreeDriver
-from hicache_ref.harness.world import World, build_world
+from hicache_ref.harness.driver.tree import TreeDriver
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.world import World, build_world
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("HICACHE_SHARED_DIR", REPO.parent / "shared"))  # a worktree: set it

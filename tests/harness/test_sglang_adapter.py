@@ -20,9 +20,9 @@ from hicache_ref.harness.adapters.sglang_tree import (
     fetch_wheel_tree,
     fork_tree,
 )
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_a_trace_remembers_its_tree_so_the_replay_line_needs_no_flag(
 ) -> None:
     # a gate over a developer's tree prints `hicache-fuzz replay TRACE`: the header names the tree
     from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
-    from hicache_ref.harness.replay import replay
+    from hicache_ref.harness.steps.replay import replay
 
     monkeypatch.delenv(SRC_ENV, raising=False)
     patched = tmp_path / "cache_controller.py"
@@ -156,8 +156,8 @@ def test_upstream_finding_still_reproduces_and_the_reference_passes(
 ) -> None:
     # the release the note names (0.5.10 unless it says) fails that way, the reference does not
     from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
-    from hicache_ref.harness.replay import replay
-    from hicache_ref.harness.trace import Trace
+    from hicache_ref.harness.steps.replay import replay
+    from hicache_ref.harness.steps.trace import Trace
 
     trace = Trace.read(path)
     found = UPSTREAM_NOTE.match(trace.header.note)
@@ -174,7 +174,7 @@ def test_upstream_finding_still_reproduces_and_the_reference_passes(
 def test_0523_defers_the_reuse_of_freed_pages_until_the_copies_before_the_free_land() -> None:
     # 0.5.23 hands the allocator each submission's finish event; the allocator's free orders
     # the current stream after them, so pages freed under a queued D2H are reused only after it
-    from hicache_ref.harness.world import build_world
+    from hicache_ref.harness.world.world import build_world
 
     impl = SglangImplementation(fetch_wheel_tree("0.5.23"))
     world = build_world(impl.refine_config(HarnessConfig(page_size=4, layer_num=2)), impl)

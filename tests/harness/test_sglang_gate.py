@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from hicache_ref.cli import EXIT_FAILED, EXIT_OK, main
-from hicache_ref.harness import known_findings
 from hicache_ref.harness.adapters.sglang_tree import (
     CONTROLLER_RELPATH,
     SRC_ENV,
     fetch_wheel_tree,
     fork_tree,
 )
-from hicache_ref.harness.known_findings import KnownFinding, get_known_findings
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.trace import Trace
+from hicache_ref.harness.campaigns import known_findings
+from hicache_ref.harness.campaigns.known_findings import KnownFinding, get_known_findings
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
 
 from .sglang_bugs import BUGS, BUGS_0523, PlantedBug
 

@@ -15,10 +15,10 @@ from hicache_ref.harness.adapters import sglang_group
 from hicache_ref.harness.adapters.base import GROUP_CAPABILITIES
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
-from hicache_ref.harness.config import HarnessConfig, PoolGroup
-from hicache_ref.harness.lockstep import attach_lockstep
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step
+from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig, PoolGroup
 
 
 @pytest.fixture(scope="module")

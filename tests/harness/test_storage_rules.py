@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given
 
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.lockstep import attach_lockstep
-from hicache_ref.harness.replay import replay
-from hicache_ref.harness.rules import RULES, rule_families
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.storage_config import storage_fields
-from hicache_ref.harness.trace import Step, Trace
+from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.rules import RULES, rule_families
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, Trace
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.storage_config import storage_fields
 from hicache_ref.invariants.checks_storage import STORAGE_CHECKS
 
 STORAGE_IDS = sorted(STORAGE_CHECKS)

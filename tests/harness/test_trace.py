@@ -9,10 +9,10 @@ import torch
 
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
-from hicache_ref.harness.replay import minimize, replay
-from hicache_ref.harness.session import Session
-from hicache_ref.harness.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.steps.replay import minimize, replay
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.world.config import HarnessConfig
 
 STORY = (
     Step(rule="prefill", args={"tokens": 9, "early_reserve": False}),

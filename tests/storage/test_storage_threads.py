@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from hicache_ref.harness.storage_soak import SoakConfig, run_soak
+from hicache_ref.harness.campaigns.storage_soak import SoakConfig, run_soak
 
 
 @pytest.fixture(autouse=True)

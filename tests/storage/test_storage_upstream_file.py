@@ -14,7 +14,7 @@ import torch
 from storage_fakes import FakeHostPool, TreeSide, make_tier
 
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
-from hicache_ref.harness.upstream_storage import UpstreamFileStorage
+from hicache_ref.harness.adapters.upstream_storage import UpstreamFileStorage
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
 from hicache_ref.storage.factory import StorageBackendFactory
 from hicache_ref.storage.protocols import StorageHostPool

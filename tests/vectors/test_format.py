@@ -12,7 +12,7 @@ import pytest
 
 from hicache_ref.cli import main
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.vectors.coverage import INVARIANT_IDS
 from hicache_ref.vectors.models import FORMAT_VERSION
 from hicache_ref.vectors.schema import schema_text, shipped_schema_path

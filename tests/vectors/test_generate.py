@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.vectors.coverage import INVARIANT_IDS, Coverage
 from hicache_ref.vectors.generate import generate_suite
 from hicache_ref.vectors.stories import STORIES
@@ -46,7 +46,7 @@ def test_a_rule_with_no_way_to_draw_its_arguments_is_named() -> None:
     import random
 
     from hicache_ref.harness.adapters.reference import ReferenceImplementation
-    from hicache_ref.harness.config import HarnessConfig
+    from hicache_ref.harness.world.config import HarnessConfig
     from hicache_ref.vectors import walks
     from hicache_ref.vectors.record import Recorder
 

@@ -97,7 +97,7 @@ def eager_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bind the eager fake GPU (every op runs at once) where ``--device cuda`` binds the GPU."""
     from contextlib import contextmanager
 
-    from hicache_ref.harness import world
+    from hicache_ref.harness.world import world
     from tests.device.test_perturb import perturbed
 
     @contextmanager

@@ -16,7 +16,7 @@ import pytest
 
 from hicache_ref.harness.adapters.sglang import SeedImplementation, SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree, fork_tree
-from hicache_ref.harness.known_findings import KNOWN_FINDINGS, match_known_finding
+from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
 from hicache_ref.vectors.replay import SuiteReport, replay_vectors
 from tests.vectors.conftest import shipped
 

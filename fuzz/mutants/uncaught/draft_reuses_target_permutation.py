@@ -26,7 +26,7 @@ from typing import Any
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 NAME = "draft_reuses_target_permutation"
 INVARIANTS = ("INV-09", "INV-06")

@@ -30,7 +30,7 @@ import torch
 
 from hicache_ref.device.protocol import DeviceModule, EventT, StreamT
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.snapshot import AckRow, RankSnapshot
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from hicache_ref.harness.adapters.base import (
     snapshot_rank,
     supports,
 )
-from hicache_ref.harness.config import HarnessConfig, IoBackend, Layout, PoolKind
+from hicache_ref.harness.world.config import HarnessConfig, IoBackend, Layout, PoolKind
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 REQUIRED_HOOKS = ("name", "capabilities", "build_controller")
@@ -232,7 +232,7 @@ def check_contract(implementation: ImplementationBase) -> None:
     A ``HiCacheInputError`` raised while building (a bad option, a missing tree) keeps its own
     message; any other error is reported as the contract's: the adapter could not build.
     """
-    from hicache_ref.harness.world import build_world
+    from hicache_ref.harness.world.world import build_world
 
     config = probe_config(implementation)
     try:

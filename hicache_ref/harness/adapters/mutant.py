@@ -19,7 +19,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, RankLike
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 GUARDS = "guards"

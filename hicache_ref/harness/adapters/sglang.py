@@ -63,7 +63,7 @@ from hicache_ref.harness.adapters.sglang_tree import (
     resolve_seed_tree,
     resolve_tree,
 )
-from hicache_ref.harness.config import HarnessConfig
+from hicache_ref.harness.world.config import HarnessConfig
 
 UPSTREAM_CAPABILITIES = frozenset(
     {

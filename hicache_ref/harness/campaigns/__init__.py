@@ -1,0 +1,13 @@
+"""What runs the machines, and what a gate knows beforehand.
+
+- ``machine.HiCacheMachine``: the Hypothesis state machine (one rule per compound program and
+  per drawn atomic record), ``machine_for`` binding it to an implementation and a sink;
+  ``profiles``: its settings (ci, dev, campaign);
+- ``catalogue``: every seeded mutant against the machines, each caught by its declared id;
+- ``known_findings``: the findings written up per implementation, which a gate baselines;
+- ``matrix``: every upstream release of a range gated, one table;
+- ``storage_soak``: the storage tier on real threads for minutes, faults on.
+
+The campaign runner itself is ``hicache_ref.campaign``; workers, shards and the failure
+database are ``hicache_ref.fleet``.
+"""

@@ -1,0 +1,310 @@
+"""The Hypothesis state machine: rules named after protocol verbs, all applied through a Session.
+
+Each case draws a configuration the implementation supports, then a program of rules. Every
+machine rule is generated: one per compound program (``programs.PROGRAMS`` with
+``in_machine``: new_request, compute, offload, reload, reload_staggered, round_trip,
+cancel_and_reuse, scheduler_check) and one per atomic rule record whose draw is ``in_machine``
+(``rules.RULES``), named after it, whose precondition is its ``offered`` and whose arguments are
+its params' strategies; the steps it yields are applied one by one, and the session checks each
+against its record. Rules pick nodes among the candidates the session offers
+(``@precondition`` keeps impossible rules out; no ``assume``), and mirror nothing in bundles:
+the session holds the state, so invariants and preconditions can see it. After every step the
+session checks its invariants; teardown runs the quiescence checks. When a case fails, the
+machine hands its trace to the class's ``sink``, and notes the line that replays it.
+
+Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
+implementation and a ``CaseSink`` (a campaign's: it counts every finished case and keeps the
+failing traces where that campaign wants them) to a fresh machine class. Without one, failing
+traces go to ``fuzz/out/`` (``FailureFolder``), as for the machines pytest runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, cast
+
+from hypothesis import note, reject
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from hicache_ref.harness.adapters.base import Implementation, supports
+from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.steps.programs import PROGRAMS
+from hicache_ref.harness.steps.rule_record import Param
+from hicache_ref.harness.steps.rules import RULES, RuleRecord
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, Trace
+from hicache_ref.harness.world.config import (
+    LEGAL_LAYOUTS,
+    MHA_ONLY_LAYOUTS,
+    AllocPolicy,
+    CopyPath,
+    HarnessConfig,
+    IoBackend,
+    Layout,
+    PoolGroup,
+    PoolKind,
+)
+from hicache_ref.harness.world.storage_config import storage_fields
+from hicache_ref.pools.transfer import copy_paths_for_layout
+from hicache_ref.replay_lines import get_replay_line
+
+DEFAULT_FAILURE_DIR = Path("fuzz/out")
+DRAWN_COPY_PATHS: tuple[CopyPath, ...] = ("gather", "runs", "batch")
+"""Copy paths a case draws: the simulator's gather, and the two GPU paths (run-merged copies,
+the copy engine's batched page copies, executed on the CPU by ``memmove`` from the same pointer
+plan). ``triton`` is left to the transfer tests: its CPU interpreter is too slow per step."""
+
+
+class CaseSink(Protocol):
+    """What a machine hands the campaign that runs it."""
+
+    def on_case(self, session: Session) -> None:
+        """A case finished without failing (its stats feed the campaign's report)."""
+
+    def on_failure(self, trace: Trace) -> Path:
+        """A case failed: keep its trace and say where (Hypothesis may re-run it many times)."""
+
+
+@dataclass
+class FailureFolder:
+    """The sink of a machine no campaign runs: ``folder/failure-<impl>.jsonl``, rewritten by
+    each failing run (Hypothesis shows the note of the final, shrunk run only)."""
+
+    folder: Path = DEFAULT_FAILURE_DIR
+    last_failure: Path | None = field(default=None, compare=False)
+
+    def on_case(self, session: Session) -> None:
+        return None
+
+    def on_failure(self, trace: Trace) -> Path:
+        name = trace.header.implementation.replace(":", "-")
+        self.last_failure = trace.write(self.folder / f"failure-{name}.jsonl")
+        return self.last_failure
+
+
+# the strategies a case's configuration draws from, built once (not once per case)
+_PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
+_IO_BACKENDS: st.SearchStrategy[IoBackend] = st.sampled_from(["direct", "kernel"])
+_LAYOUTS: dict[str, st.SearchStrategy[Layout]] = {
+    io: st.sampled_from(cast("tuple[Layout, ...]", layouts))
+    for io, layouts in LEGAL_LAYOUTS.items()
+}
+_LAYOUT_NAMES = [cast("tuple[Layout, ...]", layouts) for layouts in LEGAL_LAYOUTS.values()]
+_CP_SIZES = st.sampled_from([0, 0, 1, 2, 3, 4])
+_POOL_KINDS: st.SearchStrategy[PoolKind] = st.sampled_from(["mha", "mla", "nsa"])
+_POLICIES: st.SearchStrategy[AllocPolicy] = st.sampled_from(["fifo", "lifo", "random"])
+_COUNTERS = st.sampled_from([2, 5])
+_HYBRID = st.sampled_from([False, False, True])
+_COPY_PATHS: dict[Layout, st.SearchStrategy[CopyPath]] = {
+    layout: st.sampled_from([p for p in DRAWN_COPY_PATHS if p in copy_paths_for_layout(layout)])
+    for layouts in _LAYOUT_NAMES
+    for layout in layouts
+}
+
+
+@st.composite
+def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset()) -> HarnessConfig:
+    """Configurations drawn per case, restricted to what the implementation supports."""
+    page_size = draw(_PAGE_SIZES)
+    io_backend: IoBackend = draw(_IO_BACKENDS)
+    layout: Layout = draw(_LAYOUTS[io_backend])
+    mha_only = layout in MHA_ONLY_LAYOUTS
+    storage = draw(storage_fields(capabilities))  # a storage world has no CP and no draft
+    cp_size = 0 if mha_only or storage else draw(_CP_SIZES)
+    pool_kind: PoolKind = "mha" if mha_only else "nsa" if cp_size else draw(_POOL_KINDS)
+    layer_num = draw(st.integers(1, 3))
+    draft_layer_num = 0 if storage else draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
+    ranks = max(1, cp_size)
+    config = HarnessConfig(
+        page_size=page_size,
+        layer_num=layer_num,
+        draft_layer_num=max(0, draft_layer_num),
+        pool_kind=pool_kind,
+        layout=layout,
+        io_backend=io_backend,
+        cp_size=cp_size,
+        device_pages=draw(st.integers(2 * ranks + 6, 2 * ranks + 40)),
+        host_pages=draw(st.integers(2, 24)),
+        alloc_policy=draw(_POLICIES),
+        draft_alloc_policy=draw(_POLICIES),
+        draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
+        num_counters=draw(_COUNTERS),
+        settle_records=draw(st.booleans()),
+        copy_path=draw(_COPY_PATHS[layout]),  # the copy engine's batch refuses some layouts
+        hybrid=draw(_HYBRID),
+        seed=draw(st.integers(0, 2**16)),
+        **storage,
+    )
+    # Fields added later come after every other draw, so the programs of pinned campaigns keep
+    # their configurations: the forward's stream follows the seed's low bit (no draw at all),
+    # and a pool group is drawn only where there is a choice (upstream 0.5.19+).
+    groups = _pool_groups(capabilities, cp_size, draft_layer_num)
+    config = HarnessConfig.model_validate(
+        {
+            **config.model_dump(),
+            "forward_stream": not cp_size and _fenced(capabilities) and bool(config.seed & 1),
+            "pool_group": draw(st.sampled_from(groups)) if len(groups) > 1 else groups[0],
+        }
+    )
+    if capabilities and not supports(capabilities, config):
+        return draw(st.nothing())
+    return config
+
+
+def _fenced(capabilities: frozenset[str]) -> bool:
+    """Whether the forward may run on its own stream (``fence_streams``; no restriction given)."""
+    return not capabilities or "fence_streams" in capabilities
+
+
+def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) -> list[PoolGroup]:
+    """The ways the host pools may reach the controller (``pool_group``; upstream 0.5.19+)."""
+    if cp_size or "pool_group" not in capabilities:
+        return ["none"]
+    if draft_layers <= 0:
+        return ["none", "anchor"]
+    grouped: list[PoolGroup] = ["packed", "sidecar"]
+    return ["none", *(g for g in grouped if f"pool_group:{g}" in capabilities)]
+
+
+def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
+    config = data.draw(harness_configs(implementation.capabilities))
+    refined = implementation.refine_config(config)  # contract: optional hook
+    if refined is config:
+        return config
+    # a refinement is a model_copy, which skips validation: validate the world it asks for
+    try:
+        refined = HarnessConfig.model_validate(refined.model_dump())
+    except ValueError:
+        reject()  # e.g. a focus that turns on CP for an MHA-only layout: draw another
+    if not supports(implementation.capabilities, refined):
+        reject()
+    return refined
+
+
+class HiCacheMachine(RuleBasedStateMachine):
+    """Drives one implementation through write, load, cancel and evict interleavings."""
+
+    implementation: Implementation
+    impl_name = "reference"
+    sink: ClassVar[CaseSink] = FailureFolder()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: Session | None = None
+        self.failed = False
+
+    @property
+    def s(self) -> Session:
+        assert self.session is not None, "initialize() draws the configuration first"
+        return self.session
+
+    def _apply(self, step: Step) -> None:
+        try:
+            self.s.apply(step)
+        except Exception as exc:
+            self.failed = True  # teardown must not replace this error with a consequence
+            self._report_failure(exc)
+            raise
+        except KeyboardInterrupt:
+            self.failed = True  # Ctrl-C cut the step short: its half-done state proves nothing
+            raise
+
+    def _report_failure(self, exc: BaseException) -> None:
+        """Hand this case's trace to the sink and note the replay line.
+
+        Hypothesis shrinks by re-running failing cases; the sink keeps the latest, and a note is
+        shown only for the final (shrunk) run, so exactly one line is printed.
+        """
+        if self.session is None or getattr(exc, "_hicache_reported", False):
+            return
+        trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
+        path = self.sink.on_failure(trace)
+        note(
+            f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
+            f"replay with: {get_replay_line(path)}"
+        )
+        exc._hicache_reported = True  # type: ignore[attr-defined]
+
+    @initialize(config=st.data())
+    def setup(self, config: st.DataObject) -> None:
+        drawn = _draw_config(self.implementation, config)
+        self.session = Session(drawn, self.implementation, self.impl_name)
+        attach_lockstep(self.session)  # the pure oracle follows every step
+
+    def teardown(self) -> None:
+        if self.session is None or self.failed:
+            return
+        try:
+            self.session.finish()
+        except Exception as exc:
+            self._report_failure(exc)
+            raise
+        finally:
+            self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
+
+
+def _machine_rule(
+    name: str,
+    doc: str,
+    params: Mapping[str, Param],
+    offered: Callable[[Session], bool],
+    steps: Callable[[Session, Mapping[str, Any]], Iterator[Step]],
+) -> Callable[..., None]:
+    """A machine rule: draw the params, then apply the steps one by one (each sees the world the
+    steps before it made)."""
+
+    def apply_steps(self: HiCacheMachine, **drawn: Any) -> None:
+        for next_step in steps(self.s, drawn):
+            self._apply(next_step)
+
+    apply_steps.__name__ = apply_steps.__qualname__ = name
+    apply_steps.__doc__ = doc
+    strategies = {key: param.strategy() for key, param in params.items()}
+    ruled = rule(**strategies)(apply_steps)  # type: ignore[call-overload]  # (a dict of kwargs)
+    guarded = precondition(lambda self: self.session is not None and offered(self.s))(ruled)
+    return guarded  # type: ignore[no-any-return]
+
+
+def _atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Iterator[Step]]:
+    draw = record.draw
+    assert draw is not None, f"rule {record.name} has no draw"
+
+    def steps(session: Session, drawn: Mapping[str, Any]) -> Iterator[Step]:
+        args = draw.choose(session, drawn)
+        if args is not None:
+            yield Step(rule=record.name, args=args)
+
+    return steps
+
+
+for _program in PROGRAMS.values():
+    if _program.in_machine:
+        doc = f"Compound: {_program.doc} (atomic steps)."
+        method = _machine_rule(_program.name, doc, _program.params, _program.offered, _program.run)
+        setattr(HiCacheMachine, _program.name, method)
+for _record in RULES.values():
+    if _record.draw is not None and _record.draw.in_machine:
+        # Verify a generated atomic rule does not hide a compound rule of the same name
+        assert _record.name not in HiCacheMachine.__dict__, f"{_record.name}: compound or atomic?"
+        doc = f"Atomic ({_record.family}): {_record.doc}."
+        draw = _record.draw
+        method = _machine_rule(_record.name, doc, draw.params, draw.offered, _atomic_steps(_record))
+        setattr(HiCacheMachine, _record.name, method)
+
+
+def machine_for(
+    implementation: Implementation, name: str, sink: CaseSink | None = None, *, key: str = ""
+) -> type[HiCacheMachine]:
+    """A machine class bound to one implementation and the sink of the campaign running it.
+
+    The class name is Hypothesis' example-database key for its failures; ``key`` (a digest of
+    the implementation's source, say) keeps two trees gated under one name apart there.
+    """
+    slug = name.replace(":", "_").replace("-", "_").replace(".", "_")
+    attributes: dict[str, Any] = {"implementation": implementation, "impl_name": name}
+    if sink is not None:
+        attributes["sink"] = sink
+    return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)

@@ -1,0 +1,238 @@
+"""The release matrix: gate every upstream release in a range and print one table.
+
+``hicache-fuzz gate --impl sglang --matrix 0.5.10..0.5.23 [--budget-each 60s] [--json FILE]``
+resolves the range against the registry's list of releases (``adapters/sglang_releases.py``:
+cached, with an offline fallback to the trees in the cache), then for each release in version
+order: fetch its wheel once, read its shape (``adapters/sglang_shapes.detect_shape``), and run
+the gate on it for the budget with the written-up findings baselined (``--known``, default
+``all``). One row per release says what happened:
+
+- ``passed``: no failure at all;
+- the known findings it hit (``F8 x12``): understood, baselined, the gate passes;
+- ``NEW INV-xx`` with its replay line: a failure no written-up finding explains;
+- ``refused: <reason>``: the release could not be gated (its one-line setup error).
+
+When the set of findings changes between two consecutive releases that ran, the row names what
+appeared (``+F21``) and what disappeared (``-F8``), so a fix or a regression shows where it
+landed. The matrix passes (exit 0) only when every release passed its gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
+
+MATRIX_IMPL = "sglang"
+BUDGET_EACH_DEFAULT_S = 60.0
+
+
+@dataclass
+class ReleaseRow:
+    """One release's gate: its shape, what ran, and what was found."""
+
+    release: str
+    shape: str = "-"
+    cases: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    known_hits: dict[str, int] = field(default_factory=dict)
+    new_failures: list[dict[str, str]] = field(default_factory=list)
+    refused: str = ""
+    appeared: list[str] = field(default_factory=list)
+    disappeared: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.refused and not self.new_failures
+
+    @property
+    def findings(self) -> frozenset[str]:
+        """Known ids hit and new failures by invariant (``NEW INV-07``)."""
+        new = {f"NEW {failure['invariant']}" for failure in self.new_failures}
+        return frozenset(self.known_hits) | new
+
+    def result(self) -> str:
+        if self.refused:
+            return f"refused: {self.refused}"
+        parts = [f"NEW {f['invariant']}" for f in self.new_failures]
+        parts += [f"{fid} x{count}" for fid, count in sorted(self.known_hits.items())]
+        return ", ".join(parts) if parts else "passed"
+
+    def changes(self) -> str:
+        return " ".join([*(f"+{f}" for f in self.appeared), *(f"-{f}" for f in self.disappeared)])
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "release": self.release,
+            "shape": self.shape,
+            "cases": self.cases,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 1),
+            "passed": self.passed,
+            "result": self.result(),
+            "known_hits": dict(sorted(self.known_hits.items())),
+            "new_failures": self.new_failures,
+            "refused": self.refused or None,
+            "appeared": self.appeared,
+            "disappeared": self.disappeared,
+        }
+
+
+def mark_transitions(rows: Sequence[ReleaseRow]) -> None:
+    """Name, on each row, the findings that appeared or disappeared since the previous release
+    that ran (refused releases are skipped: they say nothing about a finding)."""
+    previous: ReleaseRow | None = None
+    for row in rows:
+        if row.refused:
+            continue
+        if previous is not None:
+            row.appeared = sorted(row.findings - previous.findings)
+            row.disappeared = sorted(previous.findings - row.findings)
+        previous = row
+
+
+@contextmanager
+def _gating_tree(tree: Path) -> Iterator[None]:
+    """The gate's ``--impl sglang`` reads this tree (``HICACHE_SGLANG_SRC``), restored after."""
+    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
+
+    before = os.environ.get(SRC_ENV)
+    os.environ[SRC_ENV] = str(tree)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SRC_ENV, None)
+        else:
+            os.environ[SRC_ENV] = before
+
+
+def gate_release(
+    release: str,
+    *,
+    budget_s: float,
+    profile: str,
+    seed: int,
+    out_dir: Path,
+    known_ids: Sequence[str],
+    keep_going: bool = False,
+    progress: bool = False,
+    shrink: bool = False,
+) -> ReleaseRow:
+    """Fetch ``release``, read its shape and gate it; a setup problem becomes ``refused``."""
+    from hicache_ref.campaign import run_campaign
+    from hicache_ref.harness.adapters.registry import checked_implementation
+    from hicache_ref.harness.adapters.sglang import SglangImplementation
+    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
+
+    row = ReleaseRow(release)
+    try:
+        tree = fetch_release_tree(release, "--matrix")
+        row.shape = SglangImplementation(tree).shape.label
+        with _gating_tree(tree):
+            checked_implementation(MATRIX_IMPL, str(tree))  # the contract's preflight
+            report = run_campaign(
+                MATRIX_IMPL,
+                seconds=budget_s,
+                profile=profile,
+                seed=seed,
+                out_dir=out_dir / f"sglang-{release}",
+                stop_on_failure=not keep_going,
+                progress=progress,
+                shrink=shrink,
+                known=get_known_findings(known_ids, MATRIX_IMPL),
+            )
+    except HiCacheInputError as exc:  # a HiCacheSetupError too: the release cannot be gated
+        row.refused = " ".join(str(exc).split())
+        return row
+    row.cases, row.steps, row.seconds = report.cases, report.steps, report.seconds
+    row.known_hits = dict(report.known_hits)
+    row.new_failures = [
+        {"invariant": f["invariant"], "error": f["error"], "trace": f["trace"]}
+        for f in report.failures
+    ]
+    return row
+
+
+def render_matrix(rows: Sequence[ReleaseRow]) -> str:
+    """The table: release, shape, cases, result, and what changed since the previous release."""
+    header = ("release", "shape", "cases", "result", "changes")
+    body = [(r.release, r.shape, str(r.cases), r.result(), r.changes()) for r in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in [header, *body]
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    for row in rows:
+        for failure in row.new_failures:
+            if failure["trace"]:
+                lines.append(f"{row.release}: hicache-fuzz replay {failure['trace']}")
+    passed = sum(row.passed for row in rows)
+    verdict = "passed" if passed == len(rows) else "FAILED"
+    lines.append(f"matrix: {verdict}: {passed} of {len(rows)} release(s) passed their gate")
+    return "\n".join(lines)
+
+
+def matrix_json(rows: Sequence[ReleaseRow], source: str) -> dict[str, Any]:
+    return {
+        "passed": all(row.passed for row in rows),
+        "versions_from": source,
+        "releases": [row.as_json() for row in rows],
+    }
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """``gate --matrix``: every release of the range, one table; exit 1 unless all passed."""
+    from hicache_ref.cli_inputs import check_out_dir, check_output_file
+    from hicache_ref.harness.adapters.sglang_releases import registry_versions, resolve_releases
+
+    if args.impl != MATRIX_IMPL:
+        raise HiCacheInputError(
+            f"--matrix gates upstream releases: use it with --impl {MATRIX_IMPL}, not {args.impl!r}"
+        )
+    if args.sglang_src or args.sglang_version:
+        raise HiCacheInputError(
+            "--matrix names the releases itself; drop --sglang-src / --sglang-version"
+        )
+    out_dir = check_out_dir("--out", args.out)
+    if args.json:
+        check_output_file("--json", args.json)
+    known_ids = args.known or [ALL]
+    get_known_findings(known_ids, MATRIX_IMPL)  # an unknown id: one line before any work
+    source = "as listed"
+    versions: list[str] | None = None
+    if ".." in args.matrix:
+        versions, source = registry_versions()
+    releases = resolve_releases(args.matrix, versions)
+    budget_s = args.budget_each if args.budget_each is not None else BUDGET_EACH_DEFAULT_S
+    rows: list[ReleaseRow] = []
+    for release in releases:
+        row = gate_release(
+            release,
+            budget_s=budget_s,
+            profile=args.profile,
+            seed=args.seed,
+            out_dir=out_dir,
+            known_ids=known_ids,
+            keep_going=args.keep_going,
+            progress=not args.no_progress,
+            shrink=args.hypothesis_shrink,
+        )
+        rows.append(row)
+        print(f"matrix: {release} ({row.shape}): {row.cases} cases, {row.result()}", flush=True)
+    mark_transitions(rows)
+    print(render_matrix(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(matrix_json(rows, source), indent=2) + "\n")
+        print(f"  report: {args.json}")
+    return 0 if all(row.passed for row in rows) else 1

@@ -1,0 +1,421 @@
+"""The storage driver: the tree's side of L3 in the machines, and the checks after every step.
+
+It owns, per case: the storage world (``storage_world.py``: ranks, rank group, shared L3),
+the tree half of every rank (``storage_tree.StorageTree``), the *chains* the harness backs up
+and prefetches, and the log the checks read (``storage_log.py``). Its verbs, in protocol order:
+
+- ``write_storage``: a chain of 1-3 pages under a parent chain already in L3 (or the root);
+  every rank fills host pages with the oracle's rows for it and ``write_storage``s them, the
+  keys chained from the parent's keys (``prefix_keys``), never passed in;
+- ``run_step``: one storage thread's step on every rank at once (``lockstep.run_lockstep``);
+  the recording backend's calls of that step become key uses, writes, reads and hit runs;
+- ``prefetch`` of a chain after its parent -> ``drain_prefetch`` (hits, acks, releases; a
+  fetched ``[0:completed]`` on rank 0 becomes a host-only node the tree driver knows) ->
+  ``check_prefetch`` (the policy) / ``terminate``;
+- ``drain_backups`` (acks release the source pages), ``inject_fault``, ``detach`` / ``attach``,
+  and the storage half of a tree reset (``on_reset``: peers reset, a new epoch);
+- ``check``: a ``StorageSnapshot`` handed to every ``STORAGE_IDS`` checker, counted per id.
+
+Chains use two token patterns, so pages that end alike sit under different parents (a key that
+restarts its chain collides, INV-27), but never two chains with one prefix.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hicache_ref.controller.storage.lockstep import (
+    detach_ranks,
+    run_lockstep,
+    runnable_steps,
+)
+from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.harness.driver.node_model import Node
+from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
+from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
+from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
+from hicache_ref.harness.steps.outcome import Outcome, done, refused
+from hicache_ref.harness.world.recording_storage import BackendCall
+from hicache_ref.harness.world.storage_world import StorageWorld
+from hicache_ref.invariants.checks_storage import STORAGE_IDS
+from hicache_ref.invariants.registry import CheckRunner
+from hicache_ref.invariants.snapshot import NodeHoldings
+from hicache_ref.invariants.storage_snapshot import (
+    Prefix,
+    StorageSnapshot,
+    TierView,
+)
+from hicache_ref.storage.operations import PrefetchOperation
+
+if TYPE_CHECKING:
+    from hicache_ref.harness.adapters.base import Implementation
+    from hicache_ref.harness.driver.tree import TreeDriver
+
+TIMEOUT_STEPS = 4
+PSEUDO_HANDLE = -1000
+
+
+class StorageDriver:
+    """Every storage verb of one case, and the checks that follow each."""
+
+    def __init__(self, tree: TreeDriver, implementation: Implementation) -> None:
+        self.tree = tree
+        self.config = tree.config
+        self.page = self.config.page_size
+        self.l3 = StorageWorld(tree.world, implementation)
+        self.n = self.config.storage_ranks
+        self.log = StorageLog(self.n)
+        self.epoch = 1
+        self.book = ChainBook(self.page, mla=self.config.pool_kind != "mha")
+        self.next_rid = 0
+        self.known_ops: dict[int, tuple[object, int]] = {}
+        self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
+        self.mla = self.config.pool_kind != "mha"
+        self.flags: dict[str, bool] = {}
+        self.storage_tree = StorageTree(
+            [
+                StorageTreeRank(
+                    rank.controller,
+                    rank.host_pool,
+                    self.page,
+                    on_insert=self._insert_callback(rank.rank),
+                    on_event=self._event_callback(rank.rank),
+                    policy=self.config.storage_policy,
+                    timeout_steps=TIMEOUT_STEPS,
+                )
+                for rank in self.l3.ranks
+            ]
+        )
+        self.l3.attach()
+
+    @property
+    def checks(self) -> CheckRunner:
+        return self.tree.checks
+
+    @property
+    def attached(self) -> bool:
+        return self.l3.attached
+
+    # -- chains (``storage_chains.py``) -------------------------------------------------------
+    @property
+    def chains(self) -> dict[int, Chain]:
+        return self.book.chains
+
+    def backup_candidates(self) -> list[int]:
+        return self.book.backup_candidates()
+
+    def prefetch_candidates(self) -> list[int]:
+        busy = {log.chain_uid for log in self.log.prefetches[0].values() if not log.retired}
+        return self.book.prefetch_candidates(busy)
+
+    def new_chain(self, pick: int) -> Chain | None:
+        uid = self.tree.next_handle
+        chain = self.book.new_chain(pick, uid)
+        if chain is not None:
+            self.tree.next_handle += 1
+        return chain
+
+    def _fill(self, rank: int, chain: Chain, slots: torch.Tensor) -> None:
+        host_pool = self.l3.ranks[rank].host_pool
+        for prefix, digest in fill_chain(
+            host_pool, self.book.content_uid(rank, chain), chain, slots, self.config.layer_num
+        ):
+            self.log.expected[(rank, prefix)] = digest
+
+    # -- write_storage -------------------------------------------------------------------------
+    def write_storage(self, pick: int, new: bool) -> Outcome:
+        candidates = self.backup_candidates()
+        chain = (
+            self.chains[candidates[pick % len(candidates)]]
+            if candidates and not new
+            else self.new_chain(pick)
+        )
+        if chain is None:
+            return refused("no chain left to back up")
+        tokens = chain.pages * self.page
+        slots = [r.host_pool.alloc(tokens) for r in self.l3.ranks]
+        if any(s is None for s in slots):
+            for storage_rank, got in zip(self.l3.ranks, slots, strict=True):
+                if got is not None:
+                    storage_rank.host_pool.free(got)
+            return refused("host full")
+        prefix_keys = list(chain.parent.chain_keys()) if chain.parent is not None else None
+        for rank, (tree_rank, s) in enumerate(zip(self.storage_tree.ranks, slots, strict=True)):
+            assert s is not None
+            self._fill(rank, chain, s)
+            op_id = tree_rank.write_backup_storage(
+                ("chain", chain.uid), s, list(chain.tokens(self.page)), None, prefix_keys
+            )
+            self.sources[rank][op_id] = s
+            skipped = self.mla and rank != 0
+            self.log.backups[rank][op_id] = BackupLog(
+                op_id, self.epoch, chain.uid, chain.pages, skipped
+            )
+        chain.state = "writing"
+        chain.acked = {}
+        return done(f"write_storage chain {chain.uid} ({chain.pages} pages)")
+
+    # -- prefetch ------------------------------------------------------------------------------
+    def prefetch(self, pick: int) -> Outcome:
+        candidates = self.prefetch_candidates()
+        chain = self.chains[candidates[pick % len(candidates)]]
+        rid = f"q{self.next_rid}"
+        self.next_rid += 1
+        parent = chain.parent
+        last_hash = parent.chain_keys()[-1] if parent is not None else None
+        prefix_keys = list(parent.chain_keys()) if parent is not None else None
+        anchor: Prefix = parent.prefix(self.page) if parent is not None else ()
+        if any(r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks):
+            return refused("prefetch rate limited")  # decided alike on every rank
+        for rank, tree_rank in enumerate(self.storage_tree.ranks):
+            self.log.prefetches[rank][rid] = PrefetchLog(
+                rid, self.epoch, chain.pages * self.page, anchor, chain.uid
+            )
+            operation = tree_rank.prefetch_from_storage(
+                rid, ("chain", chain.uid), list(chain.tokens(self.page)), last_hash, prefix_keys
+            )
+            if operation is None:
+                del self.log.prefetches[rank][rid]
+                return refused("prefetch not started (rate limited)")
+            self.known_ops[id(operation)] = (operation, self.epoch)
+        return done(f"prefetch {rid} of chain {chain.uid}")
+
+    def ongoing(self) -> list[str]:
+        common = set.intersection(*(set(r.ongoing_prefetch) for r in self.storage_tree.ranks))
+        return sorted(common)
+
+    def check_prefetch(self, rid: str) -> Outcome:
+        verdicts = [r.check_prefetch_progress(rid) for r in self.storage_tree.ranks]
+        return done(f"check_prefetch_progress {rid}: {'settled' if all(verdicts) else 'waits'}")
+
+    def terminate(self, rid: str) -> Outcome:
+        completed = [r.terminate(rid) for r in self.storage_tree.ranks]
+        return done(f"terminate {rid} at {completed}", agreed=f"terminate {rid}")
+
+    # -- steps and drains ------------------------------------------------------------------------
+    def runnable(self) -> list[StorageStepKind]:
+        return runnable_steps(self.l3.tiers) if self.attached else []
+
+    def run_step(self, kind: StorageStepKind) -> Outcome:
+        results = run_lockstep(self.l3.tiers, self.l3.group, kind)
+        for result in results:
+            self._observe_calls(result)
+        tokens = [r.tokens for r in results]
+        return done(f"{kind.value} step: {tokens}", agreed=f"{kind.value} step")
+
+    def drain_prefetch(self) -> Outcome:
+        ranks = self.storage_tree.ranks
+        taken = min(r.cc.prefetch_hit_queue.qsize() for r in ranks)
+        self.storage_tree.drain_hits(taken)  # started or revoked on every rank alike
+        count = min(r.cc.ack_prefetch_queue.qsize() for r in ranks)
+        for r in ranks:
+            r.drain_acks(count)  # a final ack queues its tail on host_mem_release_queue
+        return done(f"drained {taken + count} prefetch item(s)")
+
+    def drain_backups(self) -> Outcome:
+        """Backup acks, then the release queue into the host pools (the tails of settled
+        prefetches wait there until now, so a reset can find them queued)."""
+        ranks = self.storage_tree.ranks
+        count = min(r.cc.ack_backup_queue.qsize() for r in ranks)
+        for r in ranks:
+            r.drain_backups(count)
+        released = min(r.cc.host_mem_release_queue.qsize() for r in ranks)
+        for r in ranks:
+            r.drain_releases(released)
+        return done(f"drained {count} backup ack(s), {released} release(s)")
+
+    def inject_fault(self, kind: str, rank: int, pages: int) -> Outcome:
+        faults = self.l3.ranks[rank % self.n].faults
+        assert faults is not None
+        faults.arm(kind, pages)  # type: ignore[arg-type]
+        return done(f"armed {kind} x{pages} on rank {rank % self.n}")
+
+    def run_until_idle(self) -> int:
+        """Storage steps, observed, until no rank has one (the harness sees every call)."""
+        steps = 0
+        while runnable := self.runnable():
+            for kind in runnable:
+                self.run_step(kind)
+                steps += 1
+        return steps
+
+    def detach(self) -> Outcome:
+        for rid in self.ongoing():
+            self.terminate(rid)
+        for tier in self.l3.tiers:
+            tier.terminate_live_prefetches()
+        self.run_until_idle()  # detach would finish them too, unobserved
+        detach_ranks(self.l3.tiers, self.l3.group)
+        self.settle_queues()
+        self.l3.attached = False
+        self.flags["detached"] = True
+        return done("detach_storage_backend on every rank")
+
+    def attach(self) -> Outcome:
+        self.l3.attach()
+        self.epoch += 1
+        self.log.forget_epoch([len(log) for log in self.l3.group.logs()])
+        return done("attach_storage_backend on every rank")
+
+    def settle_queues(self) -> None:
+        """Drain every control queue until nothing is left (after a detach or at the end)."""
+        for _ in range(64):
+            self.drain_prefetch()
+            self.drain_backups()
+            if self.control_empty():
+                return
+
+    def settle(self) -> None:
+        """Quiescence: finish every prefetch and backup, drain everything, check at rest."""
+        if self.attached:
+            for _ in range(64):
+                for rid in self.ongoing():
+                    self.terminate(rid)
+                for kind in self.runnable():
+                    self.run_step(kind)
+                self.drain_prefetch()
+                self.drain_backups()
+                if not self.runnable() and not self.ongoing() and self.control_empty():
+                    break
+            self.run_until_idle()
+        self.settle_queues()
+        self.check(quiescent=True)
+
+    def control_empty(self) -> bool:
+        return all(
+            not any(
+                getattr(r.controller, q).qsize()
+                for q in (
+                    "prefetch_hit_queue",
+                    "ack_prefetch_queue",
+                    "ack_backup_queue",
+                    "host_mem_release_queue",
+                )
+            )
+            for r in self.l3.ranks
+        )
+
+    def on_reset(self) -> None:
+        """The storage half of a tree reset: peers reset, sources dropped, a new epoch."""
+        self.l3.reset_peers()
+        self.storage_tree.reset()
+        self.sources = [{} for _ in range(self.n)]
+        for chain in self.chains.values():
+            if chain.state == "writing":
+                chain.state = "none"
+        self.epoch += 1
+        self.log.forget_epoch([len(log) for log in self.l3.group.logs()])
+        self.flags["just_reset"] = True
+        self.check()  # right after the reset: nothing queued, nothing occupied (INV-24)
+
+    # -- what the tree half reports ----------------------------------------------------------------
+    def _insert_callback(self, rank: int) -> Any:
+        def on_insert(rid: str, operation: PrefetchOperation, host: torch.Tensor) -> int:
+            log = self.log.prefetches[rank].get(rid)
+            chain = self.chains[log.chain_uid] if log is not None else None
+            if rank != 0 or chain is None or chain.uid in self.tree.nodes:
+                return int(host.numel())  # cached already (or a peer): every page goes back
+            node = Node(
+                handle=chain.uid,
+                node_id=self.tree.next_node_id,
+                logical_len=int(host.numel()),
+                value=None,
+                layers_stored=self.tree.total_layers,
+                backup="done",
+                host_value=[host.clone()],
+            )
+            self.tree.next_node_id += 1
+            self.tree.nodes[chain.uid] = node
+            return 0
+
+        return on_insert
+
+    def _event_callback(self, rank: int) -> Any:
+        from hicache_ref.harness.driver.storage_events import on_storage_event
+
+        return lambda kind, data: on_storage_event(self, rank, kind, data)
+
+    # -- the recording backend's calls of one step -------------------------------------------------
+    def _observe_calls(self, result: StepResult) -> None:
+        from hicache_ref.harness.driver.storage_events import observe_calls
+
+        recording = self.l3.ranks[result.rank].recording
+        calls: list[BackendCall] = recording.take() if recording is not None else []
+        observe_calls(self, result, calls)
+
+    # -- the checks ------------------------------------------------------------------------------
+    def holdings(self) -> tuple[NodeHoldings, ...]:
+        """Rank 0's host pages the storage driver holds (sources, bounce buffers), for INV-05."""
+        held: list[NodeHoldings] = []
+        for k, slots in enumerate(self.sources[0].values()):
+            pages = frozenset(int(s) // self.page for s in slots.tolist())
+            held.append(
+                NodeHoldings(
+                    PSEUDO_HANDLE - k,
+                    PSEUDO_HANDLE - k,
+                    frozenset(),
+                    (pages,),
+                    (frozenset(),),
+                    "none",
+                )
+            )
+        bounce = {s for log in self.log.prefetches[0].values() for s in log.owned_slots}
+        if bounce:
+            pages = frozenset(s // self.page for s in bounce)
+            k = len(held)
+            held.append(
+                NodeHoldings(
+                    PSEUDO_HANDLE - k,
+                    PSEUDO_HANDLE - k,
+                    frozenset(),
+                    (pages,),
+                    (frozenset(),),
+                    "none",
+                )
+            )
+        return tuple(held)
+
+    def snapshot(self, quiescent: bool = False) -> StorageSnapshot:
+        tiers = tuple(
+            TierView(
+                r.rank,
+                bool(r.controller.enable_storage),
+                tuple(sorted(r.controller.storage.queues.sizes().items())),
+                int(r.controller.prefetch_tokens_occupied),
+                len(r.controller.storage.alive_threads()),
+            )
+            for r in self.l3.ranks
+        )
+        for rank, logs in enumerate(self.log.prefetches):
+            for log in logs.values():
+                op = self._op_of(rank, log.request_id)
+                log.completed_now = None if op is None else op.completed_tokens
+        snapshot = self.log.snapshot(
+            page_size=self.page,
+            epoch=self.epoch,
+            tiers=tiers,
+            collectives=self.l3.group.logs(),
+            present=self._present(),
+            quiescent=quiescent,
+            just_reset=self.flags.pop("just_reset", False),
+            detached=self.flags.pop("detached", False),
+        )
+        return snapshot
+
+    def _op_of(self, rank: int, rid: str) -> PrefetchOperation | None:
+        info = self.storage_tree.ranks[rank].ongoing_prefetch.get(rid)
+        return None if info is None else info.operation
+
+    def _present(self) -> set[tuple[int, str]]:
+        present: set[tuple[int, str]] = set()
+        keys = {(use.rank, use.key) for use in self.log.key_uses.values() if use.how == "stored"}
+        for rank, key in keys:
+            faults = self.l3.ranks[rank].faults
+            if faults is not None and faults.inner.exists(key):
+                present.add((rank, key))
+        return present
+
+    def check(self, quiescent: bool = False) -> None:
+        self.checks.run_all(STORAGE_IDS, self.snapshot(quiescent))

@@ -1,0 +1,240 @@
+"""What the storage driver writes down: the tree half's decisions and the backend's calls.
+
+``on_storage_event`` hears every decision of a rank's ``StorageTreeRank`` (a hit drained, a
+bounce buffer given, an ack applied, a result inserted, a page freed, a verdict, a backup
+acked) and ``observe_calls`` turns the recording backend's calls of one storage step into the
+L3 model: the keys queried with the prefix each stands for and the leading run the backend
+answered, the pages stored and read back with their digests. Both fill ``StorageLog``; nothing
+here reads the implementation's bookkeeping, only what it emitted on its queues.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.harness.driver.storage_log import PrefetchLog
+from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
+from hicache_ref.invariants.storage_snapshot import (
+    BouncePageEvent,
+    KeyUse,
+    ProgressAck,
+    StaleAct,
+    StoreRead,
+    StoreWrite,
+    VerdictRecord,
+)
+from hicache_ref.storage.operations import PrefetchOperation
+
+if TYPE_CHECKING:
+    from hicache_ref.harness.driver.storage_driver import StorageDriver
+
+
+def _current(driver: StorageDriver, rank: int, op: Any, what: str) -> bool:
+    """Whether ``op`` is a prefetch of this epoch the driver started; else a stale act."""
+    entry = driver.known_ops.get(id(op))
+    if entry is not None and entry[0] is op and entry[1] == driver.epoch:
+        return True
+    rid = getattr(op, "request_id", "?")
+    op_epoch = entry[1] if entry is not None and entry[0] is op else driver.epoch - 1
+    driver.log.stale.append(StaleAct(rank, what, f"prefetch {rid!r}", op_epoch))
+    return False
+
+
+def _landed_pages(driver: StorageDriver, rank: int, log: PrefetchLog, op: Any) -> int:
+    """Leading pages of the bounce buffer whose host bytes are the oracle's (INV-19)."""
+    host = op.host_indices
+    if host is None:
+        return 0
+    page = driver.page
+    pool = driver.l3.ranks[rank].host_pool
+    tokens = driver.chains[log.chain_uid].tokens(page)
+    landed = 0
+    for i in range(int(op.completed_tokens) // page):
+        want = driver.log.expected.get((rank, log.anchor_prefix + tokens[: (i + 1) * page]))
+        got = page_digest(pool.get_data_page(int(host[i * page]), True))
+        if want != got:
+            break
+        landed += 1
+    return landed
+
+
+def _give_back(log: PrefetchLog, slots: list[int], action: str, final: bool, page: int) -> None:
+    op = log.operation
+    published = int(getattr(op, "completed_tokens", 0))
+    seen: set[int] = set()
+    for slot in slots:
+        index = log.owned_slots.pop(slot, None)
+        if index is None or index // page in seen:
+            continue
+        seen.add(index // page)
+        log.events.append(BouncePageEvent(log.request_id, index // page, action, published, final))
+
+
+def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str, Any]) -> None:
+    logs = driver.log.prefetches[rank]
+    op: Any = data.get("operation")
+    log = logs.get(op.request_id) if isinstance(op, PrefetchOperation) else None
+    if kind == "hit":
+        if _current(driver, rank, op, "prefetch_hit_queue entry") and log and data["current"]:
+            log.published_hit_tokens = int(op.storage_hit_count)
+            log.hash_pages = len(op.hash_value)
+    elif kind == "bounce" and log is not None:
+        host: torch.Tensor = data["host_indices"]
+        log.operation = op
+        log.bounce_tokens = int(host.numel())
+        log.owned_slots = {int(s): i for i, s in enumerate(host.tolist())}
+    elif kind == "ack":
+        _on_ack(driver, rank, data)
+    elif kind == "release" and log is not None and op.host_indices is not None:
+        log.released.append((int(data["start"]), int(op.host_indices.numel()), "tail"))
+    elif kind == "insert" and log is not None:
+        _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]))
+    elif kind == "terminate" and log is not None:
+        log.terminated_at = int(data["completed"])
+    elif kind == "retire" and log is not None:
+        log.retired = True
+    elif kind == "verdict" and log is not None:
+        log.verdicts.append(
+            VerdictRecord(
+                log.request_id,
+                bool(data["complete"]),
+                log.published_hit_tokens is not None,
+                int(op.completed_tokens),
+                log.published_hit_tokens,
+            )
+        )
+    elif kind == "free":
+        freed = [int(s) for s in data["slots"].tolist()]
+        for each in logs.values():
+            owned = [s for s in freed if s in each.owned_slots]
+            if owned:
+                _give_back(each, owned, "free", each.final_acks > 0, driver.page)
+                driver.check()  # before the pool frees them: an IO may still write (INV-23)
+    elif kind == "backup_ack":
+        _on_backup_ack(driver, rank, data["operation"])
+
+
+def _on_ack(driver: StorageDriver, rank: int, data: dict[str, Any]) -> None:
+    ack = data["ack"]
+    driver.log.acks[rank].append(
+        ProgressAck(ack.rid, ack.completed_tokens, bool(ack.completed_req))
+    )
+    if not _current(driver, rank, ack.operation, "ack_prefetch_queue entry"):
+        return
+    log = driver.log.prefetches[rank].get(ack.rid)
+    if log is None:
+        return
+    if ack.completed_tokens is not None and data["current"]:
+        log.published_progress.append(int(ack.completed_tokens))
+        log.landed_pages.append(_landed_pages(driver, rank, log, ack.operation))
+    if ack.completed_req:
+        log.final_acks += 1
+
+
+def _on_insert(driver: StorageDriver, rank: int, log: PrefetchLog, matched: int, end: int) -> None:
+    op = log.operation
+    host = getattr(op, "host_indices", None)
+    if matched:
+        log.released.append((0, matched, "matched"))
+    if end > matched:
+        log.released.append((matched, end, "inserted"))
+    if host is None:
+        return
+    final = log.final_acks > 0
+    _give_back(log, [int(s) for s in host[:matched].tolist()], "free", final, driver.page)
+    _give_back(log, [int(s) for s in host[matched:end].tolist()], "insert", final, driver.page)
+
+
+def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
+    backup = driver.log.backups[rank].get(int(op.id))
+    if backup is None:
+        driver.log.stale.append(
+            StaleAct(rank, "ack_backup_queue entry", f"op {op.id}", driver.epoch - 1)
+        )
+        return
+    backup.acks += 1
+    backup.acked_tokens = int(op.completed_tokens)
+    source = driver.sources[rank].pop(int(op.id), None)
+    if source is not None:
+        driver.l3.ranks[rank].host_pool.free(source)
+    page = driver.page
+    keys = list(op.hash_value)[: backup.acked_tokens // page]
+    if not backup.skipped:
+        driver.log.believed.update((rank, key) for key in keys)
+    chain = driver.chains.get(backup.chain_uid)
+    if chain is None:
+        return
+    chain.acked[rank] = backup.acked_tokens // page
+    if rank == 0:
+        chain.keys = tuple(op.hash_value)[: chain.pages]
+    if len(chain.acked) == driver.n:  # every rank acked: the chain is where its worst rank is
+        pages = chain.acked[0] if driver.mla else min(chain.acked.values())
+        chain.state = "stored" if pages == chain.pages else "partial" if pages else "none"
+
+
+def observe_calls(driver: StorageDriver, result: StepResult, calls: list[BackendCall]) -> None:
+    rank, page = result.rank, driver.page
+    if result.kind is StorageStepKind.HIT_QUERY:
+        log = driver.log.prefetches[rank].get(result.request_id or "")
+        if log is None:
+            driver.log.stale.append(
+                StaleAct(
+                    rank, "hit query step", f"prefetch {result.request_id!r}", driver.epoch - 1
+                )
+            )
+            return
+        tokens = driver.chains[log.chain_uid].tokens(page)
+        seen, run, stopped = 0, 0, False
+        for call in (c for c in calls if c.kind == "exists"):
+            for key in call.keys:
+                seen += 1
+                prefix = log.anchor_prefix + tokens[: seen * page]
+                driver.log.use_key(KeyUse(rank, key, prefix, "queried"))
+            if not stopped:
+                run += call.answer
+                stopped = call.answer < len(call.keys)
+        # a query the backend failed (raised) is a miss for the whole prefetch, as the tier has it
+        failed = any(c.raised for c in calls if c.kind == "exists")
+        log.local_hit_tokens = 0 if failed else run * page
+    elif result.kind is StorageStepKind.IO:
+        for call in (c for c in calls if c.kind == "get"):
+            for key, digest in zip(call.keys, call.digests, strict=True):
+                if digest is not None:
+                    driver.log.reads.append(StoreRead(rank, key, digest))
+    elif result.kind is StorageStepKind.BACKUP:
+        _observe_backup(driver, result, calls)
+
+
+def _observe_backup(driver: StorageDriver, result: StepResult, calls: list[BackendCall]) -> None:
+    rank, page = result.rank, driver.page
+    backup = driver.log.backups[rank].get(-1 if result.op_id is None else int(result.op_id))
+    if backup is None:
+        driver.log.stale.append(
+            StaleAct(rank, "backup step", f"op {result.op_id}", driver.epoch - 1)
+        )
+        return
+    chain = driver.chains[backup.chain_uid]
+    prefix = chain.prefix(page)
+    start = len(prefix) - chain.pages * page
+    index, stored, failed = 0, 0, False
+    for call in (c for c in calls if c.kind == "set"):
+        for j, key in enumerate(call.keys):
+            driver.log.use_key(
+                KeyUse(rank, key, prefix[: start + (index + j + 1) * page], "stored")
+            )
+            if call.ok:
+                digest = call.digests[j] if j < len(call.digests) else None
+                driver.log.writes.append(StoreWrite(rank, call.stored_keys[j], key, digest or ""))
+                driver.log.written.add((rank, key))
+        index += len(call.keys)
+        if call.ok and not failed:
+            stored += len(call.keys)
+        else:
+            failed = True
+    backup.stored_pages = stored
+    faults = driver.l3.ranks[rank].faults
+    if faults is not None:
+        driver.log.lost.update((rank, key) for key in faults.dropped_keys)

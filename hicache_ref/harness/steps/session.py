@@ -1,0 +1,313 @@
+"""A Session applies trace steps to one world: preconditions, the rule, then every check.
+
+The Hypothesis machines, the trace replayer and the minimizer all go through ``Session.apply``,
+so a step means the same thing everywhere. A step whose precondition does not hold is recorded
+as skipped (this is what lets the minimizer delete steps freely). After every applied step the
+session checks the invariants that are cheap enough to check always; ``finish()`` runs the
+quiescence checks: every stream idle, every ack drained exactly once, every slot free or owned
+by one node, every resident copy holding the bytes the content oracle predicts.
+
+The checks live in ``invariants/registry.py``, one entry per invariant id, over per-rank
+snapshots (``adapters/base.snapshot_rank``: ack rows from the implementation, pages from the
+harness's own pools) and the tree's model of its nodes; the session only decides when each runs
+and counts the runs per id (``SessionStats.checks_by_id``). What each rule needs and does is
+its record in ``rules.py`` (``RULES``); a step whose rule is not enabled now (a node that is
+not a candidate, a capability the implementation lacks, e.g. no ``per_layer_write``) is
+skipped with the record's reason (``skip_reasons``), so traces stay replayable. While the free
+slots hold the harness's poison (``scribble_free_host``, ``reset_in_flight``) every step also
+verifies it (``byte_checks.FreeSlotWatch``). On a GPU a forward read is compared once it has
+run (``byte_checks.DeferredReads``): after the step in which its gather passed, at the latest
+in ``finish()``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hicache_ref.device.protocol import StreamT
+from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness.adapters.base import (
+    ControllerLike,
+    Implementation,
+    RankLike,
+    unsupported_reasons,
+)
+from hicache_ref.harness.driver.tree import TreeDriver
+from hicache_ref.harness.steps.outcome import SKIPPED, Outcome, done
+from hicache_ref.harness.steps.rules import RULES, STREAMS
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.world import build_world
+from hicache_ref.invariants.evidence import Refusal, StateView
+from hicache_ref.invariants.registry import (
+    QUIESCENCE_IDS,
+    REFUSAL_IDS,
+    RESET_IDS,
+    STEP_IDS,
+    CheckRunner,
+)
+from hicache_ref.invariants.snapshot import RankSnapshot
+
+DRAIN_ROUNDS_MAX = 10_000
+__all__ = ["DRAIN_ROUNDS_MAX", "STREAMS", "Session", "SessionStats", "StepObserver"]
+SnapshotFn = Callable[[RankLike, Iterable[int]], RankSnapshot]
+
+
+class StepObserver(Protocol):
+    """Something that follows a session step by step (the lockstep oracle, a CP collective).
+
+    ``after_step`` runs after each applied step's own checks, ``after_finish`` after the
+    quiescence checks; raising ``InvariantViolation`` fails the case like any other check.
+    """
+
+    def after_step(self, session: Session, step: Step, outcome: Outcome) -> None: ...
+
+    def after_finish(self, session: Session) -> None: ...
+
+
+@dataclass
+class SessionStats:
+    steps: int = 0
+    skipped: int = 0
+    rules: Counter[str] = field(default_factory=Counter)
+    invariant_checks: int = 0  # rounds of step checks (one per applied step)
+    checks_by_id: Counter[str] = field(default_factory=Counter)  # check runs per invariant id
+    lockstep: Counter[str] = field(default_factory=Counter)  # what the lockstep oracle followed
+
+
+class Session:
+    """One case: a world, its tree driver, the steps applied so far, and the checks."""
+
+    def __init__(
+        self, config: HarnessConfig, implementation: Implementation, impl_name: str
+    ) -> None:
+        reasons = unsupported_reasons(implementation.capabilities, config)
+        if reasons:
+            raise ValueError(
+                f"implementation {impl_name!r} does not support {config.describe()}: needs {reasons}"
+            )
+        self.config = config
+        self.implementation = implementation
+        self.impl_name = impl_name
+        self.world = build_world(config, implementation)
+        self.capabilities: frozenset[str] = self.world.capabilities  # declared, checked
+        self.stats = SessionStats()
+        self.checks = CheckRunner(self.stats.checks_by_id)  # the registry, counting per id
+        self.tree: TreeDriver = TreeDriver(self.world, self.checks)
+        if config.uses_storage:  # the L3 side: storage peers, the shared L3, its checks
+            from hicache_ref.harness.driver.storage_driver import StorageDriver
+
+            self.tree.storage = StorageDriver(self.tree, implementation)
+        self.steps: list[Step] = []
+        self.outcomes: list[str] = []
+        self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
+        self._candidates: dict[str, list[int]] = {}
+        self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
+        self._snapshot_rank: SnapshotFn = implementation.snapshot  # contract: optional hook
+        self.observers: list[StepObserver] = []  # called after each applied step and at finish
+
+    # -- the trace -----------------------------------------------------------------------------
+    def trace(self, note: str = "") -> Trace:
+        source = self.implementation.source_tree
+        header = TraceHeader(
+            implementation=self.impl_name, config=self.config, note=note, source=source
+        )
+        return Trace(header=header, steps=tuple(self.steps))
+
+    # -- candidates (what a rule may pick) ----------------------------------------------------
+    def candidates(self, rule: str) -> list[int]:
+        """Node handles ``rule`` may act on now (cached until the next step is applied)."""
+        cached = self._candidates.get(rule)
+        if cached is None:
+            cached = self._compute_candidates(rule)
+            self._candidates[rule] = cached
+        return cached
+
+    def _compute_candidates(self, rule: str) -> list[int]:
+        record = RULES.get(rule)
+        if record is None or record.candidates is None:
+            return []
+        return record.candidates(self)
+
+    def _undrained_loads(self) -> int:
+        return len(self.world.ranks[0].controller.ack_load_queue)
+
+    def why_disabled(self, step: Step) -> str | None:
+        """None when ``step`` may run now, else its rule's reason (``rules.RuleRecord.why_not``)."""
+        return RULES[step.rule].why_not(self, step.args)
+
+    def is_enabled(self, step: Step) -> bool:
+        return self.why_disabled(step) is None
+
+    # -- applying steps ------------------------------------------------------------------------
+    def apply(self, step: Step) -> Outcome:
+        self._candidates.clear()
+        try:
+            return self._apply(step)
+        finally:
+            self._candidates.clear()
+
+    def _apply(self, step: Step) -> Outcome:
+        record = RULES[step.rule]
+        if record.pins is not None:
+            step = Step(rule=step.rule, args=dict(record.pins(self, step.args)))
+        self.steps.append(step)
+        self.stats.steps += 1
+        reason = record.why_not(self, step.args)
+        if reason is not None:
+            self.stats.skipped += 1
+            self.skip_reasons[len(self.outcomes)] = reason
+            self.outcomes.append(SKIPPED.text)
+            return SKIPPED
+        self.stats.rules[step.rule] += 1
+        watch_refusal = record.refusable or record.probe
+        # the state before this step is the state the previous step's checks read
+        before = (self._last_snapshots or self.snapshots()) if watch_refusal else None
+        gate_ids = list(range(self.tree.next_node_id)) if record.resets else []
+        self._last_snapshots = None
+        outcome = record.process(self, step.args)
+        self.outcomes.append(outcome.text)
+        if self.tree.watch.active:
+            self.tree.watch.verify()  # Verify no copy landed in a poisoned free slot
+        self.tree.reads.collect()  # Verify the forward reads that have run on a GPU (INV-11)
+        after = self.snapshots()
+        if before is not None and (outcome.refused or record.probe):
+            self.check_refusal_changed_nothing(before, after, f"{step.rule} ({outcome})")
+        elif before is not None and outcome.reservation == "refused":
+            # the node's pages stay; its refused early reservation must leave nothing behind
+            self.check_refusal_changed_nothing(
+                before, after, f"early reservation ({outcome})", may_change=("device pages",)
+            )
+        if record.resets:
+            self._run_checks(RESET_IDS, self.snapshots(gate_ids))
+        self.check_step_invariants(after)
+        self._last_snapshots = after
+        for observer in self.observers:
+            observer.after_step(self, step, outcome)
+        return outcome
+
+    def advance(self, stream: str, n: int) -> Outcome:
+        """Run ``n`` queued ops of one stream (on every rank for the copy streams)."""
+        device = self.world.device
+        agreed = f"{stream} ran some op(s)"  # how many is rank-local
+        if stream == "forward":  # and the caller's stream, when the forward has its own
+            forward_ran = sum(device.advance(s, n) for s in self._forward_side())
+            return done(f"forward ran {forward_ran} op(s)", agreed=agreed)
+        ran = [
+            device.advance(self._stream(rank.controller, stream), n) for rank in self.world.ranks
+        ]
+        return done(f"{stream} ran {ran} op(s)", agreed=agreed)
+
+    def advance_to_record(self, stream: str) -> Outcome:
+        """Run one stream (on every rank for the copy streams) up to and including its next
+        event record: the boundary where an ack or a layer becomes visible, with the ops behind
+        it still queued."""
+        device = self.world.device
+        agreed = f"{stream} ran to its next record"
+        if stream == "forward":
+            ran = device.advance_to_record(device.default_stream)
+            return done(f"forward ran {ran} op(s) to its next record", agreed=agreed)
+        counts = [
+            device.advance_to_record(self._stream(rank.controller, stream))
+            for rank in self.world.ranks
+        ]
+        return done(f"{stream} ran {counts} op(s) to its next record", agreed=agreed)
+
+    def synchronize(self, stream: str) -> Outcome:
+        """Host waits for a stream (what cancel_layer_write_state and a CPU read do)."""
+        if stream == "forward":
+            for forward in self._forward_side():
+                forward.synchronize()
+        else:
+            for rank in self.world.ranks:
+                self._stream(rank.controller, stream).synchronize()
+        return done(f"synchronized {stream}")
+
+    def _forward_side(self) -> list[StreamT]:
+        """The forward stream, and the default stream the tree calls the controller from when
+        the forward has its own (it holds only the controller's event records then)."""
+        forward, default = self.world.forward_stream, self.world.device.default_stream
+        return [forward] if forward is default else [forward, default]
+
+    @staticmethod
+    def _stream(controller: ControllerLike, stream: str) -> StreamT:
+        return controller.write_stream if stream == "write" else controller.load_stream
+
+    # -- checks --------------------------------------------------------------------------------
+    def snapshots(self, gate_ids: Iterable[int] | None = None) -> list[RankSnapshot]:
+        """Every rank as plain data; the gate is asked about ``gate_ids`` (default: live nodes)."""
+        ids = [n.node_id for n in self.tree.nodes.values()] if gate_ids is None else list(gate_ids)
+        return [self._snapshot_rank(rank, ids) for rank in self.world.ranks]
+
+    def _run_checks(self, inv_ids: tuple[str, ...], snapshots: Sequence[RankSnapshot]) -> None:
+        self.checks.run_all(inv_ids, StateView(snapshots, self.tree.model()))
+
+    def check_step_invariants(self, snapshots: Sequence[RankSnapshot] | None = None) -> None:
+        """After every step: the registry's ``STEP_IDS`` (INV-02, INV-14, INV-10, INV-04,
+        INV-05, INV-08)."""
+        self.stats.invariant_checks += 1
+        self._run_checks(STEP_IDS, self.snapshots() if snapshots is None else snapshots)
+
+    def check_refusal_changed_nothing(
+        self,
+        before: Sequence[RankSnapshot],
+        after: Sequence[RankSnapshot],
+        what: str,
+        may_change: Sequence[str] = (),
+    ) -> None:
+        """A refused operation left every rank as it was (INV-17)."""
+        self.checks.run_all(REFUSAL_IDS, Refusal(before, after, what, may_change))
+
+    def finish(self) -> None:
+        """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""
+        self._last_snapshots = None
+        t = self.tree
+        if t.storage is not None:  # every prefetch and backup ends, every storage check at rest
+            t.storage.settle()
+        # The forward finishes computing every node (early-reserved backups ack only then)
+        while t.batch:
+            t.forward_layer()
+        # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
+        # (only nodes still on device: a stale pending state of a host-only node is a finding,
+        # which the quiescence checks report, not layers to store)
+        pending = [h for h, n in t.nodes.items() if n.on_device and t.has_pending_layer_write(h)]
+        for handle in pending:
+            for draft, layer_num in t.layer_kinds():
+                for layer in range(layer_num):
+                    t.store_layer(handle, layer, draft)
+        if pending:
+            for draft, layer_num in t.layer_kinds():
+                for layer in range(layer_num):
+                    t.layer_end(layer, draft)
+        if t.queued_loads:
+            while self._undrained_loads() >= self.config.num_counters:
+                self.world.device.run_until_idle()
+                t.loading_check()
+            t.start_loading()
+        for _ in range(DRAIN_ROUNDS_MAX):
+            self.world.device.run_until_idle()
+            t.writing_check()
+            t.loading_check()
+            if not t.ongoing_write and not t.ongoing_load:
+                break
+        else:
+            raise InvariantViolation("INV-16", "acks never drained at quiescence")
+        if t.watch.active:
+            t.watch.verify()  # Verify no late copy landed in a poisoned free slot
+        t.reads.collect(wait=True)  # Verify every forward read still unchecked (INV-11)
+        # Verify no ack is left once every submission was acked (INV-16), then every resident
+        # copy's bytes (INV-06), then the pages (INV-05) and the per-layer states (INV-15)
+        first, *rest = QUIESCENCE_IDS
+        snapshots = self.snapshots()
+        self._run_checks((first,), snapshots)
+        for node in t.nodes.values():
+            if node.on_device and node.layers_stored == t.total_layers:
+                t.check_device_bytes(node, "INV-06", "quiescence")
+            if node.backup == "done":
+                t.check_host_bytes(node, "INV-06", "quiescence")
+        self._run_checks(tuple(rest), snapshots)
+        for observer in self.observers:
+            observer.after_finish(self)

@@ -1,0 +1,157 @@
+"""One harness case's configuration: pool geometry, layout, backend, CP and draft shape.
+
+Every case of a state machine draws one ``HarnessConfig``; a trace's header stores it, so a
+trace rebuilds exactly the same world without Hypothesis.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+PoolKind = Literal["mha", "mla", "nsa"]
+Layout = Literal["layer_first", "page_first", "page_first_direct", "page_head", "layer_page_first"]
+IoBackend = Literal["direct", "kernel"]
+AllocPolicy = Literal["fifo", "lifo", "random"]
+CopyPath = Literal["gather", "runs", "batch", "triton"]
+StorageBackendName = Literal["memory", "file", "upstream_file"]
+StoragePolicy = Literal["best_effort", "wait_complete", "timeout"]
+STORAGE_RANKS_MAX = 4
+PoolGroup = Literal["none", "anchor", "packed", "sidecar"]
+
+LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
+    "direct": ("layer_first", "page_first_direct", "layer_page_first"),
+    "kernel": ("layer_first", "page_first", "page_head"),
+}
+"""The (io backend, host layout) pairs the pools drive (``pools/host_layout.py`` is the source;
+a test keeps the two equal)."""
+MHA_ONLY_LAYOUTS = ("page_head",)
+
+
+class HarnessConfig(BaseModel):
+    """The world a case runs in. Sizes are in pages; every rank gets the same geometry."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    page_size: int = 4
+    layer_num: int = 2
+    draft_layer_num: int = 0
+    pool_kind: PoolKind = "mha"
+    layout: Layout = "layer_first"
+    io_backend: IoBackend = "direct"
+    cp_size: int = 0
+    """0: no CP layout; n >= 1: CP shared KV over n simulated ranks driven in lockstep."""
+    device_pages: int = 12
+    host_pages: int = 16
+    alloc_policy: AllocPolicy = "fifo"
+    draft_alloc_policy: AllocPolicy = "fifo"
+    draft_host_pages: int = 0
+    """Draft host pool size under CP (0: same as host_pages). Non-CP drafts reuse target slots."""
+    num_counters: int = 5
+    settle_records: bool = False
+    """Event records and satisfied waits complete on reaching their stream's head (GPU-like)."""
+    hybrid: bool = False
+    """The allocator's KV cache is a ``HybridLinearKVPool`` (full-attention layers interleaved
+    with linear-attention ones) that the controller must unwrap to its ``full_kv_pool``."""
+    forward_stream: bool = False
+    """The forward runs on its own stream (overlap scheduling) while the tree calls the
+    controller from the default stream; the harness sets the controller's ``write_fence_stream``
+    and ``load_fence_stream`` to it (capability ``fence_streams``, F11's shape). Without CP:
+    CP per-layer backups record their fences inside the forward's own layer hooks."""
+    pool_group: PoolGroup = "none"
+    """How the host pools reach the controller: ``none``, the pools themselves (every
+    controller); as upstream 0.5.19+'s ``HostPoolGroup`` for its ``HybridCacheController``:
+    ``anchor`` (the KV pool alone), ``packed`` (the draft pool packed as MTP draft layers of
+    the KV host pool: ``layer_mapper``, ``is_draft``), ``sidecar`` (the draft pool as a side
+    pool whose transfers ride on the KV indices: a ``PoolTransfer`` with
+    ``indices_from_pool=KV``). Capability ``pool_group`` (``:packed``, ``:sidecar``); no CP."""
+    copy_path: CopyPath = "gather"
+    """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
+    (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
+    executed by ``memmove`` on the simulator; not with ``page_head``) or ``triton`` (the
+    zero-copy kernel, under Triton's interpreter here), so each is fuzzed on any machine."""
+    storage_ranks: int = 0
+    """0: no L3 storage tier; n in 1..4: a storage world of n TP ranks (rank 0 is the tree's
+    controller, the others storage peers), all stepped in lockstep (``harness/world/storage_world.py``)."""
+    storage_backend: StorageBackendName = "memory"
+    """The shared L3: one ``MemoryStore``, one directory of ``FileStorage`` files, or upstream's
+    own ``HiCacheFile`` (0.5.23, read from the wheel tree) over one directory."""
+    storage_faults: bool = False
+    """Seeded background faults on every rank's backend (misses, holes, short reads, failed,
+    partial and dropped writes, exceptions); ``inject_fault`` steps add one-shot faults either way."""
+    storage_batch_pages: int = 2
+    """Pages per storage batch (upstream's ``STORAGE_BATCH_SIZE``, small so batches repeat)."""
+    storage_policy: StoragePolicy = "best_effort"
+    """The tree's prefetch stop policy (``check_prefetch_progress``)."""
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> HarnessConfig:
+        if self.page_size < 1 or self.layer_num < 1 or self.draft_layer_num < 0:
+            raise ValueError("page_size and layer_num must be >= 1, draft_layer_num >= 0")
+        if self.layout not in LEGAL_LAYOUTS[self.io_backend]:
+            raise ValueError(
+                f"layout {self.layout!r} cannot be used with io_backend {self.io_backend!r}; "
+                f"legal: {LEGAL_LAYOUTS[self.io_backend]}"
+            )
+        if self.layout in MHA_ONLY_LAYOUTS and self.pool_kind != "mha":
+            raise ValueError(f"layout {self.layout!r} holds MHA pools only (upstream: page_head)")
+        if not 0 <= self.cp_size <= 8:
+            raise ValueError(f"cp_size={self.cp_size} must be in [0, 8] (0 = no CP)")
+        if self.cp_size >= 1 and self.pool_kind != "nsa":
+            raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
+        if self.pool_group != "none" and self.cp_size >= 1:
+            raise ValueError(f"pool_group={self.pool_group!r} is drawn without CP (cp_size=0)")
+        if self.pool_group in ("packed", "sidecar") and not self.has_draft:
+            raise ValueError(
+                f"pool_group={self.pool_group!r} carries a draft pool: draft_layer_num >= 1"
+            )
+        if self.pool_group == "anchor" and self.has_draft:
+            raise ValueError("pool_group='anchor' has no draft pool; use 'packed' or 'sidecar'")
+        if self.forward_stream and self.cp_size >= 1:
+            raise ValueError("forward_stream is drawn without CP (cp_size=0)")
+        if self.device_pages < 2 * self.num_ranks or self.host_pages < 1:
+            raise ValueError("device_pages must be >= 2*cp_size and host_pages >= 1")
+        if not 0 <= self.storage_ranks <= STORAGE_RANKS_MAX or self.storage_batch_pages < 1:
+            raise ValueError(
+                f"storage_ranks={self.storage_ranks} must be in [0, {STORAGE_RANKS_MAX}] and "
+                f"storage_batch_pages >= 1"
+            )
+        if self.storage_ranks and (self.uses_cp or self.has_draft):
+            raise ValueError(
+                "a storage world has no CP and no draft pool (CP HiCache refuses a storage "
+                "attach; draft KV is not stored in L3)"
+            )
+        return self
+
+    @property
+    def uses_cp(self) -> bool:
+        return self.cp_size >= 1
+
+    @property
+    def num_ranks(self) -> int:
+        return max(1, self.cp_size)
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft_layer_num > 0
+
+    @property
+    def uses_storage(self) -> bool:
+        return self.storage_ranks >= 1
+
+    def describe(self) -> str:
+        draft = f" draft={self.draft_layer_num}L" if self.has_draft else ""
+        cp = f" cp={self.cp_size}" if self.uses_cp else ""
+        runs = f" copy={self.copy_path}" if self.copy_path != "gather" else ""
+        runs += " hybrid" if self.hybrid else ""
+        if self.uses_storage:
+            faults = "+faults" if self.storage_faults else ""
+            runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
+        runs += " fwd-stream" if self.forward_stream else ""
+        runs += f" group={self.pool_group}" if self.pool_group != "none" else ""
+        return (
+            f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
+            f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"
+        )

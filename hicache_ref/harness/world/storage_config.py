@@ -1,0 +1,53 @@
+"""How a case draws its storage world: ranks, backend, faults, batch size and stop policy.
+
+Only an implementation with the ``storage`` capability gets one (about half of its cases);
+the fields go into ``HarnessConfig``, so a trace header carries them and a replay rebuilds the
+same world. Upstream's ``HiCacheFile`` is drawn only when its wheel tree is already unpacked
+(``hicache-fuzz setup`` or an earlier gate fetched it): a draw never reaches the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from hicache_ref.harness.adapters.sglang_tree import is_tree, wheel_tree_path
+from hicache_ref.harness.world.storage_world import UPSTREAM_FILE_VERSION
+
+STORAGE = "storage"
+
+
+def storage_backends() -> list[str]:
+    backends = ["memory", "memory", "file"]
+    if is_tree(wheel_tree_path(UPSTREAM_FILE_VERSION)):
+        backends.append("upstream_file")
+    return backends
+
+
+@st.composite
+def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, Any]:
+    """``HarnessConfig`` fields of a storage world, or none (no storage tier this case)."""
+    if capabilities and STORAGE not in capabilities:
+        return {}
+    ranks = draw(st.sampled_from([0, 0, 0, 1, 2, 3, 4]))
+    if not ranks:
+        return {}
+    return {
+        "storage_ranks": ranks,
+        "storage_backend": draw(st.sampled_from(storage_backends())),
+        "storage_faults": draw(st.booleans()),
+        "storage_batch_pages": draw(st.sampled_from([1, 2, 4])),
+        "storage_policy": draw(st.sampled_from(["best_effort", "wait_complete", "timeout"])),
+    }
+
+
+def storage_focus(**fields: Any) -> Any:
+    """A mutant's ``refine_config``: a storage world (no CP, no draft) with ``fields`` set."""
+    from hicache_ref.harness.world.config import HarnessConfig
+
+    def focus(config: HarnessConfig) -> HarnessConfig:
+        update = {"cp_size": 0, "draft_layer_num": 0, "draft_host_pages": 0, "storage_ranks": 2}
+        return config.model_copy(update={**update, **fields})
+
+    return focus

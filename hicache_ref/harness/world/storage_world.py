@@ -1,0 +1,180 @@
+"""The storage world of a case: its ranks, their rank group, and one shared L3 behind them.
+
+Rank 0 is the tree's controller (``World.ranks[0]``, built with the group's view 0); ranks
+1..n-1 are *storage peers*: controllers of the same implementation over pools of the same
+geometry, which the tree never drives except through storage (a TP group whose other ranks
+serve the same requests). Every rank's backend is a client of one shared L3 (a ``MemoryStore``,
+one directory of ``FileStorage`` files, or upstream's own ``HiCacheFile`` over one directory),
+behind a seeded ``FaultInjectingStorage`` and, outermost, a ``RecordingStorage`` the harness
+reads. The builders are registered with ``StorageBackendFactory`` under names private to this
+world, so ``attach_storage_backend(name)`` goes through the seed's own attach path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hicache_ref.controller.storage.collectives import RankGroup
+from hicache_ref.device.sim import SimDevice
+from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, Implementation
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.content import HARNESS_DTYPE
+from hicache_ref.harness.world.recording_storage import RecordingStorage
+from hicache_ref.harness.world.world import World, make_device_pool, physical_size_tokens
+from hicache_ref.pools.host_pool import HostKVCache, make_host_pool
+from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
+from hicache_ref.storage.factory import StorageBackendFactory
+from hicache_ref.storage.fault_injection import FaultInjectingStorage
+from hicache_ref.storage.file_backend import FileStorage
+from hicache_ref.storage.memory_backend import MemoryStorage, MemoryStore
+from hicache_ref.storage.protocols import StorageHostPool
+
+BACKGROUND_FAULTS: Mapping[str, float] = {
+    "fail_rate": 0.05,
+    "miss_rate": 0.05,
+    "short_read_rate": 0.05,
+    "drop_rate": 0.03,
+    "raise_rate": 0.02,
+}
+MODEL_NAME = "harness"
+UPSTREAM_FILE_VERSION = "0.5.23"
+_names = itertools.count()
+
+
+@dataclass
+class StorageRank:
+    """One rank of the storage world: its controller, host pool and backend layers."""
+
+    rank: int
+    controller: Any  # the implementation's controller (rank 0: the tree's)
+    host_pool: HostKVCache
+    backend_name: str
+    recording: RecordingStorage | None = None
+    faults: FaultInjectingStorage | None = None
+
+
+def _peer_rank(
+    config: HarnessConfig, implementation: Implementation, rank: int, group: RankGroup
+) -> tuple[ControllerLike, HostKVCache]:
+    """A storage peer: pools of the world's geometry and a controller of the implementation."""
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+
+    device = SimDevice(seed=config.seed + rank)
+    device_pool = make_device_pool(config, config.layer_num, physical_size_tokens(config), device)
+    page = config.page_size
+    allocator = PagedTokenToKVPoolAllocator(
+        config.device_pages * page, page, HARNESS_DTYPE, device.device, device_pool
+    )
+    host_pool = make_host_pool(
+        device_pool, layout=config.layout, size_tokens=config.host_pages * page
+    )
+    request = BuildRequest(
+        config=config,
+        rank=rank,
+        device_module=device,
+        allocator=allocator,
+        host_pool=host_pool,
+        cp_layout=None,
+        draft_device_pool=None,
+        draft_host_pool=None,
+        storage_collectives=group.view(rank),
+    )
+    return implementation.build_controller(request), host_pool
+
+
+class StorageWorld:
+    """Every storage rank of a case and the L3 they share."""
+
+    def __init__(self, world: World, implementation: Implementation) -> None:
+        config = world.config
+        group = world.storage_group
+        assert isinstance(group, RankGroup), "build_world makes the group of a storage config"
+        self.config = config
+        self.group = group
+        self.store = MemoryStore()
+        self._tmp = Path(tempfile.mkdtemp(prefix="hicache-l3-"))
+        self.root = self._tmp / "l3"
+        tag = next(_names)
+        self.ranks: list[StorageRank] = []
+        for rank in range(config.storage_ranks):
+            if rank == 0:
+                controller, host_pool = world.ranks[0].controller, world.ranks[0].host_pool
+            else:
+                controller, host_pool = _peer_rank(config, implementation, rank, group)
+            name = f"harness-l3-{tag}-r{rank}"
+            self.ranks.append(StorageRank(rank, controller, host_pool, name))
+        weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+        self.attached = False
+
+    def build_backend(self, rank: int, cfg: HiCacheStorageConfig) -> HiCacheStorage:
+        """Rank ``rank``'s backend: recording, then faults, then a client of the shared L3."""
+        faults = FaultInjectingStorage(self._client(cfg), seed=self.config.seed, rank=rank)
+        if self.config.storage_faults:
+            faults.rates.update(BACKGROUND_FAULTS)
+        recording = RecordingStorage(faults, rank)
+        self.ranks[rank].faults, self.ranks[rank].recording = faults, recording
+        return recording
+
+    def _client(self, cfg: HiCacheStorageConfig) -> HiCacheStorage:
+        backend = self.config.storage_backend
+        if backend == "memory":
+            return MemoryStorage(cfg, self.store)
+        if backend == "file":
+            return FileStorage(self.root, cfg)
+        from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
+        from hicache_ref.harness.adapters.upstream_storage import UpstreamFileStorage
+
+        return UpstreamFileStorage(fetch_wheel_tree(UPSTREAM_FILE_VERSION), self.root, cfg)
+
+    @property
+    def controllers(self) -> list[Any]:
+        return [r.controller for r in self.ranks]
+
+    @property
+    def tiers(self) -> list[Any]:
+        """Every rank's storage tier (the reference's ``controller.storage``)."""
+        return [r.controller.storage for r in self.ranks]
+
+    def attach(self) -> None:
+        """Every rank attaches through the seed's own path: its builder is registered with
+        ``StorageBackendFactory`` only for the call, so no world leaves a name behind."""
+        for rank in self.ranks:
+            StorageBackendFactory.register_backend(
+                rank.backend_name, _builder(weakref.ref(self), rank.rank)
+            )
+            try:
+                rank.controller.attach_storage_backend(
+                    rank.backend_name,
+                    prefetch_threshold=self.config.page_size,
+                    model_name=MODEL_NAME,
+                )
+            finally:
+                StorageBackendFactory.unregister_backend(rank.backend_name)
+            rank.controller.storage_batch_size = self.config.storage_batch_pages
+        self.attached = True
+
+    def reset_peers(self) -> None:
+        """The storage peers' half of a tree reset (rank 0 resets with the world)."""
+        for rank in self.ranks[1:]:
+            rank.controller.reset()
+            rank.host_pool.clear()
+
+
+def _builder(world: weakref.ref[StorageWorld], rank: int) -> Any:
+    """A factory builder that holds its world weakly (the world unregisters it when it goes)."""
+
+    def build(
+        cfg: HiCacheStorageConfig, pool: StorageHostPool | None, extra: Mapping[str, object]
+    ) -> HiCacheStorage:
+        owner = world()
+        assert owner is not None, "a storage world's backend built after the world was gone"
+        return owner.build_backend(rank, cfg)
+
+    return build
