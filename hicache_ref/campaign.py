@@ -6,7 +6,7 @@ keeps the trace of every new failure (ddmin'd; ``campaign_failures.py``) and cou
 that a selected ``KnownFinding`` explains without stopping for them. With a ``database``
 (``fleet/database.py``) Hypothesis saves every failing case there and the first round replays
 what any campaign saved before. ``device="cuda"`` runs the same machines on a GPU
-(``world.use_device``): each world gets a ``PerturbedDevice`` whose seeded spins vary the
+(``world.open_device``): each world gets a ``PerturbedDevice`` whose seeded spins vary the
 timing, and each failing trace's header records the device and the perturbation, so its replay
 runs the same schedule. Ctrl-C ends the campaign between two steps: the report says what ran
 and that it was interrupted.
@@ -46,7 +46,7 @@ from hicache_ref.harness.world.world import (
     check_device_kind,
     get_auto_copy_path,
     on_device,
-    use_device,
+    open_device,
 )
 
 if TYPE_CHECKING:
@@ -344,9 +344,9 @@ def run_campaign(
     report.seed_stride = seed_stride
     report.database = database.label if database is not None else ""
     try:
-        with use_device(kind, spins):
+        with open_device(kind, spins) as build:
             implementation = on_device(get_implementation(impl), kind)
-            run_rounds(report, implementation, seconds, rounds)
+            run_rounds(report, implementation, seconds, rounds, build)
     finally:
         if view is not None:
             view.close()

@@ -37,6 +37,7 @@ from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
 from hicache_ref.harness.campaigns.machine import machine_for
 from hicache_ref.harness.campaigns.profiles import make_settings
+from hicache_ref.harness.world.world import DeviceWorlds
 
 if TYPE_CHECKING:
     from hicache_ref.campaign import CampaignReport
@@ -87,16 +88,25 @@ def freeze_long_lived_objects() -> None:
 
 
 def run_rounds(
-    report: CampaignReport, implementation: Implementation, seconds: float, plan: RoundPlan
+    report: CampaignReport,
+    implementation: Implementation,
+    seconds: float,
+    plan: RoundPlan,
+    build: DeviceWorlds | None = None,
 ) -> None:
-    """The campaign's rounds, under the device binding ``run_campaign`` set up."""
+    """The campaign's rounds; ``build`` makes each case's world on the device
+    ``run_campaign`` prepared (``world.open_device``; None: the simulator)."""
     out_dir = plan.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="hicache-fuzz-"))
     sink = CampaignSink(report, scratch, clock=lambda: time.monotonic() - start)
     machine_class = machine_for(
-        implementation, report.implementation, sink, key=get_source_key(implementation)
+        implementation,
+        report.implementation,
+        sink,
+        key=get_source_key(implementation),
+        build=build,
     )
     report.sample(0.0)
     try:

@@ -2,11 +2,10 @@
 
 The lockstep harness keeps every CP rank in one process, and three things of it assume so:
 
-- ``Session`` builds every rank (``build_world(config, impl)``); here the world is built with
-  ``only_ranks=[rank]`` (and, on a GPU, the rank's own device), by handing the session a
-  one-rank ``build_world`` while it is constructed (``_one_rank_worlds``);
+- ``Session`` builds every rank by default; here it is handed a builder of a world holding
+  that rank alone (``DeviceWorlds(only_ranks=(rank,))``, on a GPU with the rank's own device);
 - the tree's model indexes per-rank holdings by *position* in ``world.ranks`` while snapshots
-  carry the rank's *id* (``registry.check_pages_conserved`` reads ``host_pages[snap.rank]``), so
+  carry the rank's *id* (``registry.check_inv_05_slot_conservation`` indexes holdings by position), so
   a lone rank 2 would index past its one entry: ``_RankImplementation.snapshot`` labels the
   snapshot with its position (0) and the verdict names the real rank;
 - the tree drains ``MIN(ready)`` acks over the ranks it holds; across processes the minimum is
@@ -20,11 +19,9 @@ Everything else of the tree already works per rank through the rank's own ``cp_l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 from hicache_ref.harness.adapters.base import (
     AckQueue,
@@ -34,10 +31,9 @@ from hicache_ref.harness.adapters.base import (
     RankLike,
 )
 from hicache_ref.harness.driver.tree import TreeDriver
-from hicache_ref.harness.steps import session as session_module
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.world.config import HarnessConfig
-from hicache_ref.harness.world.world import HarnessDevice, World, build_world
+from hicache_ref.harness.world.world import DeviceWorlds, HarnessDevice
 from hicache_ref.invariants.snapshot import RankSnapshot
 
 ACK_QUEUES = ("ack_write_queue", "ack_load_queue")
@@ -68,17 +64,6 @@ class _RankImplementation:
 
     def __getattr__(self, name: str) -> Any:  # controller_class, focus, ...
         return getattr(self.inner, name)
-
-
-@contextmanager
-def _one_rank_worlds(rank: int, device: HarnessDevice | None) -> Iterator[None]:
-    """While a ``Session`` is constructed, the world it builds holds ``rank`` only."""
-
-    def one_rank_world(config: HarnessConfig, implementation: Implementation) -> World:
-        return build_world(config, implementation, device=device, only_ranks=[rank])
-
-    with mock.patch.object(session_module, "build_world", one_rank_world):
-        yield
 
 
 def get_ready_prefix(controller: ControllerLike, queue_name: str) -> int:
@@ -148,8 +133,9 @@ def open_rank_session(
     """The session of ``rank`` alone, for a process of a CP world of ``config.cp_size`` ranks."""
     assert config.uses_cp, "a CP world across processes needs cp_size >= 1"
     assert 0 <= rank < config.num_ranks, f"rank {rank} outside [0, {config.num_ranks})"
-    with _one_rank_worlds(rank, device):
-        session = Session(config, _RankImplementation(implementation), impl_name)
+    factory = None if device is None else (lambda config: device)
+    build = DeviceWorlds(factory, only_ranks=(rank,))  # a world of this rank alone
+    session = Session(config, _RankImplementation(implementation), impl_name, build=build)
     ranks = session.world.ranks
     assert [r.rank for r in ranks] == [rank], f"the session built ranks {[r.rank for r in ranks]}"
     drains = DrainAgreement(session.tree, ranks[0].controller)

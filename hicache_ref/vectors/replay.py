@@ -23,7 +23,7 @@ from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
-from hicache_ref.harness.world.world import check_device_kind, gpu_config, on_device, use_device
+from hicache_ref.harness.world.world import check_device_kind, gpu_config, on_device, open_device
 from hicache_ref.vectors.models import Expect, Final, Vector
 from hicache_ref.vectors.observe import capture, observe, observe_final
 
@@ -184,9 +184,9 @@ def replay_vector(
     why = skip_reason(vector, implementation, kind)
     if why is not None:
         return VectorResult(vector.id, "skip", reason=why)
-    with use_device(kind):
+    with open_device(kind) as build:
         impl = on_device(implementation, kind)
-        session = Session(_config_for(vector, kind), impl, name)
+        session = Session(_config_for(vector, kind), impl, name, build=build)
         attach_lockstep(session)
         for index, vstep in enumerate(vector.steps):
             step = Step(rule=vstep.op, args=dict(vstep.args))

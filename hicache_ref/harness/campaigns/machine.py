@@ -48,6 +48,7 @@ from hicache_ref.harness.world.config import (
     PoolKind,
 )
 from hicache_ref.harness.world.storage_config import storage_fields
+from hicache_ref.harness.world.world import SIM_WORLDS, DeviceWorlds
 from hicache_ref.pools.transfer import copy_paths_for_layout
 from hicache_ref.replay_lines import get_replay_line
 
@@ -190,6 +191,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     implementation: Implementation
     impl_name = "reference"
     sink: ClassVar[CaseSink] = FailureFolder()
+    build: ClassVar[DeviceWorlds] = SIM_WORLDS  # each case's world, on its device
 
     def __init__(self) -> None:
         super().__init__()
@@ -231,7 +233,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     @initialize(config=st.data())
     def setup(self, config: st.DataObject) -> None:
         drawn = _draw_config(self.implementation, config)
-        self.session = Session(drawn, self.implementation, self.impl_name)
+        self.session = Session(drawn, self.implementation, self.impl_name, build=self.build)
         attach_lockstep(self.session)  # the pure oracle follows every step
 
     def teardown(self) -> None:
@@ -296,7 +298,12 @@ for _record in RULES.values():
 
 
 def machine_for(
-    implementation: Implementation, name: str, sink: CaseSink | None = None, *, key: str = ""
+    implementation: Implementation,
+    name: str,
+    sink: CaseSink | None = None,
+    *,
+    key: str = "",
+    build: DeviceWorlds | None = None,
 ) -> type[HiCacheMachine]:
     """A machine class bound to one implementation and the sink of the campaign running it.
 
@@ -307,4 +314,6 @@ def machine_for(
     attributes: dict[str, Any] = {"implementation": implementation, "impl_name": name}
     if sink is not None:
         attributes["sink"] = sink
+    if build is not None:  # a GPU campaign's device (``world.open_device``)
+        attributes["build"] = build
     return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)

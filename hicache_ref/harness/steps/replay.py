@@ -17,7 +17,7 @@ from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
-from hicache_ref.harness.world.world import check_device_kind, gpu_config, on_device, use_device
+from hicache_ref.harness.world.world import check_device_kind, gpu_config, on_device, open_device
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,9 @@ def replay(
     source = trace.header.source if name == trace.header.implementation else ""
     kind = check_device_kind(device or trace.header.device)
     config = trace.header.config if kind == "sim" else gpu_config(trace.header.config)
-    with use_device(kind, trace.header.perturbation):
-        session = Session(config, on_device(get_implementation(name, source), kind), name)
+    with open_device(kind, trace.header.perturbation) as build:
+        implementation_ = on_device(get_implementation(name, source), kind)
+        session = Session(config, implementation_, name, build=build)
         attach_lockstep(session)  # the pure oracle follows every step
         try:
             for step in trace.steps:

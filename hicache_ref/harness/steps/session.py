@@ -40,7 +40,7 @@ from hicache_ref.harness.steps.outcome import SKIPPED, Outcome, done
 from hicache_ref.harness.steps.rules import RULES, STREAMS
 from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
-from hicache_ref.harness.world.world import build_world
+from hicache_ref.harness.world.world import WorldBuilder, build_world
 from hicache_ref.invariants.evidence import Refusal, StateView
 from hicache_ref.invariants.registry import (
     QUIESCENCE_IDS,
@@ -82,8 +82,15 @@ class Session:
     """One case: a world, its tree driver, the steps applied so far, and the checks."""
 
     def __init__(
-        self, config: HarnessConfig, implementation: Implementation, impl_name: str
+        self,
+        config: HarnessConfig,
+        implementation: Implementation,
+        impl_name: str,
+        *,
+        build: WorldBuilder = build_world,
     ) -> None:
+        """``build`` makes the case's world (``world.world_builder``: a GPU campaign's device,
+        one rank of a CP world across processes; default: a ``SimDevice`` and every rank)."""
         reasons = unsupported_reasons(implementation.capabilities, config)
         if reasons:
             raise ValueError(
@@ -92,7 +99,7 @@ class Session:
         self.config = config
         self.implementation = implementation
         self.impl_name = impl_name
-        self.world = build_world(config, implementation)
+        self.world = build(config, implementation)
         self.capabilities: frozenset[str] = self.world.capabilities  # declared, checked
         self.stats = SessionStats()
         self.checks = CheckRunner(self.stats.checks_by_id)  # the registry, counting per id

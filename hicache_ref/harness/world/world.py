@@ -6,9 +6,9 @@ also fixes the implementation's capabilities once: what its adapter declares, ch
 what its controller class has (``adapters/base.check_declared_capabilities``), and the typed
 views the tree driver calls (``Rank.cp``, ``Rank.per_layer``).
 
-The device kind is chosen around the world, not inside it: ``use_device("cuda", perturbation)``
-binds a factory that ``build_world`` calls for every world built under it (a campaign, a
-replay of a ``cuda`` trace), and ``on_device`` narrows an implementation to what a real GPU can
+The device kind is chosen around the world, not inside it: ``open_device("cuda", perturbation)``
+prepares the device and gives the world builder a campaign or a replay hands its sessions
+(``DeviceWorlds``: a world per case on a fresh device), and ``on_device`` narrows an implementation to what a real GPU can
 run (``copy_path="runs"``; no misuse probes, which would race the GPU's own progress).
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 
@@ -205,7 +204,7 @@ def build_world(
     """The world of one case: by default a SimDevice and every CP rank in this process.
 
     ``device`` replaces the simulator (a GPU campaign's device; without it, the factory
-    ``use_device`` bound, if any); ``only_ranks`` builds just those ranks (a multi-process CP
+    ``open_device``'s builder hands in); ``only_ranks`` builds just those ranks (a multi-process CP
     world builds one rank per process, each with the full config).
     """
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
@@ -213,11 +212,7 @@ def build_world(
     from hicache_ref.pools.host_pool import make_host_pool
 
     if device is None:
-        factory = _DEVICE_FACTORY.get()
-        if factory is not None:
-            device = factory(config)
-        else:
-            device = SimDevice(seed=config.seed, settle_records=config.settle_records)
+        device = SimDevice(seed=config.seed, settle_records=config.settle_records)
     ranks: list[Rank] = []
     capabilities = implementation.capabilities
     forward = device.Stream() if config.forward_stream else None
@@ -318,9 +313,25 @@ DeviceFactory = Callable[[HarnessConfig], HarnessDevice]
 DeviceBinding = Callable[[Perturbation], AbstractContextManager[DeviceFactory | None]]
 """Given the perturbation, a context that prepares the device kind and yields its factory."""
 
-_DEVICE_FACTORY: ContextVar[DeviceFactory | None] = ContextVar(
-    "hicache_device_factory", default=None
-)
+WorldBuilder = Callable[[HarnessConfig, Implementation], World]
+"""How a session builds its world from the case's configuration and the implementation."""
+
+
+@dataclass(frozen=True)
+class DeviceWorlds:
+    """A session's world builder: each world on a device from ``device_factory`` (None: a fresh
+    ``SimDevice``), holding ``only_ranks`` (None: every rank)."""
+
+    device_factory: DeviceFactory | None = None
+    only_ranks: tuple[int, ...] | None = None
+
+    def __call__(self, config: HarnessConfig, implementation: Implementation) -> World:
+        device = None if self.device_factory is None else self.device_factory(config)
+        return build_world(config, implementation, device=device, only_ranks=self.only_ranks)
+
+
+SIM_WORLDS = DeviceWorlds()
+"""Worlds on a fresh ``SimDevice`` each, every rank (what a session builds by default)."""
 
 
 def gpu_config(config: HarnessConfig, *, triton: bool | None = None) -> HarnessConfig:
@@ -370,20 +381,18 @@ def check_device_kind(kind: str) -> DeviceKind:
 
 
 @contextmanager
-def use_device(kind: str, perturbation: Perturbation | None = None) -> Iterator[None]:
-    """Every world ``build_world`` makes in this context runs on a ``kind`` device.
+def open_device(kind: str, perturbation: Perturbation | None = None) -> Iterator[DeviceWorlds]:
+    """The world builder of a ``kind`` device, prepared for as long as the context lasts.
 
     On ``cuda`` each world gets a fresh ``PerturbedDevice`` whose spin schedule is seeded with
     the world's config seed and ``perturbation`` (so a trace replays the same schedule); a
-    machine without a GPU gets one ``HiCacheSetupError`` line.
+    machine without a GPU gets one ``HiCacheSetupError`` line. The builder is handed to the
+    sessions (``Session(..., build=...)``, ``machine_for(..., build=...)``): nothing else
+    carries the device.
     """
     binding = DEVICE_BINDINGS[check_device_kind(kind)]
     with binding(perturbation or DEFAULT_PERTURBATION) as factory:
-        token = _DEVICE_FACTORY.set(factory)
-        try:
-            yield
-        finally:
-            _DEVICE_FACTORY.reset(token)
+        yield DeviceWorlds(factory)
 
 
 class _OnGpu:
