@@ -23,8 +23,9 @@ from hicache_ref.invariants.registry import CheckRunner
 ROWS = torch.arange(1.0, 9.0).reshape(4, 2)  # oracle rows are never 0
 
 
-def _checks(device: Any) -> tuple[DeferredReads, ByteChecks]:
-    world = cast(Any, SimpleNamespace(device=device))
+def _checks(device: Any, forward: Any = None) -> tuple[DeferredReads, ByteChecks]:
+    stream = forward if forward is not None else device.default_stream
+    world = cast(Any, SimpleNamespace(device=device, forward_stream=stream))
     bytes_ = ByteChecks(world, cast(Any, None), CheckRunner())
     return DeferredReads(world, bytes_), bytes_
 
@@ -73,8 +74,8 @@ SPIN_CYCLES = 400_000_000  # ~0.2 s on an H200: far longer than the host's next 
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_a_read_and_an_upload_leave_the_forward_stream_running() -> None:
     device = CudaDevice()
-    reads, bytes_ = _checks(device)
     forward = torch.cuda.Stream()
+    reads, bytes_ = _checks(device, forward)
     buf = torch.zeros(16, 2, device="cuda")
     locs = torch.tensor([3, 5, 7, 9], device="cuda")
     torch.cuda.synchronize()

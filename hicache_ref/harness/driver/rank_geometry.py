@@ -104,6 +104,13 @@ class RankGeometry:
             # on the pools' device: a harness kernel indexing with CPU locs would upload them
             # with a host sync, and a GPU campaign's spins could then never delay it
             locs = self.physical(rank, value[positions]).to(self.world.device.device)
+            # kept by the node across steps and read by kernels on the forward's stream as well
+            # as the default one: once dropped, the caching allocator must not hand its block
+            # out before both streams are done with it (a reused index tensor is an
+            # out-of-bounds index kernel; seen on an H200 under 16 processes)
+            module = self.world.device
+            module.record_stream(locs, self.world.forward_stream)
+            module.record_stream(locs, module.current_stream())
             hit = (positions, locs)
             node.placement[rank] = hit
         return hit
