@@ -70,6 +70,20 @@ CLASSIFIED_NOTHING = frozenset(
         "probe_rewrite",
         "reset",
         "noop",
+        # the storage tier's rules: its threads run only when a vector's storage_step says
+        # so, on host memory and the backend, never on a device stream; what a drain of
+        # storage acks answers is fixed by the storage steps before it
+        "write_storage",
+        "storage_step",
+        "prefetch",
+        "check_prefetch",
+        "terminate_prefetch",
+        "drain_prefetch_acks",
+        "drain_backup_acks",
+        "inject_fault",
+        "detach_storage",
+        "attach_storage",
+        "reset_storage_in_flight",
     }
 )
 QUEUES = ("write", "load")

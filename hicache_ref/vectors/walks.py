@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 from hicache_ref.harness.lockstep.from_oracle import harness_config_for, steps_for_ops
+from hicache_ref.harness.steps.programs import PROGRAMS
 from hicache_ref.harness.steps.rule_record import sample_params
 from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
@@ -53,6 +54,12 @@ WEIGHTS: Mapping[str, float] = {
     "reset": 1.0,
     "reset_in_flight": 2.0,
     "noop": 0.2,
+    "write_storage": 4.0,
+    "storage_step": 6.0,
+    "prefetch": 4.0,
+    "drain_prefetch_acks": 2.0,
+    "drain_backup_acks": 2.0,
+    "reset_storage_in_flight": 0.5,
 }
 """How often a walk picks each rule among the enabled ones (1 when not listed): enough
 writes, evictions and loads that most programs reach the load path."""
@@ -102,12 +109,16 @@ def rule_step(recorder: Recorder, rule: str, rng: random.Random) -> Step | None:
 
 
 # -- configurations -----------------------------------------------------------------------------
-FLAVORS = ("upstream", "upstream", "any", "cp", "draft")
+FLAVORS = ("upstream", "upstream", "any", "cp", "draft", "storage", "storage")
+STORAGE_BACKENDS = ("memory", "memory", "file")
+"""The backends a storage vector draws: this project's own (upstream's ``HiCacheFile`` needs
+its wheel tree, which a replayer of the suite may not have)."""
 
 
 def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
     """A small world of one flavor: ``upstream`` (what sglang runs: no CP, no draft, three
-    producer slots), ``cp``, ``draft`` or ``any``."""
+    producer slots), ``cp``, ``draft``, ``storage`` (an L3 tier behind 1-4 TP ranks, no CP and
+    no draft) or ``any``."""
     io = rng.choice(["direct", "kernel"])
     layout = cast("Layout", rng.choice(LEGAL_LAYOUTS[io]))
     cp = 0
@@ -144,6 +155,15 @@ def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
         copy_path=rng.choice([p for p in COPY_PATHS if p in copy_paths_for_layout(layout)]),
         seed=rng.randrange(1 << 16),
     )
+    if flavor == "storage":
+        fields.update(
+            storage_ranks=rng.randint(1, 4),
+            storage_backend=rng.choice(STORAGE_BACKENDS),
+            storage_faults=rng.random() < 0.5,
+            storage_batch_pages=rng.choice([1, 2, 4]),
+            storage_policy=rng.choice(["best_effort", "wait_complete", "timeout"]),
+            host_pages=rng.randint(6, 14),  # room for backups and a prefetch's bounce pages
+        )
     return HarnessConfig.model_validate(fields)
 
 
@@ -192,14 +212,35 @@ def _compute(recorder: Recorder, rng: random.Random) -> None:
             return
 
 
+def _program(name: str) -> Callable[[Recorder, random.Random], None]:
+    """Compound: one of the machine's programs (``harness/steps/programs.py``), its
+    parameters drawn from ``rng``, each step it yields offered in turn (it stops at the first
+    the session does not take)."""
+
+    def run(recorder: Recorder, rng: random.Random) -> None:
+        program = PROGRAMS[name]
+        session = recorder.session
+        if not program.offered(session):
+            return
+        for drawn in program.run(session, sample_params(program.params, rng)):
+            if not recorder.offer(recorder.prepared(drawn.rule, drawn.args)):
+                return
+
+    return run
+
+
 COMPOUNDS: Mapping[str, Callable[[Recorder, random.Random], None]] = {
     "offload": _offload,
     "reload": _reload,
     "compute": _compute,
+    "storage_round_trip": _program("storage_round_trip"),
+    "storage_steps": _program("storage_steps"),
 }
 """Steps the walk may take several atomic steps at a time (each still one recorded step), so
 programs of twenty-odd steps reach the load path as the machine's compound rules do."""
 COMPOUND_CHANCE = 0.35
+STORAGE_COMPOUNDS = frozenset({"storage_round_trip", "storage_steps"})
+"""Drawn only in a storage world (elsewhere they have nothing to do)."""
 
 
 def program_vector(
@@ -225,12 +266,13 @@ def program_vector(
         kind="generated",
         settle=settle,
     )
-    target = length or rng.randint(10, 30)
+    target = length or rng.randint(10, 30) * (2 if config.uses_storage else 1)
+    compounds = [n for n in sorted(COMPOUNDS) if config.uses_storage or n not in STORAGE_COMPOUNDS]
     for _ in range(4 * target):  # bounded: a walk with nothing left to do stops
         if len(recorder.steps) >= target:
             break
         if rng.random() < COMPOUND_CHANCE:
-            COMPOUNDS[rng.choice(sorted(COMPOUNDS))](recorder, rng)
+            COMPOUNDS[rng.choice(compounds)](recorder, rng)
             continue
         options = []
         for rule in RULES:
