@@ -7,6 +7,7 @@ In the order data flows:
   reset, on every rank in lockstep, over its ``node_model`` (one ``Node`` per handle, the
   pages each holds) and ``rank_geometry`` (where a node's bytes live on each rank, from the
   harness's own CP layout);
+- ``uploads``: harness tensors onto a GPU on a side stream, never draining the forward stream;
 - ``byte_checks``: every comparison of bytes read back with the content oracle's, the
   free-slot poison watch and forward reads compared once they ran on a GPU;
   ``store_watch``: on the simulator, whether a backup read rows no store wrote;

@@ -21,6 +21,7 @@ import torch
 from hicache_ref.device.protocol import EventT, StreamT
 from hicache_ref.harness.driver.node_model import Node
 from hicache_ref.harness.driver.rank_geometry import RankGeometry
+from hicache_ref.harness.driver.uploads import SideUploads
 from hicache_ref.harness.world.content import describe_row, expected_rows, expected_rows_of_layers
 from hicache_ref.harness.world.world import World
 from hicache_ref.invariants.evidence import Rows
@@ -50,7 +51,7 @@ class ByteChecks:
         self.world = world
         self.geometry = geometry
         self.checks = checks
-        self._side: StreamT | None = None
+        self.uploads = SideUploads(world)
 
     def device_rows(
         self,
@@ -94,31 +95,8 @@ class ByteChecks:
         return staged
 
     def _upload(self, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``rows`` on ``device`` without waiting for the current stream: the copy of pageable
-        memory runs on a side stream (the host waits for that copy only), and the current
-        stream waits for it there.
-
-        The memory is allocated on the side stream, where it is written, and then marked used by
-        the current stream: allocated on the current stream, the caching allocator could hand
-        out a block a kernel still queued there reads (a freed index tensor, say), and the side
-        stream's write would race it. Seen on an H200 under 16 processes as an index kernel's
-        out-of-bounds assert; CUDA's stream sanitizer (``TORCH_CUDA_SANITIZER=1``) names it."""
-        module = self.world.device
-        current = module.current_stream()
-        uploaded = module.Event()
-        with module.stream(self._side_stream()):
-            staged = torch.empty(rows.shape, dtype=rows.dtype, device=device)
-            staged.copy_(rows)
-            uploaded.record()
-        current.wait_event(uploaded)
-        module.record_stream(staged, current)  # not reused before the current stream is done
-        module.record_stream(staged, self.world.forward_stream)  # cached rows: read there too
-        return staged
-
-    def _side_stream(self) -> StreamT:
-        if self._side is None:
-            self._side = self.world.device.Stream()
-        return self._side
+        """``rows`` on ``device`` without waiting for the current stream (``uploads.py``)."""
+        return self.uploads.upload(rows, device)
 
     def host_rows(
         self,
