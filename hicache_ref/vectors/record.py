@@ -37,6 +37,12 @@ PROBED_CAPABILITIES = ("guards", "multi_consumer", "reset_drains", "per_layer_wr
 those whose absence would disable a recorded step."""
 
 
+STORAGE_STEPS_CAPABILITY = "storage:batch_steps"
+"""What a storage step does is the reference's thread granularity (one hit query, one page batch
+of IO, one progress ack, one backup op per step); an implementation whose threads do more or
+less per loop iteration replays no vector that steps them (``specs/vectors.md``)."""
+
+
 class GenerationError(RuntimeError):
     """The reference failed while a vector was recorded (a generator or reference bug)."""
 
@@ -98,6 +104,8 @@ class Recorder:
         if self.tracker.relies_on_in_flight(step) and self.schedule == "any":
             self.schedule = "sim"
         self.requires |= self._needed_capabilities(step)
+        if step.rule == "storage_step":
+            self.requires.add(STORAGE_STEPS_CAPABILITY)  # its answer pins the thread's step
         self._apply(step, inv=inv, note=note)
         return True
 

@@ -45,6 +45,9 @@ CAPABILITIES = frozenset(
         "draft",  # attach_draft_pool: draft transfers ride along
         "per_layer_write",  # submit_write_cp_per_layer(catch_up_all_layers=False) + on_layer_end
         "storage",  # attach_storage_backend / prefetch / write_storage
+        "storage:batch_steps",  # a storage_step runs what the reference's thread loop bodies
+        # run: one hit query, one page batch of IO, one progress ack, one backup op (the
+        # granularity a storage vector's steps pin)
         "io:direct",
         "io:kernel",
         "layout:layer_first",

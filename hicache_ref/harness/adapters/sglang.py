@@ -85,7 +85,13 @@ Neither 0.5.10's nor 0.5.23's ``LayerDoneCounter.set_consumer(index: int)`` take
 ``wait_until`` compares the index with 0: no ``multi_consumer``), and neither ``reset()``
 synchronizes a stream before clearing the queues (no ``reset_drains``)."""
 
-SEED_CAPABILITIES = CAPABILITIES - {"guards", "storage", "reset_drains", "fence_streams"}
+SEED_CAPABILITIES = CAPABILITIES - {
+    "guards",
+    "storage",
+    "storage:batch_steps",
+    "reset_drains",
+    "fence_streams",
+}
 # the fork's move_indices also drives layer_page_first (direct) and unwraps hybrid pools
 """The fork adds CP shared KV (reserve/submit/load_cp/evict_cp_host), per-layer write-back and
 draft pools; like upstream it does not refuse unsafe calls. Its ``LayerDoneCounter`` takes a
