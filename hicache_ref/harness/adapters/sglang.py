@@ -53,6 +53,7 @@ from hicache_ref.harness.adapters.sglang_shapes import (
     shape_capabilities,
     wire_draft_pools,
 )
+from hicache_ref.harness.adapters.sglang_storage import build_storage_controller, supports_storage
 from hicache_ref.harness.adapters.sglang_stubs import (
     CURRENT_DEVICE,
     install_group_stubs,
@@ -215,10 +216,18 @@ class SglangImplementation(ImplementationBase):
         if self.name != "sglang":
             return  # the fork declares its own surface (SEED_CAPABILITIES)
         self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
+        if self._storage_driven():
+            self.capabilities = self.capabilities | {"storage"}
         if "hybrid" in self.shape.features:
             self.group_refused = self._try_hybrid()
             if not self.group_refused:
                 self.capabilities = self.capabilities | GROUP_CAPABILITIES
+
+    def _storage_driven(self) -> bool:
+        """0.5.23's four storage threads are in the tree (``sglang_storage.supports_storage``)."""
+        from hicache_ref.device.sim import SimDevice
+
+        return supports_storage(self.loader.module_for(SimDevice()))
 
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice
@@ -235,7 +244,10 @@ class SglangImplementation(ImplementationBase):
 
         if self._producer_slots is None:
             self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
-        return config.model_copy(update={"num_counters": self._producer_slots})
+        update: dict[str, object] = {"num_counters": self._producer_slots}
+        if config.uses_storage and (config.pool_group != "none" or config.has_draft):
+            update["storage_ranks"] = 0  # storage is driven on the plain controller only
+        return config.model_copy(update=update)
 
     def build_controller(self, request: BuildRequest) -> Any:
         module = self.loader.module_for(request.device_module)
@@ -249,6 +261,19 @@ class SglangImplementation(ImplementationBase):
             hybrid = self.loader.hybrid_module_for(request.device_module)
             controller = build_group_controller(
                 hybrid, request, allocator, request.config.io_backend
+            )
+        elif request.config.uses_storage:  # upstream's storage threads, served step by step
+            controller = build_storage_controller(
+                module,
+                self.tree,
+                allocator,
+                host_pool,
+                request.config.page_size,
+                None,  # tp_group: the subclass hands upstream its harness group
+                threading.Event(),
+                write_policy="write_through",
+                io_backend=request.config.io_backend,
+                collectives=request.storage_collectives,
             )
         else:
             controller = module.HiCacheController(
