@@ -58,6 +58,8 @@ STEP_TIMEOUT_S = 20.0
 """How long a served step may run (a collective's own timeout, 5 s, fires well before)."""
 PARK_TIMEOUT_S = 10.0
 """How long a step waits for its thread to reach its ``get`` (right after attach or reset)."""
+PARK_POLL_S = 1.0
+"""A parked thread re-checks its stop this often even unwoken (a grant or a stop wakes it)."""
 SYNC_GROUP_NAMES = (PREFETCH_HITS, PREFETCH_COMPLETION)
 """0.5.23's attach creates the hit-query groups, then the completion groups, in that order."""
 SOURCE_QUEUES: dict[StorageStepKind, str] = {
@@ -140,12 +142,16 @@ class StepGate:
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     break
-                self._cond.wait(0.01)
+                self._cond.wait(PARK_POLL_S)  # woken by a grant or a stop (GateStopEvent)
             else:
                 self._granted.discard(thread)
                 self._parked.pop(thread, None)
                 return source.get_nowait()
         return queue.Queue.get(source, True, timeout)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def record_error(self, thread: GatedThread, exc: BaseException) -> None:
         with self._cond:
@@ -174,6 +180,10 @@ class StepGate:
                 timeout=STEP_TIMEOUT_S,
             )
             error = self._errors.pop(thread, None)
+            state = (
+                f"{thread.name}: alive={thread.is_alive()} granted={thread in self._granted} "
+                f"parked={thread in self._parked}"
+            )
         if error is not None and not isinstance(error, StorageInterrupted):
             raise error
         # Verify the iteration ended: a thread stuck inside upstream's loop body is a hang
@@ -181,7 +191,7 @@ class StepGate:
             raise InvariantViolation(
                 "INV-20",
                 f"upstream's {what} thread did not finish one loop iteration within "
-                f"{STEP_TIMEOUT_S:g} s (a wait inside its loop body that no rank answers)",
+                f"{STEP_TIMEOUT_S:g} s (a wait inside its loop body that no rank answers; {state})",
             )
 
     def _wait_parked(self, source: ServedQueue, what: str) -> GatedThread:
@@ -196,6 +206,20 @@ class StepGate:
                 "the gate can only step a live storage thread"
             )
         return thread
+
+
+class GateStopEvent(threading.Event):
+    """Upstream's ``storage_stop_event``: setting it also wakes every parked thread at once."""
+
+    def __init__(self, gate: StepGate) -> None:
+        super().__init__()
+        self._gate = weakref.ref(gate)
+
+    def set(self) -> None:
+        super().set()
+        gate = self._gate()
+        if gate is not None:
+            gate.wake()
 
 
 # -- the harness process group ------------------------------------------------------------------
@@ -491,6 +515,16 @@ class UpstreamTier:
     def detach_storage_backend(self) -> None:
         self._controller.detach_storage_backend()
 
+    def close(self) -> None:
+        """The world is gone: stop this rank's threads without waiting (no step follows)."""
+        group = getattr(self.collectives, "group", None)
+        if group is not None:
+            group.interrupt()  # a thread draining its queue waits for no peer
+        try:
+            self._controller.storage_stop_event.set()
+        except ReferenceError:
+            return
+
     def alive_threads(self) -> list[str]:
         self.gate.forget_dead()
         return self.gate.alive()
@@ -531,6 +565,7 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             self._harness_collectives = collectives or SingleRank()
             self._harness_tp = TpHandle(self._harness_collectives, SyncGroup("tp"))
             super().__init__(*args, **kwargs)
+            self.storage_stop_event = GateStopEvent(self._harness_gate)  # no thread runs yet
             self.tp_group = self._harness_tp
             self.storage = UpstreamTier(self, self._harness_gate, self._harness_collectives)
 
