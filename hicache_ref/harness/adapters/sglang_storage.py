@@ -62,6 +62,12 @@ PARK_POLL_S = 1.0
 """A parked thread re-checks its stop this often even unwoken (a grant or a stop wakes it)."""
 SYNC_GROUP_NAMES = (PREFETCH_HITS, PREFETCH_COMPLETION)
 """0.5.23's attach creates the hit-query groups, then the completion groups, in that order."""
+THREAD_FUNCS: dict[StorageStepKind, str] = {
+    StorageStepKind.HIT_QUERY: "prefetch_thread_func",
+    StorageStepKind.IO: "prefetch_io_aux_func",
+    StorageStepKind.SYNC: "prefetch_sync_thread_func",
+    StorageStepKind.BACKUP: "backup_thread_func",
+}
 SOURCE_QUEUES: dict[StorageStepKind, str] = {
     StorageStepKind.HIT_QUERY: "prefetch_queue",
     StorageStepKind.IO: "prefetch_buffer",
@@ -78,18 +84,30 @@ CONTROL_QUEUES = (
     "ack_backup_queue",
     "host_mem_release_queue",
 )
-STORAGE_THREAD_FUNCS = (
-    "prefetch_thread_func",
-    "prefetch_io_aux_func",
-    "prefetch_sync_thread_func",
-    "backup_thread_func",
+STORAGE_THREAD_FUNCS = ("prefetch_thread_func", "prefetch_io_aux_func", "backup_thread_func")
+"""Every release since runtime attach (0.5.10) has these three; 0.5.23 adds the sync thread."""
+ACK_PROTOCOL_FUNC = "prefetch_sync_thread_func"
+"""0.5.23's PrefetchAck stream: the hit queue, the tree's bounce buffer and the sync thread.
+Without it (0.5.10) the tree allocates the whole prefetch up front, reads ``completed_tokens``
+off the operation and reduces it itself: a tree protocol the harness does not model, so only
+the backup path (the same in both) is drawn there."""
+TP_COORDINATES = (
+    "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_world_size",
+    "get_attention_tp_rank",
+    "get_attention_tp_size",
 )
+"""What 0.5.10's storage config reads for the rank (0.5.16+ read ``get_parallel()``)."""
 
 
 def supports_storage(module: types.ModuleType) -> bool:
-    """Whether the tree's controller has 0.5.23's four storage threads (the shape driven here)."""
+    """Whether the tree's controller has upstream's storage threads (0.5.10+)."""
     cls = getattr(module, "HiCacheController", None)
     return cls is not None and all(callable(getattr(cls, f, None)) for f in STORAGE_THREAD_FUNCS)
+
+
+def has_ack_protocol(cls: type[Any]) -> bool:
+    return callable(getattr(cls, ACK_PROTOCOL_FUNC, None))
 
 
 # -- served queues and gated threads --------------------------------------------------------------
@@ -101,6 +119,7 @@ class GatedThread(threading.Thread):
         target = kwargs.get("target")
         owner = getattr(target, "__self__", None)
         self.gate: StepGate | None = getattr(owner, "_harness_gate", None)
+        self.function = str(getattr(target, "__name__", ""))
         if self.gate is not None:
             self.gate.threads.append(self)
 
@@ -132,6 +151,7 @@ class StepGate:
         self._parked: dict[GatedThread, ServedQueue] = {}
         self._granted: set[GatedThread] = set()
         self._errors: dict[GatedThread, BaseException] = {}
+        self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
 
     def park(self, source: ServedQueue, thread: GatedThread, timeout: float | None) -> Any:
         with self._cond:
@@ -147,7 +167,9 @@ class StepGate:
                 self._granted.discard(thread)
                 self._parked.pop(thread, None)
                 return source.get_nowait()
-        return queue.Queue.get(source, True, timeout)
+        # stopping: take what is queued (a wake-up sentinel, or work upstream drains on stop),
+        # else Empty at once, as its get would after its timeout (the thread then sees the stop)
+        return queue.Queue.get(source, False)
 
     def wake(self) -> None:
         with self._cond:
@@ -158,13 +180,17 @@ class StepGate:
             self._errors[thread] = exc
             self._cond.notify_all()
 
+    def serves(self, function: str) -> bool:
+        """Whether a live thread runs upstream's ``function`` (its queue can still be served)."""
+        return any(t.function == function and t.is_alive() for t in self.threads)
+
     def alive(self) -> list[str]:
         return [t.name for t in self.threads if t.is_alive()]
 
     def forget_dead(self) -> None:
         self.threads = [t for t in self.threads if t.is_alive()]
 
-    def serve(self, source: ServedQueue, what: str) -> None:
+    def serve(self, source: ServedQueue, what: str, rank: int = 0) -> None:
         """Grant one item of ``source`` to the thread parked on it; return once that thread
         finished the loop body (parked again, or exited). Its exception, if any, is raised."""
         with self._cond:
@@ -184,8 +210,19 @@ class StepGate:
                 f"{thread.name}: alive={thread.is_alive()} granted={thread in self._granted} "
                 f"parked={thread in self._parked}"
             )
+        if isinstance(error, InvariantViolation):
+            raise error  # a harness check inside the iteration (the rank group's collectives)
         if error is not None and not isinstance(error, StorageInterrupted):
-            raise error
+            # upstream's thread died of it, as it would in production: nothing serves its queue
+            # again (has_work), so the op it held and every one queued after it never acks
+            self.deaths.append(f"{thread.function}: {type(error).__name__}: {error}")
+            raise InvariantViolation(
+                "INV-25",
+                f"rank {rank}: upstream's {thread.function} died of {type(error).__name__} "
+                f"({error}) in one {what} iteration; nothing serves its queue again, so its "
+                "operation and every one queued after it are never acked (exactly one ack per "
+                "operation, whatever the backend does; sglang#38427)",
+            )
         # Verify the iteration ended: a thread stuck inside upstream's loop body is a hang
         if not ended:
             raise InvariantViolation(
@@ -314,16 +351,29 @@ def _rank_parallel(handle: TpHandle) -> types.SimpleNamespace:
 
 
 @contextmanager
-def attaching(module: types.ModuleType, handle: TpHandle) -> Iterator[None]:
-    """While ``handle``'s rank attaches: its sync groups and TP coordinates answer for it."""
-    saved_parallel = module.__dict__.get("get_parallel")
+def attaching(module: types.ModuleType, handle: TpHandle, tree: Path) -> Iterator[None]:
+    """While ``handle``'s rank attaches: its sync groups and TP coordinates answer for it, and
+    ``import sglang...`` resolves against its own tree again (a storage world running
+    upstream's file backend from another release installs that release's modules)."""
+    from hicache_ref.harness.adapters.sglang_stubs import install_stubs
+
+    install_stubs(tree)
+    coordinates = _rank_parallel(handle)
+    answers: dict[str, Callable[[], Any]] = {
+        "get_parallel": lambda: coordinates,
+        "get_tensor_model_parallel_rank": lambda: coordinates.tp_rank,
+        "get_tensor_model_parallel_world_size": lambda: coordinates.tp_size,
+        "get_attention_tp_rank": lambda: coordinates.attn_tp_rank,
+        "get_attention_tp_size": lambda: coordinates.attn_tp_size,
+    }
+    saved = {name: module.__dict__[name] for name in answers if name in module.__dict__}
     _ATTACHING[0], _CREATED[0] = handle, 0
     install_storage_factory()  # again: loading upstream's file backend remakes the package
-    module.__dict__["get_parallel"] = lambda: _rank_parallel(handle)
+    module.__dict__.update({name: answers[name] for name in saved})
     try:
         yield
     finally:
-        module.__dict__["get_parallel"] = saved_parallel
+        module.__dict__.update(saved)
         _ATTACHING[0] = None
 
 
@@ -375,6 +425,30 @@ def tree_hash_functions(tree: Path) -> dict[str, Any]:
     exec("from __future__ import annotations\nfrom typing import *\n", namespace)
     exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)
     return {name: namespace[name] for name in HASH_FUNCTIONS}
+
+
+def _page_keys_function(tree: Path) -> Callable[[list[Any], str | None, int], list[str]]:
+    """The keys of a node's pages as the tree's radix cache computes them: 0.5.20+'s
+    ``get_storage_hash_str`` over all pages, or 0.5.10's ``get_hash_str`` chained page by page
+    (``hicache_storage.py``, loaded by the stubs)."""
+    import sys
+
+    try:
+        storage_hash = tree_hash_functions(tree)["get_storage_hash_str"]
+    except HiCacheSetupError:
+        storage_hash = None
+    if storage_hash is not None:
+        return lambda tokens, prior, page: list(storage_hash(tokens, prior, page_size=page))
+    get_hash_str = sys.modules["sglang.srt.mem_cache.hicache_storage"].__dict__["get_hash_str"]
+
+    def chained(tokens: list[Any], prior: str | None, page: int) -> list[str]:
+        keys: list[str] = []
+        for start in range(0, len(tokens) - len(tokens) % page, page):
+            prior = str(get_hash_str(tokens[start : start + page], prior))
+            keys.append(prior)
+        return keys
+
+    return chained
 
 
 # -- the backend factory upstream's attach imports -----------------------------------------------
@@ -441,7 +515,10 @@ class UpstreamTier:
 
     executor = _Executor()
 
-    def __init__(self, controller: Any, gate: StepGate, collectives: Any) -> None:
+    def __init__(
+        self, controller: Any, gate: StepGate, collectives: Any, *, prefetches: bool = True
+    ) -> None:
+        self.prefetches = prefetches  # the 0.5.23 prefetch protocol (ACK_PROTOCOL_FUNC)
         self._controller = weakref.proxy(controller)
         self.gate = gate
         self.collectives = collectives
@@ -470,7 +547,12 @@ class UpstreamTier:
 
     def has_work(self, kind: StorageStepKind) -> bool:
         q = self._source(kind)
-        return self.enable_storage and q is not None and any(i is not None for i in list(q.queue))
+        return (
+            self.enable_storage
+            and q is not None
+            and any(i is not None for i in list(q.queue))
+            and self.gate.serves(THREAD_FUNCS[kind])
+        )
 
     def has_any_work(self) -> bool:
         return any(self.has_work(kind) for kind in SOURCE_QUEUES)
@@ -483,7 +565,7 @@ class UpstreamTier:
         item = q.queue[0]
         out = self._controller.prefetch_sync_queue if kind is StorageStepKind.IO else None
         before = len(out.queue) if out is not None else 0
-        self.gate.serve(q, kind.value)
+        self.gate.serve(q, kind.value, self.rank)
         return self._result(kind, item, out, before)
 
     def _result(self, kind: StorageStepKind, item: Any, out: Any, before: int) -> StepResult:
@@ -546,7 +628,8 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
     cached = module.__dict__.get("_harness_storage_class")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    hashes = tree_hash_functions(tree)
+    acks = has_ack_protocol(module.HiCacheController)
+    page_keys = _page_keys_function(tree)
     module.__dict__["Queue"] = ServedQueue
     module.__dict__["threading"] = types.SimpleNamespace(
         **{k: getattr(threading, k) for k in ("Event", "Lock", "RLock", "Condition")},
@@ -567,18 +650,23 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             super().__init__(*args, **kwargs)
             self.storage_stop_event = GateStopEvent(self._harness_gate)  # no thread runs yet
             self.tp_group = self._harness_tp
-            self.storage = UpstreamTier(self, self._harness_gate, self._harness_collectives)
+            self.storage = UpstreamTier(
+                self, self._harness_gate, self._harness_collectives, prefetches=acks
+            )
+            if not acks:  # 0.5.10: no hit or ack queue; the tree's drains find them empty
+                self.prefetch_hit_queue: queue.Queue[Any] = queue.Queue()
+                self.ack_prefetch_queue: queue.Queue[Any] = queue.Queue()
 
         @property
         def storage_batch_size(self) -> int:
-            return int(module.__dict__["STORAGE_BATCH_SIZE"])
+            return int(module.__dict__.get("STORAGE_BATCH_SIZE", 128))
 
         @storage_batch_size.setter
         def storage_batch_size(self, pages: int) -> None:
             module.__dict__["STORAGE_BATCH_SIZE"] = int(pages)
 
         def attach_storage_backend(self, *args: Any, **kwargs: Any) -> None:
-            with attaching(module, self._harness_tp):
+            with attaching(module, self._harness_tp, tree):
                 super().attach_storage_backend(*args, **kwargs)
             self.storage.epoch += 1
 
@@ -598,6 +686,11 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             self.storage.epoch += 1
 
         def prefetch(self, request_id: str, new_input_tokens: Any, *args: Any) -> Any:
+            if not acks:
+                raise HiCacheSetupError(
+                    "the gate drives 0.5.10's backups only: its prefetch protocol (host pages "
+                    "allocated up front, no PrefetchAck) is not modelled by the tree half"
+                )
             operation = super().prefetch(request_id, list(new_input_tokens), *args)
             self.storage.live[operation.id] = operation
             return operation
@@ -613,9 +706,7 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 hash_value is None
             ):  # the radix cache computes a node's keys (compute_node_hash_values)
                 prior = prefix_keys[-1] if prefix_keys else None
-                hash_value = hashes["get_storage_hash_str"](
-                    list(token_ids), prior, page_size=self.page_size
-                )
+                hash_value = page_keys(list(token_ids), prior, self.page_size)
             keys = None if prefix_keys is None else list(prefix_keys)
             op_id: int = super().write_storage(
                 host_indices, list(token_ids), list(hash_value), keys

@@ -185,6 +185,15 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
             ),
         ),
     ),
+    KnownFinding(
+        id="F22",
+        implementations=("sglang",),
+        invariant="INV-25",
+        message_pattern=r"upstream's backup_thread_func died of ",
+        summary="0.5.10's backup thread has no exception handler: one backend exception kills "
+        "it, so that backup and every later one are never acked and their host locks leak "
+        "(sglang#38427; 0.5.23 catches it in _page_backup_or_log)",
+    ),
 )
 
 KNOWN_FINDINGS: dict[str, KnownFinding] = {

@@ -111,7 +111,7 @@ class StorageWorld:
             name = f"harness-l3-{tag}-r{rank}"
             self.ranks.append(StorageRank(rank, controller, host_pool, name))
         weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
-        weakref.finalize(self, _close_tiers, [r.controller for r in self.ranks])
+        self._closer = weakref.finalize(self, _close_tiers, [r.controller for r in self.ranks])
         self.attached = False
 
     def build_backend(self, rank: int, cfg: HiCacheStorageConfig) -> HiCacheStorage:
@@ -160,6 +160,10 @@ class StorageWorld:
                 StorageBackendFactory.unregister_backend(rank.backend_name)
             rank.controller.storage_batch_size = self.config.storage_batch_pages
         self.attached = True
+
+    def close(self) -> None:
+        """Stop every rank's own storage threads (idempotent; also run when the world goes)."""
+        self._closer()
 
     def reset_peers(self) -> None:
         """The storage peers' half of a tree reset (rank 0 resets with the world)."""
