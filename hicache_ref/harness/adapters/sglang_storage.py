@@ -1,6 +1,8 @@
 """Upstream's own storage threads, one loop iteration at a time, under the harness's storage world.
 
-SGLang 0.5.23's controller runs its L3 tier on four threads (``prefetch_thread_func``,
+0.5.10's controller has three storage threads; only its backup path is drawn (its prefetch
+protocol is not the one the harness's tree half models: ``ACK_PROTOCOL_FUNC``). SGLang 0.5.23's
+controller runs its L3 tier on four threads (``prefetch_thread_func``,
 ``prefetch_io_aux_func``, ``prefetch_sync_thread_func``, ``backup_thread_func``), each a loop
 whose body starts with a blocking ``get`` on its queue. The gate runs those real functions on
 real threads, but every such ``get`` is *served* by the harness (``StepGate``): a thread parks
