@@ -194,6 +194,14 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         "it, so that backup and every later one are never acked and their host locks leak "
         "(sglang#38427; 0.5.23 catches it in _page_backup_or_log)",
     ),
+    KnownFinding(
+        id="F23",
+        implementations=("sglang",),
+        invariant="INV-24",
+        message_pattern=r"after detach: \d+ storage threads alive",
+        summary="0.5.10's reset() never joins the prefetch IO thread: an old one outlives "
+        "reset and, racing its wake-up, the next detach (sglang#36882's class)",
+    ),
 )
 
 KNOWN_FINDINGS: dict[str, KnownFinding] = {
