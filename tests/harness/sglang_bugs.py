@@ -219,3 +219,49 @@ class LoadFenceDropped(PlantedBug):
 
 BUGS_0523: tuple[type[PlantedBug], ...] = (WriteFenceDropped, LoadFenceDropped)
 """Planted in 0.5.23's controller: caught only when the forward runs on its own stream."""
+
+
+# -- 0.5.23's storage tier: caught in the storage world ------------------------------------------
+class BackupIgnoresFailedBatch(PlantedBug):
+    NAME = "backup_ignores_failed_batch"
+    BUG_CLASS = "storage acks"
+    DESCRIPTION = "a backup batch the backend refused is counted as stored (sglang#39701)"
+    OLD = "            if not success:\n                logger.warning(\n"
+    NEW = "            if False:  # BUG: a failed batch is acked as stored\n                logger.warning(\n"
+    INVARIANTS = ("INV-26", "INV-30", "INV-31")
+
+
+class BackupAckDroppedOnFailure(PlantedBug):
+    NAME = "backup_ack_dropped_on_failure"
+    BUG_CLASS = "storage acks"
+    DESCRIPTION = "a backup that stored nothing is never acked, so its host lock leaks (#38427)"
+    OLD = "                    self._page_backup_or_log(operation)\n                self.ack_backup_queue.put(operation)\n"
+    NEW = (
+        "                    self._page_backup_or_log(operation)\n"
+        "                if operation.completed_tokens:  # BUG: no ack for a failed backup\n"
+        "                    self.ack_backup_queue.put(operation)\n"
+    )
+    INVARIANTS = ("INV-25",)
+
+
+class PrefetchIoStopsAcking(PlantedBug):
+    NAME = "prefetch_io_stops_acking"
+    BUG_CLASS = "storage collectives"
+    DESCRIPTION = (
+        "the IO thread stops acking at a rank's first short batch, so ranks issue different "
+        "numbers of completion reductions (sglang#30760)"
+    )
+    OLD = "                if hit_pages != len(batch_hashes):\n                    all_success = False\n"
+    NEW = (
+        "                if hit_pages != len(batch_hashes):\n"
+        "                    break  # BUG: no ack for this and later batches on this rank\n"
+    )
+    INVARIANTS = ("INV-20", "INV-25")
+
+
+BUGS_0523_STORAGE: tuple[type[PlantedBug], ...] = (
+    BackupIgnoresFailedBatch,
+    BackupAckDroppedOnFailure,
+    PrefetchIoStopsAcking,
+)
+"""Planted in 0.5.23's storage threads: caught once the gate drives upstream's storage tier."""

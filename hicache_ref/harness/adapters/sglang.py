@@ -22,12 +22,15 @@ How a controller file is run without the rest of sglang, in the order it happens
    (the file binds ``device_module`` at import, as upstream binds ``torch.cuda``).
 3. ``build_controller``: the module's ``HiCacheController`` (or, for ``pool_group`` worlds, the
    hybrid module's ``HybridCacheController``, ``hybrid_module_for``) over the harness's allocator
-   and host pool behind the shape's shims, with ``tp_group=None`` (no storage, TP 1).
+   and host pool behind the shape's shims, with ``tp_group=None`` (TP 1); in a storage world,
+   ``sglang_storage.py``'s subclass of it instead, whose storage threads are upstream's own,
+   served one loop iteration per ``storage_step``, over the storage world's rank group.
 
 Not drawn, and why: decode context parallel (``attn_dcp_size > 1``). In 0.5.23 its logic lives
 in upstream's MLA host pool (each rank's token selection), in the transfer engine's index
 translation for virtual-page device pools, and in the storage tier; the gate runs this
-project's pools, no virtual-page pool and no storage, so a DCP world would run none of it.
+project's pools and no virtual-page pool, and its storage worlds no DCP, so a DCP world would run
+none of it.
 
 Nothing here reads the implementation's view of itself: the harness checks it from its own model
 (``adapters/base.py``'s snapshot reads the ack queues and the harness's own pools).
@@ -52,6 +55,12 @@ from hicache_ref.harness.adapters.sglang_shapes import (
     host_pool_shim,
     shape_capabilities,
     wire_draft_pools,
+)
+from hicache_ref.harness.adapters.sglang_storage import (
+    build_storage_controller,
+    has_ack_protocol,
+    supports_storage,
+    tree_hash_functions,
 )
 from hicache_ref.harness.adapters.sglang_stubs import (
     CURRENT_DEVICE,
@@ -79,8 +88,9 @@ UPSTREAM_CAPABILITIES = frozenset(
         "pool:hybrid",
     }
 )
-"""Every release: write/load/start_*/evict_*/reset; no CP, no guards, no storage here (a
-release adds ``draft``, ``fence_streams`` or the ``pool_group`` family by its shape).
+"""Every release: write/load/start_*/evict_*/reset; no CP, no guards (a release adds ``draft``,
+``fence_streams`` or the ``pool_group`` family by its shape, and ``storage`` where its controller
+has upstream's storage threads: 0.5.10+, ``sglang_storage.supports_storage``).
 Neither 0.5.10's nor 0.5.23's ``LayerDoneCounter.set_consumer(index: int)`` takes a list (its
 ``wait_until`` compares the index with 0: no ``multi_consumer``), and neither ``reset()``
 synchronizes a stream before clearing the queues (no ``reset_drains``)."""
@@ -221,10 +231,29 @@ class SglangImplementation(ImplementationBase):
         if self.name != "sglang":
             return  # the fork declares its own surface (SEED_CAPABILITIES)
         self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
+        if self._storage_driven():
+            self.capabilities = self.capabilities | {"storage"}
         if "hybrid" in self.shape.features:
             self.group_refused = self._try_hybrid()
             if not self.group_refused:
                 self.capabilities = self.capabilities | GROUP_CAPABILITIES
+
+    def _storage_driven(self) -> bool:
+        """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``):
+        0.5.23's four with the PrefetchAck protocol, or 0.5.10's backup path."""
+        from hicache_ref.device.sim import SimDevice
+
+        module = self.loader.module_for(SimDevice())
+        if not supports_storage(module):
+            return False
+        if has_ack_protocol(module.HiCacheController):  # 0.5.20+: the tree's storage hashes
+            try:
+                tree_hash_functions(self.tree)
+            except HiCacheSetupError:
+                return False  # 0.5.19 and before: get_hash_str moved, no storage hash yet
+            return True
+        # 0.5.10's shape only (the draft releases 0.5.11 - 0.5.18 are not driven yet)
+        return self.shape.engine == "streams" and "draft" not in self.shape.features
 
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice
@@ -241,7 +270,10 @@ class SglangImplementation(ImplementationBase):
 
         if self._producer_slots is None:
             self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
-        return config.model_copy(update={"num_counters": self._producer_slots})
+        update: dict[str, object] = {"num_counters": self._producer_slots}
+        if config.uses_storage and (config.pool_group != "none" or config.has_draft):
+            update["storage_ranks"] = 0  # storage is driven on the plain controller only
+        return config.model_copy(update=update)
 
     def build_controller(self, request: BuildRequest) -> Any:
         module = self.loader.module_for(request.device_module)
@@ -255,6 +287,19 @@ class SglangImplementation(ImplementationBase):
             hybrid = self.loader.hybrid_module_for(request.device_module)
             controller = build_group_controller(
                 hybrid, request, allocator, request.config.io_backend
+            )
+        elif request.config.uses_storage:  # upstream's storage threads, served step by step
+            controller = build_storage_controller(
+                module,
+                self.tree,
+                allocator,
+                host_pool,
+                request.config.page_size,
+                None,  # tp_group: the subclass hands upstream its harness group
+                threading.Event(),
+                write_policy="write_through",
+                io_backend=request.config.io_backend,
+                collectives=request.storage_collectives,
             )
         else:
             controller = module.HiCacheController(

@@ -81,6 +81,14 @@ def _no_parallel_group(*args: Any, **kwargs: Any) -> Any:
     raise HiCacheSetupError("the gate runs TP 1: a custom parallel group was asked for")
 
 
+def _custom_parallel_group(*args: Any, **kwargs: Any) -> Any:
+    """A storage rank's sync group while it attaches (``sglang_storage.attaching``); any other
+    caller is refused (the gate runs TP 1 outside the storage world)."""
+    from hicache_ref.harness.adapters.sglang_storage import create_custom_parallel_group
+
+    return create_custom_parallel_group(*args, **kwargs)
+
+
 def _no_storage(*args: Any, **kwargs: Any) -> Any:
     raise HiCacheSetupError("the gate drives no storage tier: a storage hash was asked for")
 
@@ -99,6 +107,15 @@ _SINGLE_RANK = types.SimpleNamespace(
     attn_dcp_rank=0,
     attn_dcp_size=1,
 )
+
+
+def _tree_hashes(tree: Path) -> dict[str, Any]:
+    from hicache_ref.harness.adapters.sglang_storage import tree_hash_functions
+
+    try:
+        return tree_hash_functions(tree)
+    except HiCacheSetupError:
+        return {}  # an older tree: its get_hash_str lives in hicache_storage.py (loaded below)
 
 
 _INSTALLED: list[Path | None] = [None]
@@ -138,7 +155,9 @@ def install_stubs(tree: Path) -> None:
         get_pipeline_model_parallel_rank=lambda: 0,  # 0.5.13 - 0.5.15
         get_pipeline_model_parallel_world_size=lambda: 1,
     )
-    _stub("sglang.srt.distributed.parallel_state", create_custom_parallel_group=_no_parallel_group)
+    _stub(
+        "sglang.srt.distributed.parallel_state", create_custom_parallel_group=_custom_parallel_group
+    )
     _package("sglang.srt.layers")
     _stub(
         "sglang.srt.layers.dp_attention",
@@ -175,11 +194,12 @@ def install_stubs(tree: Path) -> None:
     # modules later releases import (a superset: each tree imports the ones it has)
     _package("sglang.srt.mem_cache.pool_host")  # 0.5.14+: host pools moved here
     _stub("sglang.srt.mem_cache.pool_host.base", shared_host_layout_domains=lambda pools: [])
-    _stub(
-        "sglang.srt.mem_cache.utils",
-        get_hash_str=_no_storage,
-        get_storage_hash_str=_no_storage,  # 0.5.20+ imports it at module level
-    )
+    hashes: dict[str, Any] = {
+        "get_hash_str": _no_storage,
+        "get_storage_hash_str": _no_storage,  # 0.5.20+ imports it at module level
+    }
+    hashes.update(_tree_hashes(tree))  # the tree's own, where its utils.py has them (0.5.20+)
+    _stub("sglang.srt.mem_cache.utils", **hashes)
     _stub("sglang.srt.runtime_context", get_parallel=lambda: _SINGLE_RANK)  # 0.5.16+
     environ = _load_real("sglang.srt.environ", root / "srt" / "environ.py")
     environ.__dict__["envs"] = _ForkEnvs(environ.__dict__["envs"])

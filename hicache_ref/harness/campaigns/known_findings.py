@@ -185,6 +185,23 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
             ),
         ),
     ),
+    KnownFinding(
+        id="F22",
+        implementations=("sglang",),
+        invariant="INV-25",
+        message_pattern=r"upstream's backup_thread_func died of ",
+        summary="0.5.10's backup thread has no exception handler: one backend exception kills "
+        "it, so that backup and every later one are never acked and their host locks leak "
+        "(sglang#38427; 0.5.23 catches it in _page_backup_or_log)",
+    ),
+    KnownFinding(
+        id="F23",
+        implementations=("sglang",),
+        invariant="INV-24",
+        message_pattern=r"after detach: \d+ storage threads alive",
+        summary="0.5.10's reset() never joins the prefetch IO thread: an old one outlives "
+        "reset and, racing its wake-up, the next detach (sglang#36882's class)",
+    ),
 )
 
 KNOWN_FINDINGS: dict[str, KnownFinding] = {

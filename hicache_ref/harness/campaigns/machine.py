@@ -237,7 +237,10 @@ class HiCacheMachine(RuleBasedStateMachine):
         attach_lockstep(self.session)  # the pure oracle follows every step
 
     def teardown(self) -> None:
-        if self.session is None or self.failed:
+        if self.session is None:
+            return
+        if self.failed:
+            self.session.close()
             return
         try:
             self.session.finish()
@@ -246,6 +249,7 @@ class HiCacheMachine(RuleBasedStateMachine):
             raise
         finally:
             self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
+            self.session.close()
 
 
 def _machine_rule(

@@ -89,6 +89,9 @@ class StorageDriver:
             ]
         )
         self.l3.attach()
+        # an implementation whose tier declares no 0.5.23-style prefetch (upstream 0.5.10,
+        # ``adapters/sglang_storage.py``) is driven through backups only
+        self.prefetches = all(getattr(t, "prefetches", True) for t in self.l3.tiers)
 
     @property
     def checks(self) -> CheckRunner:
@@ -107,6 +110,8 @@ class StorageDriver:
         return self.book.backup_candidates()
 
     def prefetch_candidates(self) -> list[int]:
+        if not self.prefetches:
+            return []
         busy = {log.chain_uid for log in self.log.prefetches[0].values() if not log.retired}
         return self.book.prefetch_candidates(busy)
 
@@ -201,7 +206,8 @@ class StorageDriver:
     def run_step(self, kind: StorageStepKind) -> Outcome:
         results = run_lockstep(self.l3.tiers, self.l3.group, kind)
         for result in results:
-            self._observe_calls(result)
+            if result.ran:  # a rank with nothing to do did nothing (not a stale act)
+                self._observe_calls(result)
         tokens = [r.tokens for r in results]
         return done(f"{kind.value} step: {tokens}", agreed=f"{kind.value} step")
 

@@ -26,7 +26,6 @@ from hicache_ref.invariants.storage_snapshot import (
     StoreWrite,
     VerdictRecord,
 )
-from hicache_ref.storage.operations import PrefetchOperation
 
 if TYPE_CHECKING:
     from hicache_ref.harness.driver.storage_driver import StorageDriver
@@ -76,7 +75,8 @@ def _give_back(log: PrefetchLog, slots: list[int], action: str, final: bool, pag
 def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str, Any]) -> None:
     logs = driver.log.prefetches[rank]
     op: Any = data.get("operation")
-    log = logs.get(op.request_id) if isinstance(op, PrefetchOperation) else None
+    # told apart by shape: upstream's prefetch operations are of its own class
+    log = logs.get(op.request_id) if isinstance(getattr(op, "request_id", None), str) else None
     if kind == "hit":
         if _current(driver, rank, op, "prefetch_hit_queue entry") and log and data["current"]:
             log.published_hit_tokens = int(op.storage_hit_count)

@@ -79,6 +79,8 @@ def replay(
                 session.finish()
         except Exception as exc:  # the failure is the result; callers decide what to do with it
             return _result(session, exc)
+        finally:
+            session.close()
     return _result(session, None)
 
 

@@ -268,6 +268,12 @@ class Session:
         """A refused operation left every rank as it was (INV-17)."""
         self.checks.run_all(REFUSAL_IDS, Refusal(before, after, what, may_change))
 
+    def close(self) -> None:
+        """The case is over: a storage tier that runs threads of its own stops them now
+        (upstream's, ``adapters/sglang_storage.py``), not when the collector finds the world."""
+        if self.tree.storage is not None:
+            self.tree.storage.l3.close()
+
     def finish(self) -> None:
         """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""
         self._last_snapshots = None

@@ -111,6 +111,7 @@ class StorageWorld:
             name = f"harness-l3-{tag}-r{rank}"
             self.ranks.append(StorageRank(rank, controller, host_pool, name))
         weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+        self._closer = weakref.finalize(self, _close_tiers, [r.controller for r in self.ranks])
         self.attached = False
 
     def build_backend(self, rank: int, cfg: HiCacheStorageConfig) -> HiCacheStorage:
@@ -160,11 +161,24 @@ class StorageWorld:
             rank.controller.storage_batch_size = self.config.storage_batch_pages
         self.attached = True
 
+    def close(self) -> None:
+        """Stop every rank's own storage threads (idempotent; also run when the world goes)."""
+        self._closer()
+
     def reset_peers(self) -> None:
         """The storage peers' half of a tree reset (rank 0 resets with the world)."""
         for rank in self.ranks[1:]:
             rank.controller.reset()
             rank.host_pool.clear()
+
+
+def _close_tiers(controllers: list[Any]) -> None:
+    """When the world goes: an implementation whose tier runs threads of its own (upstream's,
+    ``adapters/sglang_storage.py``) stops them; the reference's manual tier has none."""
+    for controller in controllers:
+        close = getattr(getattr(controller, "storage", None), "close", None)
+        if callable(close):
+            close()
 
 
 def _builder(world: weakref.ref[StorageWorld], rank: int) -> Any:

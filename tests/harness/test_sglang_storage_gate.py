@@ -1,0 +1,187 @@
+"""The gate on upstream's storage tier: its own threads, one loop iteration a step.
+
+``adapters/sglang_storage.py`` runs the tree's ``prefetch_thread_func``, ``prefetch_io_aux_func``,
+``prefetch_sync_thread_func`` and ``backup_thread_func`` on real threads whose queue gets the
+harness serves, with their collectives on the storage world's rank group. A bounded gate over
+the unmodified tree draws the storage rules and finds nothing new; each storage bug of
+``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller at test time, is caught by
+an invariant it declares, and its minimized trace passes on the unmodified tree. 0.5.10 is
+driven through its backup path (its prefetch protocol is not modelled), where the gate finds F22.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache_ref.cli import EXIT_OK, main
+from hicache_ref.controller.storage.collectives import RankGroup
+from hicache_ref.harness.adapters.sglang import SglangImplementation
+from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, Trace
+from hicache_ref.harness.world.config import HarnessConfig
+
+from .sglang_bugs import BUGS_0523_STORAGE, PlantedBug
+from .test_sglang_gate import check_planted_bug_is_caught
+
+STORAGE_GATE_BUDGET = "8s"
+F22_TRACE = (
+    Path(__file__).resolve().parents[2]
+    / "fuzz"
+    / "corpus"
+    / "sglang"
+    / "f22_backend_exception_kills_the_backup_thread.jsonl"
+)
+
+
+@pytest.fixture(scope="module")
+def tree_0523() -> Path:
+    return fetch_wheel_tree("0.5.23")
+
+
+def apply(session: Session, rule: str, **args: Any) -> str:
+    outcome = session.apply(Step(rule=rule, args=args))
+    assert not outcome.skipped, (rule, outcome)
+    return outcome.text
+
+
+def test_upstream_threads_take_one_queue_item_per_step_and_reduce_over_the_harness_group(
+    tree_0523: Path,
+) -> None:
+    impl = SglangImplementation(tree_0523)
+    assert "storage" in impl.capabilities  # 0.5.23 has the four storage threads
+    config = impl.refine_config(
+        HarnessConfig(host_pages=24, storage_ranks=3, storage_batch_pages=1)
+    )
+    session = Session(config, impl, "sglang")
+    # a chain of two pages goes to L3 through upstream's backup thread, on every rank
+    apply(session, "write_storage", pick=1, new=True)
+    assert apply(session, "storage_step", kind="backup") == "backup step: [8, 8, 8]"
+    apply(session, "drain_backup_acks")
+    # ... and comes back: hit query (MIN over ranks), one IO iteration (two batch acks and the
+    # final ack on the sync queue), then three sync iterations, each one MIN reduction or none
+    apply(session, "prefetch", pick=0)
+    assert apply(session, "storage_step", kind="hit_query") == "hit_query step: [8, 8, 8]"
+    apply(session, "drain_prefetch_acks")
+    assert apply(session, "storage_step", kind="io") == "io step: [8, 8, 8]"
+    for tokens in ("4", "8", "0"):
+        assert (
+            apply(session, "storage_step", kind="sync") == f"sync step: [{', '.join([tokens] * 3)}]"
+        )
+    storage = session.tree.storage
+    assert storage is not None and not storage.runnable()  # every thread parked, queues empty
+    group = storage.l3.group
+    assert isinstance(group, RankGroup)
+    logs = group.logs()
+    assert [(r.group, r.result) for r in logs[0]] == [
+        ("prefetch_hits", (8,)),
+        ("prefetch_completion", (4,)),
+        ("prefetch_completion", (8,)),
+    ]
+    assert all(len(log) == 3 for log in logs)  # every rank issued the same collectives
+    apply(session, "drain_prefetch_acks")  # the final ack inserts the fetched chain
+    apply(session, "detach_storage")
+    assert all(not tier.alive_threads() for tier in storage.l3.tiers)  # detach joined them all
+    session.finish()
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_the_gate_draws_storage_on_0_5_23_and_finds_nothing_new(
+    tree_0523: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report_path = tmp_path / "gate.json"
+    status = main(
+        [
+            "gate",
+            "--impl", "sglang",
+            "--sglang-src", str(tree_0523),
+            "--budget", STORAGE_GATE_BUDGET,
+            "--profile", "ci",
+            "--seed", "0",
+            "--out", str(tmp_path),
+            "--json", str(report_path),
+            "--no-progress",
+            "--workers", "1",
+        ]
+    )  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert status == EXIT_OK, stdout
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    assert report["rules"].get("storage_step", 0) > 0, report["rules"]
+    assert report["rule_families"]["storage"]["steps"] > 0
+
+
+@pytest.fixture
+def gate_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SRC_ENV, raising=False)  # --sglang-src sets it; restored at teardown
+
+
+@pytest.mark.usefixtures("gate_env")
+@pytest.mark.parametrize("bug", BUGS_0523_STORAGE, ids=lambda bug: bug.NAME)
+def test_storage_bug_planted_in_0_5_23_is_caught(
+    bug: type[PlantedBug],
+    tree_0523: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    check_planted_bug_is_caught(bug, tree_0523, tmp_path, monkeypatch, capsys)
+
+
+def test_0_5_10_is_driven_through_its_backup_thread_and_draws_no_prefetch() -> None:
+    impl = SglangImplementation(fetch_wheel_tree())  # 0.5.10
+    assert "storage" in impl.capabilities
+    config = impl.refine_config(
+        HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1)
+    )
+    session = Session(config, impl, "sglang")
+    apply(session, "write_storage", pick=1, new=True)
+    assert apply(session, "storage_step", kind="backup") == "backup step: [8, 8]"
+    apply(session, "drain_backup_acks")
+    assert session.why_disabled(Step(rule="prefetch", args={"pick": 0})) == (
+        "the implementation's storage tier is driven through backups only"
+    )
+    session.finish()
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_f22_a_backend_exception_kills_0_5_10s_backup_thread_and_0_5_23_acks_it(
+    tree_0523: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = Trace.read(F22_TRACE)
+    on_0510 = replay(trace)  # the header names no tree: the default 0.5.10 wheel
+    assert on_0510.signature() == "INV-25", on_0510.error
+    assert "upstream's backup_thread_func died of InjectedBackendError" in str(on_0510.error)
+    monkeypatch.setenv(SRC_ENV, str(tree_0523))  # 0.5.23 logs the exception and acks the op
+    assert not replay(trace).failed
+    assert not replay(trace, implementation="reference").failed
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_the_gate_draws_storage_on_0_5_10_with_f22_baselined(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report_path = tmp_path / "gate.json"
+    status = main(
+        [
+            "gate",
+            "--impl", "sglang",
+            "--budget", STORAGE_GATE_BUDGET,
+            "--profile", "ci",
+            "--seed", "0",
+            "--out", str(tmp_path),
+            "--json", str(report_path),
+            "--no-progress",
+            "--workers", "1",
+        ]
+    )  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert status == EXIT_OK, stdout
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    assert report["rules"].get("write_storage", 0) > 0, report["rules"]
+    assert "prefetch" not in report["rules"]
