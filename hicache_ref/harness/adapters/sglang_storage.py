@@ -1,7 +1,9 @@
 """Upstream's own storage threads, one loop iteration at a time, under the harness's storage world.
 
-0.5.10's controller has three storage threads; only its backup path is drawn (its prefetch
-protocol is not the one the harness's tree half models: ``ACK_PROTOCOL_FUNC``). SGLang 0.5.23's
+0.5.10's controller has three storage threads (``prefetch_thread_func`` starts
+``prefetch_io_aux_func`` itself; no sync thread, no PrefetchAck: ``ACK_PROTOCOL_FUNC``), and its
+tree polls the operation instead, so the storage driver pairs it with the tree half of that
+protocol (``driver/storage_tree_0510.py``; ``UpstreamTier.protocol``). SGLang 0.5.23's
 controller runs its L3 tier on four threads (``prefetch_thread_func``,
 ``prefetch_io_aux_func``, ``prefetch_sync_thread_func``, ``backup_thread_func``), each a loop
 whose body starts with a blocking ``get`` on its queue. The gate runs those real functions on
@@ -83,6 +85,7 @@ CONTROL_QUEUES = (
     "backup_queue",
     "prefetch_hit_queue",
     "ack_prefetch_queue",
+    "prefetch_revoke_queue",
     "ack_backup_queue",
     "host_mem_release_queue",
 )
@@ -91,8 +94,9 @@ STORAGE_THREAD_FUNCS = ("prefetch_thread_func", "prefetch_io_aux_func", "backup_
 ACK_PROTOCOL_FUNC = "prefetch_sync_thread_func"
 """0.5.23's PrefetchAck stream: the hit queue, the tree's bounce buffer and the sync thread.
 Without it (0.5.10) the tree allocates the whole prefetch up front, reads ``completed_tokens``
-off the operation and reduces it itself: a tree protocol the harness does not model, so only
-the backup path (the same in both) is drawn there."""
+off the operation and reduces it itself (``PROTOCOL_POLL``, ``driver/storage_tree_0510.py``)."""
+PROTOCOL_ACK = "ack"
+PROTOCOL_POLL = "poll"
 TP_COORDINATES = (
     "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size",
@@ -518,9 +522,9 @@ class UpstreamTier:
     executor = _Executor()
 
     def __init__(
-        self, controller: Any, gate: StepGate, collectives: Any, *, prefetches: bool = True
+        self, controller: Any, gate: StepGate, collectives: Any, *, protocol: str = PROTOCOL_ACK
     ) -> None:
-        self.prefetches = prefetches  # the 0.5.23 prefetch protocol (ACK_PROTOCOL_FUNC)
+        self.protocol = protocol  # which tree half drives its prefetches (ACK_PROTOCOL_FUNC)
         self._controller = weakref.proxy(controller)
         self.gate = gate
         self.collectives = collectives
@@ -565,10 +569,27 @@ class UpstreamTier:
         if q is None or not self.has_work(kind):
             return StepResult(kind, self.rank, self.epoch)
         item = q.queue[0]
-        out = self._controller.prefetch_sync_queue if kind is StorageStepKind.IO else None
+        out = getattr(self._controller, "prefetch_sync_queue", None)
+        out = out if kind is StorageStepKind.IO else None
         before = len(out.queue) if out is not None else 0
         self.gate.serve(q, kind.value, self.rank)
+        if self.protocol == PROTOCOL_POLL and kind is not StorageStepKind.BACKUP:
+            return self._polled_result(kind, item)
         return self._result(kind, item, out, before)
+
+    def _polled_result(self, kind: StorageStepKind, item: Any) -> StepResult:
+        """0.5.10: the hit thread leaves the agreed hit in ``hash_value`` (empty when it
+        revoked), the IO thread its progress in ``completed_tokens``; neither acks."""
+        if kind is StorageStepKind.HIT_QUERY:
+            tokens = len(item.hash_value) * int(self._controller.page_size)
+        else:
+            tokens = int(item.completed_tokens)
+        return StepResult(kind, self.rank, self.epoch, item.id, item.request_id, tokens, False)
+
+    def release_queue_items(self) -> list[torch.Tensor]:
+        """What ``host_mem_release_queue`` holds now (0.5.10's threads release into it)."""
+        q = getattr(self._controller, "host_mem_release_queue", None)
+        return [] if q is None else [t for t in list(q.queue) if t is not None]
 
     def _result(self, kind: StorageStepKind, item: Any, out: Any, before: int) -> StepResult:
         rank, epoch = self.rank, self.epoch
@@ -653,7 +674,10 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             self.storage_stop_event = GateStopEvent(self._harness_gate)  # no thread runs yet
             self.tp_group = self._harness_tp
             self.storage = UpstreamTier(
-                self, self._harness_gate, self._harness_collectives, prefetches=acks
+                self,
+                self._harness_gate,
+                self._harness_collectives,
+                protocol=PROTOCOL_ACK if acks else PROTOCOL_POLL,
             )
             if not acks:  # 0.5.10: no hit or ack queue; the tree's drains find them empty
                 self.prefetch_hit_queue: queue.Queue[Any] = queue.Queue()
@@ -687,13 +711,11 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 take()  # what the stopping threads did is no step's
             self.storage.epoch += 1
 
-        def prefetch(self, request_id: str, new_input_tokens: Any, *args: Any) -> Any:
-            if not acks:
-                raise HiCacheSetupError(
-                    "the gate drives 0.5.10's backups only: its prefetch protocol (host pages "
-                    "allocated up front, no PrefetchAck) is not modelled by the tree half"
-                )
-            operation = super().prefetch(request_id, list(new_input_tokens), *args)
+        def prefetch(self, request_id: str, *args: Any) -> Any:
+            """0.5.23: ``(rid, tokens, last_hash, prefix_keys)``; 0.5.10: ``(rid,
+            host_indices, tokens, last_hash, prefix_keys)`` (the tree allocated the pages)."""
+            head, tokens, rest = (args[:1], args[1], args[2:]) if not acks else ((), args[0], args[1:])
+            operation = super().prefetch(request_id, *head, list(tokens), *rest)
             self.storage.live[operation.id] = operation
             return operation
 

@@ -11,7 +11,9 @@ and prefetches, and the log the checks read (``storage_log.py``). Its verbs, in 
   the recording backend's calls of that step become key uses, writes, reads and hit runs;
 - ``prefetch`` of a chain after its parent -> ``drain_prefetch`` (hits, acks, releases; a
   fetched ``[0:completed]`` on rank 0 becomes a host-only node the tree driver knows) ->
-  ``check_prefetch`` (the policy) / ``terminate``;
+  ``check_prefetch`` (the policy) / ``terminate``; a tier of 0.5.10's protocol (no
+  PrefetchAck, ``UpstreamTier.protocol``) gets that release's tree half instead
+  (``storage_tree_0510``: pages allocated up front, the revoke queue, the tree's own MIN);
 - ``drain_backups`` (acks release the source pages), ``inject_fault``, ``detach`` / ``attach``,
   and the storage half of a tree reset (``on_reset``: peers reset, a new epoch);
 - ``check``: a ``StorageSnapshot`` handed to every ``STORAGE_IDS`` checker, counted per id.
@@ -36,6 +38,7 @@ from hicache_ref.harness.driver.node_model import Node
 from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
+from hicache_ref.harness.driver.storage_tree_0510 import PollStorageTree, PollTreeRank
 from hicache_ref.harness.steps.outcome import Outcome, done, refused
 from hicache_ref.harness.world.recording_storage import BackendCall
 from hicache_ref.harness.world.storage_world import StorageWorld
@@ -74,24 +77,26 @@ class StorageDriver:
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
-        self.storage_tree = StorageTree(
-            [
-                StorageTreeRank(
-                    rank.controller,
-                    rank.host_pool,
-                    self.page,
-                    on_insert=self._insert_callback(rank.rank),
-                    on_event=self._event_callback(rank.rank),
-                    policy=self.config.storage_policy,
-                    timeout_steps=TIMEOUT_STEPS,
-                )
-                for rank in self.l3.ranks
-            ]
-        )
+        self.storage_tree = StorageTree([self._tree_rank(StorageTreeRank, r) for r in self.l3.ranks])
         self.l3.attach()
-        # an implementation whose tier declares no 0.5.23-style prefetch (upstream 0.5.10,
-        # ``adapters/sglang_storage.py``) is driven through backups only
-        self.prefetches = all(getattr(t, "prefetches", True) for t in self.l3.tiers)
+        # upstream 0.5.10's tier (``adapters/sglang_storage.py``) publishes no PrefetchAck: its
+        # prefetches are driven by that release's tree half
+        self.polled: PollStorageTree | None = None
+        if any(getattr(t, "protocol", "ack") == "poll" for t in self.l3.tiers):
+            ranks = [self._tree_rank(PollTreeRank, r) for r in self.l3.ranks]
+            self.polled = PollStorageTree(ranks, self.l3.group)
+            self.storage_tree.ranks = list(ranks)
+
+    def _tree_rank(self, cls: type[StorageTreeRank], rank: Any) -> Any:
+        return cls(
+            rank.controller,
+            rank.host_pool,
+            self.page,
+            on_insert=self._insert_callback(rank.rank),
+            on_event=self._event_callback(rank.rank),
+            policy=self.config.storage_policy,
+            timeout_steps=TIMEOUT_STEPS,
+        )
 
     @property
     def checks(self) -> CheckRunner:
@@ -110,8 +115,6 @@ class StorageDriver:
         return self.book.backup_candidates()
 
     def prefetch_candidates(self) -> list[int]:
-        if not self.prefetches:
-            return []
         busy = {log.chain_uid for log in self.log.prefetches[0].values() if not log.retired}
         return self.book.prefetch_candidates(busy)
 
@@ -174,6 +177,11 @@ class StorageDriver:
         anchor: Prefix = parent.prefix(self.page) if parent is not None else ()
         if any(r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks):
             return refused("prefetch rate limited")  # decided alike on every rank
+        tokens = chain.pages * self.page
+        if self.polled is not None and any(
+            r.host_pool.available_size() < tokens for r in self.l3.ranks
+        ):
+            return refused("host full")  # 0.5.10 allocates the whole prefetch up front
         for rank, tree_rank in enumerate(self.storage_tree.ranks):
             self.log.prefetches[rank][rid] = PrefetchLog(
                 rid, self.epoch, chain.pages * self.page, anchor, chain.uid
@@ -192,11 +200,17 @@ class StorageDriver:
         return sorted(common)
 
     def check_prefetch(self, rid: str) -> Outcome:
-        verdicts = [r.check_prefetch_progress(rid) for r in self.storage_tree.ranks]
+        if self.polled is not None:
+            verdicts = [self.polled.check_prefetch_progress(rid)]
+        else:
+            verdicts = [r.check_prefetch_progress(rid) for r in self.storage_tree.ranks]
         return done(f"check_prefetch_progress {rid}: {'settled' if all(verdicts) else 'waits'}")
 
     def terminate(self, rid: str) -> Outcome:
-        completed = [r.terminate(rid) for r in self.storage_tree.ranks]
+        if self.polled is not None:
+            completed = self.polled.abort(rid)  # 0.5.10's release_aborted_request
+        else:
+            completed = [r.terminate(rid) for r in self.storage_tree.ranks]
         return done(f"terminate {rid} at {completed}", agreed=f"terminate {rid}")
 
     # -- steps and drains ------------------------------------------------------------------------
@@ -204,14 +218,23 @@ class StorageDriver:
         return runnable_steps(self.l3.tiers) if self.attached else []
 
     def run_step(self, kind: StorageStepKind) -> Outcome:
+        from hicache_ref.harness.driver.storage_events import observe_polled_step
+
+        polled = self.polled is not None and kind is not StorageStepKind.BACKUP
+        before = [len(t.release_queue_items()) for t in self.l3.tiers] if polled else []
         results = run_lockstep(self.l3.tiers, self.l3.group, kind)
         for result in results:
             if result.ran:  # a rank with nothing to do did nothing (not a stale act)
                 self._observe_calls(result)
+                if polled:
+                    released = self.l3.tiers[result.rank].release_queue_items()
+                    observe_polled_step(self, result, released[before[result.rank] :])
         tokens = [r.tokens for r in results]
         return done(f"{kind.value} step: {tokens}", agreed=f"{kind.value} step")
 
     def drain_prefetch(self) -> Outcome:
+        if self.polled is not None:  # 0.5.10: revokes; its IO publishes nothing to drain
+            return done(f"drained {self.polled.drain_revokes()} revoke(s)")
         ranks = self.storage_tree.ranks
         taken = min(r.cc.prefetch_hit_queue.qsize() for r in ranks)
         self.storage_tree.drain_hits(taken)  # started or revoked on every rank alike
@@ -298,6 +321,7 @@ class StorageDriver:
                     "ack_prefetch_queue",
                     "ack_backup_queue",
                     "host_mem_release_queue",
+                    *(("prefetch_revoke_queue",) if self.polled is not None else ()),
                 )
             )
             for r in self.l3.ranks
@@ -306,7 +330,7 @@ class StorageDriver:
     def on_reset(self) -> None:
         """The storage half of a tree reset: peers reset, sources dropped, a new epoch."""
         self.l3.reset_peers()
-        self.storage_tree.reset()
+        self.storage_tree.reset()  # the 0.5.10 tree half's ranks too (they are its ranks)
         self.sources = [{} for _ in range(self.n)]
         for chain in self.chains.values():
             if chain.state == "writing":

@@ -60,14 +60,24 @@ def _landed_pages(driver: StorageDriver, rank: int, log: PrefetchLog, op: Any) -
     return landed
 
 
-def _give_back(log: PrefetchLog, slots: list[int], action: str, final: bool, page: int) -> None:
+def _give_back(
+    log: PrefetchLog,
+    slots: list[int],
+    action: str,
+    final: bool,
+    page: int,
+    published: int | None = None,
+) -> None:
     op = log.operation
-    published = int(getattr(op, "completed_tokens", 0))
+    if published is None:
+        published = int(getattr(op, "completed_tokens", 0))
     seen: set[int] = set()
     for slot in slots:
         index = log.owned_slots.pop(slot, None)
         if index is None or index // page in seen:
             continue
+        if log.bounce_tokens is None or index >= log.bounce_tokens:
+            continue  # 0.5.10: a page allocated up front past the hit, the hit thread's to give
         seen.add(index // page)
         log.events.append(BouncePageEvent(log.request_id, index // page, action, published, final))
 
@@ -88,10 +98,18 @@ def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str
         log.owned_slots = {int(s): i for i, s in enumerate(host.tolist())}
     elif kind == "ack":
         _on_ack(driver, rank, data)
+    elif kind == "allocated" and log is not None:  # 0.5.10: every token's page up front
+        log.operation = op
+        log.owned_slots = {int(s): i for i, s in enumerate(data["host_indices"].tolist())}
+    elif kind == "release" and log is not None and "end" in data:  # 0.5.10's tree releases
+        log.released.append((int(data["start"]), int(data["end"]), str(data["how"])))
     elif kind == "release" and log is not None and op.host_indices is not None:
         log.released.append((int(data["start"]), int(op.host_indices.numel()), "tail"))
+    elif kind == "published" and log is not None:
+        _on_published(driver, rank, log, int(data["agreed"]))
     elif kind == "insert" and log is not None:
-        _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]))
+        agreed = data.get("agreed")
+        _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]), agreed)
     elif kind == "terminate" and log is not None:
         log.terminated_at = int(data["completed"])
     elif kind == "retire" and log is not None:
@@ -134,7 +152,16 @@ def _on_ack(driver: StorageDriver, rank: int, data: dict[str, Any]) -> None:
         log.final_acks += 1
 
 
-def _on_insert(driver: StorageDriver, rank: int, log: PrefetchLog, matched: int, end: int) -> None:
+def _on_insert(
+    driver: StorageDriver,
+    rank: int,
+    log: PrefetchLog,
+    matched: int,
+    end: int,
+    agreed: int | None = None,
+) -> None:
+    """``[0:matched)`` freed, ``[matched:end)`` inserted; ``agreed`` is 0.5.10's MIN over ranks
+    (its operation keeps the rank's own progress), None where the operation holds it."""
     op = log.operation
     host = getattr(op, "host_indices", None)
     if matched:
@@ -143,9 +170,18 @@ def _on_insert(driver: StorageDriver, rank: int, log: PrefetchLog, matched: int,
         log.released.append((matched, end, "inserted"))
     if host is None:
         return
-    final = log.final_acks > 0
-    _give_back(log, [int(s) for s in host[:matched].tolist()], "free", final, driver.page)
-    _give_back(log, [int(s) for s in host[matched:end].tolist()], "insert", final, driver.page)
+    final, page = log.final_acks > 0, driver.page
+    _give_back(log, [int(s) for s in host[:matched].tolist()], "free", final, page, agreed)
+    _give_back(log, [int(s) for s in host[matched:end].tolist()], "insert", final, page, agreed)
+
+
+def _on_published(driver: StorageDriver, rank: int, log: PrefetchLog, agreed: int) -> None:
+    """0.5.10's published progress: the MIN over ranks of what ``terminate_prefetch``
+    returned, the one value the tree inserts by (its ack, for INV-19 and INV-21)."""
+    driver.log.acks[rank].append(ProgressAck(log.request_id, agreed, True))
+    if _current(driver, rank, log.operation, "terminated prefetch"):
+        log.published_progress.append(agreed)
+        log.landed_pages.append(_landed_pages(driver, rank, log, log.operation))
 
 
 def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
@@ -238,3 +274,34 @@ def _observe_backup(driver: StorageDriver, result: StepResult, calls: list[Backe
     faults = driver.l3.ranks[rank].faults
     if faults is not None:
         driver.log.lost.update((rank, key) for key in faults.dropped_keys)
+
+
+# -- 0.5.10: what its hit and IO threads left on the operation -----------------------------------
+def observe_polled_step(
+    driver: StorageDriver, result: StepResult, released: list[torch.Tensor]
+) -> None:
+    """After a 0.5.10 hit or IO step: the operation's agreed hit (its bounce buffer, the pages
+    the IO fills: ``host_indices`` cut to the hit), or the IO's end with the pages it gave
+    back during the step (``released``, from ``host_mem_release_queue``)."""
+    rank = result.rank
+    log = driver.log.prefetches[rank].get(result.request_id or "")
+    op = log.operation if log is not None else None
+    if log is None or op is None or getattr(op, "id", None) != result.op_id:
+        if result.kind is StorageStepKind.IO:  # an operation of an earlier epoch surfaced
+            old = [op for op, _ in driver.known_ops.values() if op.id == result.op_id]  # type: ignore[attr-defined]
+            if old:
+                _current(driver, rank, old[0], "io step")
+        return  # (observe_calls records a hit query of an unknown prefetch as stale)
+    if not _current(driver, rank, op, f"{result.kind.value} step"):
+        return
+    if result.kind is StorageStepKind.HIT_QUERY:
+        if op.hash_value:  # not revoked: the IO will fill host_indices[:hit]
+            log.published_hit_tokens = len(op.hash_value) * driver.page
+            log.hash_pages = len(op.hash_value)
+            log.bounce_tokens = int(op.host_indices.numel())
+        return
+    log.final_acks += 1  # the IO is done with the operation: nothing of it is written again
+    for tensor in released:
+        indices = sorted(log.owned_slots[s] for s in tensor.tolist() if s in log.owned_slots)
+        if indices:
+            log.released.append((indices[0], indices[-1] + 1, "io"))

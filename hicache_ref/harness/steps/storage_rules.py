@@ -119,8 +119,6 @@ def process_storage_step(session: Session, args: Args) -> Outcome:
 # -- prefetches ---------------------------------------------------------------------------------
 def _rule_prefetch(session: Session, args: Args) -> str | None:
     why = _needs_attached(session, args)
-    if why is None and not driver(session).prefetches:  # type: ignore[union-attr]
-        why = "the implementation's storage tier is driven through backups only"
     if why is None and not _attached(session).prefetch_candidates():  # type: ignore[union-attr]
         why = "no chain in L3 to prefetch"
     return why
