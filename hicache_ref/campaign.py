@@ -174,6 +174,9 @@ class CampaignReport:
     checks_first_s: dict[str, float] = field(default_factory=dict)
     parts: list[CampaignReport] = field(default_factory=list)
     """A merged report's workers, each its own report."""
+    release: str = ""
+    """The upstream release of the tree under test (``sglang_tree.tree_release``; empty for
+    anything else): a known finding scoped to releases matches only inside its range."""
     _timeline_interval_s: float = TIMELINE_INTERVAL_S
 
     def absorb(self, session: Session, at_s: float | None = None) -> None:
@@ -242,6 +245,7 @@ class CampaignReport:
     def as_json(self) -> dict[str, Any]:
         return {
             "implementation": self.implementation,
+            "release": self.release,
             "profile": self.profile,
             "seed": self.seed,
             "seed_stride": self.seed_stride,
@@ -346,8 +350,15 @@ def run_campaign(
     try:
         with open_device(kind, spins) as build:
             implementation = on_device(get_implementation(impl), kind)
+            report.release = _release_of(implementation.source_tree)
             run_rounds(report, implementation, seconds, rounds, build)
     finally:
         if view is not None:
             view.close()
     return report
+
+
+def _release_of(source_tree: str) -> str:
+    from hicache_ref.harness.adapters.sglang_tree import tree_release
+
+    return tree_release(Path(source_tree)) if source_tree else ""

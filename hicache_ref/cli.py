@@ -146,6 +146,8 @@ def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
         status = f"hit x{hits}" if hits else "not hit"
         if not finding.covers(report.implementation):
             status += f", it names no {report.implementation!r}"
+        elif not finding.covers_release(report.release):
+            status += f", scoped to {finding.releases}, not {report.release or 'this tree'}"
         lines.append(f"gate: known {finding.id} {status} ({finding.invariant}: {finding.summary})")
     for failure in report.failures:
         again = report.repeats[failure["invariant"]]

@@ -50,6 +50,7 @@ def merge_reports(reports: list[CampaignReport]) -> CampaignReport:
         ", ".join(names), first.profile, min(leaf.seed for leaf in leaves), device=first.device
     )
     merged.perturbation = first.perturbation
+    merged.release = first.release
     merged.worker = None
     merged.workers = len(leaves)
     merged.seed_stride = _merged_stride(leaves)
@@ -143,6 +144,7 @@ def _from_json(data: dict[str, Any], where: str) -> CampaignReport:
         device=data.get("device", "sim"),
         perturbation=None if spins is None else Perturbation.model_validate(spins),
     )
+    report.release = str(data.get("release", ""))
     report.seconds = float(data.get("seconds", 0.0))
     for name in _SUMMED[:5]:
         setattr(report, name, int(data.get(name, 0)))

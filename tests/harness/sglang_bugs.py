@@ -265,3 +265,20 @@ BUGS_0523_STORAGE: tuple[type[PlantedBug], ...] = (
     PrefetchIoStopsAcking,
 )
 """Planted in 0.5.23's storage threads: caught once the gate drives upstream's storage tier."""
+
+
+# -- 0.5.10's prefetch threads: caught once the gate drives 0.5.10's prefetch protocol -----------
+class TerminateDoesNotMark(PlantedBug):
+    NAME = "terminate_does_not_mark"
+    BUG_CLASS = "storage progress"
+    DESCRIPTION = (
+        "terminate_prefetch returns the progress without marking the operation, so its IO goes "
+        "on counting pages after the tree settled it (bug class 13)"
+    )
+    OLD = "        operation.mark_terminate()\n        return operation.completed_tokens, operation.hash_value\n"
+    NEW = "        return operation.completed_tokens, operation.hash_value  # BUG: never marked\n"
+    INVARIANTS = ("INV-19",)
+
+
+BUGS_0510_STORAGE: tuple[type[PlantedBug], ...] = (TerminateDoesNotMark,)
+"""Planted in 0.5.10's prefetch threads: caught once the gate drives its polling protocol."""

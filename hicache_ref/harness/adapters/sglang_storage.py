@@ -136,6 +136,12 @@ class GatedThread(threading.Thread):
             if self.gate is not None:
                 self.gate.record_error(self, exc)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Upstream joins a thread it stopped: only now does the parked thread see the stop."""
+        if self.gate is not None:
+            self.gate.release(self)
+        super().join(timeout)
+
 
 class ServedQueue(queue.Queue[Any]):
     """``queue.Queue`` whose blocking ``get`` from a gated storage thread waits for the harness."""
@@ -157,14 +163,20 @@ class StepGate:
         self._parked: dict[GatedThread, ServedQueue] = {}
         self._granted: set[GatedThread] = set()
         self._errors: dict[GatedThread, BaseException] = {}
+        self._released: set[GatedThread] = set()  # joined by upstream while stopping
+        self._closing = False
         self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
 
     def park(self, source: ServedQueue, thread: GatedThread, timeout: float | None) -> Any:
+        """Wait for a grant. A stop ends the wait only for a thread upstream joins (or when the
+        world goes): upstream's ``get(timeout=1)`` poll is taken as not firing within the stop,
+        so a thread its stopper never joins sleeps through it, the schedule that exposes a
+        missing join (F23); every thread a stopper joins sees the stop at once, as before."""
         with self._cond:
             self._parked[thread] = source
             self._cond.notify_all()
             while thread not in self._granted:
-                if self._stopping():  # a stop: upstream's own wake-ups and joins take over
+                if self._stopping() and (thread in self._released or self._closing):
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     break
@@ -181,6 +193,18 @@ class StepGate:
         with self._cond:
             self._cond.notify_all()
 
+    def release(self, thread: GatedThread) -> None:
+        """``thread`` is being joined: once stopped, it leaves its park."""
+        with self._cond:
+            self._released.add(thread)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The world is gone: every parked thread sees the stop (no step follows)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
     def record_error(self, thread: GatedThread, exc: BaseException) -> None:
         with self._cond:
             self._errors[thread] = exc
@@ -195,6 +219,8 @@ class StepGate:
 
     def forget_dead(self) -> None:
         self.threads = [t for t in self.threads if t.is_alive()]
+        with self._cond:
+            self._released = {t for t in self._released if t.is_alive()}
 
     def serve(self, source: ServedQueue, what: str, rank: int = 0) -> None:
         """Grant one item of ``source`` to the thread parked on it; return once that thread
@@ -625,6 +651,7 @@ class UpstreamTier:
         group = getattr(self.collectives, "group", None)
         if group is not None:
             group.interrupt()  # a thread draining its queue waits for no peer
+        self.gate.close()
         try:
             self._controller.storage_stop_event.set()
         except ReferenceError:
@@ -736,6 +763,13 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 host_indices, list(token_ids), list(hash_value), keys
             )
             return op_id
+
+        if acks and not callable(getattr(base, "alloc_prefetch_host_buffers", None)):
+
+            def alloc_prefetch_host_buffers(self: Any, operation: Any, need_size: int) -> Any:
+                """0.5.20 - 0.5.21: the radix cache allocates the bounce buffer from the host
+                pool itself (0.5.22 moved that one line into the controller)."""
+                return self.mem_pool_host.alloc(need_size)
 
         def is_prefetch_complete(self, operation: Any) -> bool:
             """0.5.23's radix cache: complete once ``completed_tokens`` reached the hit."""

@@ -12,7 +12,9 @@ In the order a run needs them:
   into the cache directory (``HICACHE_CACHE_DIR``, default ``~/.cache/hicache_ref``);
 - ``fork_tree(controller_file)``: that tree with another ``cache_controller.py`` (the seed fork,
   or a developer's patched copy), built next to it, keyed by the file's hash;
-- ``resolve_tree()``: ``HICACHE_SGLANG_SRC`` (the CLI's ``--sglang-src``) if set, else 0.5.10.
+- ``resolve_tree()``: ``HICACHE_SGLANG_SRC`` (the CLI's ``--sglang-src``) if set, else 0.5.10;
+- ``tree_release(tree)``: the release a tree says it is (its ``sglang/_version.py``), which
+  scopes the known findings (``campaigns/known_findings.py``).
 
 Every failure is a ``HiCacheSetupError`` whose one line says what is missing and the fix.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +38,8 @@ SRC_ENV = "HICACHE_SGLANG_SRC"
 SEED_FILE_ENV = "HICACHE_SEED_FILE"
 CACHE_ENV = "HICACHE_CACHE_DIR"
 CONTROLLER_RELPATH = Path("sglang/srt/managers/cache_controller.py")
+VERSION_RELPATH = Path("sglang/_version.py")
+_VERSION_LINE = re.compile(r"^__version__ = version = ['\"]([^'\"]+)['\"]", re.MULTILINE)
 PIP_TIMEOUT_S = 300
 
 
@@ -191,3 +196,11 @@ def resolve_seed_tree() -> Path:
             f"re-indented cache_controller file, or --sglang-src / {SRC_ENV} to a fork tree"
         )
     return fork_tree(Path(seed))
+
+
+def tree_release(tree: Path) -> str:
+    """The release ``tree`` was built as (``__version__`` in its generated ``_version.py``);
+    empty for a tree without one (a checkout that was never built)."""
+    path = tree / VERSION_RELPATH
+    found = _VERSION_LINE.search(path.read_text()) if path.is_file() else None
+    return found.group(1) if found is not None else ""

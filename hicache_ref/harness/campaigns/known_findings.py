@@ -19,6 +19,12 @@ How a failure is matched. A failure matches a known finding when all three hold:
 One root cause can fire more than one check, depending on the schedule; ``also`` lists the
 other ``(invariant, message_pattern)`` pairs that count as the same finding.
 
+A finding of some upstream releases only names them in ``releases`` (``"0.5.10..0.5.18"``, both
+ends included, post releases too): it then matches only a failure of a tree whose release (its
+``sglang/_version.py``, the campaign's ``release``) lies in that range. A tree of another
+release, or of no known release (a checkout), is reported, not baselined: the same symptom
+outside the releases read to have the bug is a new failure.
+
 A failure that matches no selected entry is new: the gate prints its replay line and exits 1.
 ``--known all`` selects every entry whose ``implementations`` cover the implementation under
 test; ``--known ID ...`` selects entries by id, and an unknown id is a usage error.
@@ -42,6 +48,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.adapters.sglang_releases import (
+    VERSION_RE,
+    VersionKey,
+    check_version,
+    compute_version_key,
+)
 
 ALL = "all"
 
@@ -58,6 +70,8 @@ class KnownFinding:
     also: tuple[tuple[str, str], ...] = ()
     """Other ``(invariant, message_pattern)`` pairs the same root cause shows up as (which check
     fires first depends on the schedule)."""
+    releases: str = ""
+    """``LO..HI``: the upstream releases read to have it (empty: every release)."""
 
     def __post_init__(self) -> None:
         # Verify the entry can match something and its pattern compiles (a typo fails at import)
@@ -67,6 +81,28 @@ class KnownFinding:
             raise HiCacheInputError(f"known finding {self.id}: name at least one implementation")
         for pattern in (self.message_pattern, *(p for _, p in self.also)):
             re.compile(pattern)
+        if self.releases:
+            self.release_range()  # a malformed range fails at import
+
+    def release_range(self) -> tuple[VersionKey, VersionKey]:
+        low, sep, high = self.releases.partition("..")
+        if not sep:
+            raise HiCacheInputError(
+                f"known finding {self.id}: releases {self.releases!r} is not LO..HI"
+            )
+        return (
+            compute_version_key(check_version(low, f"{self.id} releases")),
+            compute_version_key(check_version(high, f"{self.id} releases")),
+        )
+
+    def covers_release(self, release: str | None) -> bool:
+        """Whether a failure of ``release`` can be this finding (unscoped: every release)."""
+        if not self.releases:
+            return True
+        if not release or VERSION_RE.match(release) is None:
+            return False  # a tree of no known release is reported, never baselined
+        low, high = self.release_range()
+        return low <= compute_version_key(release) <= high
 
     def covers(self, implementation: str) -> bool:
         """Whether this finding applies to ``implementation`` (a name or a ``name:`` prefix)."""
@@ -75,9 +111,12 @@ class KnownFinding:
             for name in self.implementations
         )
 
-    def matches(self, implementation: str, invariant: str, message: str) -> bool:
-        """Whether a failure of ``implementation`` is this finding (see the module docstring)."""
-        if not self.covers(implementation):
+    def matches(
+        self, implementation: str, invariant: str, message: str, release: str | None = None
+    ) -> bool:
+        """Whether a failure of ``implementation`` (of upstream ``release``) is this finding
+        (see the module docstring)."""
+        if not self.covers(implementation) or not self.covers_release(release):
             return False
         return any(
             invariant == inv_id and re.search(pattern, message) is not None
@@ -184,23 +223,47 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
                 r"that layer's H2D landed",
             ),
         ),
+        releases="0.5.11..0.5.21",
     ),
     KnownFinding(
         id="F22",
         implementations=("sglang",),
         invariant="INV-25",
         message_pattern=r"upstream's backup_thread_func died of ",
-        summary="0.5.10's backup thread has no exception handler: one backend exception kills "
-        "it, so that backup and every later one are never acked and their host locks leak "
-        "(sglang#38427; 0.5.23 catches it in _page_backup_or_log)",
+        summary="the backup thread has no exception handler (0.5.10 - 0.5.21): one backend "
+        "exception kills it, so that backup and every later one are never acked and their host "
+        "locks leak (sglang#38427; 0.5.22 catches it in _page_backup_or_log)",
+        releases="0.5.10..0.5.21",
     ),
     KnownFinding(
         id="F23",
         implementations=("sglang",),
         invariant="INV-24",
         message_pattern=r"after detach: \d+ storage threads alive",
-        summary="0.5.10's reset() never joins the prefetch IO thread: an old one outlives "
-        "reset and, racing its wake-up, the next detach (sglang#36882's class)",
+        summary="reset() never joins the prefetch IO thread (0.5.10 - 0.5.18): the old one "
+        "sleeps through the stop and outlives the next detach (sglang#36882's class)",
+        releases="0.5.10..0.5.18",
+    ),
+    KnownFinding(
+        id="F25",
+        implementations=("sglang",),
+        invariant="INV-24",
+        message_pattern=r"after reset: queues \{[^}]*\}, prefetch_tokens_occupied=\d+",
+        summary="reset() keeps prefetch_tokens_occupied and host_mem_release_queue "
+        "(0.5.10 - 0.5.13): a prefetch ongoing at reset stays counted against the rate limit "
+        "and its queued releases free pages of the next epoch (sglang#26009; 0.5.14 fixed it)",
+        releases="0.5.10..0.5.13",
+    ),
+    KnownFinding(
+        id="F26",
+        implementations=("sglang",),
+        invariant="INV-25",
+        message_pattern=r"upstream's prefetch_(thread|io_aux)_func died of ",
+        summary="the prefetch hit-query and IO threads have no exception handler (0.5.10 - "
+        "0.5.21): one backend exception in batch_exists or batch_get kills the thread, so no "
+        "later prefetch of that rank is queried or fetched (sglang#27501's class; 0.5.22 "
+        "catches it)",
+        releases="0.5.10..0.5.21",
     ),
 )
 
@@ -236,10 +299,14 @@ def get_known_findings(ids: Iterable[str], implementation: str) -> tuple[KnownFi
 
 
 def match_known_finding(
-    findings: Sequence[KnownFinding], implementation: str, invariant: str, message: str
+    findings: Sequence[KnownFinding],
+    implementation: str,
+    invariant: str,
+    message: str,
+    release: str | None = None,
 ) -> KnownFinding | None:
     """The first of ``findings`` that explains this failure, or None when it is new."""
     for finding in findings:
-        if finding.matches(implementation, invariant, message):
+        if finding.matches(implementation, invariant, message, release):
             return finding
     return None

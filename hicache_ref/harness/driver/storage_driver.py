@@ -421,6 +421,8 @@ class StorageDriver:
         for rank, logs in enumerate(self.log.prefetches):
             for log in logs.values():
                 op = self._op_of(rank, log.request_id)
+                if op is None and self.polled is not None:  # 0.5.10: the IO may still run it
+                    op = log.operation
                 log.completed_now = None if op is None else op.completed_tokens
         snapshot = self.log.snapshot(
             page_size=self.page,
