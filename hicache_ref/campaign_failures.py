@@ -132,9 +132,7 @@ def absorb_failure(
 ) -> bool:
     """Count a known failure or record a new one; True when it is new."""
     invariant = get_failure_invariant(exc)
-    finding = match_known_finding(
-        known, report.implementation, invariant, str(exc), report.release
-    )
+    finding = match_known_finding(known, report.implementation, invariant, str(exc), report.release)
     if finding is not None:
         report.known_hits[finding.id] += 1
         return False

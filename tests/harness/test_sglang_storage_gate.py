@@ -5,8 +5,10 @@
 harness serves, with their collectives on the storage world's rank group. A bounded gate over
 the unmodified tree draws the storage rules and finds nothing new; each storage bug of
 ``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller at test time, is caught by
-an invariant it declares, and its minimized trace passes on the unmodified tree. 0.5.10 is
-driven through its backup path (its prefetch protocol is not modelled), where the gate finds F22.
+an invariant it declares, and its minimized trace passes on the unmodified tree. 0.5.10's
+threads (hit query, IO, backup) are driven the same way under the tree half of its own polling
+protocol (``driver/storage_tree_0510.py``), where the gate finds F22, F23, F25 and F26, each
+baselined only for the releases read to have it.
 """
 
 from __future__ import annotations
@@ -19,24 +21,24 @@ import pytest
 
 from hicache_ref.cli import EXIT_OK, main
 from hicache_ref.controller.storage.collectives import RankGroup
+from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
+from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig
 
-from .sglang_bugs import BUGS_0523_STORAGE, PlantedBug
+from .sglang_bugs import BUGS_0510_STORAGE, BUGS_0523_STORAGE, PlantedBug
 from .test_sglang_gate import check_planted_bug_is_caught
 
 STORAGE_GATE_BUDGET = "8s"
-F22_TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "fuzz"
-    / "corpus"
-    / "sglang"
-    / "f22_backend_exception_kills_the_backup_thread.jsonl"
-)
+CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
+F22_TRACE = CORPUS / "f22_backend_exception_kills_the_backup_thread.jsonl"
+F23_TRACE = CORPUS / "f23_reset_leaves_the_old_prefetch_io_thread_alive.jsonl"
+F25_TRACE = CORPUS / "f25_reset_keeps_the_prefetch_occupancy.jsonl"
+F26_TRACE = CORPUS / "f26_backend_exception_kills_the_prefetch_io_thread.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -133,20 +135,56 @@ def test_storage_bug_planted_in_0_5_23_is_caught(
     check_planted_bug_is_caught(bug, tree_0523, tmp_path, monkeypatch, capsys)
 
 
-def test_0_5_10_is_driven_through_its_backup_thread_and_draws_no_prefetch() -> None:
+def test_0_5_10_prefetch_threads_take_one_queue_item_per_step_and_the_tree_reduces_the_min() -> (
+    None
+):
     impl = SglangImplementation(fetch_wheel_tree())  # 0.5.10
-    assert "storage" in impl.capabilities
     config = impl.refine_config(
-        HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1)
+        HarnessConfig(host_pages=24, device_pages=8, storage_ranks=2, storage_batch_pages=1)
     )
     session = Session(config, impl, "sglang")
+    storage = session.tree.storage
+    assert storage is not None and storage.polled is not None  # no PrefetchAck: polled
+    # a chain of two pages goes to L3 through upstream's backup thread, on both ranks
     apply(session, "write_storage", pick=1, new=True)
     assert apply(session, "storage_step", kind="backup") == "backup step: [8, 8]"
     apply(session, "drain_backup_acks")
-    assert session.why_disabled(Step(rule="prefetch", args={"pick": 0})) == (
-        "the implementation's storage tier is driven through backups only"
-    )
+    # the tree allocates host pages for the whole prefetch up front; the hit thread takes the
+    # one queued operation, reduces the hit over the ranks and leaves it in hash_value
+    apply(session, "prefetch", pick=0)
+    assert storage.runnable() == [StorageStepKind.HIT_QUERY]
+    assert apply(session, "storage_step", kind="hit_query") == "hit_query step: [8, 8]"
+    # ... then the IO thread takes that operation: the whole transfer is one iteration
+    assert storage.runnable() == [StorageStepKind.IO]
+    assert apply(session, "storage_step", kind="io") == "io step: [8, 8]"
+    assert not storage.runnable()  # every thread parked again, its queue empty
+    # the policy terminates it; the tree's MIN over the ranks is the progress it inserts
+    rid = storage.ongoing()[0]
+    apply(session, "check_prefetch", request=rid)
+    logs = storage.l3.group.logs()
+    assert [(r.group, r.op, r.result) for r in logs[0]] == [
+        ("prefetch_hits", "min", (8,)),  # upstream's hit thread, on its gloo group
+        ("prefetch_completion", "min", (8,)),  # the tree's reduction of completed_tokens
+    ]
+    assert all(len(log) == 2 for log in logs)
+    record = storage.log.prefetches[0][rid]
+    assert (record.published_hit_tokens, record.bounce_tokens) == (8, 8)
+    assert record.published_progress == [8] and record.landed_pages == [2]
+    assert record.released == [(0, 8, "inserted")] and record.final_acks == 1
+    apply(session, "detach_storage")
+    assert all(not tier.alive_threads() for tier in storage.l3.tiers)
     session.finish()
+
+
+@pytest.mark.usefixtures("gate_env")
+@pytest.mark.parametrize("bug", BUGS_0510_STORAGE, ids=lambda bug: bug.NAME)
+def test_prefetch_bug_planted_in_0_5_10_is_caught(
+    bug: type[PlantedBug],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    check_planted_bug_is_caught(bug, fetch_wheel_tree(), tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.usefixtures("gate_env")
@@ -163,7 +201,7 @@ def test_f22_a_backend_exception_kills_0_5_10s_backup_thread_and_0_5_23_acks_it(
 
 
 @pytest.mark.usefixtures("gate_env")
-def test_the_gate_draws_storage_on_0_5_10_with_f22_baselined(
+def test_the_gate_draws_storage_on_0_5_10_with_its_findings_baselined(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report_path = tmp_path / "gate.json"
@@ -184,4 +222,44 @@ def test_the_gate_draws_storage_on_0_5_10_with_f22_baselined(
     assert status == EXIT_OK, stdout
     report: dict[str, Any] = json.loads(report_path.read_text())
     assert report["rules"].get("write_storage", 0) > 0, report["rules"]
-    assert "prefetch" not in report["rules"]
+    assert report["rules"].get("prefetch", 0) > 0, report["rules"]  # its prefetch protocol too
+
+
+@pytest.mark.usefixtures("gate_env")
+@pytest.mark.parametrize(
+    ("trace", "fails_on", "passes_on"),
+    [
+        (F23_TRACE, ("0.5.10",), ("0.5.20", "0.5.23")),  # 0.5.19 joins the IO thread
+        (F25_TRACE, ("0.5.10",), ("0.5.20", "0.5.23")),  # 0.5.14 zeroes the occupancy
+        (F26_TRACE, ("0.5.10", "0.5.20"), ("0.5.22", "0.5.23")),  # 0.5.22 catches it
+    ],
+    ids=["F23", "F25", "F26"],
+)
+def test_a_0_5_10_prefetch_finding_fails_in_its_releases_and_passes_after_the_fix(
+    trace: Path,
+    fails_on: tuple[str, ...],
+    passes_on: tuple[str, ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loaded = Trace.read(trace)
+    finding = KNOWN_FINDINGS[loaded.header.note.split()[0]]
+    for release in fails_on:
+        monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
+        result = replay(loaded)
+        assert result.signature() == finding.invariant, (release, result.error)
+        assert finding.matches("sglang", finding.invariant, str(result.error), release)
+    for release in passes_on:
+        monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
+        assert not replay(loaded).failed, release
+    assert not replay(loaded, implementation="reference").failed
+
+
+def test_a_finding_outside_its_releases_is_reported_not_baselined() -> None:
+    # F23's symptom on 0.5.23 (whose reset joins every thread) would be a new bug: not F23
+    message = "INV-24 violated: rank 0 after detach: 1 storage threads alive, attached=False"
+    known = tuple(KNOWN_FINDINGS.values())
+    assert match_known_finding(known, "sglang", "INV-24", message, "0.5.10").id == "F23"  # type: ignore[union-attr]
+    assert match_known_finding(known, "sglang", "INV-24", message, "0.5.23") is None
+    assert match_known_finding(known, "sglang", "INV-24", message, "") is None  # a checkout
+    # an unscoped finding (F8, every release) still matches any release
+    assert match_known_finding(known, "sglang", "INV-18", "reset() left producer_index=0", "0.5.23")

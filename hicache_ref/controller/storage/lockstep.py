@@ -92,8 +92,11 @@ def _run_on_threads(run_rank: Callable[[int], None], ranks: int, join_timeout_s:
 
 
 def _first_error(errors: Sequence[BaseException | None]) -> BaseException | None:
-    """The lowest rank's invariant violation, else the lowest rank's other error."""
+    """The lowest rank's invariant violation, else the lowest rank's other error; a rank whose
+    storage thread died (INV-25) comes first: its peers' unanswered collectives (INV-20)
+    follow from it."""
     violations = [e for e in errors if isinstance(e, InvariantViolation)]
+    violations.sort(key=lambda e: e.inv_id != "INV-25")
     if violations:
         return violations[0]
     return next((e for e in errors if e is not None), None)

@@ -741,7 +741,9 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
         def prefetch(self, request_id: str, *args: Any) -> Any:
             """0.5.23: ``(rid, tokens, last_hash, prefix_keys)``; 0.5.10: ``(rid,
             host_indices, tokens, last_hash, prefix_keys)`` (the tree allocated the pages)."""
-            head, tokens, rest = (args[:1], args[1], args[2:]) if not acks else ((), args[0], args[1:])
+            head, tokens, rest = (
+                (args[:1], args[1], args[2:]) if not acks else ((), args[0], args[1:])
+            )
             operation = super().prefetch(request_id, *head, list(tokens), *rest)
             self.storage.live[operation.id] = operation
             return operation

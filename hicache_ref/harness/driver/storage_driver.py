@@ -77,7 +77,9 @@ class StorageDriver:
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
-        self.storage_tree = StorageTree([self._tree_rank(StorageTreeRank, r) for r in self.l3.ranks])
+        self.storage_tree = StorageTree(
+            [self._tree_rank(StorageTreeRank, r) for r in self.l3.ranks]
+        )
         self.l3.attach()
         # upstream 0.5.10's tier (``adapters/sglang_storage.py``) publishes no PrefetchAck: its
         # prefetches are driven by that release's tree half
@@ -420,7 +422,7 @@ class StorageDriver:
         )
         for rank, logs in enumerate(self.log.prefetches):
             for log in logs.values():
-                op = self._op_of(rank, log.request_id)
+                op: Any = self._op_of(rank, log.request_id)
                 if op is None and self.polled is not None:  # 0.5.10: the IO may still run it
                     op = log.operation
                 log.completed_now = None if op is None else op.completed_tokens

@@ -285,7 +285,7 @@ def observe_polled_step(
     back during the step (``released``, from ``host_mem_release_queue``)."""
     rank = result.rank
     log = driver.log.prefetches[rank].get(result.request_id or "")
-    op = log.operation if log is not None else None
+    op: Any = log.operation if log is not None else None
     if log is None or op is None or getattr(op, "id", None) != result.op_id:
         if result.kind is StorageStepKind.IO:  # an operation of an earlier epoch surfaced
             old = [op for op, _ in driver.known_ops.values() if op.id == result.op_id]  # type: ignore[attr-defined]

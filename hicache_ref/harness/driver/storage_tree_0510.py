@@ -122,7 +122,8 @@ class PollTreeRank(StorageTreeRank):
 
     def drain_revokes(self, count: int) -> None:
         """``_drain_revoke``: a revoked prefetch still ongoing is retired."""
-        queue: Any = getattr(self.cc, "prefetch_revoke_queue")
+        cc: Any = self.cc  # 0.5.10's controller: its revoke queue is no part of the 0.5.23 surface
+        queue = cc.prefetch_revoke_queue
         for _ in range(count):
             rid = queue.get_nowait()
             if rid in self.ongoing_prefetch:
@@ -185,10 +186,13 @@ class PollTreeRank(StorageTreeRank):
     ) -> None:
         if end <= start:
             return
-        self.on_event(
-            "release", {"operation": operation, "start": start, "end": end, "how": how}
-        )
+        self.on_event("release", {"operation": operation, "start": start, "end": end, "how": how})
         self.cc.append_host_mem_release(host_indices[start:end])
+
+
+def revoke_queue(rank: PollTreeRank) -> Any:
+    cc: Any = rank.cc
+    return cc.prefetch_revoke_queue
 
 
 @dataclass
@@ -200,7 +204,7 @@ class PollStorageTree:
 
     def drain_revokes(self) -> int:
         """``drain_storage_control_queues``'s revoke part: the MIN over ranks of its length."""
-        count = min(getattr(r.cc, "prefetch_revoke_queue").qsize() for r in self.ranks)
+        count = min(int(revoke_queue(r).qsize()) for r in self.ranks)
         for rank in self.ranks:
             rank.drain_revokes(count)
         return count
