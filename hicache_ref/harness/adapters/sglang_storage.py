@@ -126,8 +126,14 @@ class GatedThread(threading.Thread):
         owner = getattr(target, "__self__", None)
         self.gate: StepGate | None = getattr(owner, "_harness_gate", None)
         self.function = str(getattr(target, "__name__", ""))
+
+    def start(self) -> None:
+        """Started, then known to its gate: a thread created but not started yet is not alive,
+        and one upstream starts from another storage thread (0.5.10's IO thread) registers
+        under the gate's lock, so ``forget_dead`` never drops it."""
+        super().start()
         if self.gate is not None:
-            self.gate.threads.append(self)
+            self.gate.register(self)
 
     def run(self) -> None:
         try:
@@ -193,6 +199,11 @@ class StepGate:
         with self._cond:
             self._cond.notify_all()
 
+    def register(self, thread: GatedThread) -> None:
+        with self._cond:
+            self.threads.append(thread)
+            self._cond.notify_all()
+
     def release(self, thread: GatedThread) -> None:
         """``thread`` is being joined: once stopped, it leaves its park."""
         with self._cond:
@@ -212,14 +223,16 @@ class StepGate:
 
     def serves(self, function: str) -> bool:
         """Whether a live thread runs upstream's ``function`` (its queue can still be served)."""
-        return any(t.function == function and t.is_alive() for t in self.threads)
+        with self._cond:
+            return any(t.function == function and t.is_alive() for t in self.threads)
 
     def alive(self) -> list[str]:
-        return [t.name for t in self.threads if t.is_alive()]
+        with self._cond:
+            return [t.name for t in self.threads if t.is_alive()]
 
     def forget_dead(self) -> None:
-        self.threads = [t for t in self.threads if t.is_alive()]
         with self._cond:
+            self.threads = [t for t in self.threads if t.is_alive()]
             self._released = {t for t in self._released if t.is_alive()}
 
     def serve(self, source: ServedQueue, what: str, rank: int = 0) -> None:
