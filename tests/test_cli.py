@@ -345,6 +345,22 @@ def test_a_known_finding_matches_implementation_invariant_and_message() -> None:
     assert match_known_finding((finding,), "sglang", "INV-02", "no acks") is None
 
 
+def test_a_known_finding_scoped_to_releases_matches_only_inside_them() -> None:
+    finding = KnownFinding(
+        "K", ("sglang",), "INV-24", r"alive", "example", releases="0.5.10..0.5.18"
+    )
+    assert finding.matches("sglang", "INV-24", "1 thread alive", "0.5.10")
+    assert finding.matches("sglang", "INV-24", "1 thread alive", "0.5.15.post1")
+    assert finding.matches("sglang", "INV-24", "1 thread alive", "0.5.18")
+    assert not finding.matches("sglang", "INV-24", "1 thread alive", "0.5.19")  # fixed there
+    assert not finding.matches("sglang", "INV-24", "1 thread alive", "")  # no known release
+    unscoped = KnownFinding("U", ("sglang",), "INV-24", r"alive", "every release")
+    assert unscoped.matches("sglang", "INV-24", "1 thread alive", "0.5.23")
+    assert unscoped.matches("sglang", "INV-24", "1 thread alive")
+    with pytest.raises(HiCacheInputError, match="is not LO..HI"):
+        KnownFinding("B", ("sglang",), "INV-24", r"x", "bad", releases="0.5.10")
+
+
 def test_known_all_selects_the_entries_for_the_implementation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -19,6 +19,7 @@ from hicache_ref.harness.adapters.sglang_tree import (
     check_tree,
     fetch_wheel_tree,
     fork_tree,
+    tree_release,
 )
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
@@ -87,6 +88,16 @@ def test_each_world_gets_its_own_device_module(tree_0510: Path) -> None:
     controller_two = two.world.ranks[0].controller
     assert controller_two.write_stream is not one.world.ranks[0].controller.write_stream
     assert module_one == "sglang.srt.managers.cache_controller"
+
+
+def test_a_tree_says_its_release_and_a_fork_keeps_it(tree_0510: Path, tmp_path: Path) -> None:
+    # the release scopes the known findings: a planted-bug copy of 0.5.10 is still 0.5.10
+    assert tree_release(tree_0510) == "0.5.10"
+    assert tree_release(fetch_wheel_tree("0.5.23")) == "0.5.23"
+    patched = tmp_path / "cache_controller.py"
+    patched.write_text((tree_0510 / CONTROLLER_RELPATH).read_text())
+    assert tree_release(fork_tree(patched)) == "0.5.10"
+    assert tree_release(tmp_path) == ""  # a checkout never built has no _version.py
 
 
 def test_a_folder_without_the_controller_is_one_setup_error(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ in the order a case meets it:
 
 - ``ServedQueue`` / ``GatedThread``: the module's ``Queue`` and ``threading.Thread`` (a thread's
   exception is kept for the step that ran it, so an ``InvariantViolation`` raised in upstream's
-  collective reaches the machine);
+  collective reaches the machine; a parked thread sees a stop only once upstream joins it, so a
+  thread its stopper forgets sleeps through the stop, as with an unlucky ``get(timeout=1)``);
 - ``harness_torch``: the module's ``torch``, whose ``distributed`` serves upstream's
   ``get_world_size`` / ``all_reduce`` / ``destroy_process_group`` on ``tp_group`` handles
   (``TpHandle``) backed by the storage world's ``RankGroup``, which records every collective per
@@ -26,7 +27,8 @@ in the order a case meets it:
 - ``storage_controller_class``: upstream's ``HiCacheController`` subclassed with the shapes the
   harness's tree half calls (``storage`` for the lockstep driver, keys for ``write_storage``
   computed with the tree's hash functions as upstream's radix cache does, ``is_prefetch_complete``
-  as 0.5.23's radix cache decides it);
+  as 0.5.23's radix cache decides it, ``alloc_prefetch_host_buffers`` where 0.5.20 - 0.5.21's
+  radix cache allocates the bounce buffer itself, ``prefetch`` in either release's signature);
 - ``UpstreamTier``: what the storage driver reads as ``controller.storage``.
 """
 

@@ -14,6 +14,7 @@ In the order data flows:
   ``probes``: misuse the controller must refuse;
 - ``storage_driver.StorageDriver``: the L3 side (prefetch, storage steps, backups, faults,
   attach/detach) over ``storage_tree`` (upstream's radix-cache side: ongoing prefetches, host
-  locks, policies), ``storage_chains`` (the harness's own pages of each token chain),
-  ``storage_log`` and ``storage_events`` (what the harness recorded of every storage op).
+  locks, policies; ``storage_tree_0510`` for 0.5.10's polling protocol), ``storage_chains``
+  (the harness's own pages of each token chain), ``storage_log`` and ``storage_events`` (what
+  the harness recorded of every storage op).
 """
