@@ -357,7 +357,7 @@ def test_a_known_finding_scoped_to_releases_matches_only_inside_them() -> None:
     unscoped = KnownFinding("U", ("sglang",), "INV-24", r"alive", "every release")
     assert unscoped.matches("sglang", "INV-24", "1 thread alive", "0.5.23")
     assert unscoped.matches("sglang", "INV-24", "1 thread alive")
-    with pytest.raises(HiCacheInputError, match="is not LO..HI"):
+    with pytest.raises(HiCacheInputError, match=r"is not LO\.\.HI"):
         KnownFinding("B", ("sglang",), "INV-24", r"x", "bad", releases="0.5.10")
 
 
