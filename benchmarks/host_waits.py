@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin-ms", type=float, default=100.0)
     parser.add_argument("--implementation", default=None)
     args = parser.parse_args(argv)
+    if not args.trace.is_file():
+        parser.error(f"trace {args.trace} is not a file; pass a .jsonl trace (fuzz/corpus/...)")
+    if args.spin_ms <= 0:
+        parser.error(f"--spin-ms must be > 0, got {args.spin_ms}")
     if not torch.cuda.is_available():
         print("host_waits: needs a CUDA GPU")
         return 2
