@@ -259,9 +259,26 @@ class PrefetchIoStopsAcking(PlantedBug):
     INVARIANTS = ("INV-20", "INV-25")
 
 
+# -- 0.5.23's storage tier: prefetch progress, verdicts, bounce ownership, reset (INV-21..24) -----
+class PrefetchIoSetsLocalProgress(PlantedBug):
+    NAME = "prefetch_io_sets_local_progress"
+    BUG_CLASS = "storage rank progress"
+    DESCRIPTION = (
+        "the IO thread writes its rank-local progress onto the operation, so the tree inserts "
+        "and frees bounce pages by it, not by the MIN over ranks (sglang#27010, plan #22607)"
+    )
+    OLD = "                completed_pages += hit_pages\n"
+    NEW = OLD + (
+        "                operation.completed_tokens = completed_pages * self.page_size  # BUG\n"
+    )
+    INVARIANTS = ("INV-23", "INV-22", "INV-19")  # INV-19: the split leaks [published:own)
+
+
 BUGS_0523_STORAGE: tuple[type[PlantedBug], ...] = (
     BackupIgnoresFailedBatch,
     BackupAckDroppedOnFailure,
     PrefetchIoStopsAcking,
+    # prefetch progress, verdicts, bounce ownership, reset (INV-21..24)
+    PrefetchIoSetsLocalProgress,
 )
 """Planted in 0.5.23's storage threads: caught once the gate drives upstream's storage tier."""
