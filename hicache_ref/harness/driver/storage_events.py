@@ -61,8 +61,7 @@ def _landed_pages(driver: StorageDriver, rank: int, log: PrefetchLog, op: Any) -
 
 
 def _give_back(log: PrefetchLog, slots: list[int], action: str, final: bool, page: int) -> None:
-    op = log.operation
-    published = int(getattr(op, "completed_tokens", 0))
+    published = log.published_tokens  # drained off ack_prefetch_queue (INV-23 judges by it)
     seen: set[int] = set()
     for slot in slots:
         index = log.owned_slots.pop(slot, None)
@@ -102,7 +101,7 @@ def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str
                 log.request_id,
                 bool(data["complete"]),
                 log.published_hit_tokens is not None,
-                int(op.completed_tokens),
+                log.published_tokens,
                 log.published_hit_tokens,
             )
         )
