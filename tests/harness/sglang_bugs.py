@@ -274,6 +274,18 @@ class PrefetchIoSetsLocalProgress(PlantedBug):
     INVARIANTS = ("INV-23", "INV-22", "INV-19")  # INV-19: the split leaks [published:own)
 
 
+class AckPublishesRankProgress(PlantedBug):
+    NAME = "ack_publishes_rank_progress"
+    BUG_CLASS = "storage rank progress"
+    DESCRIPTION = (
+        "the sync thread reduces the ack's completed tokens over the ranks but publishes the "
+        "rank's own count, so ranks insert different prefixes (sglang#27010 through the ack)"
+    )
+    OLD = "            ack.completed_tokens = completed_tokens_tensor.item()\n"
+    NEW = "            pass  # BUG: the MIN is computed and dropped\n"
+    INVARIANTS = ("INV-21",)
+
+
 class BounceAllocatedBeforeHit(PlantedBug):
     NAME = "bounce_allocated_before_hit"
     BUG_CLASS = "storage verdicts"
@@ -324,6 +336,7 @@ BUGS_0523_STORAGE: tuple[type[PlantedBug], ...] = (
     PrefetchIoStopsAcking,
     # prefetch progress, verdicts, bounce ownership, reset (INV-21..24)
     PrefetchIoSetsLocalProgress,
+    AckPublishesRankProgress,
     BounceAllocatedBeforeHit,
     TerminateReleasesIoPages,
     ResetKeepsReleaseQueueAndOccupancy,
