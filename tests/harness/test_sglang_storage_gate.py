@@ -6,8 +6,9 @@ harness serves, with their collectives on the storage world's rank group. A boun
 the unmodified tree draws the storage rules and finds nothing new; each storage bug of
 ``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller at test time, is caught by
 an invariant it declares, and its minimized trace passes on the unmodified tree: backup acks
-(INV-26, INV-25), the collectives (INV-20), rank-local progress (INV-23), a verdict before the
-hit (INV-22), a tail released under the IO (INV-23) and state that outlives reset (INV-24).
+(INV-26, INV-25), the collectives (INV-20), rank-local progress (INV-23; through the ack, INV-21),
+a verdict before the hit (INV-22), a tail released under the IO (INV-23) and state that outlives
+reset (INV-24).
 Two stories show why the storage log judges inserts and verdicts by the progress the tree
 drained, never by the operation's own field. 0.5.10 is driven through its backup path (its
 prefetch protocol is not modelled), where the gate finds F22.
