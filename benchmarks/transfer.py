@@ -545,7 +545,7 @@ def row_label(world: World, path: Path_) -> str:
     """The path's label; ``auto`` also names the path it resolved to, e.g. ``auto (batch)``."""
     if path.copy_path != "auto":
         return path.label
-    return f"auto ({resolved_path(world, path)})"
+    return f"auto ({world.host_pool.describe_auto_copy_path(world.device_pool)})"
 
 
 def measure_path(

@@ -33,6 +33,8 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("transfer_bounds.py", ["--bidir-rows", "mla,gqa"], "choose from mla,mha"),
         ("transfer_bounds.py", ["--tiles", "32"], "give ROWSxWARPS pairs"),
         ("transfer_bounds.py", ["--reps", "3"], "at least five runs"),
+        ("host_waits.py", ["no/such/trace.jsonl"], "is not a file"),
+        ("host_waits.py", ["README.md", "--spin-ms", "0"], "must be > 0"),
     ],
 )
 def test_a_bad_benchmark_argument_is_refused_in_one_line(

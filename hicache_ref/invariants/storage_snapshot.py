@@ -51,7 +51,7 @@ class BouncePageEvent:
     request_id: str
     page: int  # index within the bounce buffer
     action: str  # "insert" | "free"
-    published_tokens: int  # the prefetch's published progress at that moment
+    published_tokens: int  # the progress the tree had drained off ack_prefetch_queue by then
     final_acked: bool  # whether the tree had drained the request's final ack by then
 
 
@@ -62,7 +62,7 @@ class VerdictRecord:
     request_id: str
     claimed_complete: bool
     hit_published: bool  # the tree had drained the request's hit result
-    published_tokens: int
+    published_tokens: int  # the progress the tree had drained by then (not the op's own field)
     hit_tokens: int | None
 
 

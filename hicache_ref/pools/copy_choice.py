@@ -19,6 +19,16 @@ Measured on an H200 (32,768 tokens x 61 layers, random pages, ``benchmarks/trans
 ``page_first`` page 64 (no ``batch``): ``triton`` 76-92%, ``runs`` 2-3%. The crossover between
 18 KB and 64 KB copies was not measured; 32 KiB splits the two measured sizes.
 
+When ``auto`` takes ``triton`` on ``page_first``, it launches ``AUTO_TRITON_PROGRAMS_PER_COMPONENT``
+programs per component (``auto_triton_programs``) instead of the default grid shared by all
+components: a page_first layer's rows are scattered over the whole host span, and the kernel
+needs more rows in flight per component to stay at the link. Measured on an H200 (page 64, the
+2026-12-02 sweep in benchmarks/RESULTS.md): MLA 90%/87% of pinned (H2D/D2H) at 8 programs, 92%/92%
+at 16; MHA (K and V in one launch) 78%/74% at 8 programs in all, 78%/77% at 16, 93%/90% at 32.
+Beside a persistent matmul the larger grid slows it 1.04x (MLA, 16) and 1.12x (MHA, 32),
+against 1.01-1.02x at the default grid: a transfer speed bought with SMs, on the one layout
+the copy engine cannot take.
+
 ``probe_copy_runtime`` asks the process once what it has (``CopyRuntime``); tests hand
 ``choose_gpu_copy_path`` a runtime of their own.
 """
@@ -49,6 +59,16 @@ BATCH_REFUSED_LAYOUTS: dict[HostLayout, str] = {
 }
 """Layouts ``batch`` refuses, and why: the copy engine pays per copy, and these layouts
 fragment one layer into one copy per row (or per head)."""
+
+
+AUTO_TRITON_PROGRAMS_PER_COMPONENT: dict[HostLayout, int] = {"page_first": 16}
+"""Layouts whose ``auto`` Triton launch gets its own grid: programs per component (module doc)."""
+
+
+def auto_triton_programs(layout: HostLayout) -> int | None:
+    """Programs per component ``auto``'s Triton launches get on ``layout`` (``None``: the
+    default grid, shared by a launch's components)."""
+    return AUTO_TRITON_PROGRAMS_PER_COMPONENT.get(layout)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ from hicache_ref.pools.transfer_checks import (
 )
 from hicache_ref.pools.triton_copy import (
     component_deltas,
+    current_triton_grid,
+    current_triton_tile,
     is_triton_available,
     prepare_row_copy,
 )
@@ -111,16 +113,18 @@ def _closure_key(
     host_buffers: dict[str, torch.Tensor],
     device_pool: KVCache,
     layer_ids: Sequence[int],
+    shape: tuple[object, ...] | None,
 ) -> tuple[object, ...]:
     """What a closure depends on besides its plan: the buffers it moves between, by address
-    and strides (so another view of the same memory is checked and built anew)."""
+    and strides (so another view of the same memory is checked and built anew), and for
+    ``triton`` the launch shape (grid, programs per component, tile) it was built for."""
     names = device_pool.component_names()
     device = tuple(
         (buffer.data_ptr(), buffer.stride())
         for buffer in (device_pool.component_buffer(n, layer) for layer in layer_ids for n in names)
     )
     host = tuple((host_buffers[n].data_ptr(), host_buffers[n].stride()) for n in names)
-    return (direction, tuple(layer_ids), host, device)
+    return (direction, tuple(layer_ids), host, device, shape)
 
 
 def _kernel_indices(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -212,7 +216,9 @@ def _batch_closure(
     host_buffers: dict[str, torch.Tensor],
     device_pool: KVCache,
     layer_ids: Sequence[int],
+    programs_per_component: int | None,
 ) -> Callable[[], None]:
+    del programs_per_component  # the copy engine has no launch shape
     names = device_pool.component_names()
     for layer_id in layer_ids:
         for name in names:
@@ -288,6 +294,7 @@ def _triton_closure(
     host_buffers: dict[str, torch.Tensor],
     device_pool: KVCache,
     layer_ids: Sequence[int],
+    programs_per_component: int | None,
 ) -> Callable[[], None]:
     assert plan.kernel_indices is not None
     host_indices, device_indices = plan.kernel_indices
@@ -306,6 +313,7 @@ def _triton_closure(
             geometry=plan.geometries[group[0]],
             layer_ids=layer_ids,
             d2h=direction == "d2h",
+            grid=None if programs_per_component is None else programs_per_component * len(group),
         )
         for group in _launch_groups(plan, host_buffers, layer_buffers)
     ]
@@ -386,9 +394,11 @@ def launch_fast_transfer(
     device_indices: torch.Tensor,
     copy_path: FastCopyPath,
     label: str,
+    programs_per_component: int | None = None,
 ) -> None:
     """Plan (or reuse the plan and its closure) and launch one ``batch`` or ``triton``
-    transfer."""
+    transfer; ``programs_per_component`` sizes each Triton launch by the components it moves
+    (default: ``current_triton_grid`` programs shared by them)."""
     plan = _fast_plan(
         copy_path=copy_path,
         device_pool=device_pool,
@@ -401,7 +411,10 @@ def launch_fast_transfer(
         host_indices=host_indices,
         device_indices=device_indices,
     )
-    key = _closure_key(direction, host_buffers, device_pool, layer_ids)
+    shape: tuple[object, ...] | None = None
+    if copy_path == "triton":
+        shape = (current_triton_grid(), programs_per_component, current_triton_tile())
+    key = _closure_key(direction, host_buffers, device_pool, layer_ids, shape)
     fn = plan.closures.get(key)
     if fn is None:
         _check_fast_buffers(copy_path, host_buffers, device_pool, layer_ids)
@@ -412,6 +425,7 @@ def launch_fast_transfer(
             host_buffers=host_buffers,
             device_pool=device_pool,
             layer_ids=layer_ids,
+            programs_per_component=programs_per_component,
         )
         if len(plan.closures) >= CLOSURES_PER_PLAN_MAX:
             plan.closures.clear()

@@ -37,6 +37,7 @@ from hicache_ref.errors import (
     PageAlignmentError,
 )
 from hicache_ref.pools.allocator import pages_to_token_locs
+from hicache_ref.pools.copy_choice import auto_triton_programs
 from hicache_ref.pools.device_pool import (
     KVCache,
     MHATokenToKVPool,
@@ -325,6 +326,14 @@ class HostKVCache:
             all_cpu=pool.device.type == "cpu" and self.device.type == "cpu",
             host_pinned=self.pin_memory,
         )
+
+    def describe_auto_copy_path(self, device_pool: KVCache | None = None) -> str:
+        """``auto_copy_path`` for reports, with the Triton programs per component where
+        ``auto`` sizes its own grid (``copy_choice.auto_triton_programs``), e.g.
+        ``triton 16/component``."""
+        path = self.auto_copy_path(device_pool)
+        programs = auto_triton_programs(self.layout)
+        return f"{path} {programs}/component" if path == "triton" and programs else path
 
     def backup_from_device_all_layer(
         self,

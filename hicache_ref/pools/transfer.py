@@ -67,6 +67,7 @@ from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import HiCacheInputError, UnknownOptionError
 from hicache_ref.pools.copy_choice import (
     BATCH_REFUSED_LAYOUTS,
+    auto_triton_programs,
     choose_auto_copy_path,
     compute_page_copy_bytes,
 )
@@ -290,6 +291,7 @@ def launch_transfer(
     ``auto`` is resolved first (``resolve_copy_path``; ``host_pinned`` spares asking the
     buffers)."""
     all_cpu = _all_on_cpu(device_pool, host_buffers, host_indices, device_indices)
+    requested = copy_path
     copy_path = resolve_copy_path(
         copy_path,
         device_pool=device_pool,
@@ -301,6 +303,9 @@ def launch_transfer(
     )
     if copy_path == "batch" or copy_path == "triton":
         check_copy_path_for_layout(copy_path, layout)
+        per_component = None
+        if requested == "auto" and copy_path == "triton":
+            per_component = auto_triton_programs(layout)
         launch_fast_transfer(
             device_module=device_module,
             device_pool=device_pool,
@@ -315,6 +320,7 @@ def launch_transfer(
             device_indices=device_indices,
             copy_path=copy_path,
             label=label,
+            programs_per_component=per_component,
         )
         return
     host, device = check_transfer_indices(

@@ -259,10 +259,87 @@ class PrefetchIoStopsAcking(PlantedBug):
     INVARIANTS = ("INV-20", "INV-25")
 
 
+# -- 0.5.23's storage tier: prefetch progress, verdicts, bounce ownership, reset (INV-21..24) -----
+class PrefetchIoSetsLocalProgress(PlantedBug):
+    NAME = "prefetch_io_sets_local_progress"
+    BUG_CLASS = "storage rank progress"
+    DESCRIPTION = (
+        "the IO thread writes its rank-local progress onto the operation, so the tree inserts "
+        "and frees bounce pages by it, not by the MIN over ranks (sglang#27010, plan #22607)"
+    )
+    OLD = "                completed_pages += hit_pages\n"
+    NEW = OLD + (
+        "                operation.completed_tokens = completed_pages * self.page_size  # BUG\n"
+    )
+    INVARIANTS = ("INV-23", "INV-22", "INV-19")  # INV-19: the split leaks [published:own)
+
+
+class AckPublishesRankProgress(PlantedBug):
+    NAME = "ack_publishes_rank_progress"
+    BUG_CLASS = "storage rank progress"
+    DESCRIPTION = (
+        "the sync thread reduces the ack's completed tokens over the ranks but publishes the "
+        "rank's own count, so ranks insert different prefixes (sglang#27010 through the ack)"
+    )
+    OLD = "            ack.completed_tokens = completed_tokens_tensor.item()\n"
+    NEW = "            pass  # BUG: the MIN is computed and dropped\n"
+    INVARIANTS = ("INV-21",)
+
+
+class BounceAllocatedBeforeHit(PlantedBug):
+    NAME = "bounce_allocated_before_hit"
+    BUG_CLASS = "storage verdicts"
+    DESCRIPTION = (
+        "prefetch() allocates the hit-sized bounce before the hit query (0 tokens), so the "
+        "tree's verdict, guarded by host_indices, counts 0 == 0 as complete (sglang#9397)"
+    )
+    OLD = "        self.prefetch_queue.put(operation)\n        return operation\n"
+    NEW = (
+        "        operation.host_indices = self.mem_pool_host.alloc(operation.storage_hit_count)  # BUG\n"
+        + OLD
+    )
+    INVARIANTS = ("INV-22",)
+
+
+class TerminateReleasesIoPages(PlantedBug):
+    NAME = "terminate_releases_io_pages"
+    BUG_CLASS = "storage bounce ownership"
+    DESCRIPTION = (
+        "terminate_prefetch releases the bounce tail at once, while the IO thread may still "
+        "write it (sglang#27550, #31668)"
+    )
+    OLD = "        operation.mark_terminate()\n        return operation.completed_tokens"
+    NEW = (
+        "        operation.mark_terminate()\n"
+        "        if operation.host_indices is not None:  # BUG: the IO still owns the tail\n"
+        "            self.append_host_mem_release(operation.host_indices[operation.completed_tokens :])\n"
+        "        return operation.completed_tokens"
+    )
+    INVARIANTS = ("INV-23", "INV-19")
+
+
+class ResetKeepsReleaseQueueAndOccupancy(PlantedBug):
+    NAME = "reset_keeps_release_queue_and_occupancy"
+    BUG_CLASS = "storage epochs"
+    DESCRIPTION = (
+        "reset() no longer clears host_mem_release_queue nor zeroes prefetch_tokens_occupied, "
+        "as before sglang#26009: old releases and occupancy outlive the reset"
+    )
+    OLD = "            self.host_mem_release_queue.queue.clear()\n            self.prefetch_tokens_occupied = 0\n"
+    NEW = "            pass  # BUG: the release queue and the occupancy survive reset\n"
+    INVARIANTS = ("INV-24",)
+
+
 BUGS_0523_STORAGE: tuple[type[PlantedBug], ...] = (
     BackupIgnoresFailedBatch,
     BackupAckDroppedOnFailure,
     PrefetchIoStopsAcking,
+    # prefetch progress, verdicts, bounce ownership, reset (INV-21..24)
+    PrefetchIoSetsLocalProgress,
+    AckPublishesRankProgress,
+    BounceAllocatedBeforeHit,
+    TerminateReleasesIoPages,
+    ResetKeepsReleaseQueueAndOccupancy,
 )
 """Planted in 0.5.23's storage threads: caught once the gate drives upstream's storage tier."""
 

@@ -5,10 +5,15 @@
 harness serves, with their collectives on the storage world's rank group. A bounded gate over
 the unmodified tree draws the storage rules and finds nothing new; each storage bug of
 ``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller at test time, is caught by
-an invariant it declares, and its minimized trace passes on the unmodified tree. 0.5.10's
-threads (hit query, IO, backup) are driven the same way under the tree half of its own polling
-protocol (``driver/storage_tree_0510.py``), where the gate finds F22, F23, F25 and F26, each
-baselined only for the releases read to have it.
+an invariant it declares, and its minimized trace passes on the unmodified tree: backup acks
+(INV-26, INV-25), the collectives (INV-20), rank-local progress (INV-23; through the ack, INV-21),
+a verdict before the hit (INV-22), a tail released under the IO (INV-23) and state that outlives
+reset (INV-24).
+Two stories show why the storage log judges inserts and verdicts by the progress the tree
+drained, never by the operation's own field. 0.5.10's threads (hit query, IO, backup) are
+driven the same way under the tree half of its own polling protocol
+(``driver/storage_tree_0510.py``), where the gate finds F22, F23, F25 and F26, each baselined
+only for the releases read to have it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import pytest
 from hicache_ref.cli import EXIT_OK, main
 from hicache_ref.controller.storage.collectives import RankGroup
 from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
 from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
@@ -30,8 +36,13 @@ from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig
 
-from .sglang_bugs import BUGS_0510_STORAGE, BUGS_0523_STORAGE, PlantedBug
-from .test_sglang_gate import check_planted_bug_is_caught
+from .sglang_bugs import (
+    BUGS_0510_STORAGE,
+    BUGS_0523_STORAGE,
+    PlantedBug,
+    PrefetchIoSetsLocalProgress,
+)
+from .test_sglang_gate import check_planted_bug_is_caught, plant
 
 STORAGE_GATE_BUDGET = "8s"
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
@@ -133,6 +144,54 @@ def test_storage_bug_planted_in_0_5_23_is_caught(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     check_planted_bug_is_caught(bug, tree_0523, tmp_path, monkeypatch, capsys)
+
+
+def fetch_then_step_the_io(session: Session) -> None:
+    """A chain to L3 and a prefetch of it up to one IO iteration, whose acks wait for sync."""
+    apply(session, "write_storage", pick=1, new=True)  # a chain of two pages
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "prefetch", pick=0)
+    apply(session, "storage_step", kind="hit_query")
+    apply(session, "drain_prefetch_acks")  # the hit: every rank allocates its bounce buffer
+    apply(session, "storage_step", kind="io")  # both pages land; no progress is published yet
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_an_insert_is_judged_by_the_progress_the_tree_drained_not_by_the_operation(
+    tree_0523: Path, tmp_path: Path
+) -> None:
+    # plant sglang#27010's class: the IO thread writes its rank-local progress onto the op
+    tree = plant(PrefetchIoSetsLocalProgress, tree_0523, tmp_path)
+    config = HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1)
+    session = Session(config, SglangImplementation(tree), "sglang")
+    fetch_then_step_the_io(session)
+    # terminate before any sync step: the tree inserts [0:8] of the op's own count, while the
+    # progress it drained (INV-23's evidence, never the op's field) is still 0
+    with pytest.raises(InvariantViolation, match="inserted bounce page 0 with only 0 tokens"):
+        apply(session, "terminate_prefetch", request="q0")
+    # the unmodified tree: terminate inserts nothing, the IO's tail goes back at the final ack
+    config = HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1)
+    session = Session(config, SglangImplementation(tree_0523), "sglang")
+    fetch_then_step_the_io(session)
+    assert apply(session, "terminate_prefetch", request="q0") == "terminate q0 at [0, 0]"
+    session.finish()
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_a_verdict_is_judged_by_the_progress_the_tree_drained_not_by_the_operation(
+    tree_0523: Path, tmp_path: Path
+) -> None:
+    tree = plant(PrefetchIoSetsLocalProgress, tree_0523, tmp_path)
+    config = HarnessConfig(
+        host_pages=24, storage_ranks=2, storage_batch_pages=1, storage_policy="wait_complete"
+    )
+    session = Session(config, SglangImplementation(tree), "sglang")
+    fetch_then_step_the_io(session)
+    # the op's own count reached the hit, so the tree calls it complete: INV-22 reads the
+    # progress drained off ack_prefetch_queue (0), not the op's field (8)
+    with pytest.raises(InvariantViolation, match="judged complete with hit 8 and 0 tokens"):
+        apply(session, "check_prefetch", request="q0")
 
 
 def test_0_5_10_prefetch_threads_take_one_queue_item_per_step_and_the_tree_reduces_the_min() -> (

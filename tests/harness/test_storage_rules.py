@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -155,3 +156,35 @@ def test_an_implementation_without_storage_never_draws_a_storage_world(
 def test_a_storage_world_with_cp_or_a_draft_pool_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="a storage world has no CP and no draft pool"):
         HarnessConfig(storage_ranks=2, cp_size=2, pool_kind="nsa")
+
+
+def test_progress_that_moves_after_terminate_prefetch_returned_is_caught() -> None:
+    # an aborted request's prefetch is terminated while its IO is half done; the tree retires
+    # it at once, but an IO that kept writing would move its progress past the value the tree
+    # settled [0:completed] on (sglang#27550): the storage log still reads the retired
+    # operation, so INV-19 sees it
+    from hicache_ref.errors import InvariantViolation
+
+    session = storage_session()
+    apply(session, "write_storage", pick=1, new=True)
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "prefetch", pick=0)
+    apply(session, "storage_step", kind="hit_query")
+    apply(session, "drain_prefetch_acks")
+    apply(session, "storage_step", kind="io")
+    driver = session.tree.storage
+    assert driver is not None
+    (rid,) = driver.log.prefetches[0]
+    assert "terminate" in apply(session, "terminate_prefetch", request=rid)
+    log = driver.log.prefetches[0][rid]
+    driver.check()  # terminated and frozen: nothing to report
+    assert log.completed_now == log.terminated_at
+    # the reference's own operation refuses the write (a guard citing INV-19): stand in an
+    # implementation's operation without that guard, whose IO moved on
+    moved = log.terminated_at + session.world.config.page_size
+    log.operation = SimpleNamespace(completed_tokens=moved)
+    with pytest.raises(InvariantViolation) as caught:
+        driver.check()
+    assert caught.value.inv_id == "INV-19"
+    assert "never changes once terminate_prefetch returned" in str(caught.value)

@@ -15,6 +15,7 @@ from hicache_ref.pools import copy_choice
 from hicache_ref.pools.copy_choice import (
     BATCH_PAGE_COPY_BYTES_MIN,
     CopyRuntime,
+    auto_triton_programs,
     choose_auto_copy_path,
     choose_gpu_copy_path,
     compute_page_copy_bytes,
@@ -119,10 +120,20 @@ def test_resolution_on_a_cuda_pool_asks_the_probe(monkeypatch: pytest.MonkeyPatc
     assert resolve_copy_path("runs", device_pool=pool, layout="layer_first", **common) == "runs"  # type: ignore[arg-type]
 
 
+def test_auto_gives_page_first_sixteen_kernel_programs_per_component() -> None:
+    # page_first scatters a layer's rows over the host span: MLA (one component) gets 16
+    # programs, MHA (K and V in one launch) 32, the grids measured at 92-93% of pinned H2D
+    assert auto_triton_programs("page_first") == 16
+    # every other layout keeps the default grid, shared by the launch's components
+    for layout in ("layer_first", "page_first_direct", "layer_page_first", "page_head"):
+        assert auto_triton_programs(layout) is None
+
+
 def test_a_simulated_host_pool_reports_gather_for_auto_and_its_own_path_otherwise() -> None:
     _, auto_pool = make_pools("mla", SimDevice(), copy_path="auto")
     _, runs_pool = make_pools("mla", SimDevice(), copy_path="runs")
     assert auto_pool.chosen_copy_path() == auto_pool.auto_copy_path() == "gather"
+    assert auto_pool.describe_auto_copy_path() == "gather"  # no grid where no kernel runs
     assert runs_pool.chosen_copy_path() == "runs" and runs_pool.auto_copy_path() == "gather"
 
 

@@ -256,3 +256,45 @@ def test_after_the_first_launch_the_compiled_kernel_is_called_directly(cuda: Cud
     for (name, layer), rows in backed_up.items():
         assert torch.equal(host_pool.read_rows(name, layer, host), rows)
         assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("kind", ["mla", "mha"])
+def test_auto_on_page_first_launches_sixteen_programs_per_component(
+    cuda: CudaDevice, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # page_first refuses the copy engine, so auto runs the kernel with 16 programs per
+    # component it moves (copy_choice.auto_triton_programs); an explicit triton launch over the
+    # same indices keeps the default grid in a closure of its own, and both land every row
+    from hicache_ref.pools import fast_transfer
+
+    launched: list[tuple[object, int]] = []
+    original = fast_transfer.prepare_row_copy
+
+    def spy(**kwargs: object) -> object:
+        launched.append((kwargs["grid"], len(kwargs["host_buffers"])))  # type: ignore[arg-type]
+        return original(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fast_transfer, "prepare_row_copy", spy)
+    device_pool, host_pool = gpu_pools(cuda, kind, "page_first", 16, "auto")
+    assert host_pool.describe_auto_copy_path() == "triton 16/component"
+    host, backup_locs, load_locs = index_pairs("kernel", "page_first", 16)
+    layers, names = range(device_pool.layer_num), device_pool.component_names()
+    backed_up = {
+        (n, layer): device_pool.read_rows(n, layer, backup_locs) for n in names for layer in layers
+    }
+    with cuda.stream(cuda.Stream()):
+        host_pool.backup_from_device_all_layer(device_pool, host, backup_locs, "kernel")
+        host_pool.load_to_device_per_layer(device_pool, host, load_locs, 0, "kernel")
+        auto_launches = list(launched)
+        host_pool.copy_path = "triton"
+        host_pool.load_to_device_per_layer(device_pool, host, load_locs, 0, "kernel")
+    cuda.synchronize()
+    assert auto_launches and all(grid == 16 * moved for grid, moved in auto_launches)
+    assert launched[len(auto_launches) :] and all(
+        grid is None for grid, _ in launched[len(auto_launches) :]
+    )  # the default grid (current_triton_grid) for the explicit path
+    for (name, layer), rows in backed_up.items():
+        assert torch.equal(host_pool.read_rows(name, layer, host), rows)
+        if layer == 0:
+            assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)

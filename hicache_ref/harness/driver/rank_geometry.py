@@ -17,6 +17,7 @@ import torch
 
 from hicache_ref.harness.adapters.base import CpMetadataLike
 from hicache_ref.harness.driver.node_model import Node
+from hicache_ref.harness.driver.uploads import SideUploads
 from hicache_ref.harness.world.world import World
 from hicache_ref.invariants.checks_layout import CpMetadataLike as FullMetadata
 from hicache_ref.invariants.evidence import OwnerReplay, ReturnedIndices, SlotCount
@@ -35,6 +36,7 @@ class RankGeometry:
         self.world = world
         self.config = world.config
         self.checks = checks  # runs per invariant id (shared with the session)
+        self.uploads = SideUploads(world)
 
     @property
     def num_ranks(self) -> int:
@@ -103,16 +105,16 @@ class RankGeometry:
                 node.rows_cache = {k: v for k, v in node.rows_cache.items() if k[0] != rank}
             # on the pools' device: a harness kernel indexing with CPU locs would upload them
             # with a host sync, and a GPU campaign's spins could then never delay it
-            locs = self.physical(rank, value[positions]).to(self.world.device.device)
-            # kept by the node across steps and read by kernels on the forward's stream as well
-            # as the default one: once dropped, the caching allocator must not hand its block
-            # out before both streams are done with it (a reused index tensor is an
-            # out-of-bounds index kernel; seen on an H200 under 16 processes). This plain
-            # upload makes the host wait for the current stream (the forward's, inside a
-            # store); ``uploads.SideUploads`` would not, but is not yet measured here on a GPU
-            module = self.world.device
-            module.record_stream(locs, self.world.forward_stream)
-            module.record_stream(locs, module.current_stream())
+            locs = self.physical(rank, value[positions])
+            target = self.world.device.device
+            if locs.device != target:
+                # kept by the node across steps and read by kernels on the forward's stream as
+                # well as the default one, so uploaded on a side stream that both wait for and
+                # marked used by both (``uploads.py``): a plain upload would make the host wait
+                # for the forward stream whenever a node is first placed, draining the window a
+                # GPU campaign's spins open; a block handed out again while a kernel still reads
+                # it is an out-of-bounds index kernel (seen on an H200 under 16 processes)
+                locs = self.uploads.upload(locs, target)
             hit = (positions, locs)
             node.placement[rank] = hit
         return hit

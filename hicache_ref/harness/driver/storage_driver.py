@@ -24,7 +24,7 @@ restarts its chain collides, INV-27), but never two chains with one prefix.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -422,9 +422,11 @@ class StorageDriver:
         )
         for rank, logs in enumerate(self.log.prefetches):
             for log in logs.values():
-                op: Any = self._op_of(rank, log.request_id)
-                if op is None and self.polled is not None:  # 0.5.10: the IO may still run it
-                    op = log.operation
+                op = self._op_of(rank, log.request_id)
+                if op is None and log.terminated_at is not None:
+                    # retired at termination, but an IO step may still run on it: its progress
+                    # must stay where terminate_prefetch left it (INV-19)
+                    op = cast("PrefetchOperation | None", log.operation)
                 log.completed_now = None if op is None else op.completed_tokens
         snapshot = self.log.snapshot(
             page_size=self.page,

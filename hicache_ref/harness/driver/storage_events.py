@@ -68,9 +68,10 @@ def _give_back(
     page: int,
     published: int | None = None,
 ) -> None:
-    op = log.operation
+    """``published``: 0.5.10's MIN over ranks for an insert (its tree inserts by it); else the
+    progress the tree drained (INV-23 judges by it)."""
     if published is None:
-        published = int(getattr(op, "completed_tokens", 0))
+        published = log.published_tokens
     seen: set[int] = set()
     for slot in slots:
         index = log.owned_slots.pop(slot, None)
@@ -120,7 +121,7 @@ def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str
                 log.request_id,
                 bool(data["complete"]),
                 log.published_hit_tokens is not None,
-                int(op.completed_tokens),
+                log.published_tokens,
                 log.published_hit_tokens,
             )
         )
@@ -176,12 +177,9 @@ def _on_insert(
 
 
 def _on_published(driver: StorageDriver, rank: int, log: PrefetchLog, agreed: int) -> None:
-    """0.5.10's published progress: the MIN over ranks of what ``terminate_prefetch``
-    returned, the one value the tree inserts by (its ack, for INV-19 and INV-21)."""
+    """0.5.10's agreed progress: the MIN over ranks of what ``terminate_prefetch`` returned,
+    the one value its tree inserts by (its ack, for INV-21; inserts are judged by it)."""
     driver.log.acks[rank].append(ProgressAck(log.request_id, agreed, True))
-    if _current(driver, rank, log.operation, "terminated prefetch"):
-        log.published_progress.append(agreed)
-        log.landed_pages.append(_landed_pages(driver, rank, log, log.operation))
 
 
 def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
@@ -300,7 +298,11 @@ def observe_polled_step(
             log.hash_pages = len(op.hash_value)
             log.bounce_tokens = int(op.host_indices.numel())
         return
-    log.final_acks += 1  # the IO is done with the operation: nothing of it is written again
+    # the IO is done with the operation: its progress is what this rank's tree reads (INV-19
+    # checks it against the bytes that landed), and nothing of the operation is written again
+    log.published_progress.append(int(op.completed_tokens))
+    log.landed_pages.append(_landed_pages(driver, rank, log, op))
+    log.final_acks += 1
     for tensor in released:
         indices = sorted(log.owned_slots[s] for s in tensor.tolist() if s in log.owned_slots)
         if indices:

@@ -55,6 +55,12 @@ class PrefetchLog:
     owned_slots: dict[int, int] = field(default_factory=dict)  # bounce slot -> token index
     operation: object = None  # the prefetch the tree started (to read its progress)
 
+    @property
+    def published_tokens(self) -> int:
+        """The progress the tree drained for this prefetch, never the operation's own field
+        (an implementation that writes rank-local progress there must not vouch for it)."""
+        return self.published_progress[-1] if self.published_progress else 0
+
     def freeze(self) -> PrefetchRecord:
         settled = self.bounce_tokens is None or (
             self.retired and self.final_acks >= 1 and not self.owned_slots

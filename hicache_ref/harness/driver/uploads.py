@@ -4,9 +4,9 @@ A pageable host-to-device copy on a stream makes the host wait until that stream
 copy: uploaded on the forward stream, a harness tensor (a store's payload, a node's device
 locs) would drain everything queued there, and close the very windows a GPU campaign's spins
 open. ``SideUploads.upload`` copies on a side stream of its own (the host waits for that copy
-only), makes the current stream wait for it on the device, and marks the memory used by the
-current and the forward stream, so the caching allocator never hands it out while a kernel
-queued on either still reads it.
+only), makes the current and the forward stream wait for it on the device (a node's locs are
+kept and read later on either), and marks the memory used by both, so the caching allocator
+never hands it out while a kernel queued on either still reads it.
 """
 
 from __future__ import annotations
@@ -40,9 +40,12 @@ class SideUploads:
             staged = torch.empty(rows.shape, dtype=rows.dtype, device=device)
             staged.copy_(rows)
             uploaded.record()
+        forward = self.world.forward_stream
         current.wait_event(uploaded)
+        if forward != current:
+            forward.wait_event(uploaded)
         module.record_stream(staged, current)
-        module.record_stream(staged, self.world.forward_stream)
+        module.record_stream(staged, forward)
         return staged
 
     def _side_stream(self) -> StreamT:

@@ -421,7 +421,7 @@ def get_auto_copy_path(world: World) -> str:
     """What ``copy_path="auto"`` would take in this world's transfers on its device (rank 0's
     host pool; every rank is built alike): ``gather`` on the simulator; on a GPU the path
     ``pools/copy_choice.py`` picks for these pools (a campaign report counts it)."""
-    return world.ranks[0].host_pool.auto_copy_path() if world.ranks else "none"
+    return world.ranks[0].host_pool.describe_auto_copy_path() if world.ranks else "none"
 
 
 def on_device(implementation: Implementation, kind: str) -> Implementation:
