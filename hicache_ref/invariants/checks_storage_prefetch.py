@@ -98,6 +98,20 @@ def check_inv_19_prefetch_ranges(evidence: Evidence) -> None:
                     "changes once terminate_prefetch returned)",
                 )
             _check_ranges(record, page, rank)
+            # Verify a retired prefetch gave back its buffer once every queue has drained
+            if (
+                snapshot.quiescent
+                and record.epoch == snapshot.epoch
+                and record.retired
+                and record.final_acks >= 1
+                and record.unreturned
+            ):
+                raise InvariantViolation(
+                    "INV-19",
+                    f"rank {rank} prefetch {record.request_id!r}: retired with bounce tokens "
+                    f"{list(record.unreturned)} neither inserted nor released after every "
+                    "storage queue drained (a leak: each bounce page goes back exactly once)",
+                )
 
 
 # -- INV-20 ---------------------------------------------------------------------------------------

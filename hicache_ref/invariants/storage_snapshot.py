@@ -83,6 +83,8 @@ class PrefetchRecord:
     completed_now: int | None = None  # completed_tokens read at this snapshot
     final_acks: int = 0  # completed_req acks the tree drained
     settled: bool = False  # the tree inserted or gave back every page of the buffer
+    retired: bool = False  # the tree is done with it (completed or terminated, then taken out)
+    unreturned: tuple[int, ...] = ()  # bounce token indices neither inserted nor given back
     released: tuple[tuple[int, int, str], ...] = ()  # [start, end) and how it went back
     events: tuple[BouncePageEvent, ...] = ()
     verdicts: tuple[VerdictRecord, ...] = ()

@@ -148,6 +148,17 @@ def test_inv19_a_leaked_tail_is_caught() -> None:
     fires("INV-19", bad, "end at 8 but the bounce buffer has 12")
 
 
+def test_inv19_a_retired_prefetch_still_holding_bounce_pages_at_quiescence_is_caught() -> None:
+    # the final ack came and the tree took the prefetch out, but a page of its buffer was
+    # neither inserted nor released: the record never settles, so only quiescence can tell
+    bad = with_prefetch(
+        healthy(), 0, settled=False, retired=True, released=((0, 4, "inserted"),), unreturned=(4, 5)
+    )
+    fires("INV-19", bad, r"retired with bounce tokens \[4, 5\] neither inserted nor released")
+    # while queues still run, the same record is only unsettled
+    CheckRunner().run_all(["INV-19"], replace(bad, quiescent=False))
+
+
 # -- INV-20 ---------------------------------------------------------------------------------------
 def test_inv20_a_rank_issuing_an_extra_collective_is_caught() -> None:
     # sglang#30760: a reduction per batch, whose count depends on rank-local hits

@@ -79,6 +79,10 @@ class PrefetchLog:
             completed_now=self.completed_now,
             final_acks=self.final_acks,
             settled=settled,
+            retired=self.retired,
+            unreturned=tuple(
+                sorted(i for i in self.owned_slots.values() if i < (self.bounce_tokens or 0))
+            ),
             released=tuple(self.released),
             events=tuple(self.events),
             verdicts=tuple(self.verdicts),
