@@ -21,6 +21,7 @@ from hicache_ref.cli import EXIT_OK, main
 from hicache_ref.controller.storage.collectives import RankGroup
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
+from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
@@ -30,13 +31,9 @@ from .sglang_bugs import BUGS_0523_STORAGE, PlantedBug
 from .test_sglang_gate import check_planted_bug_is_caught
 
 STORAGE_GATE_BUDGET = "8s"
-F22_TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "fuzz"
-    / "corpus"
-    / "sglang"
-    / "f22_backend_exception_kills_the_backup_thread.jsonl"
-)
+SGLANG_CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
+F22_TRACE = SGLANG_CORPUS / "f22_backend_exception_kills_the_backup_thread.jsonl"
+F24_TRACE = SGLANG_CORPUS / "f24_file_backend_clear_wipes_other_ranks.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +157,29 @@ def test_f22_a_backend_exception_kills_0_5_10s_backup_thread_and_0_5_23_acks_it(
     monkeypatch.setenv(SRC_ENV, str(tree_0523))  # 0.5.23 logs the exception and acks the op
     assert not replay(trace).failed
     assert not replay(trace, implementation="reference").failed
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_f24_upstreams_file_backend_clear_wipes_another_ranks_pages_and_is_baselined(
+    tree_0523: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two ranks back a chain up into upstream's HiCacheFile directory -> rank 1 clears
+    trace = Trace.read(F24_TRACE)
+    assert trace.header.config.storage_backend == "upstream_file"
+    monkeypatch.setenv(SRC_ENV, str(tree_0523))
+    on_0523 = replay(trace)
+    assert on_0523.signature() == "INV-28", on_0523.error
+    message = str(on_0523.error)
+    assert "rank 1's clear() removed 2 pages of other ranks" in message and "of rank 0" in message
+    # the default gate counts it as F24, a known finding, and keeps going
+    found = match_known_finding(tuple(KNOWN_FINDINGS.values()), "sglang", "INV-28", message)
+    assert found is not None and found.id == "F24"
+    # the same controller over the reference's file backend clears only rank 1's namespace: the
+    # wipe is the backend's, not the controller's
+    own_files = trace.header.config.model_copy(update={"storage_backend": "file"})
+    on_own_files = Trace(header=trace.header.model_copy(update={"config": own_files}), steps=trace.steps)
+    assert not replay(on_own_files).failed
+    assert not replay(on_own_files, implementation="reference").failed
 
 
 @pytest.mark.usefixtures("gate_env")

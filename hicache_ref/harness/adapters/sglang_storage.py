@@ -24,7 +24,7 @@ in the order a case meets it:
 - ``storage_controller_class``: upstream's ``HiCacheController`` subclassed with the shapes the
   harness's tree half calls (``storage`` for the lockstep driver, keys for ``write_storage``
   computed with the tree's hash functions as upstream's radix cache does, ``is_prefetch_complete``
-  as 0.5.23's radix cache decides it);
+  as 0.5.23's radix cache decides it, ``clear_storage_backend`` as the clear endpoint runs it);
 - ``UpstreamTier``: what the storage driver reads as ``controller.storage``.
 """
 
@@ -714,6 +714,16 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 host_indices, list(token_ids), list(hash_value), keys
             )
             return op_id
+
+        def clear_storage_backend(self) -> bool:
+            """The scheduler's clear endpoint: 0.5.23's ``HybridCacheController`` and 0.5.10's
+            radix cache both end in ``storage_backend.clear()``, which this class lacks."""
+            if callable(getattr(base, "clear_storage_backend", None)):
+                return bool(super().clear_storage_backend())
+            if not self.enable_storage:
+                return False
+            self.storage_backend.clear()
+            return True
 
         def is_prefetch_complete(self, operation: Any) -> bool:
             """0.5.23's radix cache: complete once ``completed_tokens`` reached the hit."""

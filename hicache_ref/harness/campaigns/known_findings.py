@@ -202,6 +202,14 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         summary="0.5.10's reset() never joins the prefetch IO thread: an old one outlives "
         "reset and, racing its wake-up, the next detach (sglang#36882's class)",
     ),
+    KnownFinding(
+        id="F24",
+        implementations=("sglang",),
+        invariant="INV-28",
+        message_pattern=r"rank \d+'s clear\(\) removed \d+ pages of other ranks",
+        summary="upstream's HiCacheFile.clear() removes every file of its directory: one "
+        "rank's clear endpoint wipes every other rank's and model's pages (sglang#32693's class)",
+    ),
 )
 
 KNOWN_FINDINGS: dict[str, KnownFinding] = {
