@@ -145,11 +145,11 @@ class StorageLog:
 
     def forget_namespace(self, ranks: set[int]) -> None:
         """A clear: the L3 model holds nothing of these ranks' namespace any more. No page
-        under it is expected (a read before it is written again is caught, INV-30), believed
-        (INV-26) or excused as lost to a fault (INV-31)."""
+        under it is expected (a read before it is written again is caught, INV-30) or believed
+        (INV-26). What a fault dropped stays ``lost``: a rewrite of it may be dropped again, and
+        one a reset's stopping threads make goes unobserved (INV-31)."""
         self.expected = {k: v for k, v in self.expected.items() if k[0] not in ranks}
         self.believed = {k for k in self.believed if k[0] not in ranks}
-        self.lost = {k for k in self.lost if k[0] not in ranks}
         self.reads = [r for r in self.reads if r.rank not in ranks]  # checked when they were made
 
     def key_of(self, prefix: Prefix) -> str | None:
