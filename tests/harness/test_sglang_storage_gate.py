@@ -3,9 +3,11 @@
 ``adapters/sglang_storage.py`` runs the tree's ``prefetch_thread_func``, ``prefetch_io_aux_func``,
 ``prefetch_sync_thread_func`` and ``backup_thread_func`` on real threads whose queue gets the
 harness serves, with their collectives on the storage world's rank group. A bounded gate over
-the unmodified tree draws the storage rules and finds nothing new; each storage bug of
-``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller at test time, is caught by
-an invariant it declares, and its minimized trace passes on the unmodified tree. 0.5.10 is
+the unmodified tree draws the storage rules and finds nothing new but F24 (its file backend's
+clear wipes every rank's pages, baselined); each storage bug of
+``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller (or of the file it names:
+the tree's hash helpers) at test time, is caught by an invariant it declares, and its minimized
+trace passes on the unmodified tree. 0.5.10 is
 driven through its backup path (its prefetch protocol is not modelled), where the gate finds F22.
 """
 
@@ -28,7 +30,7 @@ from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig
 
 from .sglang_bugs import BUGS_0523_STORAGE, PlantedBug
-from .test_sglang_gate import check_planted_bug_is_caught
+from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught
 
 STORAGE_GATE_BUDGET = "8s"
 SGLANG_CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
@@ -116,6 +118,17 @@ def test_the_gate_draws_storage_on_0_5_23_and_finds_nothing_new(
 @pytest.fixture
 def gate_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SRC_ENV, raising=False)  # --sglang-src sets it; restored at teardown
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_STORAGE, ids=lambda bug: bug.NAME)
+def test_storage_bug_is_one_small_substitution_in_one_file(
+    bug: type[PlantedBug], tree_0523: Path
+) -> None:
+    source = (tree_0523 / bug.TARGET).read_text()
+    # Verify the old snippet locates one place of its file and the patch changes it
+    assert bug.apply(source) != source
+    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION and bug.INVARIANTS
 
 
 @pytest.mark.usefixtures("gate_env")
