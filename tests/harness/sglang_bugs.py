@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 CONTROLLER = "sglang/srt/managers/cache_controller.py"
 
 

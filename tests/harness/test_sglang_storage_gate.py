@@ -190,7 +190,9 @@ def test_f24_upstreams_file_backend_clear_wipes_another_ranks_pages_and_is_basel
     # the same controller over the reference's file backend clears only rank 1's namespace: the
     # wipe is the backend's, not the controller's
     own_files = trace.header.config.model_copy(update={"storage_backend": "file"})
-    on_own_files = Trace(header=trace.header.model_copy(update={"config": own_files}), steps=trace.steps)
+    on_own_files = Trace(
+        header=trace.header.model_copy(update={"config": own_files}), steps=trace.steps
+    )
     assert not replay(on_own_files).failed
     assert not replay(on_own_files, implementation="reference").failed
 
