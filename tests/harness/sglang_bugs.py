@@ -297,6 +297,21 @@ class KeysWithoutTheRank(PlantedBug):
     INVARIANTS = ("INV-28", "INV-30")  # INV-30: a rank reads the shard another rank overwrote
 
 
+class FileKeysWithoutTheRank(PlantedBug):
+    NAME = "file_keys_without_the_rank"
+    TARGET = "sglang/srt/mem_cache/hicache_storage.py"
+    BUG_CLASS = "storage namespaces"
+    DESCRIPTION = (
+        "upstream's file backend names its files without the TP rank, so ranks sharing its "
+        "directory overwrite each other's pages (sglang#10969, in HiCacheFile itself)"
+    )
+    OLD = '        self.tp_config_suffix = f"_{model_name}_{tp_rank}_{tp_size}{shard_suffix}"\n'
+    NEW = (
+        '        self.tp_config_suffix = f"_{model_name}_{tp_size}{shard_suffix}"  # BUG: no rank\n'
+    )
+    INVARIANTS = ("INV-28", "INV-30")
+
+
 class FullHitShortened(PlantedBug):
     NAME = "full_hit_shortened"
     BUG_CLASS = "storage hit endpoints"
@@ -315,6 +330,7 @@ class FullHitShortened(PlantedBug):
 BUGS_0523_STORAGE_KEYS: tuple[type[PlantedBug], ...] = (
     KeysRestartTheChain,
     KeysWithoutTheRank,
+    FileKeysWithoutTheRank,
     FullHitShortened,
 )
 """Planted in 0.5.23's key, namespace and hit paths (INV-27 .. INV-29); appended below."""

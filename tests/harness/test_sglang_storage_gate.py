@@ -21,6 +21,7 @@ import pytest
 
 from hicache_ref.cli import EXIT_OK, main
 from hicache_ref.controller.storage.collectives import RankGroup
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
 from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
@@ -187,6 +188,10 @@ def test_f24_upstreams_file_backend_clear_wipes_another_ranks_pages_and_is_basel
     # the default gate counts it as F24, a known finding, and keeps going
     found = match_known_finding(tuple(KNOWN_FINDINGS.values()), "sglang", "INV-28", message)
     assert found is not None and found.id == "F24"
+    # 0.5.10's own HiCacheFile (the gated tree's file backend) clears the same way
+    monkeypatch.delenv(SRC_ENV)
+    assert replay(trace).signature() == "INV-28"
+    monkeypatch.setenv(SRC_ENV, str(tree_0523))
     # the same controller over the reference's file backend clears only rank 1's namespace: the
     # wipe is the backend's, not the controller's
     own_files = trace.header.config.model_copy(update={"storage_backend": "file"})
@@ -195,6 +200,27 @@ def test_f24_upstreams_file_backend_clear_wipes_another_ranks_pages_and_is_basel
     )
     assert not replay(on_own_files).failed
     assert not replay(on_own_files, implementation="reference").failed
+
+
+def test_a_gated_tree_runs_its_own_file_backend_and_the_reference_runs_0_5_23s(
+    tree_0523: Path,
+) -> None:
+    # upstream_file in a 0.5.10 gate is 0.5.10's HiCacheFile (a fork's is the fork's); the
+    # reference, which has no tree, gets 0.5.23's
+    tree_0510 = fetch_wheel_tree()
+    for impl, tree in (
+        (SglangImplementation(tree_0510), tree_0510),
+        (ReferenceImplementation(), tree_0523),
+    ):
+        config = impl.refine_config(
+            HarnessConfig(host_pages=24, storage_ranks=2, storage_backend="upstream_file")
+        )
+        session = Session(config, impl, impl.name)
+        storage = session.tree.storage
+        assert storage is not None
+        clients = [rank.faults.inner for rank in storage.l3.ranks if rank.faults is not None]
+        assert [client.tree for client in clients] == [tree, tree]  # type: ignore[attr-defined]
+        session.finish()
 
 
 @pytest.mark.usefixtures("gate_env")
