@@ -42,6 +42,9 @@ class StorageFacade:
     def detach_storage_backend(self) -> None:
         self.storage.detach_storage_backend()
 
+    def clear_storage_backend(self) -> bool:
+        return self.storage.clear_storage_backend()
+
     def check_storage_threads(self) -> None:
         self.storage.check_storage_threads()
 

@@ -83,6 +83,7 @@ CLASSIFIED_NOTHING = frozenset(
         "inject_fault",
         "detach_storage",
         "attach_storage",
+        "clear_storage",
         "reset_storage_in_flight",
     }
 )

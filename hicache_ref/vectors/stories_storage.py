@@ -245,6 +245,22 @@ def _inv28(r: Recorder) -> None:
 
 
 @story(
+    "story-inv28-a-clear-stays-in-its-namespace",
+    "INV-28",
+    "rank 1 clears its backend at rest: rank 0's pages stay, the chain is backed up again",
+    **STORAGE_WORLD,
+)
+def _inv28_clear(r: Recorder) -> None:
+    to_l3(r, pick=1)
+    r.apply("clear_storage", {"rank": 1}, inv="INV-28", note="rank 1's own two pages, no other")
+    r.apply("write_storage", {"pick": 0, "new": False}, note="the chain again, for rank 1")
+    backup_steps(r)
+    r.apply("drain_backup_acks", note="whole on both ranks again")
+    hit(r)
+    run_storage(r)
+
+
+@story(
     "story-inv29-a-miss-on-one-rank-shortens-every-hit",
     "INV-29",
     "one rank misses a page: the hit is the MIN over ranks, a legal endpoint",

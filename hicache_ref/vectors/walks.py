@@ -60,9 +60,12 @@ WEIGHTS: Mapping[str, float] = {
     "drain_prefetch_acks": 2.0,
     "drain_backup_acks": 2.0,
     "reset_storage_in_flight": 0.5,
+    "clear_storage": 0.0,
 }
 """How often a walk picks each rule among the enabled ones (1 when not listed): enough
-writes, evictions and loads that most programs reach the load path."""
+writes, evictions and loads that most programs reach the load path. ``clear_storage`` is left
+to its story (``story-inv28-a-clear-stays-in-its-namespace``): a walk that clears at rest
+would only empty L3 before the prefetches its programs are for."""
 
 
 # -- arguments ----------------------------------------------------------------------------------
@@ -276,6 +279,8 @@ def program_vector(
             continue
         options = []
         for rule in RULES:
+            if not WEIGHTS.get(rule, 1.0):
+                continue  # never drawn: its arguments are not sampled either (no RNG draw)
             candidate = rule_step(recorder, rule, rng)
             if candidate is not None and recorder.session.why_disabled(candidate) is None:
                 weight = WEIGHTS.get(rule, 1.0) * (25.0 if rule == favour else 1.0)

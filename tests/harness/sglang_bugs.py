@@ -1,11 +1,12 @@
 """Planted bugs in upstream's controller: what the gate must catch in code nobody here wrote.
 
 Each bug is one literal substitution in a copy of sglang 0.5.10's (``BUGS``) or 0.5.23's
-(``BUGS_0523``) ``sglang/srt/managers/cache_controller.py`` (the old snippet must occur exactly
-once). Only the few lines needed to find and change a line live here, never upstream's code. A test builds the
+(``BUGS_0523``) ``sglang/srt/managers/cache_controller.py``, or of another file of the tree a
+bug names as its ``TARGET`` (the old snippet must occur exactly once). Only the few lines needed to find and change a line live here, never upstream's code. A test builds the
 patched tree at run time (``sglang_tree.fork_tree``), gates it and replays the minimized trace.
 
-Per bug: ``NAME``, ``BUG_CLASS`` (stream order, acks, slot lifetime, index permutation, layer
+Per bug: ``NAME``, ``TARGET`` (the file, relative to the tree; default the controller),
+``BUG_CLASS`` (stream order, acks, slot lifetime, index permutation, layer
 events, merging), ``DESCRIPTION`` (one line), ``OLD`` -> ``NEW``, ``INVARIANTS`` (the harness
 check ids that must fire), ``STREAM_ORDER`` (the bug is a missing happens-before between
 streams: the GPU issue re-runs these on a real device with timing perturbation), and
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+CONTROLLER = "sglang/srt/managers/cache_controller.py"
+
 
 class PlantedBug:
-    """One substitution in 0.5.10's controller, and the invariants that must catch it."""
+    """One substitution in a file of upstream's tree, and the invariants that must catch it."""
 
     NAME = ""
+    TARGET = CONTROLLER
     BUG_CLASS = ""
     DESCRIPTION = ""
     OLD = ""
@@ -39,9 +43,9 @@ class PlantedBug:
         return source.replace(cls.OLD, cls.NEW)
 
     @classmethod
-    def write_patched(cls, controller: Path, into: Path) -> Path:
-        """Write the patched copy of ``controller`` to ``into`` and return it."""
-        into.write_text(cls.apply(controller.read_text()))
+    def write_patched(cls, target: Path, into: Path) -> Path:
+        """Write the patched copy of ``target`` (the tree's ``TARGET``) to ``into``; return it."""
+        into.write_text(cls.apply(target.read_text()))
         return into
 
 
@@ -359,3 +363,69 @@ class TerminateDoesNotMark(PlantedBug):
 
 BUGS_0510_STORAGE: tuple[type[PlantedBug], ...] = (TerminateDoesNotMark,)
 """Planted in 0.5.10's prefetch threads: caught once the gate drives its polling protocol."""
+
+
+# -- 0.5.23's storage keys, namespaces and hit endpoints (issue 17): one per bug class ----------
+class KeysRestartTheChain(PlantedBug):
+    NAME = "keys_restart_the_chain"
+    TARGET = "sglang/srt/mem_cache/utils.py"
+    BUG_CLASS = "storage keys"
+    DESCRIPTION = (
+        "a node's page keys ignore the parent's last hash, so chains restart and two prefixes "
+        "that end alike share a key (sglang#35269)"
+    )
+    OLD = "    return get_hash_str(key, prior_hash, page_size=page_size)\n"
+    NEW = "    return get_hash_str(key, None, page_size=page_size)  # BUG: the chain restarts\n"
+    INVARIANTS = ("INV-27",)
+
+
+class KeysWithoutTheRank(PlantedBug):
+    NAME = "keys_without_the_rank"
+    BUG_CLASS = "storage namespaces"
+    DESCRIPTION = (
+        "every rank's storage config names TP rank 0, so the ranks' keys collide and they "
+        "overwrite each other's shards (sglang#10969)"
+    )
+    OLD = "            tp_rank=tp_rank,\n            tp_size=tp_size,\n"
+    NEW = "            tp_rank=0,  # BUG: keys without the rank\n            tp_size=tp_size,\n"
+    INVARIANTS = ("INV-28", "INV-30")  # INV-30: a rank reads the shard another rank overwrote
+
+
+class FileKeysWithoutTheRank(PlantedBug):
+    NAME = "file_keys_without_the_rank"
+    TARGET = "sglang/srt/mem_cache/hicache_storage.py"
+    BUG_CLASS = "storage namespaces"
+    DESCRIPTION = (
+        "upstream's file backend names its files without the TP rank, so ranks sharing its "
+        "directory overwrite each other's pages (sglang#10969, in HiCacheFile itself)"
+    )
+    OLD = '        self.tp_config_suffix = f"_{model_name}_{tp_rank}_{tp_size}{shard_suffix}"\n'
+    NEW = (
+        '        self.tp_config_suffix = f"_{model_name}_{tp_size}{shard_suffix}"  # BUG: no rank\n'
+    )
+    INVARIANTS = ("INV-28", "INV-30")
+
+
+class FullHitShortened(PlantedBug):
+    NAME = "full_hit_shortened"
+    BUG_CLASS = "storage hit endpoints"
+    DESCRIPTION = (
+        "a full L3 hit is published one page short of what every rank holds (sglang#40193)"
+    )
+    OLD = "                operation.hash_value = hash_value[\n"
+    NEW = (
+        "                if storage_hit_count == len(operation.token_ids) > self.page_size:\n"
+        "                    storage_hit_count -= self.page_size  # BUG: a full hit shortened\n"
+        "                operation.hash_value = hash_value[\n"
+    )
+    INVARIANTS = ("INV-29",)
+
+
+BUGS_0523_STORAGE_KEYS: tuple[type[PlantedBug], ...] = (
+    KeysRestartTheChain,
+    KeysWithoutTheRank,
+    FileKeysWithoutTheRank,
+    FullHitShortened,
+)
+"""Planted in 0.5.23's key, namespace and hit paths (INV-27 .. INV-29); appended below."""
+BUGS_0523_STORAGE += BUGS_0523_STORAGE_KEYS

@@ -127,6 +127,22 @@ def test_fork_tree_swaps_only_the_controller_file(tree_0510: Path, tmp_path: Pat
     assert (tree_0510 / CONTROLLER_RELPATH).read_text() == original
 
 
+def test_fork_tree_swaps_any_one_file_of_the_tree(tree_0510: Path, tmp_path: Path) -> None:
+    # a patched hicache_storage.py: the fork has it, the controller and the base stay as they were
+    relpath = Path("sglang/srt/mem_cache/hicache_storage.py")
+    original = (tree_0510 / relpath).read_text()
+    patched = tmp_path / "hicache_storage.py"
+    patched.write_text(original + "\n# patched\n")
+    tree = fork_tree(patched, tree_0510, relpath)
+    assert (tree / relpath).read_text().endswith("# patched\n")
+    assert (tree / CONTROLLER_RELPATH).read_bytes() == (tree_0510 / CONTROLLER_RELPATH).read_bytes()
+    assert (tree_0510 / relpath).read_text() == original
+    # the same bytes as a controller are another fork; a file the tree lacks is refused
+    assert fork_tree(patched, tree_0510) != tree
+    with pytest.raises(HiCacheSetupError, match=r"is not a file of the tree"):
+        fork_tree(patched, tree_0510, Path("sglang/srt/mem_cache/no_such_file.py"))
+
+
 def test_upstream_0523_l2_engine_round_trips_through_the_same_session() -> None:
     # 0.5.23: transfers through L2TransferEngine, no evict_device; thin shims adapt the names
     tree = fetch_wheel_tree("0.5.23")

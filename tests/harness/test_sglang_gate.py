@@ -101,9 +101,10 @@ def run_gate(
 
 
 def plant(bug: type[PlantedBug], wheel_tree: Path, tmp_path: Path) -> Path:
-    """A tree equal to 0.5.10 but with ``bug`` planted in its controller."""
-    patched = bug.write_patched(wheel_tree / CONTROLLER_RELPATH, tmp_path / "cache_controller.py")
-    return fork_tree(patched, wheel_tree)
+    """A tree equal to ``wheel_tree`` but with ``bug`` planted in its ``TARGET`` file."""
+    target = Path(bug.TARGET)
+    patched = bug.write_patched(wheel_tree / target, tmp_path / target.name)
+    return fork_tree(patched, wheel_tree, target)
 
 
 # -- the catalogue ---------------------------------------------------------------------------

@@ -3,16 +3,17 @@
 ``adapters/sglang_storage.py`` runs the tree's ``prefetch_thread_func``, ``prefetch_io_aux_func``,
 ``prefetch_sync_thread_func`` and ``backup_thread_func`` on real threads whose queue gets the
 harness serves, with their collectives on the storage world's rank group. A bounded gate over
-the unmodified tree draws the storage rules and finds nothing new; each storage bug of
-``sglang_bugs.BUGS_0523_STORAGE``, planted in a copy of the controller at test time, is caught by
-an invariant it declares, and its minimized trace passes on the unmodified tree: backup acks
-(INV-26, INV-25), the collectives (INV-20), rank-local progress (INV-23; through the ack, INV-21),
-a verdict before the hit (INV-22), a tail released under the IO (INV-23) and state that outlives
-reset (INV-24).
+the unmodified tree draws the storage rules and finds nothing new but F24 (its file backend's
+clear wipes every rank's pages, baselined); each storage bug of ``sglang_bugs.BUGS_0523_STORAGE``,
+planted in a copy of the controller (or of the file it names: the tree's hash helpers, its file
+backend) at test time, is caught by an invariant it declares, and its minimized trace passes on
+the unmodified tree: backup acks (INV-26, INV-25), the collectives (INV-20), rank-local progress
+(INV-23; through the ack, INV-21), a verdict before the hit (INV-22), a tail released under the IO
+(INV-23), state that outlives reset (INV-24), keys (INV-27, INV-28) and hit endpoints (INV-29).
 Two stories show why the storage log judges inserts and verdicts by the progress the tree
 drained, never by the operation's own field. 0.5.10's threads (hit query, IO, backup) are
 driven the same way under the tree half of its own polling protocol
-(``driver/storage_tree_0510.py``), where the gate finds F22, F23, F25 and F26, each baselined
+(``driver/storage_tree_0510.py``), where the gate finds F22, F23, F24, F25 and F26, each baselined
 only for the releases read to have it.
 """
 
@@ -28,6 +29,7 @@ from hicache_ref.cli import EXIT_OK, main
 from hicache_ref.controller.storage.collectives import RankGroup
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
 from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
@@ -42,12 +44,14 @@ from .sglang_bugs import (
     PlantedBug,
     PrefetchIoSetsLocalProgress,
 )
-from .test_sglang_gate import check_planted_bug_is_caught, plant
+from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, plant
 
 STORAGE_GATE_BUDGET = "8s"
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
+SGLANG_CORPUS = CORPUS
 F22_TRACE = CORPUS / "f22_backend_exception_kills_the_backup_thread.jsonl"
 F23_TRACE = CORPUS / "f23_reset_leaves_the_old_prefetch_io_thread_alive.jsonl"
+F24_TRACE = CORPUS / "f24_file_backend_clear_wipes_other_ranks.jsonl"
 F25_TRACE = CORPUS / "f25_reset_keeps_the_prefetch_occupancy.jsonl"
 F26_TRACE = CORPUS / "f26_backend_exception_kills_the_prefetch_io_thread.jsonl"
 
@@ -132,6 +136,17 @@ def test_the_gate_draws_storage_on_0_5_23_and_finds_nothing_new(
 @pytest.fixture
 def gate_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SRC_ENV, raising=False)  # --sglang-src sets it; restored at teardown
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_STORAGE, ids=lambda bug: bug.NAME)
+def test_storage_bug_is_one_small_substitution_in_one_file(
+    bug: type[PlantedBug], tree_0523: Path
+) -> None:
+    source = (tree_0523 / bug.TARGET).read_text()
+    # Verify the old snippet locates one place of its file and the patch changes it
+    assert bug.apply(source) != source
+    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION and bug.INVARIANTS
 
 
 @pytest.mark.usefixtures("gate_env")
@@ -257,6 +272,56 @@ def test_f22_a_backend_exception_kills_0_5_10s_backup_thread_and_0_5_23_acks_it(
     monkeypatch.setenv(SRC_ENV, str(tree_0523))  # 0.5.23 logs the exception and acks the op
     assert not replay(trace).failed
     assert not replay(trace, implementation="reference").failed
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_f24_upstreams_file_backend_clear_wipes_another_ranks_pages_and_is_baselined(
+    tree_0523: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two ranks back a chain up into upstream's HiCacheFile directory -> rank 1 clears
+    trace = Trace.read(F24_TRACE)
+    assert trace.header.config.storage_backend == "upstream_file"
+    monkeypatch.setenv(SRC_ENV, str(tree_0523))
+    on_0523 = replay(trace)
+    assert on_0523.signature() == "INV-28", on_0523.error
+    message = str(on_0523.error)
+    assert "rank 1's clear() removed 2 pages of other ranks" in message and "of rank 0" in message
+    # the default gate counts it as F24, a known finding, and keeps going
+    found = match_known_finding(tuple(KNOWN_FINDINGS.values()), "sglang", "INV-28", message)
+    assert found is not None and found.id == "F24"
+    # 0.5.10's own HiCacheFile (the gated tree's file backend) clears the same way
+    monkeypatch.delenv(SRC_ENV)
+    assert replay(trace).signature() == "INV-28"
+    monkeypatch.setenv(SRC_ENV, str(tree_0523))
+    # the same controller over the reference's file backend clears only rank 1's namespace: the
+    # wipe is the backend's, not the controller's
+    own_files = trace.header.config.model_copy(update={"storage_backend": "file"})
+    on_own_files = Trace(
+        header=trace.header.model_copy(update={"config": own_files}), steps=trace.steps
+    )
+    assert not replay(on_own_files).failed
+    assert not replay(on_own_files, implementation="reference").failed
+
+
+def test_a_gated_tree_runs_its_own_file_backend_and_the_reference_runs_0_5_23s(
+    tree_0523: Path,
+) -> None:
+    # upstream_file in a 0.5.10 gate is 0.5.10's HiCacheFile (a fork's is the fork's); the
+    # reference, which has no tree, gets 0.5.23's
+    tree_0510 = fetch_wheel_tree()
+    for impl, tree in (
+        (SglangImplementation(tree_0510), tree_0510),
+        (ReferenceImplementation(), tree_0523),
+    ):
+        config = impl.refine_config(
+            HarnessConfig(host_pages=24, storage_ranks=2, storage_backend="upstream_file")
+        )
+        session = Session(config, impl, impl.name)
+        storage = session.tree.storage
+        assert storage is not None
+        clients = [rank.faults.inner for rank in storage.l3.ranks if rank.faults is not None]
+        assert [client.tree for client in clients] == [tree, tree]  # type: ignore[attr-defined]
+        session.finish()
 
 
 @pytest.mark.usefixtures("gate_env")

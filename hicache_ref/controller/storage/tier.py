@@ -4,7 +4,9 @@ Lifecycle: ``attach_storage_backend`` builds the backend, fresh queues and a new
 starts the executor; ``reset`` stops and joins every thread, drops every queue and the transfer
 in progress, zeroes ``prefetch_tokens_occupied`` and starts the next epoch (INV-24);
 ``detach_storage_backend`` terminates every prefetch still running, lets the steps bring every
-operation to its final ack, stops the threads and closes the backend. An operation remembers
+operation to its final ack, stops the threads and closes the backend; ``clear_storage_backend``
+(the scheduler's clear endpoint) empties this rank's namespace and keeps it attached. An
+operation remembers
 the epoch it was created in, and every step refuses one from another epoch (INV-24).
 
 The tree-facing API keeps SGLang 0.5.23's names: ``prefetch`` -> (``prefetch_hit_queue``) ->
@@ -221,6 +223,12 @@ class StorageTier:
             raise RuntimeError("Stop storage threads failed; detach aborted.") from exc
         close_backend(self.storage_backend)
         self._clear_attributes()
+
+    def clear_storage_backend(self) -> bool:
+        """The clear endpoint (SGLang's ``clear_storage_backend``): the backend drops every page
+        of its own namespace and nothing of another rank's or model's (INV-28); True once done."""
+        self.require_backend("clear_storage_backend").clear()
+        return True
 
     def terminate_live_prefetches(self) -> int:
         """Mark every prefetch of this epoch terminated (detach's first move); how many."""

@@ -28,7 +28,8 @@ in the order a case meets it:
   harness's tree half calls (``storage`` for the lockstep driver, keys for ``write_storage``
   computed with the tree's hash functions as upstream's radix cache does, ``is_prefetch_complete``
   as 0.5.23's radix cache decides it, ``alloc_prefetch_host_buffers`` where 0.5.20 - 0.5.21's
-  radix cache allocates the bounce buffer itself, ``prefetch`` in either release's signature);
+  radix cache allocates the bounce buffer itself, ``prefetch`` in either release's signature,
+  ``clear_storage_backend`` as the clear endpoint runs it);
 - ``UpstreamTier``: what the storage driver reads as ``controller.storage``.
 """
 
@@ -787,6 +788,16 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 """0.5.20 - 0.5.21: the radix cache allocates the bounce buffer from the host
                 pool itself (0.5.22 moved that one line into the controller)."""
                 return self.mem_pool_host.alloc(need_size)
+
+        def clear_storage_backend(self) -> bool:
+            """The scheduler's clear endpoint: 0.5.23's ``HybridCacheController`` and 0.5.10's
+            radix cache both end in ``storage_backend.clear()``, which this class lacks."""
+            if callable(getattr(base, "clear_storage_backend", None)):
+                return bool(super().clear_storage_backend())
+            if not self.enable_storage:
+                return False
+            self.storage_backend.clear()
+            return True
 
         def is_prefetch_complete(self, operation: Any) -> bool:
             """0.5.23's radix cache: complete once ``completed_tokens`` reached the hit."""

@@ -11,7 +11,8 @@ In the order a run needs them:
 - ``fetch_wheel_tree(version)``: ``pip download --no-deps sglang==<version>`` once, unpacked
   into the cache directory (``HICACHE_CACHE_DIR``, default ``~/.cache/hicache_ref``);
 - ``fork_tree(controller_file)``: that tree with another ``cache_controller.py`` (the seed fork,
-  or a developer's patched copy), built next to it, keyed by the file's hash;
+  or a developer's patched copy), or with any one other file replaced (``relpath``), built next
+  to it, keyed by the file's hash;
 - ``resolve_tree()``: ``HICACHE_SGLANG_SRC`` (the CLI's ``--sglang-src``) if set, else 0.5.10;
 - ``tree_release(tree)``: the release a tree says it is (its ``sglang/_version.py``), which
   scopes the known findings (``campaigns/known_findings.py``).
@@ -139,10 +140,14 @@ def _download_wheel(version: str, into: Path) -> Path:
     return wheels[0]
 
 
-def fork_tree(controller_file: Path, base: Path | None = None) -> Path:
+def fork_tree(
+    controller_file: Path, base: Path | None = None, relpath: Path = CONTROLLER_RELPATH
+) -> Path:
     """A tree equal to ``base`` (default: the 0.5.10 wheel) but with ``controller_file`` as its
-    ``cache_controller.py``. Built once per file content, beside the base tree."""
-    controller_file = Path(controller_file)
+    ``cache_controller.py``, or as the tree's file at ``relpath`` (any one file of ``sglang/``:
+    a patched ``hicache_storage.py`` or ``mem_cache/utils.py``). Built once per file content and
+    place, beside the base tree."""
+    controller_file, relpath = Path(controller_file), Path(relpath)
     if not controller_file.is_file():
         raise HiCacheSetupError(
             f"controller file {controller_file} does not exist; pass the path of a "
@@ -150,17 +155,24 @@ def fork_tree(controller_file: Path, base: Path | None = None) -> Path:
         )
     source = controller_file.read_bytes()
     base = check_tree(base) if base is not None else fetch_wheel_tree()
-    digest = hashlib.sha256(source + str(base).encode()).hexdigest()[:12]
+    # Verify the file replaces one the tree has (a typo would fork an unchanged tree)
+    if relpath.is_absolute() or relpath.parts[:1] != ("sglang",) or not (base / relpath).is_file():
+        raise HiCacheSetupError(
+            f"{relpath} is not a file of the tree {base}; pass the path of one of its files "
+            f"relative to the tree, such as {CONTROLLER_RELPATH}"
+        )
+    place = b"" if relpath == CONTROLLER_RELPATH else str(relpath).encode()
+    digest = hashlib.sha256(source + str(base).encode() + place).hexdigest()[:12]
     target = cache_root() / f"{base.name}-fork-{digest}"
-    if is_tree(target) and (target / CONTROLLER_RELPATH).read_bytes() == source:
+    if is_tree(target) and (target / relpath).read_bytes() == source:
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".fork-") as tmp:
         staging = Path(tmp) / "tree"
         shutil.copytree(base / "sglang", staging / "sglang", copy_function=_link_or_copy)
-        controller = staging / CONTROLLER_RELPATH
-        controller.unlink()  # a hard link: never write through it into the base tree
-        controller.write_bytes(source)
+        replaced = staging / relpath
+        replaced.unlink()  # a hard link: never write through it into the base tree
+        replaced.write_bytes(source)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

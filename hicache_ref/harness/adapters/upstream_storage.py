@@ -30,6 +30,7 @@ from hicache_ref.storage.protocols import StorageHostPool
 
 UPSTREAM_STORAGE_VERSION = "0.5.23"
 STORAGE_MODULE = "sglang.srt.mem_cache.hicache_storage"
+STORAGE_RELPATH = Path("sglang/srt/mem_cache/hicache_storage.py")
 EVICTOR_RELPATH = Path("sglang/srt/mem_cache/storage/file/lru_file_evictor.py")
 DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 

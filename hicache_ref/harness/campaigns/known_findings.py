@@ -265,6 +265,15 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         "catches it)",
         releases="0.5.10..0.5.21",
     ),
+    KnownFinding(
+        id="F24",
+        implementations=("sglang",),
+        invariant="INV-28",
+        message_pattern=r"rank \d+'s clear\(\) removed \d+ pages of other ranks",
+        summary="upstream's HiCacheFile.clear() removes every file of its directory: one "
+        "rank's clear endpoint wipes every other rank's and model's pages (sglang#32693's class)",
+        releases="0.5.10..0.5.23",  # the same loop over the directory in every release read
+    ),
 )
 
 KNOWN_FINDINGS: dict[str, KnownFinding] = {

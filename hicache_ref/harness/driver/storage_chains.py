@@ -75,6 +75,13 @@ class ChainBook:
             and uid not in busy
         )
 
+    def forget_stored(self) -> None:
+        """A rank's clear: no chain is in L3 on every rank, so none is stored or partial (each
+        may be backed up again, parents first)."""
+        for chain in self.chains.values():
+            if chain.state in ("stored", "partial"):
+                chain.state, chain.acked = "none", {}
+
     def new_chain(self, pick: int, uid: int) -> Chain | None:
         """A new chain under a stored parent, with a (parent, pattern) not used before."""
         parents: list[Chain | None] = [None] + [

@@ -15,7 +15,9 @@ and prefetches, and the log the checks read (``storage_log.py``). Its verbs, in 
   PrefetchAck, ``UpstreamTier.protocol``) gets that release's tree half instead
   (``storage_tree_0510``: pages allocated up front, the revoke queue, the tree's own MIN);
 - ``drain_backups`` (acks release the source pages), ``inject_fault``, ``detach`` / ``attach``,
-  and the storage half of a tree reset (``on_reset``: peers reset, a new epoch);
+  ``clear`` (one rank's clear endpoint at rest: what it removed, whose it was, and the L3 model
+  forgets that namespace), and the storage half of a tree reset (``on_reset``: peers reset, a
+  new epoch);
 - ``check``: a ``StorageSnapshot`` handed to every ``STORAGE_IDS`` checker, counted per id.
 
 Chains use two token patterns, so pages that end alike sit under different parents (a key that
@@ -88,6 +90,9 @@ class StorageDriver:
             ranks = [self._tree_rank(PollTreeRank, r) for r in self.l3.ranks]
             self.polled = PollStorageTree(ranks, self.l3.group)
             self.storage_tree.ranks = list(ranks)
+
+        # upstream's own code is under test (the gate): upstream's backend clear is drawn too
+        self.gates_upstream = bool(getattr(implementation, "source_tree", ""))
 
     def _tree_rank(self, cls: type[StorageTreeRank], rank: Any) -> Any:
         return cls(
@@ -289,6 +294,34 @@ class StorageDriver:
         self.epoch += 1
         self.log.forget_epoch([len(log) for log in self.l3.group.logs()])
         return done("attach_storage_backend on every rank")
+
+    # -- clear_storage ---------------------------------------------------------------------------
+    def why_not_clear(self) -> str | None:
+        """A clear is drawn at rest only: no backup or prefetch of any rank is unsettled, so
+        every page L3 holds afterwards was written after the clear (INV-30, INV-31 stay exact)."""
+        if any(chain.state == "writing" for chain in self.chains.values()):
+            return "a backup is not yet acked on every rank (clear_storage runs at rest)"
+        if any(r.ongoing_prefetch for r in self.storage_tree.ranks):
+            return "a prefetch is ongoing on some rank (clear_storage runs at rest)"
+        if self.config.storage_backend == "upstream_file" and not self.gates_upstream:
+            return (
+                "upstream's HiCacheFile.clear() wipes the shared directory (F24): its clear is "
+                "gated with upstream's own controller only"
+            )
+        return None
+
+    def clear(self, rank: int) -> Outcome:
+        """Rank ``rank``'s clear endpoint (under MLA rank 0, the one writer of the namespace
+        every rank shares): the pages it removed, each with its writer, for INV-28."""
+        cleared = 0 if self.mla else rank % self.n
+        before = self._present()
+        ok = self.l3.ranks[cleared].controller.clear_storage_backend()
+        removed = before - self._present()
+        self.log.record_clear(cleared, removed)
+        sharing = range(self.n) if self.mla else (cleared,)
+        self.log.forget_namespace(set(sharing))
+        self.book.forget_stored()  # no chain is whole on every rank now
+        return done(f"clear_storage on rank {cleared}: {len(removed)} page(s) removed ({ok})")
 
     def settle_queues(self) -> None:
         """Drain every control queue until nothing is left (after a detach or at the end)."""

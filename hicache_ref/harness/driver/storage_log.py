@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from hicache_ref.invariants.storage_snapshot import (
     BackupRecord,
     BouncePageEvent,
+    ClearRecord,
     CollectiveRecord,
     KeyUse,
     L3Model,
@@ -123,6 +124,7 @@ class StorageLog:
     key_uses: dict[tuple[int, str, Prefix, str], KeyUse] = field(default_factory=dict)
     writes: list[StoreWrite] = field(default_factory=list)
     reads: list[StoreRead] = field(default_factory=list)
+    clears: list[ClearRecord] = field(default_factory=list)
     expected: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # (rank, prefix)
     written: set[tuple[int, str]] = field(default_factory=set)
     believed: set[tuple[int, str]] = field(default_factory=set)
@@ -145,6 +147,21 @@ class StorageLog:
             raise OverflowError("the storage log holds too many key uses for one case")
         self.key_uses.setdefault((use.rank, use.key, use.prefix, use.how), use)
 
+    def record_clear(self, rank: int, removed: set[tuple[int, str]]) -> None:
+        """Rank ``rank``'s clear removed these (writer rank, content key) pages (INV-28)."""
+        stored = {(w.rank, w.content_key): w.stored_key for w in self.writes}
+        pages = sorted((stored.get((writer, key), key), writer) for writer, key in removed)
+        self.clears.append(ClearRecord(rank, tuple(pages)))
+
+    def forget_namespace(self, ranks: set[int]) -> None:
+        """A clear: the L3 model holds nothing of these ranks' namespace any more. No page
+        under it is expected (a read before it is written again is caught, INV-30) or believed
+        (INV-26). What a fault dropped stays ``lost``: a rewrite of it may be dropped again, and
+        one a reset's stopping threads make goes unobserved (INV-31)."""
+        self.expected = {k: v for k, v in self.expected.items() if k[0] not in ranks}
+        self.believed = {k for k in self.believed if k[0] not in ranks}
+        self.reads = [r for r in self.reads if r.rank not in ranks]  # checked when they were made
+
     def key_of(self, prefix: Prefix) -> str | None:
         for use in self.key_uses.values():
             if use.prefix == prefix:
@@ -162,6 +179,7 @@ class StorageLog:
             key_uses=tuple(self.key_uses.values()),
             writes=tuple(self.writes),
             reads=tuple(self.reads),
+            clears=tuple(self.clears),
             expected=expected,
             believed=tuple(sorted(self.believed)),
             written=tuple(sorted(self.written)),

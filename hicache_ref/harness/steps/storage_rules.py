@@ -4,8 +4,8 @@ In the order a page flows: ``write_storage`` -> ``storage_step`` (one step of th
 IO, sync or backup thread, drawn among the runnable ones, on every rank at once) ->
 ``drain_backup_acks``; ``prefetch`` -> ``storage_step``s -> ``drain_prefetch_acks`` ->
 ``check_prefetch`` (the policy) or ``terminate_prefetch``; and around them ``inject_fault``,
-``detach_storage`` / ``attach_storage`` and ``reset_storage_in_flight`` (a tree reset with
-storage work queued). They are offered only in a storage world (``HarnessConfig.storage_ranks``)
+``detach_storage`` / ``attach_storage``, ``clear_storage`` (one rank's clear endpoint, at
+rest) and ``reset_storage_in_flight`` (a tree reset with storage work queued). They are offered only in a storage world (``HarnessConfig.storage_ranks``)
 whose implementation has the ``storage`` capability; the lockstep oracle does not model L3, so
 the first storage step turns it off for the rest of the case (counted, ``lockstep.py``).
 """
@@ -189,6 +189,20 @@ def _offered(session: Session) -> bool:
     return _attached(session) is not None
 
 
+# -- clear_storage ------------------------------------------------------------------------------
+def _rule_clear(session: Session, args: Args) -> str | None:
+    why = _needs_attached(session, args)
+    if why is None and _work_in_flight(session):
+        why = "storage work is in flight (clear_storage runs at rest: drain it first)"
+    if why is None:
+        why = driver(session).why_not_clear()  # type: ignore[union-attr]
+    return why
+
+
+def process_clear_storage(session: Session, args: Args) -> Outcome:
+    return _checked(session, lambda d: d.clear(int(args["rank"])))
+
+
 def _no_args(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
     return {}
 
@@ -289,6 +303,18 @@ ATTACH_STORAGE = RuleRecord(
     process_attach_storage,
     draw=Draw({}, _no_args, lambda s: driver(s) is not None and not driver(s).attached),  # type: ignore[union-attr]
 )
+CLEAR_STORAGE = RuleRecord(
+    "clear_storage",
+    FAMILY,
+    "one rank's clear endpoint (clear_storage_backend): its backend drops its own namespace",
+    _rule_clear,
+    process_clear_storage,
+    draw=Draw(
+        {"rank": Ints(0, 3)},
+        lambda s, d: {"rank": int(d["rank"])},
+        lambda s: _rule_clear(s, {}) is None,
+    ),
+)
 RESET_STORAGE_IN_FLIGHT = RuleRecord(
     "reset_storage_in_flight",
     FAMILY,
@@ -311,5 +337,6 @@ STORAGE_RECORDS: tuple[RuleRecord, ...] = (
     INJECT_FAULT,
     DETACH_STORAGE,
     ATTACH_STORAGE,
+    CLEAR_STORAGE,
     RESET_STORAGE_IN_FLIGHT,
 )

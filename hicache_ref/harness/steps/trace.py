@@ -59,6 +59,7 @@ RuleName = Literal[
     "inject_fault",
     "detach_storage",
     "attach_storage",
+    "clear_storage",
     "reset_storage_in_flight",
 ]
 StepArg = int | bool | str

@@ -4,7 +4,8 @@ Rank 0 is the tree's controller (``World.ranks[0]``, built with the group's view
 1..n-1 are *storage peers*: controllers of the same implementation over pools of the same
 geometry, which the tree never drives except through storage (a TP group whose other ranks
 serve the same requests). Every rank's backend is a client of one shared L3 (a ``MemoryStore``,
-one directory of ``FileStorage`` files, or upstream's own ``HiCacheFile`` over one directory),
+one directory of ``FileStorage`` files, or upstream's own ``HiCacheFile`` over one directory:
+the gated tree's when upstream's code is under test, else 0.5.23's),
 behind a seeded ``FaultInjectingStorage`` and, outermost, a ``RecordingStorage`` the harness
 reads. The builders are registered with ``StorageBackendFactory`` under names private to this
 world, so ``attach_storage_backend(name)`` goes through the seed's own attach path.
@@ -113,6 +114,7 @@ class StorageWorld:
         weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self._closer = weakref.finalize(self, _close_tiers, [r.controller for r in self.ranks])
         self.attached = False
+        self.file_tree = _file_backend_tree(implementation)
 
     def build_backend(self, rank: int, cfg: HiCacheStorageConfig) -> HiCacheStorage:
         """Rank ``rank``'s backend: recording, then faults, then a client of the shared L3."""
@@ -132,7 +134,8 @@ class StorageWorld:
         from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
         from hicache_ref.harness.adapters.upstream_storage import UpstreamFileStorage
 
-        return UpstreamFileStorage(fetch_wheel_tree(UPSTREAM_FILE_VERSION), self.root, cfg)
+        tree = self.file_tree or fetch_wheel_tree(UPSTREAM_FILE_VERSION)
+        return UpstreamFileStorage(tree, self.root, cfg)
 
     @property
     def controllers(self) -> list[Any]:
@@ -170,6 +173,18 @@ class StorageWorld:
         for rank in self.ranks[1:]:
             rank.controller.reset()
             rank.host_pool.clear()
+
+
+def _file_backend_tree(implementation: Implementation) -> Path | None:
+    """The tree under test, when it has upstream's ``HiCacheFile`` (the gate of a release or a
+    fork then runs that tree's file backend, not 0.5.23's); None for this project's own code."""
+    from hicache_ref.harness.adapters.upstream_storage import STORAGE_RELPATH
+
+    source = getattr(implementation, "source_tree", "")
+    path = Path(source) / STORAGE_RELPATH if source else None
+    if path is None or not path.is_file() or "class HiCacheFile(" not in path.read_text():
+        return None
+    return Path(source)
 
 
 def _close_tiers(controllers: list[Any]) -> None:
