@@ -87,3 +87,18 @@ def test_a_rank_stuck_past_the_join_timeout_is_inv20_and_its_thread_is_replaced(
     lockstep._run_on_threads(run_rank, 2, join_timeout_s=5.0)  # a fresh thread runs rank 1
     assert idents[0][0] == idents[0][1]
     assert idents[1][0] != idents[1][1]
+
+
+def test_a_rank_thread_that_died_outside_a_step_is_replaced_before_the_next() -> None:
+    threads = lockstep.LockstepThreads()
+    ran: list[int] = []
+
+    def run_rank(rank: int) -> None:
+        ran.append(rank)
+        if rank == 1 and ran.count(1) == 1:
+            raise SystemExit  # escapes the step's own handler: thread 1 ends with it
+
+    assert threads.run(run_rank, 2, join_timeout_s=5.0) == []
+    threads._threads[1].thread.join(5.0)
+    assert threads.run(run_rank, 2, join_timeout_s=5.0) == []  # not a false INV-20
+    assert sorted(ran) == [0, 0, 1, 1]

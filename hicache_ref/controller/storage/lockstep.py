@@ -157,6 +157,9 @@ class LockstepThreads:
         end within ``join_timeout_s`` (each waited for in turn, as ``Thread.join`` would)."""
         while len(self._threads) < ranks:
             self._threads.append(_RankThread(len(self._threads)))
+        for rank in range(ranks):  # one that died of an error outside its step: a fresh one
+            if not self._threads[rank].thread.is_alive():
+                self._threads[rank] = _RankThread(rank)
         done = [self._threads[rank].submit(run_rank, rank) for rank in range(ranks)]
         stuck = [rank for rank in range(ranks) if not done[rank].wait(join_timeout_s)]
         names = [self._threads[rank].name for rank in stuck]
