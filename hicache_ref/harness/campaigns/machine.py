@@ -270,20 +270,8 @@ def _machine_rule(
     apply_steps.__doc__ = doc
     strategies = {key: param.strategy() for key, param in params.items()}
     ruled = rule(**strategies)(apply_steps)  # type: ignore[call-overload]  # (a dict of kwargs)
-    guarded = precondition(_precondition(name, offered))(ruled)
+    guarded = precondition(lambda self: self.session is not None and offered(self.s))(ruled)
     return guarded  # type: ignore[no-any-return]
-
-
-def _precondition(name: str, offered: Callable[[Session], bool]) -> Callable[[Any], bool]:
-    """The rule's precondition: ``offered`` of the case's session, asked once per applied step
-    (``Session.is_offered``), as a named function (Hypothesis describes it on every call)."""
-
-    def is_offered(self: HiCacheMachine) -> bool:
-        session = self.session
-        return session is not None and session.is_offered(name, offered)
-
-    is_offered.__name__ = is_offered.__qualname__ = f"offered_{name}"
-    return is_offered
 
 
 def _atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Iterator[Step]]:

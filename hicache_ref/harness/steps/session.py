@@ -112,7 +112,6 @@ class Session:
         self.outcomes: list[str] = []
         self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
         self._candidates: dict[str, list[int]] = {}
-        self._offered: dict[str, bool] = {}  # machine rule -> its precondition, this step
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
         self._snapshot_rank: SnapshotFn = implementation.snapshot  # contract: optional hook
         self.observers: list[StepObserver] = []  # called after each applied step and at finish
@@ -134,15 +133,6 @@ class Session:
             self._candidates[rule] = cached
         return cached
 
-    def is_offered(self, rule: str, offered: Callable[[Session], bool]) -> bool:
-        """``offered(self)``, the precondition of the machine rule ``rule``, remembered until the
-        next step is applied (as ``candidates`` are): Hypothesis asks each rule's precondition
-        several times while it picks one rule, and only an applied step changes the answer."""
-        cached = self._offered.get(rule)
-        if cached is None:
-            cached = self._offered[rule] = offered(self)
-        return cached
-
     def _compute_candidates(self, rule: str) -> list[int]:
         record = RULES.get(rule)
         if record is None or record.candidates is None:
@@ -161,15 +151,11 @@ class Session:
 
     # -- applying steps ------------------------------------------------------------------------
     def apply(self, step: Step) -> Outcome:
-        self._forget_offers()
+        self._candidates.clear()
         try:
             return self._apply(step)
         finally:
-            self._forget_offers()
-
-    def _forget_offers(self) -> None:
-        self._candidates.clear()
-        self._offered.clear()
+            self._candidates.clear()
 
     def _apply(self, step: Step) -> Outcome:
         record = RULES[step.rule]
