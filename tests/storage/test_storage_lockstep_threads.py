@@ -89,6 +89,7 @@ def test_a_rank_stuck_past_the_join_timeout_is_inv20_and_its_thread_is_replaced(
     assert idents[1][0] != idents[1][1]
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # its death
 def test_a_rank_thread_that_died_outside_a_step_is_replaced_before_the_next() -> None:
     threads = lockstep.LockstepThreads()
     ran: list[int] = []
