@@ -107,11 +107,11 @@ class BoundedQueue(Generic[T]):
             return list(self._items)
 
     def qsize(self) -> int:
-        with self._cond:
-            return len(self._items)
+        # no lock: a deque's length is one atomic read, and every step and check asks
+        return len(self._items)
 
     def empty(self) -> bool:
-        return self.qsize() == 0
+        return not self._items
 
     def __len__(self) -> int:
         return self.qsize()

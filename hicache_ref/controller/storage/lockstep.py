@@ -2,12 +2,18 @@
 lifecycle calls that must reach every rank of a group together.
 
 ``run_lockstep(tiers, group, kind)`` runs the ``kind`` step of every rank's tier inside one
-lockstep scope of the ``RankGroup``: each rank's step runs on a short-lived thread of its own, so
-a collective of one rank can wait for the others' (the group computes the MIN over their
+lockstep scope of the ``RankGroup``: each rank's step runs on a thread of its own, so a
+collective of one rank can wait for the others' (the group computes the MIN over their
 contributions), and when all are done the group checks that every rank issued the same
 collectives in the same order (INV-20). Each rank touches only its own pools and backend, so
 the outcome does not depend on how the threads interleave: a lockstep step is deterministic.
 One rank runs inline, without a thread.
+
+The threads are long-lived (``LockstepThreads``: thread ``r`` runs rank ``r`` of every step,
+one step at a time, and waits for the next in between), because starting fresh threads for
+every step cost more than the step itself. A step that finds them busy (another group's step
+on another thread) starts threads of its own, and a thread whose step did not end in time is
+retired, so no step ever waits behind another.
 
 ``reset_ranks`` and ``detach_ranks`` reset or detach every rank of a group: the group is
 interrupted while every rank's threads stop, so no thread waits in a collective for a peer that
@@ -16,6 +22,7 @@ already stopped, then every rank starts its next epoch (INV-24).
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -73,6 +80,19 @@ def run_lockstep(
 
 
 def _run_on_threads(run_rank: Callable[[int], None], ranks: int, join_timeout_s: float) -> None:
+    if not LOCKSTEP_THREADS.lock.acquire(blocking=False):  # busy: another group's step
+        _run_on_fresh_threads(run_rank, ranks, join_timeout_s)
+        return
+    try:
+        stuck = LOCKSTEP_THREADS.run(run_rank, ranks, join_timeout_s)
+    finally:
+        LOCKSTEP_THREADS.lock.release()
+    _verify_every_rank_ended(stuck, join_timeout_s)
+
+
+def _run_on_fresh_threads(
+    run_rank: Callable[[int], None], ranks: int, join_timeout_s: float
+) -> None:
     threads = [
         threading.Thread(target=run_rank, args=(rank,), name=f"lockstep-r{rank}", daemon=True)
         for rank in range(ranks)
@@ -81,14 +101,75 @@ def _run_on_threads(run_rank: Callable[[int], None], ranks: int, join_timeout_s:
         thread.start()
     for thread in threads:
         thread.join(timeout=join_timeout_s)
-    stuck = [thread.name for thread in threads if thread.is_alive()]
+    _verify_every_rank_ended([t.name for t in threads if t.is_alive()], join_timeout_s)
+
+
+def _verify_every_rank_ended(stuck: Sequence[str], join_timeout_s: float) -> None:
     # Verify every rank's step ended: the group's timeouts bound every collective (INV-20)
     if stuck:
         raise InvariantViolation(
             "INV-20",
-            f"lockstep steps {stuck} did not end within {join_timeout_s:g} s (a rank waits "
-            "for a collective no other rank issues)",
+            f"lockstep steps {list(stuck)} did not end within {join_timeout_s:g} s (a rank "
+            "waits for a collective no other rank issues)",
         )
+
+
+_Job = tuple[Callable[[int], None], int, threading.Event]
+
+
+class _RankThread:
+    """One long-lived thread: runs the rank part it is handed, then waits for the next."""
+
+    def __init__(self, rank: int) -> None:
+        self.name = f"lockstep-r{rank}"
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._inbox.get()) is not None:
+            run_rank, rank, done = job
+            try:
+                run_rank(rank)  # catches everything itself (``run_lockstep``'s ``run_rank``)
+            finally:
+                done.set()
+
+    def submit(self, run_rank: Callable[[int], None], rank: int) -> threading.Event:
+        done = threading.Event()
+        self._inbox.put((run_rank, rank, done))
+        return done
+
+    def retire(self) -> None:
+        """Exit once the step it runs ends (it is never handed another)."""
+        self._inbox.put(None)
+
+
+class LockstepThreads:
+    """The process's lockstep threads, one per rank of the largest group so far, started on
+    first use; ``lock`` is held by the step that uses them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._threads: list[_RankThread] = []
+
+    def run(self, run_rank: Callable[[int], None], ranks: int, join_timeout_s: float) -> list[str]:
+        """Run ``run_rank(r)`` for every rank on thread ``r``; the names of those that did not
+        end within ``join_timeout_s`` (each waited for in turn, as ``Thread.join`` would)."""
+        while len(self._threads) < ranks:
+            self._threads.append(_RankThread(len(self._threads)))
+        for rank in range(ranks):  # one that died of an error outside its step: a fresh one
+            if not self._threads[rank].thread.is_alive():
+                self._threads[rank] = _RankThread(rank)
+        done = [self._threads[rank].submit(run_rank, rank) for rank in range(ranks)]
+        stuck = [rank for rank in range(ranks) if not done[rank].wait(join_timeout_s)]
+        names = [self._threads[rank].name for rank in stuck]
+        for rank in stuck:  # still in its step: a fresh thread takes its place next time
+            self._threads[rank].retire()
+            self._threads[rank] = _RankThread(rank)
+        return names
+
+
+LOCKSTEP_THREADS = LockstepThreads()
 
 
 def _first_error(errors: Sequence[BaseException | None]) -> BaseException | None:

@@ -18,6 +18,7 @@ Every queue has a bound its ``put`` checks (``BoundedQueue``). A reset empties t
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -80,11 +81,16 @@ class StorageQueues:
         )
 
     def by_name(self) -> dict[str, BoundedQueue[Any]]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dict(self._named)
+
+    @cached_property
+    def _named(self) -> tuple[tuple[str, BoundedQueue[Any]], ...]:
+        """The queues in field order (the fields are frozen, so once per tier attach)."""
+        return tuple((name, getattr(self, name)) for name in QUEUE_NAMES)
 
     def sizes(self) -> dict[str, int]:
         """Every queue's length, by name (what a snapshot and INV-24 read)."""
-        return {name: q.qsize() for name, q in self.by_name().items()}
+        return {name: q.qsize() for name, q in self._named}
 
     def is_empty(self) -> bool:
         return not any(self.sizes().values())

@@ -9,11 +9,17 @@ the gated tree's when upstream's code is under test, else 0.5.23's),
 behind a seeded ``FaultInjectingStorage`` and, outermost, a ``RecordingStorage`` the harness
 reads. The builders are registered with ``StorageBackendFactory`` under names private to this
 world, so ``attach_storage_backend(name)`` goes through the seed's own attach path.
+
+The L3 directory of the file backends lives on the machine's memory-backed filesystem
+(``l3_parent``: ``/dev/shm`` where it is a writable tmpfs with room, else the default temp
+dir): the files, names and calls are the same, and writing one costs ~40 us there instead of
+~800 us on a disk's filesystem, which was most of a file-backed storage step.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 import weakref
@@ -46,7 +52,24 @@ BACKGROUND_FAULTS: Mapping[str, float] = {
 }
 MODEL_NAME = "harness"
 UPSTREAM_FILE_VERSION = "0.5.23"
+MEMORY_FS = Path("/dev/shm")
+MEMORY_FS_FREE_MIN_BYTES = 64 << 20
+"""A world's L3 holds a few hundred pages of a few KiB at most; keep well clear of a full tmpfs."""
 _names = itertools.count()
+
+
+def l3_parent(memory_fs: Path = MEMORY_FS) -> Path | None:
+    """Where a world's L3 directory goes: ``memory_fs`` when it is a writable directory with
+    room, else None (``tempfile``'s default)."""
+    try:
+        usable = memory_fs.is_dir() and os.access(memory_fs, os.W_OK | os.X_OK)
+        return (
+            memory_fs
+            if usable and shutil.disk_usage(memory_fs).free >= MEMORY_FS_FREE_MIN_BYTES
+            else None
+        )
+    except OSError:
+        return None
 
 
 @dataclass
@@ -100,7 +123,7 @@ class StorageWorld:
         self.config = config
         self.group = group
         self.store = MemoryStore()
-        self._tmp = Path(tempfile.mkdtemp(prefix="hicache-l3-"))
+        self._tmp = Path(tempfile.mkdtemp(prefix="hicache-l3-", dir=l3_parent()))
         self.root = self._tmp / "l3"
         tag = next(_names)
         self.ranks: list[StorageRank] = []
