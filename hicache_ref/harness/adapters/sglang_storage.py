@@ -229,6 +229,18 @@ class StepGate:
         with self._cond:
             return any(t.function == function and t.is_alive() for t in self.threads)
 
+    def settle(self) -> None:
+        """Wait until every live thread upstream started waits at its queue (or exited): a
+        thread that starts another (0.5.10's prefetch thread starts its IO thread) registers it
+        before it parks, so the next step meets every thread at its ``get``, whatever the host's
+        load. Without it a reset right after attach raced the IO thread's start: started after
+        the stop, it exited at once instead of parking, and F23 replayed one time in three."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: all(t in self._parked or not t.is_alive() for t in self.threads),
+                timeout=PARK_TIMEOUT_S,
+            )
+
     def alive(self) -> list[str]:
         with self._cond:
             return [t.name for t in self.threads if t.is_alive()]
@@ -737,6 +749,7 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
         def attach_storage_backend(self, *args: Any, **kwargs: Any) -> None:
             with attaching(module, self._harness_tp, tree):
                 super().attach_storage_backend(*args, **kwargs)
+            self._harness_gate.settle()
             self.storage.epoch += 1
 
         def reset(self) -> None:
@@ -748,6 +761,7 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             finally:
                 if group is not None and getattr(self, "enable_storage", False):
                     group.resume()
+            self._harness_gate.settle()  # the new epoch's threads, each at its queue
             backend = getattr(self, "storage_backend", None)
             take = getattr(backend, "take", None)
             if callable(take):
