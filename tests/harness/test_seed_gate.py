@@ -393,3 +393,35 @@ def test_bounded_seed_gate_with_every_written_up_finding_baselined_finds_nothing
     report = json.loads(report_path.read_text())
     assert status == EXIT_OK, stdout
     assert report["cases"] > 0 and not report["failures"], stdout
+
+
+# -- the fork's storage tier --------------------------------------------------------------------
+SGLANG_CORPUS = REPO / "fuzz" / "corpus" / "sglang"
+STORAGE_FINDINGS = [
+    ("F22", "INV-25", "f22_backend_exception_kills_the_backup_thread.jsonl"),
+    ("F23", "INV-24", "f23_reset_leaves_the_old_prefetch_io_thread_alive.jsonl"),
+    ("F24", "INV-28", "f24_file_backend_clear_wipes_other_ranks.jsonl"),
+    ("F25", "INV-24", "f25_reset_keeps_the_prefetch_occupancy.jsonl"),
+    ("F26", "INV-25", "f26_backend_exception_kills_the_prefetch_io_thread.jsonl"),
+]
+
+
+@pytest.mark.parametrize(("finding", "expected", "name"), STORAGE_FINDINGS, ids=lambda v: v)
+def test_the_fork_keeps_0_5_10s_storage_threads_and_their_findings(
+    finding: str, expected: str, name: str
+) -> None:
+    # the seed draws storage worlds (its 0.5.10-shaped threads, one loop iteration a step);
+    # each storage finding's trace on 0.5.10 fails the same way on the fork, and the table
+    # baselines it for the fork too (its tree is the 0.5.10 wheel with the fork's controller)
+    from hicache_ref.harness.adapters.sglang_tree import tree_release
+    from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
+
+    implementation = SeedImplementation()
+    assert "storage" in implementation.capabilities
+    on_seed = replay(Trace.read(SGLANG_CORPUS / name), implementation="seed")
+    assert on_seed.signature() == expected, f"{finding}: {on_seed.error!r}"
+    release = tree_release(implementation.tree)
+    found = match_known_finding(
+        tuple(KNOWN_FINDINGS.values()), "seed", expected, str(on_seed.error), release
+    )
+    assert found is not None and found.id == finding, (release, on_seed.error)

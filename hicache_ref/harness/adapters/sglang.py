@@ -97,7 +97,6 @@ synchronizes a stream before clearing the queues (no ``reset_drains``)."""
 
 SEED_CAPABILITIES = CAPABILITIES - {
     "guards",
-    "storage",
     "storage:batch_steps",
     "reset_drains",
     "fence_streams",
@@ -342,6 +341,20 @@ class SeedImplementation(SglangImplementation):
         if request.draft_device_pool is not None:
             kwargs["draft_mem_pool_host"] = request.draft_host_pool
             kwargs["draft_mem_pool_device"] = request.draft_device_pool
+        if request.config.uses_storage:  # its 0.5.10-shaped storage threads, step by step
+            return build_storage_controller(
+                module,
+                self.tree,
+                request.allocator,
+                request.host_pool,
+                request.config.page_size,
+                None,  # tp_group: the subclass hands the fork its harness group
+                threading.Event(),
+                write_policy="write_through",
+                io_backend=request.config.io_backend,
+                collectives=request.storage_collectives,
+                **kwargs,
+            )
         controller = module.HiCacheController(
             request.allocator,
             request.host_pool,

@@ -227,7 +227,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
     ),
     KnownFinding(
         id="F22",
-        implementations=("sglang",),
+        implementations=("sglang", "seed"),  # the fork keeps 0.5.10's storage threads
         invariant="INV-25",
         message_pattern=r"upstream's backup_thread_func died of ",
         summary="the backup thread has no exception handler (0.5.10 - 0.5.21): one backend "
@@ -237,7 +237,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
     ),
     KnownFinding(
         id="F23",
-        implementations=("sglang",),
+        implementations=("sglang", "seed"),  # the fork keeps 0.5.10's storage threads
         invariant="INV-24",
         message_pattern=r"after detach: \d+ storage threads alive",
         summary="reset() never joins the prefetch IO thread (0.5.10 - 0.5.18): the old one "
@@ -246,7 +246,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
     ),
     KnownFinding(
         id="F25",
-        implementations=("sglang",),
+        implementations=("sglang", "seed"),  # the fork keeps 0.5.10's storage threads
         invariant="INV-24",
         message_pattern=r"after reset: queues \{[^}]*\}, prefetch_tokens_occupied=\d+",
         summary="reset() keeps prefetch_tokens_occupied and host_mem_release_queue "
@@ -256,7 +256,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
     ),
     KnownFinding(
         id="F26",
-        implementations=("sglang",),
+        implementations=("sglang", "seed"),  # the fork keeps 0.5.10's storage threads
         invariant="INV-25",
         message_pattern=r"upstream's prefetch_(thread|io_aux)_func died of ",
         summary="the prefetch hit-query and IO threads have no exception handler (0.5.10 - "
@@ -267,7 +267,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
     ),
     KnownFinding(
         id="F24",
-        implementations=("sglang",),
+        implementations=("sglang", "seed"),  # the fork runs its tree's HiCacheFile
         invariant="INV-28",
         message_pattern=r"rank \d+'s clear\(\) removed \d+ pages of other ranks",
         summary="upstream's HiCacheFile.clear() removes every file of its directory: one "
