@@ -19,13 +19,12 @@ only for the releases read to have it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hicache_ref.cli import EXIT_OK, main
+from hicache_ref.cli import EXIT_OK
 from hicache_ref.controller.storage.collectives import RankGroup
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
@@ -44,7 +43,7 @@ from .sglang_bugs import (
     PlantedBug,
     PrefetchIoSetsLocalProgress,
 )
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, plant
+from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, plant, run_gate
 
 STORAGE_GATE_BUDGET = "8s"
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
@@ -111,24 +110,8 @@ def test_upstream_threads_take_one_queue_item_per_step_and_reduce_over_the_harne
 def test_the_gate_draws_storage_on_0_5_23_and_finds_nothing_new(
     tree_0523: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report_path = tmp_path / "gate.json"
-    status = main(
-        [
-            "gate",
-            "--impl", "sglang",
-            "--sglang-src", str(tree_0523),
-            "--budget", STORAGE_GATE_BUDGET,
-            "--profile", "ci",
-            "--seed", "0",
-            "--out", str(tmp_path),
-            "--json", str(report_path),
-            "--no-progress",
-            "--workers", "1",
-        ]
-    )  # fmt: skip
-    stdout = capsys.readouterr().out
+    status, report, stdout = run_gate(tree_0523, tmp_path, STORAGE_GATE_BUDGET, capsys)
     assert status == EXIT_OK, stdout
-    report: dict[str, Any] = json.loads(report_path.read_text())
     assert report["rules"].get("storage_step", 0) > 0, report["rules"]
     assert report["rule_families"]["storage"]["steps"] > 0
 
@@ -331,23 +314,8 @@ def test_a_gated_tree_runs_its_own_file_backend_and_the_reference_runs_0_5_23s(
 def test_the_gate_draws_storage_on_0_5_10_with_its_findings_baselined(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report_path = tmp_path / "gate.json"
-    status = main(
-        [
-            "gate",
-            "--impl", "sglang",
-            "--budget", STORAGE_GATE_BUDGET,
-            "--profile", "ci",
-            "--seed", "0",
-            "--out", str(tmp_path),
-            "--json", str(report_path),
-            "--no-progress",
-            "--workers", "1",
-        ]
-    )  # fmt: skip
-    stdout = capsys.readouterr().out
+    status, report, stdout = run_gate(fetch_wheel_tree(), tmp_path, STORAGE_GATE_BUDGET, capsys)
     assert status == EXIT_OK, stdout
-    report: dict[str, Any] = json.loads(report_path.read_text())
     assert report["rules"].get("write_storage", 0) > 0, report["rules"]
     assert report["rules"].get("prefetch", 0) > 0, report["rules"]  # its prefetch protocol too
 
