@@ -358,3 +358,19 @@ def test_a_finding_outside_its_releases_is_reported_not_baselined() -> None:
     assert match_known_finding(known, "sglang", "INV-24", message, "") is None  # a checkout
     # an unscoped finding (F8, every release) still matches any release
     assert match_known_finding(known, "sglang", "INV-18", "reset() left producer_index=0", "0.5.23")
+
+
+@pytest.mark.usefixtures("gate_env")
+def test_a_page_dropped_while_a_reset_runs_a_queued_backup_is_lost_not_a_hole(
+    tree_0523: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two chains backed up, a reset with one queued, rank 1 clears, both rewritten and a second
+    # reset with a backup queued: upstream's stopping backup thread runs it (no step sees it)
+    # and the faulty backend drops its first page; that is the backend's fault, excused like a
+    # drop inside a step, never an INV-31 hole (the 0.5.10 gate reported one at 60 s)
+    trace = Trace.read(CORPUS / "reset_drops_a_page_unobserved_no_hole.jsonl")
+    assert trace.header.config.storage_faults
+    assert not replay(trace).failed  # 0.5.10
+    monkeypatch.setenv(SRC_ENV, str(tree_0523))
+    assert not replay(trace).failed
+    assert not replay(trace, implementation="reference").failed
