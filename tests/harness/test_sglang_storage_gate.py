@@ -368,7 +368,7 @@ def test_a_page_dropped_while_a_reset_runs_a_queued_backup_is_lost_not_a_hole(
     # reset with a backup queued: upstream's stopping backup thread runs it (no step sees it)
     # and the faulty backend drops its first page; that is the backend's fault, excused like a
     # drop inside a step, never an INV-31 hole (the 0.5.10 gate reported one at 60 s)
-    trace = Trace.read(CORPUS / "reset_drops_a_page_unobserved_no_hole.jsonl")
+    trace = Trace.read(Path(__file__).with_name("reset_drops_a_page_unobserved_no_hole.jsonl"))
     assert trace.header.config.storage_faults
     assert not replay(trace).failed  # 0.5.10
     monkeypatch.setenv(SRC_ENV, str(tree_0523))
