@@ -179,12 +179,26 @@ def run_and_report(
         if ending is not None:
             ending()
         messages.put(("done", worker, report))
-    except KeyboardInterrupt:  # before its campaign began: nothing ran
-        messages.put(("interrupted", worker, None))
+    except KeyboardInterrupt:  # before its campaign began: nothing ran, and its part says so
+        if ending is not None:
+            ending()
+        messages.put(("done", worker, _report_of_nothing(task)))
     except HiCacheInputError as exc:  # a setup problem too: the one line the CLI prints
         messages.put(("input_error", worker, str(exc)))
     except BaseException:
         messages.put(("crash", worker, traceback.format_exc()))
+
+
+def _report_of_nothing(task: WorkerTask) -> CampaignReport:
+    """The part of a worker stopped before its campaign began (a Ctrl-C while it set up):
+    no case ran, but the merged report still has one part per worker, with its seeds."""
+    report = CampaignReport(
+        task.impl, task.profile, task.lane.first, device=task.device, interrupted=True
+    )
+    report.seed_stride = task.lane.stride
+    report.worker, report.workers = task.lane.worker, task.lane.workers
+    report.shard = task.lane.shard.label
+    return report
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
