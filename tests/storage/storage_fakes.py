@@ -27,6 +27,7 @@ from hicache_ref.controller.storage import (
     runnable_steps,
 )
 from hicache_ref.controller.storage.collectives import Collectives
+from hicache_ref.controller.storage.lockstep import LockstepThreads
 from hicache_ref.errors import DoubleFreeError
 from hicache_ref.ids import HostSlot
 from hicache_ref.storage.operations import PrefetchOperation
@@ -289,18 +290,26 @@ class RankWorld:
     pools: list[FakeHostPool]
     tiers: list[StorageTier]
     trees: list[TreeSide]
+    threads: LockstepThreads | None = None  # None: every step starts threads of its own
 
     @classmethod
-    def build(cls, ranks: int, page_size: int = 4, timeout_s: float = 2.0) -> RankWorld:
+    def build(
+        cls,
+        ranks: int,
+        page_size: int = 4,
+        timeout_s: float = 2.0,
+        threads: LockstepThreads | None = None,
+    ) -> RankWorld:
         group = RankGroup(ranks, timeout_s=timeout_s)
         pools = [FakeHostPool(size=64, page_size=page_size) for _ in range(ranks)]
         tiers = [make_tier(pool, collectives=group.view(r)) for r, pool in enumerate(pools)]
         for tier in tiers:
             tier.attach_storage_backend("memory", prefetch_threshold=page_size)
-        return cls(group, pools, tiers, [TreeSide(t, p) for t, p in zip(tiers, pools, strict=True)])
+        trees = [TreeSide(t, p) for t, p in zip(tiers, pools, strict=True)]
+        return cls(group, pools, tiers, trees, threads)
 
     def step(self, kind: StorageStepKind) -> tuple[StepResult, ...]:
-        return run_lockstep(self.tiers, self.group, kind)
+        return run_lockstep(self.tiers, self.group, kind, self.threads)
 
     def start(self, rid: str, tokens: list[int]) -> list[PrefetchOperation]:
         return [tree.start(rid, tokens) for tree in self.trees]

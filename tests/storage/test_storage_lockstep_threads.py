@@ -47,11 +47,30 @@ def story(world: RankWorld) -> list[object]:
 
 
 def test_a_step_on_the_long_lived_threads_equals_one_on_fresh_threads() -> None:
-    on_long_lived = story(RankWorld.build(3))
-    with lockstep.LOCKSTEP_THREADS.lock:  # busy: every step of this world starts its own
-        on_fresh = story(RankWorld.build(3))
-    assert on_long_lived == on_fresh
+    threads = lockstep.LockstepThreads()
+    on_long_lived = story(RankWorld.build(3, threads=threads))
+    on_fresh = story(RankWorld.build(3))  # no threads handed in: every step starts its own
+    busy = lockstep.LockstepThreads()
+    with busy.lock:  # busy: every step of this world starts its own too
+        on_busy = story(RankWorld.build(3, threads=busy))
+    assert on_long_lived == on_fresh == on_busy
     assert all(on_long_lived[-1])  # every rank issued collectives
+    threads.close()
+
+
+def test_closing_the_threads_ends_every_one_and_a_later_step_starts_fresh_ones() -> None:
+    threads = lockstep.LockstepThreads()
+    ran: list[str] = []
+    assert threads.run(lambda rank: ran.append(threading.current_thread().name), 2, 5.0) == []
+    started = [t.thread for t in threads._threads]
+    threads.close()
+    for thread in started:
+        thread.join(5.0)
+        assert not thread.is_alive()
+    assert threads.run(lambda rank: ran.append(threading.current_thread().name), 2, 5.0) == []
+    assert sorted(ran) == ["lockstep-r0", "lockstep-r0", "lockstep-r1", "lockstep-r1"]
+    assert all(t.thread not in started for t in threads._threads)  # two new threads ran it
+    threads.close()
 
 
 def test_rank_r_of_every_step_runs_on_the_same_thread() -> None:
@@ -78,13 +97,14 @@ def test_a_rank_stuck_past_the_join_timeout_is_inv20_and_its_thread_is_replaced(
         if rank == 1 and len(idents[1]) == 1:
             release.wait(10.0)  # rank 1's first step waits for a collective nobody issues
 
+    threads = lockstep.LockstepThreads()
     with pytest.raises(
         InvariantViolation,
         match=r"INV-20 violated: lockstep steps \['lockstep-r1'\] did not end within 0.1 s",
     ):
-        lockstep._run_on_threads(run_rank, 2, join_timeout_s=0.1)
+        lockstep._run_on_threads(run_rank, 2, 0.1, threads)
     release.set()
-    lockstep._run_on_threads(run_rank, 2, join_timeout_s=5.0)  # a fresh thread runs rank 1
+    lockstep._run_on_threads(run_rank, 2, 5.0, threads)  # a fresh thread runs rank 1
     assert idents[0][0] == idents[0][1]
     assert idents[1][0] != idents[1][1]
 

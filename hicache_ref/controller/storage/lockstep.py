@@ -9,11 +9,12 @@ collectives in the same order (INV-20). Each rank touches only its own pools and
 the outcome does not depend on how the threads interleave: a lockstep step is deterministic.
 One rank runs inline, without a thread.
 
-The threads are long-lived (``LockstepThreads``: thread ``r`` runs rank ``r`` of every step,
-one step at a time, and waits for the next in between), because starting fresh threads for
-every step cost more than the step itself. A step that finds them busy (another group's step
-on another thread) starts threads of its own, and a thread whose step did not end in time is
-retired, so no step ever waits behind another.
+The caller may hand it long-lived threads (``LockstepThreads``: thread ``r`` runs rank ``r`` of
+every step, one step at a time, and waits for the next in between; a storage world owns one set
+and closes it with the world), because starting fresh threads for every step cost more than the
+step itself. Without them, or when they are busy (a step of the same world on another thread),
+a step starts threads of its own, and a thread whose step did not end in time is retired, so
+no step ever waits behind another.
 
 ``reset_ranks`` and ``detach_ranks`` reset or detach every rank of a group: the group is
 interrupted while every rank's threads stop, so no thread waits in a collective for a peer that
@@ -43,9 +44,13 @@ def runnable_steps(tiers: Sequence[StorageTier]) -> list[StorageStepKind]:
 
 
 def run_lockstep(
-    tiers: Sequence[StorageTier], group: RankGroup, kind: StorageStepKind
+    tiers: Sequence[StorageTier],
+    group: RankGroup,
+    kind: StorageStepKind,
+    threads: LockstepThreads | None = None,
 ) -> tuple[StepResult, ...]:
-    """Run one ``kind`` step on every rank; the first violation (lowest rank) is raised."""
+    """Run one ``kind`` step on every rank (on ``threads`` where given); the first violation
+    (lowest rank) is raised."""
     if len(tiers) != group.world_size:
         raise HiCacheInputError(
             f"{len(tiers)} tiers for a {group.world_size}-rank group (one tier per rank)"
@@ -66,7 +71,8 @@ def run_lockstep(
         if len(tiers) == 1:
             run_rank(0)
         else:
-            _run_on_threads(run_rank, len(tiers), group.timeout_s + LOCKSTEP_JOIN_MARGIN_S)
+            timeout_s = group.timeout_s + LOCKSTEP_JOIN_MARGIN_S
+            _run_on_threads(run_rank, len(tiers), timeout_s, threads)
     finally:
         step_error: BaseException | None = None
         try:
@@ -79,14 +85,19 @@ def run_lockstep(
     return tuple(r for r in results if r is not None)
 
 
-def _run_on_threads(run_rank: Callable[[int], None], ranks: int, join_timeout_s: float) -> None:
-    if not LOCKSTEP_THREADS.lock.acquire(blocking=False):  # busy: another group's step
+def _run_on_threads(
+    run_rank: Callable[[int], None],
+    ranks: int,
+    join_timeout_s: float,
+    threads: LockstepThreads | None = None,
+) -> None:
+    if threads is None or not threads.lock.acquire(blocking=False):  # none, or busy
         _run_on_fresh_threads(run_rank, ranks, join_timeout_s)
         return
     try:
-        stuck = LOCKSTEP_THREADS.run(run_rank, ranks, join_timeout_s)
+        stuck = threads.run(run_rank, ranks, join_timeout_s)
     finally:
-        LOCKSTEP_THREADS.lock.release()
+        threads.lock.release()
     _verify_every_rank_ended(stuck, join_timeout_s)
 
 
@@ -145,8 +156,8 @@ class _RankThread:
 
 
 class LockstepThreads:
-    """The process's lockstep threads, one per rank of the largest group so far, started on
-    first use; ``lock`` is held by the step that uses them."""
+    """One world's lockstep threads, one per rank of its largest step so far, started on first
+    use; ``lock`` is held by the step that uses them, ``close`` ends them."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -168,8 +179,11 @@ class LockstepThreads:
             self._threads[rank] = _RankThread(rank)
         return names
 
-
-LOCKSTEP_THREADS = LockstepThreads()
+    def close(self) -> None:
+        """Every thread exits once its step (if any) ends; a later ``run`` starts fresh ones."""
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.retire()
 
 
 def _first_error(errors: Sequence[BaseException | None]) -> BaseException | None:

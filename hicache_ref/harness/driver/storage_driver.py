@@ -229,7 +229,7 @@ class StorageDriver:
 
         polled = self.polled is not None and kind is not StorageStepKind.BACKUP
         before = [len(t.release_queue_items()) for t in self.l3.tiers] if polled else []
-        results = run_lockstep(self.l3.tiers, self.l3.group, kind)
+        results = run_lockstep(self.l3.tiers, self.l3.group, kind, self.l3.threads)
         for result in results:
             if result.ran:  # a rank with nothing to do did nothing (not a stale act)
                 self._observe_calls(result)

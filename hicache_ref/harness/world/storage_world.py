@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_ref.controller.storage.collectives import RankGroup
+from hicache_ref.controller.storage.lockstep import LockstepThreads
 from hicache_ref.device.sim import SimDevice
 from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, Implementation
 from hicache_ref.harness.world.config import HarnessConfig
@@ -135,7 +136,10 @@ class StorageWorld:
             name = f"harness-l3-{tag}-r{rank}"
             self.ranks.append(StorageRank(rank, controller, host_pool, name))
         weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
-        self._closer = weakref.finalize(self, _close_tiers, [r.controller for r in self.ranks])
+        self.threads = LockstepThreads()  # the lockstep steps' rank threads, ended with the world
+        self._closer = weakref.finalize(
+            self, _close_tiers, [r.controller for r in self.ranks], self.threads
+        )
         self.attached = False
         self.file_tree = _file_backend_tree(implementation)
 
@@ -188,7 +192,8 @@ class StorageWorld:
         self.attached = True
 
     def close(self) -> None:
-        """Stop every rank's own storage threads (idempotent; also run when the world goes)."""
+        """Stop every rank's own storage threads and the lockstep threads (idempotent; also run
+        when the world goes)."""
         self._closer()
 
     def reset_peers(self) -> None:
@@ -210,13 +215,15 @@ def _file_backend_tree(implementation: Implementation) -> Path | None:
     return Path(source)
 
 
-def _close_tiers(controllers: list[Any]) -> None:
+def _close_tiers(controllers: list[Any], threads: LockstepThreads) -> None:
     """When the world goes: an implementation whose tier runs threads of its own (upstream's,
-    ``adapters/sglang_storage.py``) stops them; the reference's manual tier has none."""
+    ``adapters/sglang_storage.py``) stops them (the reference's manual tier has none), and the
+    lockstep threads end."""
     for controller in controllers:
         close = getattr(getattr(controller, "storage", None), "close", None)
         if callable(close):
             close()
+    threads.close()
 
 
 def _builder(world: weakref.ref[StorageWorld], rank: int) -> Any:
