@@ -62,6 +62,10 @@ class HiCacheStorageExtraInfo:
     extra_info: Mapping[str, object] | None = None
 
 
+STORAGE_KEYS_REMEMBERED = 4096
+"""Bound on the storage keys a backend remembers (then it forgets them all and starts over)."""
+
+
 def compute_format_tag(mem_pool_host: StorageHostPool | None) -> str:
     """The layout-independent tag of a pool's flat page format (bug class 21)."""
     if mem_pool_host is None:
@@ -117,6 +121,7 @@ class HiCacheStorage(ABC):
         self.config = config if config is not None else HiCacheStorageConfig()
         self.mem_pool_host: StorageHostPool | None = None
         self.format_tag = compute_format_tag(None)
+        self._keys: tuple[str, dict[str, str]] = (self.format_tag, {})
 
     def register_mem_pool_host(self, mem_pool_host: StorageHostPool) -> None:
         """Remember the host pool: its flat page format becomes part of every key."""
@@ -124,7 +129,17 @@ class HiCacheStorage(ABC):
         self.format_tag = compute_format_tag(mem_pool_host)
 
     def _storage_key(self, key: str) -> str:
-        return compute_storage_key(key, self.config, self.format_tag)
+        # a pure function of the key, the (frozen) config and the format tag: remembered per
+        # key while the tag stays (the harness asks every stored key's presence every step)
+        tag, keys = self._keys
+        if tag != self.format_tag:
+            tag, keys = self._keys = (self.format_tag, {})
+        stored = keys.get(key)
+        if stored is None:
+            if len(keys) >= STORAGE_KEYS_REMEMBERED:
+                keys.clear()
+            stored = keys[key] = compute_storage_key(key, self.config, self.format_tag)
+        return stored
 
     @property
     def namespace(self) -> str:
