@@ -203,3 +203,16 @@ def test_a_pool_with_another_page_geometry_misses_instead_of_reading_garbage(
     reader = FileStorage(tmp_path)
     reader.register_mem_pool_host(FakeHostPool(size=8, page_size=4, head_dim=8))
     assert not reader.exists("k")
+
+
+def test_a_key_stored_before_the_pool_registers_is_not_found_under_the_pools_format(
+    backend: HiCacheStorage,
+) -> None:
+    # the backend remembers storage keys, but only under the format tag they were made with
+    assert backend.set("k", page(1.0))
+    assert backend.exists("k")
+    backend.register_mem_pool_host(FakeHostPool(size=8, page_size=4))
+    assert backend._storage_key("k") == compute_storage_key("k", backend.config, backend.format_tag)
+    assert not backend.exists("k")  # stored under the default format, asked under the pool's
+    assert backend.set("k", page(2.0))
+    assert backend.exists("k")
