@@ -5,6 +5,9 @@ the IO thread still wrote its host pages) in 0.5.10's shape, where the IO side r
 ``host_indices[completed:]`` on its own schedule. Must be caught by INV-23 (the IO owns the
 unpublished pages until the request's final ack): the tree frees those pages from the release
 queue before the final ack arrived. The queue is written directly, past the tier's own guard.
+Where the tier releases the same tail itself before any IO step ran (a detach right after the
+hit query), the pool refuses the second release as a double free (INV-05), the same bug seen
+from the host pool's side.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from hicache_ref.harness.world.storage_config import storage_focus
 from hicache_ref.storage.operations import PrefetchOperation
 
 NAME = "terminate_releases_tail"
-INVARIANTS = ("INV-23",)
+INVARIANTS = ("INV-23", "INV-05")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "sglang#27550, #31668"

@@ -18,7 +18,7 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.campaigns.machine import _draw_config, machine_for
+from hicache_ref.harness.campaigns.machine import SWARM, MachineRule, _draw_config, machine_for
 from hicache_ref.harness.campaigns.profiles import lockstep_enabled, make_settings
 from hicache_ref.harness.lockstep import oracle as lockstep_module
 from hicache_ref.harness.lockstep.compare import compare_final_content, compare_state
@@ -137,9 +137,10 @@ def test_the_universe_grows_and_restarts_with_the_tree() -> None:
 class _LockstepMachine(machine_for(ReferenceImplementation(), "reference")):  # type: ignore[misc]
     """The ci machine with the oracle in lockstep (what ``attach_lockstep`` in setup gives)."""
 
-    @initialize(config=st.data())
-    def setup(self, config: st.DataObject) -> None:
+    @initialize(config=st.data(), swarm=SWARM)
+    def setup(self, config: st.DataObject, swarm: tuple[MachineRule, ...]) -> None:
         drawn = _draw_config(self.implementation, config)
+        self.swarm = swarm
         self.session = Session(drawn, self.implementation, self.impl_name)
         attach_lockstep(self.session)
         _FOLLOWED.append(self.session)

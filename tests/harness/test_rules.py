@@ -10,7 +10,7 @@ from typing import get_args
 from hicache_ref.campaign import RULE_FAMILIES, run_campaign
 from hicache_ref.distributed.schedule import schedule_entries
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.campaigns.machine import HiCacheMachine
+from hicache_ref.harness.campaigns.machine import MACHINE_RULES
 from hicache_ref.harness.steps.programs import LOAD_PATH_SHARE_MIN, PROGRAMS
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.rules import RULES, STREAMS, rule_families
@@ -44,14 +44,15 @@ def test_campaign_families_agree_with_the_records() -> None:
 
 
 def test_every_drawn_record_is_a_generated_machine_rule() -> None:
-    # a record whose draw is in_machine -> a machine method of its name, generated from it
+    # a record whose draw is in_machine -> a machine rule of its name, drawn with its params
+    drawn = {rule.name: rule for rule in MACHINE_RULES}
     for name, record in RULES.items():
-        method = getattr(HiCacheMachine, name, None)
         if record.draw is None or not record.draw.in_machine:
-            assert method is None, f"{name} is drawn only by compounds, yet has a machine rule"
+            assert name not in drawn, f"{name} is drawn only by compounds, yet has a machine rule"
             continue
-        assert method is not None, f"{name} has a draw but no machine rule"
-        assert record.doc in (method.__doc__ or "")
+        assert name in drawn, f"{name} has a draw but no machine rule"
+        assert [key for key, _ in drawn[name].strategies] == list(record.draw.params)
+        assert drawn[name].offered is record.draw.offered
 
 
 def test_every_program_is_a_machine_rule_or_a_weighted_entry() -> None:
@@ -60,10 +61,7 @@ def test_every_program_is_a_machine_rule_or_a_weighted_entry() -> None:
     for name, program in PROGRAMS.items():
         assert name not in RULES, f"program {name} shadows the atomic rule of that name"
         assert program.in_machine or program.weight, f"program {name} is drawn by nothing"
-        method = getattr(HiCacheMachine, name, None)
-        assert (method is not None) == program.in_machine, name
-        if method is not None:
-            assert program.doc in (method.__doc__ or "")
+        assert (name in {rule.name for rule in MACHINE_RULES}) == program.in_machine, name
 
 
 def test_the_cp_process_schedule_draws_from_the_records_and_programs() -> None:

@@ -1,7 +1,8 @@
 """What runs the machines, and what a gate knows beforehand.
 
-- ``machine.HiCacheMachine``: the Hypothesis state machine (one rule per compound program and
-  per drawn atomic record), ``machine_for`` binding it to an implementation and a sink;
+- ``machine.HiCacheMachine``: the Hypothesis state machine (a case's swarm, then one rule per
+  compound program and per drawn atomic record, drawn by the machine's single ``step`` rule),
+  ``machine_for`` binding it to an implementation and a sink;
   ``profiles``: its settings (ci, dev, campaign);
 - ``catalogue``: every seeded mutant against the machines, each caught by its declared id;
 - ``known_findings``: the findings written up per implementation, which a gate baselines;

@@ -1,16 +1,19 @@
 """The Hypothesis state machine: rules named after protocol verbs, all applied through a Session.
 
-Each case draws a configuration the implementation supports, then a program of rules. Every
-machine rule is generated: one per compound program (``programs.PROGRAMS`` with
-``in_machine``: new_request, compute, offload, reload, reload_staggered, round_trip,
-cancel_and_reuse, scheduler_check) and one per atomic rule record whose draw is ``in_machine``
-(``rules.RULES``), named after it, whose precondition is its ``offered`` and whose arguments are
-its params' strategies; the steps it yields are applied one by one, and the session checks each
-against its record. Rules pick nodes among the candidates the session offers
-(``@precondition`` keeps impossible rules out; no ``assume``), and mirror nothing in bundles:
-the session holds the state, so invariants and preconditions can see it. After every step the
-session checks its invariants; teardown runs the quiescence checks. When a case fails, the
-machine hands its trace to the class's ``sink``, and notes the line that replays it.
+Each case draws a configuration the implementation supports and a swarm (``Swarm``: the rules
+this case may draw, or every rule), then a program of rules. The machine's rules
+(``MACHINE_RULES``) are one per compound program (``programs.PROGRAMS`` with ``in_machine``:
+new_request, compute, offload, reload, reload_staggered, round_trip, cancel_and_reuse,
+scheduler_check, storage_round_trip, storage_steps) and one per atomic rule record whose draw is
+``in_machine`` (``rules.RULES``), named after it: its precondition is its ``offered`` and its
+arguments are its params' strategies. Hypothesis sees a single rule, ``step``, whose argument
+(``RuleChoices``) draws one of them, uniformly among those the swarm keeps and the session
+offers, then its arguments; the steps it yields are applied one by one, and the session checks
+each against its record. Rules pick nodes among the candidates the session offers (the
+``offered`` draw keeps impossible rules out; no ``assume``), and mirror nothing in bundles: the
+session holds the state, so preconditions can see it. After every step the session checks its
+invariants; teardown runs the quiescence checks. When a case fails, the machine hands its trace
+to the class's ``sink``, and notes the line that replays it.
 
 Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
 implementation and a ``CaseSink`` (a campaign's: it counts every finished case and keeps the
@@ -27,7 +30,7 @@ from typing import Any, ClassVar, Protocol, cast
 
 from hypothesis import note, reject
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
@@ -185,6 +188,121 @@ def _draw_config(implementation: Implementation, data: st.DataObject) -> Harness
     return refined
 
 
+@dataclass(frozen=True)
+class MachineRule:
+    """One rule the machine may draw: a compound program or an atomic record's draw."""
+
+    name: str
+    offered: Callable[[Session], bool]
+    strategies: tuple[tuple[str, st.SearchStrategy[Any]], ...]
+    steps: Callable[[Session, Mapping[str, Any]], Iterator[Step]]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A drawn rule and its drawn arguments (shown as ``name(arg=value, ...)``)."""
+
+    rule: MachineRule
+    drawn: Mapping[str, Any]
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{key}={value!r}" for key, value in self.drawn.items())
+        return f"{self.rule.name}({args})"
+
+
+class RuleChoices(st.SearchStrategy[Choice]):
+    """Draws one rule among those the case's swarm keeps and its session offers (uniformly),
+    then the rule's arguments. Like Hypothesis' own rule draw, it first tries a few rules of the
+    swarm at random, and asks every rule only when none of those is offered. The machine draws
+    its rules itself, through this one Hypothesis rule, rather than as one Hypothesis rule each:
+    Hypothesis' filtered rule draw asked ~25 preconditions and drew a swarm flag per rule and
+    step, a quarter of a case (``benchmarks/RESULTS.md``)."""
+
+    def do_draw(self, data: Any) -> Choice:
+        machine = cast("HiCacheMachine", data.draw(_RUNNER))
+        session = machine.s
+        swarm = machine.swarm
+        chosen: MachineRule | None = None
+        for _ in range(RULE_TRIES):
+            candidate = swarm[data.draw(_CHOICES[len(swarm) - 1])]
+            if candidate.offered(session):
+                chosen = candidate
+                break
+        if chosen is None:
+            offered = [r for r in swarm if r.offered(session)] or list(_ALWAYS)
+            chosen = offered[data.draw(_CHOICES[len(offered) - 1])]
+        return Choice(chosen, {key: data.draw(strategy) for key, strategy in chosen.strategies})
+
+
+def _atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Iterator[Step]]:
+    draw = record.draw
+    assert draw is not None, f"rule {record.name} has no draw"
+
+    def steps(session: Session, drawn: Mapping[str, Any]) -> Iterator[Step]:
+        args = draw.choose(session, drawn)
+        if args is not None:
+            yield Step(rule=record.name, args=args)
+
+    return steps
+
+
+def _strategies(params: Mapping[str, Param]) -> tuple[tuple[str, st.SearchStrategy[Any]], ...]:
+    return tuple((key, param.strategy()) for key, param in params.items())
+
+
+def _machine_rules() -> tuple[MachineRule, ...]:
+    rules = [
+        MachineRule(p.name, p.offered, _strategies(p.params), p.run)
+        for p in PROGRAMS.values()
+        if p.in_machine
+    ]
+    for record in RULES.values():
+        if record.draw is not None and record.draw.in_machine:
+            # Verify a generated atomic rule does not hide a compound rule of the same name
+            assert all(r.name != record.name for r in rules), f"{record.name}: compound or atomic?"
+            draw = record.draw
+            rules.append(
+                MachineRule(
+                    record.name, draw.offered, _strategies(draw.params), _atomic_steps(record)
+                )
+            )
+    return tuple(sorted(rules, key=lambda r: (len(r.strategies), r.name)))
+
+
+MACHINE_RULES = _machine_rules()
+"""Every rule the machine draws, by name (the swarm mask and the choice index follow this order)."""
+ALWAYS_OFFERED = frozenset({"new_request", "round_trip"})
+_SWARM_ON = st.booleans()
+_SWARM_MASK = st.integers(0, (1 << len(MACHINE_RULES)) - 1)
+_CHOICES = [st.integers(0, n - 1) for n in range(1, len(MACHINE_RULES) + 1)]
+RULE_TRIES = 3
+"""Rules tried at random before every rule is asked (Hypothesis' filtered draw tries as many)."""
+_ALWAYS = tuple(r for r in MACHINE_RULES if r.name in ALWAYS_OFFERED)
+_RUNNER = st.runner()
+RULE_CHOICES = RuleChoices()
+
+
+class Swarm(st.SearchStrategy[tuple[MachineRule, ...]]):
+    """Swarm testing: the rules one case may draw. A case first draws whether it leaves any
+    out, then one bit per rule (set: left out), in two draws that shrink towards every rule
+    kept. One always-offered rule always stays, so a case never runs dry."""
+
+    def do_draw(self, data: Any) -> tuple[MachineRule, ...]:
+        if not data.draw(_SWARM_ON):
+            return MACHINE_RULES
+        left_out = data.draw(_SWARM_MASK)
+        kept = tuple(r for i, r in enumerate(MACHINE_RULES) if not left_out >> i & 1)
+        if not any(r.name in ALWAYS_OFFERED for r in kept):
+            kept = (*kept, _ALWAYS[0])
+        return kept
+
+
+SWARM = Swarm()
+
+
 class HiCacheMachine(RuleBasedStateMachine):
     """Drives one implementation through write, load, cancel and evict interleavings."""
 
@@ -197,6 +315,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.session: Session | None = None
         self.failed = False
+        self.swarm: tuple[MachineRule, ...] = ()
 
     @property
     def s(self) -> Session:
@@ -230,11 +349,19 @@ class HiCacheMachine(RuleBasedStateMachine):
         )
         exc._hicache_reported = True  # type: ignore[attr-defined]
 
-    @initialize(config=st.data())
-    def setup(self, config: st.DataObject) -> None:
+    @initialize(config=st.data(), swarm=SWARM)
+    def setup(self, config: st.DataObject, swarm: tuple[MachineRule, ...]) -> None:
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name, build=self.build)
         attach_lockstep(self.session)  # the pure oracle follows every step
+        self.swarm = swarm
+
+    @rule(choice=RULE_CHOICES)
+    def step(self, choice: Choice) -> None:
+        """Apply the drawn rule's steps one by one (each sees the world the steps before it
+        made)."""
+        for next_step in choice.rule.steps(self.s, choice.drawn):
+            self._apply(next_step)
 
     def teardown(self) -> None:
         if self.session is None:
@@ -250,55 +377,6 @@ class HiCacheMachine(RuleBasedStateMachine):
         finally:
             self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
             self.session.close()
-
-
-def _machine_rule(
-    name: str,
-    doc: str,
-    params: Mapping[str, Param],
-    offered: Callable[[Session], bool],
-    steps: Callable[[Session, Mapping[str, Any]], Iterator[Step]],
-) -> Callable[..., None]:
-    """A machine rule: draw the params, then apply the steps one by one (each sees the world the
-    steps before it made)."""
-
-    def apply_steps(self: HiCacheMachine, **drawn: Any) -> None:
-        for next_step in steps(self.s, drawn):
-            self._apply(next_step)
-
-    apply_steps.__name__ = apply_steps.__qualname__ = name
-    apply_steps.__doc__ = doc
-    strategies = {key: param.strategy() for key, param in params.items()}
-    ruled = rule(**strategies)(apply_steps)  # type: ignore[call-overload]  # (a dict of kwargs)
-    guarded = precondition(lambda self: self.session is not None and offered(self.s))(ruled)
-    return guarded  # type: ignore[no-any-return]
-
-
-def _atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Iterator[Step]]:
-    draw = record.draw
-    assert draw is not None, f"rule {record.name} has no draw"
-
-    def steps(session: Session, drawn: Mapping[str, Any]) -> Iterator[Step]:
-        args = draw.choose(session, drawn)
-        if args is not None:
-            yield Step(rule=record.name, args=args)
-
-    return steps
-
-
-for _program in PROGRAMS.values():
-    if _program.in_machine:
-        doc = f"Compound: {_program.doc} (atomic steps)."
-        method = _machine_rule(_program.name, doc, _program.params, _program.offered, _program.run)
-        setattr(HiCacheMachine, _program.name, method)
-for _record in RULES.values():
-    if _record.draw is not None and _record.draw.in_machine:
-        # Verify a generated atomic rule does not hide a compound rule of the same name
-        assert _record.name not in HiCacheMachine.__dict__, f"{_record.name}: compound or atomic?"
-        doc = f"Atomic ({_record.family}): {_record.doc}."
-        draw = _record.draw
-        method = _machine_rule(_record.name, doc, draw.params, draw.offered, _atomic_steps(_record))
-        setattr(HiCacheMachine, _record.name, method)
 
 
 def machine_for(
