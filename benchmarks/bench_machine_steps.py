@@ -35,8 +35,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from hicache_ref.campaign_rounds import freeze_long_lived_objects
 from hicache_ref.harness.adapters import ReferenceImplementation
-from hicache_ref.harness.campaigns.machine import FailureFolder, HiCacheMachine, machine_for
+from hicache_ref.harness.campaigns.machine import MACHINE_RULES, FailureFolder, machine_for
 from hicache_ref.harness.campaigns.profiles import LOCKSTEP_ENV
 from hicache_ref.harness.steps.outcome import Outcome
 from hicache_ref.harness.steps.session import Session
@@ -154,6 +155,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--examples", type=int, default=40)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per seed and machine; the fastest counts"
+    )
     parser.add_argument("--append", type=Path)
     parser.add_argument(
         "--profile",
@@ -162,32 +166,52 @@ def main() -> None:
     )
     args = parser.parse_args()
     profiler = cProfile.Profile() if args.profile else None
-    n_rules = _count_rules(HiCacheMachine)
+    n_rules = len(MACHINE_RULES)
     trivial = make_trivial_machine(n_rules)
     trivial_rates, our_rates, protocol_rates, shares = [], [], [], []
     lockstep_rates: list[float] = []
+    # a warm-up case of each (imports, caches, the first world), not counted
+    run_trivial(trivial, 2, args.steps, seed=0)
+    run_ours(2, args.steps, seed=0)
+    freeze_long_lived_objects()  # what a campaign does before its first round
     for r in range(args.rounds):
-        trivial_rates.append(run_trivial(trivial, args.examples, args.steps, seed=r))
-        if profiler is not None:
-            profiler.enable()
-        rate, protocol_rate, share = run_ours(args.examples, args.steps, seed=r)
-        if profiler is not None:
-            profiler.disable()
+        # each figure is the fastest of ``--repeat`` runs of the same seed (the same program):
+        # the other processes of a shared machine only ever slow a run down
+        trivial_rates.append(
+            max(run_trivial(trivial, args.examples, args.steps, seed=r) for _ in range(args.repeat))
+        )
+        best: tuple[float, float, float] | None = None
+        for _ in range(args.repeat):
+            if profiler is not None:
+                profiler.enable()
+            measured = run_ours(args.examples, args.steps, seed=r)
+            if profiler is not None:
+                profiler.disable()
+            if best is None or measured[1] > best[1]:
+                best = measured
+        assert best is not None
+        rate, protocol_rate, share = best
         our_rates.append(rate)
         protocol_rates.append(protocol_rate)
         shares.append(share)
-        lockstep_rates.append(run_ours(args.examples, args.steps, seed=r, lockstep=True)[1])
+        lockstep_rates.append(
+            max(
+                run_ours(args.examples, args.steps, seed=r, lockstep=True)[1]
+                for _ in range(args.repeat)
+            )
+        )
     t_med, o_med = statistics.median(trivial_rates), statistics.median(our_rates)
     lines = [
         "",
         f"## State-machine steps per second (bench_machine_steps.py), {time.strftime('%Y-%m-%d')}",
         "",
         f"Command: `PYTHONPATH=. .venv/bin/python benchmarks/bench_machine_steps.py --rounds {args.rounds} "
-        f"--examples {args.examples} --steps {args.steps}`  ",
+        f"--examples {args.examples} --steps {args.steps} --repeat {args.repeat}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"torch {torch.__version__}, load average {os.getloadavg()[0]:.1f} at the end  ",
         f"Both machines have {n_rules} rules; generate phase only; medians over {args.rounds} rounds "
-        "(same seeds, interleaved).",
+        f"(seeds 0-{args.rounds - 1}, interleaved), each round the fastest of {args.repeat} runs of "
+        "its seed, after one warm-up case of each machine.",
         "",
         "| machine | steps/s (median) | rounds |",
         "|---|---:|---|",
