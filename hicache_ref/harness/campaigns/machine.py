@@ -23,6 +23,7 @@ traces go to ``fuzz/out/`` (``FailureFolder``), as for the machines pytest runs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,22 @@ _POOL_KINDS: st.SearchStrategy[PoolKind] = st.sampled_from(["mha", "mla", "nsa"]
 _POLICIES: st.SearchStrategy[AllocPolicy] = st.sampled_from(["fifo", "lifo", "random"])
 _COUNTERS = st.sampled_from([2, 5])
 _HYBRID = st.sampled_from([False, False, True])
+_BOOLS = st.booleans()
+
+
+@functools.cache
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """``st.integers(lo, hi)``, built once per bounds (a strategy built per case is validated
+    per case: that was a fifth of drawing a configuration)."""
+    return st.integers(lo, hi)
+
+
+@functools.cache
+def _sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    """``st.sampled_from(values)``, built once per tuple of values."""
+    return st.sampled_from(values)
+
+
 _COPY_PATHS: dict[Layout, st.SearchStrategy[CopyPath]] = {
     layout: st.sampled_from([p for p in DRAWN_COPY_PATHS if p in copy_paths_for_layout(layout)])
     for layouts in _LAYOUT_NAMES
@@ -116,11 +133,11 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     io_backend: IoBackend = draw(_IO_BACKENDS)
     layout: Layout = draw(_LAYOUTS[io_backend])
     mha_only = layout in MHA_ONLY_LAYOUTS
-    storage = draw(storage_fields(capabilities))  # a storage world has no CP and no draft
+    storage = draw(_storage_fields(capabilities))  # a storage world has no CP and no draft
     cp_size = 0 if mha_only or storage else draw(_CP_SIZES)
     pool_kind: PoolKind = "mha" if mha_only else "nsa" if cp_size else draw(_POOL_KINDS)
-    layer_num = draw(st.integers(1, 3))
-    draft_layer_num = 0 if storage else draw(st.sampled_from([0, 0, layer_num - 1, layer_num + 1]))
+    layer_num = draw(_ints(1, 3))
+    draft_layer_num = 0 if storage else draw(_sampled((0, 0, layer_num - 1, layer_num + 1)))
     ranks = max(1, cp_size)
     config = HarnessConfig(
         page_size=page_size,
@@ -130,16 +147,16 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         layout=layout,
         io_backend=io_backend,
         cp_size=cp_size,
-        device_pages=draw(st.integers(2 * ranks + 6, 2 * ranks + 40)),
-        host_pages=draw(st.integers(2, 24)),
+        device_pages=draw(_ints(2 * ranks + 6, 2 * ranks + 40)),
+        host_pages=draw(_ints(2, 24)),
         alloc_policy=draw(_POLICIES),
         draft_alloc_policy=draw(_POLICIES),
-        draft_host_pages=draw(st.integers(1, 24)) if cp_size and draft_layer_num > 0 else 0,
+        draft_host_pages=draw(_ints(1, 24)) if cp_size and draft_layer_num > 0 else 0,
         num_counters=draw(_COUNTERS),
-        settle_records=draw(st.booleans()),
+        settle_records=draw(_BOOLS),
         copy_path=draw(_COPY_PATHS[layout]),  # the copy engine's batch refuses some layouts
         hybrid=draw(_HYBRID),
-        seed=draw(st.integers(0, 2**16)),
+        seed=draw(_ints(0, 2**16)),
         **storage,
     )
     # Fields added later come after every other draw, so the programs of pinned campaigns keep
@@ -150,7 +167,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         {
             **config.model_dump(),
             "forward_stream": not cp_size and _fenced(capabilities) and bool(config.seed & 1),
-            "pool_group": draw(st.sampled_from(groups)) if len(groups) > 1 else groups[0],
+            "pool_group": draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0],
         }
     )
     if capabilities and not supports(capabilities, config):
@@ -173,8 +190,19 @@ def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) 
     return ["none", *(g for g in grouped if f"pool_group:{g}" in capabilities)]
 
 
+@functools.cache
+def _storage_fields(capabilities: frozenset[str]) -> st.SearchStrategy[dict[str, Any]]:
+    return storage_fields(capabilities)
+
+
+@functools.cache
+def _configs(capabilities: frozenset[str]) -> st.SearchStrategy[HarnessConfig]:
+    """The configurations of one capability set, built once per set (not once per case)."""
+    return harness_configs(capabilities)
+
+
 def _draw_config(implementation: Implementation, data: st.DataObject) -> HarnessConfig:
-    config = data.draw(harness_configs(implementation.capabilities))
+    config = data.draw(_configs(frozenset(implementation.capabilities)))
     refined = implementation.refine_config(config)  # contract: optional hook
     if refined is config:
         return config

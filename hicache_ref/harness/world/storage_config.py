@@ -25,20 +25,31 @@ def storage_backends() -> list[str]:
     return backends
 
 
+# built once (a strategy built per case is validated per case)
+_RANKS = st.sampled_from([0, 0, 0, 1, 2, 3, 4])
+_BACKENDS = {
+    tuple(backends): st.sampled_from(backends)
+    for backends in (["memory", "memory", "file"], ["memory", "memory", "file", "upstream_file"])
+}
+_FAULTS = st.booleans()
+_BATCH_PAGES = st.sampled_from([1, 2, 4])
+_POLICIES = st.sampled_from(["best_effort", "wait_complete", "timeout"])
+
+
 @st.composite
 def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, Any]:
     """``HarnessConfig`` fields of a storage world, or none (no storage tier this case)."""
     if capabilities and STORAGE not in capabilities:
         return {}
-    ranks = draw(st.sampled_from([0, 0, 0, 1, 2, 3, 4]))
+    ranks = draw(_RANKS)
     if not ranks:
         return {}
     return {
         "storage_ranks": ranks,
-        "storage_backend": draw(st.sampled_from(storage_backends())),
-        "storage_faults": draw(st.booleans()),
-        "storage_batch_pages": draw(st.sampled_from([1, 2, 4])),
-        "storage_policy": draw(st.sampled_from(["best_effort", "wait_complete", "timeout"])),
+        "storage_backend": draw(_BACKENDS[tuple(storage_backends())]),
+        "storage_faults": draw(_FAULTS),
+        "storage_batch_pages": draw(_BATCH_PAGES),
+        "storage_policy": draw(_POLICIES),
     }
 
 
