@@ -228,6 +228,9 @@ class MachineRule:
     def __repr__(self) -> str:
         return self.name
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # Hypothesis' printed program
+        printer.text(repr(self))
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -239,6 +242,9 @@ class Choice:
     def __repr__(self) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in self.drawn.items())
         return f"{self.rule.name}({args})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # Hypothesis' printed program
+        printer.text(repr(self))
 
 
 class RuleChoices(st.SearchStrategy[Choice]):
