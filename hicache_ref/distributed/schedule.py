@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_ref.harness.adapters.base import supports
-from hicache_ref.harness.steps.programs import NEW_REQUEST, PROGRAMS, step
+from hicache_ref.harness.steps.programs import NEW_REQUEST, PROGRAMS, atomic_steps, step
 from hicache_ref.harness.steps.rule_record import Param, RuleRecord, sample_params
 from hicache_ref.harness.steps.rules import DRAIN_ACKS, NOOP, RULES, STREAMS, SYNCHRONIZE
 from hicache_ref.harness.steps.session import Session
@@ -81,13 +81,7 @@ class Entry:
 def _atomic(record: RuleRecord) -> Entry:
     draw = record.draw
     assert draw is not None, f"rule {record.name} has a weight but no draw"
-
-    def run(session: Session, drawn: Mapping[str, Any]) -> Iterator[Step]:
-        args = draw.choose(session, drawn)
-        if args is not None:
-            yield Step(rule=record.name, args=args)
-
-    return Entry(record.name, record.weight, draw.params, draw.offered, run)
+    return Entry(record.name, record.weight, draw.params, draw.offered, atomic_steps(record))
 
 
 def schedule_entries(*, probes: bool = True) -> tuple[Entry, ...]:

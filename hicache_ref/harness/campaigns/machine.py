@@ -35,9 +35,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
-from hicache_ref.harness.steps.programs import PROGRAMS
+from hicache_ref.harness.steps.programs import PROGRAMS, atomic_steps
 from hicache_ref.harness.steps.rule_record import Param
-from hicache_ref.harness.steps.rules import RULES, RuleRecord
+from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import (
@@ -271,18 +271,6 @@ class RuleChoices(st.SearchStrategy[Choice]):
         return Choice(chosen, {key: data.draw(strategy) for key, strategy in chosen.strategies})
 
 
-def _atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Iterator[Step]]:
-    draw = record.draw
-    assert draw is not None, f"rule {record.name} has no draw"
-
-    def steps(session: Session, drawn: Mapping[str, Any]) -> Iterator[Step]:
-        args = draw.choose(session, drawn)
-        if args is not None:
-            yield Step(rule=record.name, args=args)
-
-    return steps
-
-
 def _strategies(params: Mapping[str, Param]) -> tuple[tuple[str, st.SearchStrategy[Any]], ...]:
     return tuple((key, param.strategy()) for key, param in params.items())
 
@@ -300,7 +288,7 @@ def _machine_rules() -> tuple[MachineRule, ...]:
             draw = record.draw
             rules.append(
                 MachineRule(
-                    record.name, draw.offered, _strategies(draw.params), _atomic_steps(record)
+                    record.name, draw.offered, _strategies(draw.params), atomic_steps(record)
                 )
             )
     return tuple(sorted(rules, key=lambda r: (len(r.strategies), r.name)))

@@ -76,6 +76,20 @@ class Program:
     in_machine: bool = True  # the Hypothesis machine has a rule for it
 
 
+def atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Steps]:
+    """The one-step story of an atomic record with a draw: its step with the arguments its
+    ``choose`` makes of the drawn values (none when they make nothing to do now)."""
+    draw = record.draw
+    assert draw is not None, f"rule {record.name} has no draw"
+
+    def run(session: Session, drawn: Mapping[str, Any]) -> Steps:
+        args = draw.choose(session, drawn)
+        if args is not None:
+            yield Step(rule=record.name, args=args)
+
+    return run
+
+
 def step(record: RuleRecord, **args: StepArg) -> Step:
     """A step of one atomic rule."""
     return Step(rule=record.name, args=dict(args))
