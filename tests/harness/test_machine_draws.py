@@ -36,7 +36,7 @@ def test_a_drawn_step_prints_as_the_rule_call_it_is() -> None:
 
 
 def test_the_rules_are_ordered_fewest_params_first_as_hypothesis_orders_its_own() -> None:
-    keys = [(len(r.strategies), r.name) for r in MACHINE_RULES]
+    keys = [(len(r.params), r.name) for r in MACHINE_RULES]
     assert keys == sorted(keys)
     assert len(BY_NAME) == len(MACHINE_RULES)  # one rule per name
 
@@ -64,7 +64,7 @@ class _CheckedDraws(machine_for(ReferenceImplementation(), "reference")):  # typ
         # Verify the drawn rule is one the swarm keeps and the session offers right now
         assert choice.rule in self.swarm
         assert choice.rule.offered(self.s), f"{choice!r} drawn while not offered"
-        assert [key for key, _ in choice.rule.strategies] == list(choice.drawn)
+        assert [key for key, _ in choice.rule.params] == list(choice.drawn)
         self.drawn.append(choice.rule.name)
         super().step(choice)
 

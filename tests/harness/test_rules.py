@@ -51,7 +51,7 @@ def test_every_drawn_record_is_a_generated_machine_rule() -> None:
             assert name not in drawn, f"{name} is drawn only by compounds, yet has a machine rule"
             continue
         assert name in drawn, f"{name} has a draw but no machine rule"
-        assert [key for key, _ in drawn[name].strategies] == list(record.draw.params)
+        assert [key for key, _ in drawn[name].params] == list(record.draw.params)
         assert drawn[name].offered is record.draw.offered
 
 

@@ -6,10 +6,10 @@ this case may draw, or every rule), then a program of rules. The machine's rules
 new_request, compute, offload, reload, reload_staggered, round_trip, cancel_and_reuse,
 scheduler_check, storage_round_trip, storage_steps) and one per atomic rule record whose draw is
 ``in_machine`` (``rules.RULES``), named after it: its precondition is its ``offered`` and its
-arguments are its params' strategies. Hypothesis sees a single rule, ``step``, whose argument
-(``RuleChoices``) draws one of them, uniformly among those the swarm keeps and the session
-offers, then its arguments; the steps it yields are applied one by one, and the session checks
-each against its record. Rules pick nodes among the candidates the session offers (the
+arguments are its params (each drawn as its strategy would). Hypothesis sees a single rule,
+``step``, whose argument (``RuleChoices``) draws one of them, uniformly among those the swarm
+keeps and the session offers, then its arguments; the steps it yields are applied one by one,
+and the session checks each against its record. Rules pick nodes among the candidates the session offers (the
 ``offered`` draw keeps impossible rules out; no ``assume``), and mirror nothing in bundles: the
 session holds the state, so preconditions can see it. After every step the session checks its
 invariants; teardown runs the quiescence checks. When a case fails, the machine hands its trace
@@ -36,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.steps.programs import PROGRAMS, atomic_steps
-from hicache_ref.harness.steps.rule_record import Param
+from hicache_ref.harness.steps.rule_record import Param, draw_small_int
 from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
@@ -139,37 +139,33 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     layer_num = draw(_ints(1, 3))
     draft_layer_num = 0 if storage else draw(_sampled((0, 0, layer_num - 1, layer_num + 1)))
     ranks = max(1, cp_size)
-    config = HarnessConfig(
-        page_size=page_size,
-        layer_num=layer_num,
-        draft_layer_num=max(0, draft_layer_num),
-        pool_kind=pool_kind,
-        layout=layout,
-        io_backend=io_backend,
-        cp_size=cp_size,
-        device_pages=draw(_ints(2 * ranks + 6, 2 * ranks + 40)),
-        host_pages=draw(_ints(2, 24)),
-        alloc_policy=draw(_POLICIES),
-        draft_alloc_policy=draw(_POLICIES),
-        draft_host_pages=draw(_ints(1, 24)) if cp_size and draft_layer_num > 0 else 0,
-        num_counters=draw(_COUNTERS),
-        settle_records=draw(_BOOLS),
-        copy_path=draw(_COPY_PATHS[layout]),  # the copy engine's batch refuses some layouts
-        hybrid=draw(_HYBRID),
-        seed=draw(_ints(0, 2**16)),
+    fields: dict[str, Any] = {
+        "page_size": page_size,
+        "layer_num": layer_num,
+        "draft_layer_num": max(0, draft_layer_num),
+        "pool_kind": pool_kind,
+        "layout": layout,
+        "io_backend": io_backend,
+        "cp_size": cp_size,
+        "device_pages": draw(_ints(2 * ranks + 6, 2 * ranks + 40)),
+        "host_pages": draw(_ints(2, 24)),
+        "alloc_policy": draw(_POLICIES),
+        "draft_alloc_policy": draw(_POLICIES),
+        "draft_host_pages": draw(_ints(1, 24)) if cp_size and draft_layer_num > 0 else 0,
+        "num_counters": draw(_COUNTERS),
+        "settle_records": draw(_BOOLS),
+        "copy_path": draw(_COPY_PATHS[layout]),  # the copy engine's batch refuses some layouts
+        "hybrid": draw(_HYBRID),
+        "seed": draw(_ints(0, 2**16)),
         **storage,
-    )
+    }
     # Fields added later come after every other draw, so the programs of pinned campaigns keep
     # their configurations: the forward's stream follows the seed's low bit (no draw at all),
     # and a pool group is drawn only where there is a choice (upstream 0.5.19+).
-    groups = _pool_groups(capabilities, cp_size, draft_layer_num)
-    config = HarnessConfig.model_validate(
-        {
-            **config.model_dump(),
-            "forward_stream": not cp_size and _fenced(capabilities) and bool(config.seed & 1),
-            "pool_group": draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0],
-        }
-    )
+    groups = _pool_groups(capabilities, cp_size, max(0, draft_layer_num))
+    fields["forward_stream"] = not cp_size and _fenced(capabilities) and bool(fields["seed"] & 1)
+    fields["pool_group"] = draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0]
+    config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
     return config
@@ -222,7 +218,7 @@ class MachineRule:
 
     name: str
     offered: Callable[[Session], bool]
-    strategies: tuple[tuple[str, st.SearchStrategy[Any]], ...]
+    params: tuple[tuple[str, Param], ...]
     steps: Callable[[Session, Mapping[str, Any]], Iterator[Step]]
 
     def __repr__(self) -> str:
@@ -261,23 +257,21 @@ class RuleChoices(st.SearchStrategy[Choice]):
         swarm = machine.swarm
         chosen: MachineRule | None = None
         for _ in range(RULE_TRIES):
-            candidate = swarm[data.draw(_CHOICES[len(swarm) - 1])]
+            candidate = swarm[draw_small_int(data, 0, len(swarm) - 1)]
             if candidate.offered(session):
                 chosen = candidate
                 break
         if chosen is None:
             offered = [r for r in swarm if r.offered(session)] or list(_ALWAYS)
-            chosen = offered[data.draw(_CHOICES[len(offered) - 1])]
-        return Choice(chosen, {key: data.draw(strategy) for key, strategy in chosen.strategies})
-
-
-def _strategies(params: Mapping[str, Param]) -> tuple[tuple[str, st.SearchStrategy[Any]], ...]:
-    return tuple((key, param.strategy()) for key, param in params.items())
+            chosen = offered[draw_small_int(data, 0, len(offered) - 1)]
+        # each index and argument is one choice, as its strategy would draw it, without a span
+        # of its own (``rule_record.draw_small_int``): the step's draw is the span
+        return Choice(chosen, {key: param.draw(data) for key, param in chosen.params})
 
 
 def _machine_rules() -> tuple[MachineRule, ...]:
     rules = [
-        MachineRule(p.name, p.offered, _strategies(p.params), p.run)
+        MachineRule(p.name, p.offered, tuple(p.params.items()), p.run)
         for p in PROGRAMS.values()
         if p.in_machine
     ]
@@ -288,10 +282,10 @@ def _machine_rules() -> tuple[MachineRule, ...]:
             draw = record.draw
             rules.append(
                 MachineRule(
-                    record.name, draw.offered, _strategies(draw.params), atomic_steps(record)
+                    record.name, draw.offered, tuple(draw.params.items()), atomic_steps(record)
                 )
             )
-    return tuple(sorted(rules, key=lambda r: (len(r.strategies), r.name)))
+    return tuple(sorted(rules, key=lambda r: (len(r.params), r.name)))
 
 
 MACHINE_RULES = _machine_rules()
@@ -299,7 +293,6 @@ MACHINE_RULES = _machine_rules()
 ALWAYS_OFFERED = frozenset({"new_request", "round_trip"})
 _SWARM_ON = st.booleans()
 _SWARM_MASK = st.integers(0, (1 << len(MACHINE_RULES)) - 1)
-_CHOICES = [st.integers(0, n - 1) for n in range(1, len(MACHINE_RULES) + 1)]
 RULE_TRIES = 3
 """Rules tried at random before every rule is asked (Hypothesis' filtered draw tries as many)."""
 _ALWAYS = tuple(r for r in MACHINE_RULES if r.name in ALWAYS_OFFERED)

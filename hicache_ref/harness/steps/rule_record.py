@@ -10,6 +10,7 @@ The records themselves are in ``rules.py``, the compound programs in ``programs.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,34 @@ RESET_DRAINS = "reset_drains"
 
 
 # -- drawn arguments ----------------------------------------------------------------------------
+SMALL_RANGE = 127
+"""Hypothesis draws a bounded integer of at most this span as one plain choice."""
+
+
+def draw_small_int(data: Any, lo: int, hi: int) -> int:
+    """``data.draw(st.integers(lo, hi))`` as one choice, without the strategy's span.
+
+    Inside the machine's rule draw (a strategy's ``do_draw``) every index and argument was a
+    nested ``data.draw`` with its own span and validation: a tenth of Hypothesis' time per
+    step. For ranges of at most ``SMALL_RANGE`` the integer strategy makes exactly this
+    choice, so a saved example still replays as the same program; only the argument's own
+    span goes (the step's draw stays one span). Wider ranges keep the strategy (it weights
+    the bounds)."""
+    if hi - lo > SMALL_RANGE:
+        return int(data.draw(_integers(lo, hi)))
+    return int(data.draw_integer(lo, hi))
+
+
+@functools.cache
+def _integers(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
+@functools.cache
+def _int_lists(lo: int, hi: int, min_size: int, max_size: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(_integers(lo, hi), min_size=min_size, max_size=max_size)
+
+
 @dataclass(frozen=True)
 class Ints:
     """An integer in ``[lo, hi]``."""
@@ -40,6 +69,9 @@ class Ints:
 
     def strategy(self) -> st.SearchStrategy[Any]:
         return st.integers(self.lo, self.hi)
+
+    def draw(self, data: Any) -> Any:
+        return draw_small_int(data, self.lo, self.hi)
 
     def sample(self, rng: random.Random) -> Any:
         return rng.randint(self.lo, self.hi)
@@ -51,6 +83,9 @@ class Bools:
 
     def strategy(self) -> st.SearchStrategy[Any]:
         return st.booleans()
+
+    def draw(self, data: Any) -> Any:
+        return data.draw_boolean()
 
     def sample(self, rng: random.Random) -> Any:
         return rng.random() < 0.5
@@ -64,6 +99,9 @@ class OneOf:
 
     def strategy(self) -> st.SearchStrategy[Any]:
         return st.sampled_from(self.values)
+
+    def draw(self, data: Any) -> Any:
+        return self.values[draw_small_int(data, 0, len(self.values) - 1)]
 
     def sample(self, rng: random.Random) -> Any:
         return rng.choice(self.values)
@@ -79,8 +117,10 @@ class IntLists:
     max_size: int
 
     def strategy(self) -> st.SearchStrategy[Any]:
-        item = st.integers(self.lo, self.hi)
-        return st.lists(item, min_size=self.min_size, max_size=self.max_size)
+        return _int_lists(self.lo, self.hi, self.min_size, self.max_size)
+
+    def draw(self, data: Any) -> Any:
+        return data.draw(self.strategy())
 
     def sample(self, rng: random.Random) -> Any:
         size = rng.randint(self.min_size, self.max_size)
