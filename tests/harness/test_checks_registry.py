@@ -149,9 +149,35 @@ def test_a_reset_that_keeps_write_acks_is_inv18() -> None:
 def test_the_session_counts_every_check_by_id() -> None:
     session = run(PLAIN, HiCacheController, *COMPUTED_NODE, ("write", {"node": 0}), "reset")
     session.finish()
-    counts = session.stats.checks_by_id
-    assert counts["INV-02"] == counts["INV-05"] - 1 == session.stats.invariant_checks
+    counts, stats = session.stats.checks_by_id, session.stats
+    # a round whose evidence had already passed is counted as a round, not as a run
+    assert (
+        counts["INV-02"]
+        == counts["INV-05"] - 1
+        == stats.invariant_checks - stats.step_checks_reused
+    )
     assert counts["INV-18"] == 1 and counts["INV-16"] == 1 and counts["INV-15"] == 1
+
+
+def test_evidence_that_already_passed_is_not_judged_again_but_any_change_is() -> None:
+    # a node written and its copy run: its ack waits, undrained, while the host waits on idle
+    # streams, which leaves the ranks and the tree's model as they were
+    session = run(PLAIN, HiCacheController, *COMPUTED_NODE, ("write", {"node": 0}), "start_writing")
+    session.world.device.run_until_idle()
+    session.apply(Step(rule="synchronize", args={"stream": "write"}))
+    stats = session.stats
+    reused, runs = stats.step_checks_reused, stats.checks_by_id["INV-02"]
+    session.apply(Step(rule="synchronize", args={"stream": "write"}))
+    session.apply(Step(rule="synchronize", args={"stream": "load"}))
+    assert stats.step_checks_reused == reused + 2
+    assert stats.checks_by_id["INV-02"] == runs
+    # the same ack queued twice behind the session's back: the next round judges it
+    queue = session.world.ranks[0].controller.ack_write_queue
+    assert len(queue) == 1
+    queue.append(queue[0])
+    with pytest.raises(InvariantViolation) as excinfo:
+        session.check_step_invariants()
+    assert fires("INV-02", excinfo).startswith("rank 0: node_id=")
 
 
 # --- the registry over hand-built snapshots -----------------------------------------------------

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given
 
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.steps.replay import replay
@@ -163,8 +164,6 @@ def test_progress_that_moves_after_terminate_prefetch_returned_is_caught() -> No
     # it at once, but an IO that kept writing would move its progress past the value the tree
     # settled [0:completed] on (sglang#27550): the storage log still reads the retired
     # operation, so INV-19 sees it
-    from hicache_ref.errors import InvariantViolation
-
     session = storage_session()
     apply(session, "write_storage", pick=1, new=True)
     apply(session, "storage_step", kind="backup")
@@ -235,3 +234,22 @@ def test_a_clear_is_drawn_at_rest_only() -> None:
     assert session.why_disabled(Step(rule="clear_storage", args={"rank": 0})) == (
         "storage work is in flight (clear_storage runs at rest: drain it first)"
     )
+
+
+def test_a_storage_snapshot_that_already_passed_is_not_judged_again_but_any_change_is() -> None:
+    session = storage_session()
+    apply(session, "write_storage", pick=0, new=True)
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")  # the backup's one ack
+    storage = session.tree.storage
+    assert storage is not None
+    runs, reused = session.stats.checks_by_id["INV-25"], storage.reused_checks
+    storage.check()  # nothing happened since: the same snapshot
+    assert storage.reused_checks == reused + 1
+    assert session.stats.checks_by_id["INV-25"] == runs
+    # a second ack recorded for the backup: the next check judges the new snapshot
+    (backup,) = storage.log.backups[0].values()
+    backup.acks += 1
+    with pytest.raises(InvariantViolation) as excinfo:
+        storage.check()
+    assert excinfo.value.inv_id == "INV-25"
