@@ -14,7 +14,7 @@ spin opened stay open for the steps after it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -188,6 +188,8 @@ class _Watched:
     inv_id: str
     why: str  # what a changed byte means, and the fix
     locs: torch.Tensor | None = None  # the slots of ``pages`` (rebuilt when pages shrink)
+    slots: str = ""  # the first of ``locs``, as a message names them
+    poison: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = field(default_factory=dict)
 
 
 class FreeSlotWatch:
@@ -302,16 +304,23 @@ class FreeSlotWatch:
             if still_free != watched.pages or watched.locs is None:
                 watched.pages = still_free
                 watched.locs = pages_to_token_locs(sorted(still_free), page)
+                watched.slots = str(watched.locs.tolist()[:16])
+                watched.poison = {}
             if not watched.pages:
                 continue
             locs = watched.locs
             scribble = SCRIBBLE_ROW_VALUE[watched.pool]
             for where, rows in self._rows_of(watched, locs):
+                # the poison rows are built once per shape while the watched slots stay
+                key = (tuple(rows.shape), rows.dtype)
+                poison = watched.poison.get(key)
+                if poison is None:
+                    poison = watched.poison[key] = torch.full_like(rows, scribble, device="cpu")
                 self.bytes.check_rows(
                     rows,
-                    torch.full_like(rows, scribble, device="cpu"),
+                    poison,
                     watched.inv_id,
-                    f"rank {watched.rank}: {where} (slots {locs.tolist()[:16]})",
+                    f"rank {watched.rank}: {where} (slots {watched.slots})",
                     fix=watched.why,
                 )
         self.watched = [w for w in self.watched if w.pages and not passed]

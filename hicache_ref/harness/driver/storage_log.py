@@ -131,6 +131,9 @@ class StorageLog:
     lost: set[tuple[int, str]] = field(default_factory=set)
     stale: list[StaleAct] = field(default_factory=list)
     collective_base: list[int] = field(default_factory=list)
+    # kept by ``use_key`` (the snapshot read them from every key use, at every check)
+    keyed: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # latest key per prefix
+    stored_keys: dict[tuple[int, str], None] = field(default_factory=dict)  # (rank, key) stored
 
     def __post_init__(self) -> None:
         self.forget_epoch([0] * self.ranks)
@@ -145,7 +148,13 @@ class StorageLog:
     def use_key(self, use: KeyUse) -> None:
         if len(self.key_uses) >= LOG_RECORDS_MAX:
             raise OverflowError("the storage log holds too many key uses for one case")
-        self.key_uses.setdefault((use.rank, use.key, use.prefix, use.how), use)
+        entry = (use.rank, use.key, use.prefix, use.how)
+        if entry in self.key_uses:
+            return
+        self.key_uses[entry] = use
+        self.keyed[(use.rank, use.prefix)] = use.key
+        if use.how == "stored":
+            self.stored_keys[(use.rank, use.key)] = None
 
     def record_clear(self, rank: int, removed: set[tuple[int, str]]) -> None:
         """Rank ``rank``'s clear removed these (writer rank, content key) pages (INV-28)."""
@@ -169,7 +178,7 @@ class StorageLog:
         return None
 
     def l3(self, present: set[tuple[int, str]]) -> L3Model:
-        keyed = {(use.rank, use.prefix): use.key for use in self.key_uses.values()}
+        keyed = self.keyed
         expected = tuple(
             (rank, keyed[(rank, prefix)], digest)
             for (rank, prefix), digest in sorted(self.expected.items())
