@@ -14,6 +14,7 @@ prints the top entries by cumulative and by own time; the rates it prints are th
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import os
 import platform
@@ -45,6 +46,26 @@ from hicache_ref.harness.steps.trace import Step
 
 STEPS = {"n": 0}
 CHECK_SHARE: list[float] = []
+
+
+def pin_local_constants() -> bool:
+    """Run without Hypothesis' pool of the literals found in the tree's own source.
+
+    Hypothesis mixes constants mined from every local module into its draws, so a seed's
+    program (the trivial machine's too) changed with any literal edited anywhere in
+    ``hicache_ref``: between two trees the trivial machine's rate moved 5% on its own (seed 5:
+    ~5,000 steps/s in one tree, ~3,800 in the next). With the pool empty for both machines
+    the trivial machine runs the same programs in every tree. Returns whether it was pinned
+    (the hook is Hypothesis-internal; without it the run says so)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        return False
+    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "_local_constants"):
+        return False
+    empty = copy.deepcopy(providers._local_constants)  # nothing mined before the first case
+    providers._get_local_constants = lambda: empty  # type: ignore[attr-defined]
+    return True
 
 
 def _count_rules(cls: type) -> int:
@@ -160,11 +181,19 @@ def main() -> None:
     )
     parser.add_argument("--append", type=Path)
     parser.add_argument(
+        "--pin-constants",
+        action="store_true",
+        help="run both machines without Hypothesis' pool of the tree's own literals (a "
+        "comparison of two trees then runs the trivial machine's same programs in both; "
+        "a campaign runs with the pool)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="also cProfile the runs of our machine into this file and print the top entries",
     )
     args = parser.parse_args()
+    pinned = pin_local_constants() if args.pin_constants else False
     profiler = cProfile.Profile() if args.profile else None
     n_rules = len(MACHINE_RULES)
     trivial = make_trivial_machine(n_rules)
@@ -206,12 +235,18 @@ def main() -> None:
         f"## State-machine steps per second (bench_machine_steps.py), {time.strftime('%Y-%m-%d')}",
         "",
         f"Command: `PYTHONPATH=. .venv/bin/python benchmarks/bench_machine_steps.py --rounds {args.rounds} "
-        f"--examples {args.examples} --steps {args.steps} --repeat {args.repeat}`  ",
+        f"--examples {args.examples} --steps {args.steps} --repeat {args.repeat}"
+        f"{' --pin-constants' if pinned else ''}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"torch {torch.__version__}, load average {os.getloadavg()[0]:.1f} at the end  ",
         f"Both machines have {n_rules} rules; generate phase only; medians over {args.rounds} rounds "
         f"(seeds 0-{args.rounds - 1}, interleaved), each round the fastest of {args.repeat} runs of "
-        "its seed, after one warm-up case of each machine.",
+        "its seed, after one warm-up case of each machine. Hypothesis' pool of the tree's own "
+        + (
+            "literals: empty for both machines (--pin-constants)."
+            if pinned
+            else "literals: on, as in a campaign."
+        ),
         "",
         "| machine | steps/s (median) | rounds |",
         "|---|---:|---|",
