@@ -10,7 +10,8 @@ by one node, every resident copy holding the bytes the content oracle predicts.
 The checks live in ``invariants/registry.py``, one entry per invariant id, over per-rank
 snapshots (``adapters/base.snapshot_rank``: ack rows from the implementation, pages from the
 harness's own pools) and the tree's model of its nodes; the session only decides when each runs
-and counts the runs per id (``SessionStats.checks_by_id``). What each rule needs and does is
+and counts the runs per id (``SessionStats.checks_by_id``), and a round whose evidence equals
+the last that passed is counted as reused, not run again (``step_checks_reused``). What each rule needs and does is
 its record in ``rules.py`` (``RULES``); a step whose rule is not enabled now (a node that is
 not a candidate, a capability the implementation lacks, e.g. no ``per_layer_write``) is
 skipped with the record's reason (``skip_reasons``), so traces stay replayable. While the free
