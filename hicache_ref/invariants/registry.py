@@ -25,7 +25,8 @@ The phases, in the order a case meets them:
 A checker is a pure function of its evidence: the session and the storage driver do not hand
 a phase's ids evidence equal to the last evidence that passed them (half the steps leave every
 rank and the model as they were). Dict order is the order the session runs them, so the first
-violation reported is the same one on every run. A message names the rank before the checker's own text (node, page, fix).
+violation reported is the same one on every run. A message names the rank before the
+checker's own text (node, page, fix).
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ scheduler_check, storage_round_trip, storage_steps) and one per atomic rule reco
 arguments are its params (each drawn as its strategy would). Hypothesis sees a single rule,
 ``step``, whose argument (``RuleChoices``) draws one of them, uniformly among those the swarm
 keeps and the session offers, then its arguments; the steps it yields are applied one by one,
-and the session checks each against its record. Rules pick nodes among the candidates the session offers (the
-``offered`` draw keeps impossible rules out; no ``assume``), and mirror nothing in bundles: the
-session holds the state, so preconditions can see it. After every step the session checks its
-invariants; teardown runs the quiescence checks. When a case fails, the machine hands its trace
+and the session checks each against its record. Rules pick nodes among the candidates the
+session offers (the ``offered`` draw keeps impossible rules out; no ``assume``), and mirror
+nothing in bundles: the session holds the state, so preconditions can see it. After every step
+the session checks its invariants; teardown runs the quiescence checks. When a case fails, the machine hands its trace
 to the class's ``sink``, and notes the line that replays it.
 
 Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
