@@ -1,19 +1,18 @@
 """The Hypothesis state machine: rules named after protocol verbs, all applied through a Session.
 
-Each case draws a configuration the implementation supports and a swarm (``Swarm``: the rules
-this case may draw, or every rule), then a program of rules. The machine's rules
-(``MACHINE_RULES``) are one per compound program (``programs.PROGRAMS`` with ``in_machine``:
-new_request, compute, offload, reload, reload_staggered, round_trip, cancel_and_reuse,
-scheduler_check, storage_round_trip, storage_steps) and one per atomic rule record whose draw is
-``in_machine`` (``rules.RULES``), named after it: its precondition is its ``offered`` and its
-arguments are its params (each drawn as its strategy would). Hypothesis sees a single rule,
-``step``, whose argument (``RuleChoices``) draws one of them, uniformly among those the swarm
-keeps and the session offers, then its arguments; the steps it yields are applied one by one,
-and the session checks each against its record. Rules pick nodes among the candidates the
-session offers (the ``offered`` draw keeps impossible rules out; no ``assume``), and mirror
-nothing in bundles: the session holds the state, so preconditions can see it. After every step
-the session checks its invariants; teardown runs the quiescence checks. When a case fails, the machine hands its trace
-to the class's ``sink``, and notes the line that replays it.
+Each case draws a configuration the implementation supports and a swarm (``Swarm``: the rules this
+case may draw, or every rule), then a program of rules. The machine's rules (``MACHINE_RULES``) are
+one per compound program (``programs.PROGRAMS`` with ``in_machine``: new_request, compute, offload,
+reload, reload_staggered, round_trip, cancel_and_reuse, scheduler_check, storage_round_trip,
+storage_steps) and one per atomic rule record whose draw is ``in_machine`` (``rules.RULES``), named
+after it: its precondition is its ``offered`` and its arguments are its params (each drawn as its
+strategy would). Hypothesis sees a single rule, ``step``, whose argument (``RuleChoices``) draws one
+of them, uniformly among those the swarm keeps and the session offers, then its arguments; the steps
+it yields are applied one by one, and the session checks each against its record. Rules pick nodes
+among the candidates the session offers (the ``offered`` draw keeps impossible rules out; no
+``assume``), and mirror nothing in bundles: the session holds the state, so preconditions can see
+it. After every step the session checks its invariants; teardown runs the quiescence checks. When a
+case fails, the machine hands its trace to the class's ``sink``, and notes the line that replays it.
 
 Nothing is shared through module globals: ``machine_for(implementation, name, sink)`` binds the
 implementation and a ``CaseSink`` (a campaign's: it counts every finished case and keeps the

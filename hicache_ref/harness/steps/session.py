@@ -7,18 +7,18 @@ session checks the invariants that are cheap enough to check always; ``finish()`
 quiescence checks: every stream idle, every ack drained exactly once, every slot free or owned
 by one node, every resident copy holding the bytes the content oracle predicts.
 
-The checks live in ``invariants/registry.py``, one entry per invariant id, over per-rank
-snapshots (``adapters/base.snapshot_rank``: ack rows from the implementation, pages from the
-harness's own pools) and the tree's model of its nodes; the session only decides when each runs
-and counts the runs per id (``SessionStats.checks_by_id``), and a round whose evidence equals
-the last that passed is counted as reused, not run again (``step_checks_reused``). What each
-rule needs and does is its record in ``rules.py`` (``RULES``); a step whose rule is not enabled
-now (a node that is not a candidate, a capability the implementation lacks, e.g. no
-``per_layer_write``) is skipped with the record's reason (``skip_reasons``), so traces stay
-replayable. While the free slots hold the harness's poison (``scribble_free_host``,
-``reset_in_flight``) every step also verifies it (``byte_checks.FreeSlotWatch``). On a GPU a forward read is compared once it has
-run (``byte_checks.DeferredReads``): after the step in which its gather passed, at the latest
-in ``finish()``.
+The checks live in ``invariants/registry.py``, one entry per invariant id, over per-rank snapshots
+(``adapters/base.snapshot_rank``: ack rows from the implementation, pages from the harness's own
+pools) and the tree's model of its nodes; the session only decides when each runs and counts the
+runs per id (``SessionStats.checks_by_id``), and a round whose evidence equals the last that passed
+is counted as reused, not run again (``step_checks_reused``). What each rule needs and does is its
+record in ``rules.py`` (``RULES``); a step whose rule is not enabled now (a node that is not a
+candidate, a capability the implementation lacks, e.g. no ``per_layer_write``) is skipped with the
+record's reason (``skip_reasons``), so traces stay replayable. While the free slots hold the
+harness's poison (``scribble_free_host``, ``reset_in_flight``) every step also verifies it
+(``byte_checks.FreeSlotWatch``). On a GPU a forward read is compared once it has run
+(``byte_checks.DeferredReads``): after the step in which its gather passed, at the latest in
+``finish()``.
 """
 
 from __future__ import annotations
