@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.steps.programs import PROGRAMS, atomic_steps
-from hicache_ref.harness.steps.rule_record import Param, draw_small_int
+from hicache_ref.harness.steps.rule_record import Param, draw_small_int, integers_once
 from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
@@ -106,13 +106,6 @@ _BOOLS = st.booleans()
 
 
 @functools.cache
-def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
-    """``st.integers(lo, hi)``, built once per bounds (a strategy built per case is validated
-    per case: that was a fifth of drawing a configuration)."""
-    return st.integers(lo, hi)
-
-
-@functools.cache
 def _sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
     """``st.sampled_from(values)``, built once per tuple of values."""
     return st.sampled_from(values)
@@ -135,7 +128,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     storage = draw(_storage_fields(capabilities))  # a storage world has no CP and no draft
     cp_size = 0 if mha_only or storage else draw(_CP_SIZES)
     pool_kind: PoolKind = "mha" if mha_only else "nsa" if cp_size else draw(_POOL_KINDS)
-    layer_num = draw(_ints(1, 3))
+    layer_num = draw(integers_once(1, 3))
     draft_layer_num = 0 if storage else draw(_sampled((0, 0, layer_num - 1, layer_num + 1)))
     ranks = max(1, cp_size)
     fields: dict[str, Any] = {
@@ -146,16 +139,16 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         "layout": layout,
         "io_backend": io_backend,
         "cp_size": cp_size,
-        "device_pages": draw(_ints(2 * ranks + 6, 2 * ranks + 40)),
-        "host_pages": draw(_ints(2, 24)),
+        "device_pages": draw(integers_once(2 * ranks + 6, 2 * ranks + 40)),
+        "host_pages": draw(integers_once(2, 24)),
         "alloc_policy": draw(_POLICIES),
         "draft_alloc_policy": draw(_POLICIES),
-        "draft_host_pages": draw(_ints(1, 24)) if cp_size and draft_layer_num > 0 else 0,
+        "draft_host_pages": draw(integers_once(1, 24)) if cp_size and draft_layer_num > 0 else 0,
         "num_counters": draw(_COUNTERS),
         "settle_records": draw(_BOOLS),
         "copy_path": draw(_COPY_PATHS[layout]),  # the copy engine's batch refuses some layouts
         "hybrid": draw(_HYBRID),
-        "seed": draw(_ints(0, 2**16)),
+        "seed": draw(integers_once(0, 2**16)),
         **storage,
     }
     # Fields added later come after every other draw, so the programs of pinned campaigns keep

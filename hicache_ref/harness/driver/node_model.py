@@ -108,10 +108,10 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
     key = (node.value, node.backup, node.layers_stored, busy, *host_of, *draft_of)
     if node.holdings is not None and _is_same_key(node.holdings_key, key):
         return node.holdings
-    device = _pages(node.value, page) if node.value is not None else frozenset()
-    host = tuple(_pages(t, page) if t is not None else frozenset() for t in host_of)
+    device = pages_covered(node.value, page) if node.value is not None else frozenset()
+    host = tuple(pages_covered(t, page) if t is not None else frozenset() for t in host_of)
     if uses_cp:
-        draft = tuple(_pages(t, page) if t is not None else frozenset() for t in draft_of)
+        draft = tuple(pages_covered(t, page) if t is not None else frozenset() for t in draft_of)
     else:
         draft = tuple(frozenset() for _ in range(num_ranks))
     node.holdings = NodeHoldings(
@@ -136,7 +136,7 @@ _PAGES_CACHE: dict[int, tuple[torch.Tensor, int, frozenset[int]]] = {}
 _PAGES_CACHE_BOUND = 4096
 
 
-def _pages(indices: torch.Tensor, page: int) -> frozenset[int]:
+def pages_covered(indices: torch.Tensor, page: int) -> frozenset[int]:
     """The pages an index tensor covers (cached per tensor: node tensors never change)."""
     hit = _PAGES_CACHE.get(id(indices))
     if hit is not None and hit[0] is indices and hit[1] == page:

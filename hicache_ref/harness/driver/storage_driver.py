@@ -36,7 +36,7 @@ from hicache_ref.controller.storage.lockstep import (
     runnable_steps,
 )
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
-from hicache_ref.harness.driver.node_model import Node
+from hicache_ref.harness.driver.node_model import Node, pages_covered
 from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
@@ -81,7 +81,6 @@ class StorageDriver:
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
         self.reused_checks = 0  # checks whose snapshot equalled the last that passed
-        self._source_holdings: dict[int, tuple[torch.Tensor, NodeHoldings]] = {}
         self.storage_tree = StorageTree(
             [self._tree_rank(StorageTreeRank, r) for r in self.l3.ranks]
         )
@@ -423,20 +422,18 @@ class StorageDriver:
     def holdings(self) -> tuple[NodeHoldings, ...]:
         """Rank 0's host pages the storage driver holds (sources, bounce buffers), for INV-05."""
         held: list[NodeHoldings] = []
-        memo: dict[int, tuple[torch.Tensor, NodeHoldings]] = {}
         for k, slots in enumerate(self.sources[0].values()):
-            hit = self._source_holdings.get(k)
-            if hit is not None and hit[0] is slots:  # a source's slots never change
-                memo[k] = hit
-                held.append(hit[1])
-                continue
-            pages = frozenset(int(s) // self.page for s in slots.tolist())
-            holding = NodeHoldings(
-                PSEUDO_HANDLE - k, PSEUDO_HANDLE - k, frozenset(), (pages,), (frozenset(),), "none"
+            pages = pages_covered(slots, self.page)  # cached per tensor: a source's never change
+            held.append(
+                NodeHoldings(
+                    PSEUDO_HANDLE - k,
+                    PSEUDO_HANDLE - k,
+                    frozenset(),
+                    (pages,),
+                    (frozenset(),),
+                    "none",
+                )
             )
-            memo[k] = (slots, holding)
-            held.append(holding)
-        self._source_holdings = memo  # asked after every step: built once per source
         bounce = {s for log in self.log.prefetches[0].values() for s in log.owned_slots}
         if bounce:
             pages = frozenset(s // self.page for s in bounce)

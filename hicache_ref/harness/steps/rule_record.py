@@ -46,18 +46,20 @@ def draw_small_int(data: Any, lo: int, hi: int) -> int:
     span goes (the step's draw stays one span). Wider ranges keep the strategy (it weights
     the bounds)."""
     if hi - lo > SMALL_RANGE:
-        return int(data.draw(_integers(lo, hi)))
+        return int(data.draw(integers_once(lo, hi)))
     return int(data.draw_integer(lo, hi))
 
 
 @functools.cache
-def _integers(lo: int, hi: int) -> st.SearchStrategy[int]:
+def integers_once(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """``st.integers(lo, hi)``, built once per bounds (a strategy built per draw is validated
+    per draw: that was a fifth of drawing a configuration)."""
     return st.integers(lo, hi)
 
 
 @functools.cache
 def _int_lists(lo: int, hi: int, min_size: int, max_size: int) -> st.SearchStrategy[list[int]]:
-    return st.lists(_integers(lo, hi), min_size=min_size, max_size=max_size)
+    return st.lists(integers_once(lo, hi), min_size=min_size, max_size=max_size)
 
 
 @dataclass(frozen=True)
