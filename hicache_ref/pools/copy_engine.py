@@ -15,10 +15,12 @@ refuses the legacy default stream (``cudaErrorInvalidValue``); ``issue_on_stream
 batch issued there through a side stream that waits for the current one and is waited for.
 Every return code is checked: a failure raises ``CopyEngineError`` with the runtime's name.
 
-Its cost is on the CPU and per copy: the runtime spends ~0.5-0.9 us in the call for each copy
-(measured on an H200, CUDA 13.0, whatever the location hints), so a layer of 512 page copies
-costs ~0.5 ms to issue; the copies of one call start once it returns, and the next layer's call
-overlaps them.
+Its cost is on the CPU and per copy: the runtime spends ~6 us plus ~0.46 us per copy in the
+call (measured on an H200, CUDA 13.0, ``benchmarks/copy_issue.py``), so a layer of 512 page
+copies costs ~240 us to issue. ``issue_rows`` therefore hands the call to a native issuing
+thread (``copy_issuer``: the caller enqueues two stream operations and a queue entry) where one
+can be built, and issues inline on the caller's thread otherwise or when
+``HICACHE_COPY_ISSUE=inline`` (``threaded`` says which).
 
 ``memmove_copies`` is the CPU executor of the very same arrays (``SimDevice``): one
 ``ctypes.memmove`` per copy, so the pointer arithmetic is fuzzed byte for byte on the CPU.
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 
 from hicache_ref.errors import HiCacheFault, HiCacheInputError
+from hicache_ref.pools.copy_issuer import CopyIssuer, function_address, load_issuer_library
 
 CUDA_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
 CUDA_MEM_LOCATION_TYPE_DEVICE = 1
@@ -43,6 +46,8 @@ CUDA_MEM_LOCATION_TYPE_HOST = 2
 CUDA_MEMCPY_FLAG_DEFAULT = 0
 BATCH_RUNTIME_VERSION_MIN = 12080
 """``cudaMemcpyBatchAsync`` appeared in CUDA 12.8."""
+ISSUE_ENV = "HICACHE_COPY_ISSUE"
+"""``inline``: issue every batch on the caller's thread (default: the native issuing thread)."""
 
 
 class CopyEngineError(HiCacheFault):
@@ -114,9 +119,17 @@ class CudaBatchCopier:
     """Batches issued (one runtime call each)."""
     default_stream_reroutes: int = 0
     """Batches issued on the legacy default stream and routed through a side stream."""
+    threaded: bool = field(default_factory=lambda: os.environ.get(ISSUE_ENV) != "inline")
+    """``issue_rows`` goes through the native issuing thread (``copy_issuer``)."""
+    threaded_missing: str = ""
+    """Why the issuing thread is not used (its build or the driver's entry points failed)."""
+    threaded_batches: int = 0
+    """Batches handed to an issuing thread."""
     _function: Any = field(init=False, repr=False)
     _side_streams: dict[int, torch.cuda.Stream] = field(default_factory=dict)
     _attrs: dict[tuple[bool, int], _MemcpyAttributes] = field(default_factory=dict)
+    _issuers: dict[int, CopyIssuer] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         # Verify the runtime has the batch API (CUDA 12.8+)
@@ -221,6 +234,113 @@ class CudaBatchCopier:
         )
         current.wait_stream(side)
         self.default_stream_reroutes += 1
+
+    def issue_rows(self, rows: RowBatches, device: torch.device) -> None:
+        """Issue ``rows.rows`` batches (one per layer) on torch's current stream of ``device``:
+        through the issuing thread when ``threaded``, else one ``issue_on_stream`` per row."""
+        stream = torch.cuda.current_stream(device)
+        if self.threaded:
+            handle = stream.cuda_stream
+            issuer = self._issuers.get(handle)
+            if issuer is None:
+                issuer = self._new_issuer(stream, device)
+            if issuer is not None:
+                issuer.issue(
+                    handle, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, rows.count,
+                    ctypes.addressof(self.attributes(d2h=rows.d2h, device_index=rows.device_index)),
+                    keep=rows, repeat=rows.rows, stride=rows.count * 8,
+                )  # fmt: skip
+                self.threaded_batches += rows.rows
+                return
+        for row in range(rows.rows):
+            self.issue_on_stream(
+                rows.dsts[row], rows.srcs[row], rows.sizes, d2h=rows.d2h, device=device
+            )
+
+    def _new_issuer(self, stream: torch.cuda.Stream, device: torch.device) -> CopyIssuer | None:
+        """The issuing thread for ``stream`` (``None``, and ``threaded`` off, where it cannot
+        work here: the reason goes to ``threaded_missing``)."""
+        with self._lock:
+            if stream.cuda_stream in self._issuers:
+                return self._issuers[stream.cuda_stream]
+            library, why = load_issuer_library()
+            driver_functions = _driver_value_functions() if library is not None else None
+            if library is None or driver_functions is None:
+                self.threaded = False
+                self.threaded_missing = why or "no cuStreamWaitValue64 in libcuda.so.1"
+                return None
+            wait, write = driver_functions
+            side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            issuer = CopyIssuer.create(
+                library,
+                batch=function_address(self._function),
+                runtime13=self.runtime_version >= 13000,
+                wait=wait,
+                write=write,
+                side_stream=side.cuda_stream,
+                flags=torch.zeros(2, dtype=torch.int64, device=device),
+                side=side,
+            )
+            self._issuers[stream.cuda_stream] = issuer
+            return issuer
+
+    def drain(self) -> None:
+        """Wait until every issuing thread has issued what it was given; raise its failure."""
+        for issuer in list(self._issuers.values()):
+            issuer.drain()
+
+
+@dataclass(frozen=True)
+class RowBatches:
+    """``rows`` consecutive batches of ``count`` copies: row ``r`` of ``dsts`` / ``srcs`` (CPU
+    int64, ``[rows, count]``, contiguous) with one ``sizes`` array for all."""
+
+    dsts: torch.Tensor
+    srcs: torch.Tensor
+    sizes: torch.Tensor
+    d2h: bool
+    device_index: int
+    dsts_ptr: int = field(init=False)
+    srcs_ptr: int = field(init=False)
+    sizes_ptr: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Verify the shapes the pointer arithmetic of the issuing thread assumes
+        assert self.dsts.shape == self.srcs.shape and self.dsts.dim() == 2
+        assert self.sizes.shape == (self.dsts.shape[1],)
+        assert all(t.dtype == torch.int64 and t.device.type == "cpu" for t in self.arrays())
+        assert all(t.is_contiguous() for t in self.arrays())
+        object.__setattr__(self, "dsts_ptr", self.dsts.data_ptr())
+        object.__setattr__(self, "srcs_ptr", self.srcs.data_ptr())
+        object.__setattr__(self, "sizes_ptr", self.sizes.data_ptr())
+
+    def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.dsts, self.srcs, self.sizes
+
+    @property
+    def rows(self) -> int:
+        return int(self.dsts.shape[0])
+
+    @property
+    def count(self) -> int:
+        return int(self.dsts.shape[1])
+
+
+def _driver_value_functions() -> tuple[int, int] | None:
+    """Addresses of ``cuStreamWaitValue64`` and ``cuStreamWriteValue64`` (``_v2``) in the
+    driver, or ``None``."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    for suffix in ("_v2", ""):
+        try:
+            wait = getattr(driver, f"cuStreamWaitValue64{suffix}")
+            write = getattr(driver, f"cuStreamWriteValue64{suffix}")
+        except AttributeError:
+            continue
+        return function_address(wait), function_address(write)
+    return None
 
 
 _COPIER: CudaBatchCopier | None = None

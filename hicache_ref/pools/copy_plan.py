@@ -18,8 +18,10 @@ slot sit between two slots), so ``page_first`` plans one copy per token row. ``p
 no plan of whole rows (a row is ``H`` pieces of ``head_dim`` elements, 256 bytes for bf16 heads
 of 128): the copy engine refuses it and the Triton kernel moves it piece by piece.
 
-``CopyPlan`` turns the runs into byte offsets per component (once per transfer), and
-``layer_pointer_arrays`` adds the layer's base pointers (a few tensor adds per layer).
+``plan_component_copies`` turns the runs into byte offsets per component (once per transfer),
+and ``build_descriptor_table`` adds every layer's base addresses at once (one broadcast add per
+component and side): the ``[layers, copies]`` destination and source arrays that each layer's
+``cudaMemcpyBatchAsync`` (or ``memmove``) reads as one row, with one sizes array for all.
 ``PlanCache`` keeps the plans of the last few index tensors, keyed by tensor identity and
 version, so the per-layer loads of one batch (same index tensors, one launch per layer) plan
 and validate once.
@@ -196,6 +198,45 @@ def layer_pointer_arrays(
     if d2h:
         return PointerArrays(dsts=host, srcs=device, sizes=copies.sizes)
     return PointerArrays(dsts=device, srcs=host, sizes=copies.sizes)
+
+
+@dataclass(frozen=True)
+class DescriptorTable:
+    """Every layer's copies of one transfer and direction: row ``l`` of ``dsts`` / ``srcs`` is
+    layer ``l``'s batch (components concatenated in order), ``sizes`` is shared by all rows."""
+
+    dsts: torch.Tensor
+    srcs: torch.Tensor
+    sizes: torch.Tensor
+    device_bases: tuple[tuple[int, ...], ...]
+    """Per layer, each component's device buffer address the rows were built from."""
+
+
+def build_descriptor_table(
+    copies: list[ComponentCopies],
+    *,
+    host_bases: list[int],
+    device_bases: list[list[int]],
+    d2h: bool,
+) -> DescriptorTable:
+    """The ``DescriptorTable`` of ``copies`` (one per component) for layers ``0 ..
+    len(device_bases) - 1``: ``host_bases[c]`` is component ``c``'s host buffer address,
+    ``device_bases[l][c]`` its device buffer of layer ``l``. Vectorized: no loop per copy or
+    layer."""
+    layers = len(device_bases)
+    layer_ids = torch.arange(layers, dtype=torch.int64)[:, None]
+    device = torch.tensor(device_bases, dtype=torch.int64).reshape(layers, len(copies))
+    host_rows = [
+        c.host_offsets[None, :] + (host_bases[k] + layer_ids * c.host_layer_stride_bytes)
+        for k, c in enumerate(copies)
+    ]
+    device_rows = [c.device_offsets[None, :] + device[:, k : k + 1] for k, c in enumerate(copies)]
+    host_table = torch.cat(host_rows, dim=1).contiguous()
+    device_table = torch.cat(device_rows, dim=1).contiguous()
+    sizes = torch.cat([c.sizes for c in copies]).contiguous()
+    dsts, srcs = (host_table, device_table) if d2h else (device_table, host_table)
+    bases = tuple(tuple(row) for row in device_bases)
+    return DescriptorTable(dsts=dsts, srcs=srcs, sizes=sizes, device_bases=bases)
 
 
 def check_contiguous(tensor: torch.Tensor, what: str) -> None:

@@ -3,12 +3,13 @@
 ``launch_fast_transfer`` looks the transfer's plan up in ``PLAN_CACHE`` (same index tensors,
 same in-place version: the per-layer loads of one batch), or validates the pairs (INV-01) and
 builds one (``build_fast_plan``: byte offsets per component for ``batch``, device-side indices
-for ``triton``), then launches one closure on the current stream: per layer, ``batch`` adds the
-layer's base addresses to the plan's offsets and hands the arrays to ``cudaMemcpyBatchAsync``
-(``copy_engine``, on CUDA) or to ``memmove`` (on the simulator, when the stream runs); ``triton``
+for ``triton``), then launches one closure on the current stream. ``batch`` builds the plan's
+``DescriptorTable`` once (every layer's source and destination addresses, vectorized) and
+hands a layer's row to ``cudaMemcpyBatchAsync`` (``copy_engine.issue_rows``, through the native
+issuing thread on CUDA) or to ``memmove`` (on the simulator, when the stream runs); ``triton``
 launches ``triton_copy``'s kernel per layer and component, its arguments prepared when the
-transfer is planned. ``transfer.launch_transfer`` decides
-which path runs and refuses the layouts ``batch`` cannot move well.
+transfer is planned. ``transfer.launch_transfer`` decides which path runs and refuses the
+layouts ``batch`` cannot move well.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ import torch
 
 from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.pools.copy_engine import load_cuda_batch_copier, memmove_copies
+from hicache_ref.pools.copy_engine import RowBatches, load_cuda_batch_copier, memmove_copies
 from hicache_ref.pools.copy_plan import (
     ComponentCopies,
+    DescriptorTable,
     HostRowGeometry,
     PlanCache,
-    PointerArrays,
+    build_descriptor_table,
     check_contiguous,
     check_copies_in_bounds,
     compute_host_row_geometry,
-    layer_pointer_arrays,
     plan_component_copies,
     plan_row_runs,
 )
@@ -75,6 +76,11 @@ class FastPlan:
     """Launch closures already built from this plan, by ``_closure_key`` (the per-layer loads of
     one batch build each once). A closure keeps its buffers alive, so a key's addresses cannot
     be reused by another buffer while it is cached."""
+    tables: dict[tuple[object, ...], DescriptorTable] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """``batch``: the descriptor table of every layer, per direction and host buffers (built by
+    the first closure of the plan, shared by the per-layer closures)."""
 
 
 def _plan_key(
@@ -88,7 +94,7 @@ def _plan_key(
     device_pool: KVCache,
     host_buffers: dict[str, torch.Tensor],
 ) -> tuple[object, ...]:
-    shapes = tuple((name, tuple(buffer.shape)) for name, buffer in host_buffers.items())
+    shapes = tuple((name, buffer.shape) for name, buffer in host_buffers.items())
     return (
         copy_path,
         direction,
@@ -98,8 +104,8 @@ def _plan_key(
         io_backend,
         device_pool.size + device_pool.page_size,
         device_pool.layer_num,
-        str(device_pool.dtype),
-        str(device_pool.device),
+        device_pool.dtype,
+        device_pool.device,
         shapes,
     )
 
@@ -209,6 +215,48 @@ def _check_fast_buffers(
             )
 
 
+def _descriptor_table(
+    *,
+    direction: Direction,
+    plan: FastPlan,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    layer_ids: Sequence[int],
+) -> DescriptorTable:
+    """The plan's table for these buffers (built for every layer of the pool on first use, or
+    again when a layer's device buffer is not the one it was built from)."""
+    names = device_pool.component_names()
+    key = (direction, tuple((host_buffers[n].data_ptr(), host_buffers[n].stride()) for n in names))
+    table = plan.tables.get(key)
+    wanted = {
+        layer: tuple(device_pool.component_buffer(n, layer).data_ptr() for n in names)
+        for layer in layer_ids
+    }
+    if table is None or any(table.device_bases[layer] != wanted[layer] for layer in layer_ids):
+        table = build_descriptor_table(
+            [plan.copies[n] for n in names],
+            host_bases=[host_buffers[n].data_ptr() for n in names],
+            device_bases=[
+                [device_pool.component_buffer(n, layer).data_ptr() for n in names]
+                for layer in range(device_pool.layer_num)
+            ],
+            d2h=direction == "d2h",
+        )
+        plan.tables[key] = table
+    return table
+
+
+def _consecutive(layer_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """``layer_ids`` as ``[start, stop)`` runs of consecutive ascending layers."""
+    runs: list[tuple[int, int]] = []
+    for layer in layer_ids:
+        if runs and runs[-1][1] == layer:
+            runs[-1] = (runs[-1][0], layer + 1)
+        else:
+            runs.append((layer, layer + 1))
+    return runs
+
+
 def _batch_closure(
     *,
     direction: Direction,
@@ -229,41 +277,38 @@ def _batch_closure(
                 device_buffer_nbytes=buffer.numel() * buffer.element_size(),
                 layer_id=layer_id,
             )
+    table = _descriptor_table(
+        direction=direction,
+        plan=plan,
+        host_buffers=host_buffers,
+        device_pool=device_pool,
+        layer_ids=layer_ids,
+    )
+    layers = len(layer_ids)
     d2h = direction == "d2h"
-    on_gpu = device_pool.device.type == "cuda"
-    copier = load_cuda_batch_copier() if on_gpu else None
-    host_ptrs = {name: host_buffers[name].data_ptr() for name in names}
+    device = device_pool.device
+    if device.type == "cuda" and table.sizes.numel() > 0:
+        copier = load_cuda_batch_copier()
+        index = 0 if device.index is None else device.index
+        batches = [
+            RowBatches(table.dsts[a:b], table.srcs[a:b], table.sizes, d2h, index)
+            for a, b in _consecutive(layer_ids)
+        ]
+
+        def run_cuda() -> None:
+            TRANSFER_STATS.batch_layers_issued += layers
+            for rows in batches:
+                copier.issue_rows(rows, device)
+
+        return run_cuda
+    rows = [(table.dsts[layer], table.srcs[layer]) for layer in layer_ids]
 
     def run() -> None:
-        for layer_id in layer_ids:
-            arrays = [
-                layer_pointer_arrays(
-                    plan.copies[name],
-                    host_base=host_ptrs[name]
-                    + layer_id * plan.copies[name].host_layer_stride_bytes,
-                    device_base=device_pool.component_buffer(name, layer_id).data_ptr(),
-                    d2h=d2h,
-                )
-                for name in names
-            ]
-            batch = arrays[0] if len(arrays) == 1 else _concat(arrays)
+        for dsts, srcs in rows:
             TRANSFER_STATS.batch_layers_issued += 1
-            if copier is None:
-                memmove_copies(batch.dsts, batch.srcs, batch.sizes)
-            else:
-                copier.issue_on_stream(
-                    batch.dsts, batch.srcs, batch.sizes, d2h=d2h, device=device_pool.device
-                )
+            memmove_copies(dsts, srcs, table.sizes)
 
     return run
-
-
-def _concat(arrays: list[PointerArrays]) -> PointerArrays:
-    return PointerArrays(
-        dsts=torch.cat([a.dsts for a in arrays]),
-        srcs=torch.cat([a.srcs for a in arrays]),
-        sizes=torch.cat([a.sizes for a in arrays]),
-    )
 
 
 def _launch_groups(

@@ -58,6 +58,7 @@ reads the index values at launch; ``triton`` reads its device-side indices when 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -65,8 +66,10 @@ import torch
 
 from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import HiCacheInputError, UnknownOptionError
+from hicache_ref.pools import copy_choice
 from hicache_ref.pools.copy_choice import (
     BATCH_REFUSED_LAYOUTS,
+    CopyRuntime,
     auto_triton_programs,
     choose_auto_copy_path,
     compute_page_copy_bytes,
@@ -111,8 +114,9 @@ COPY_PATHS: tuple[CopyPath, ...] = ("auto", "gather", "runs", "batch", "triton")
 Run = tuple[int, int, int]
 
 
+@functools.cache
 def copy_paths_for_layout(layout: HostLayout) -> tuple[CopyPath, ...]:
-    """The copy paths that can drive ``layout``."""
+    """The copy paths that can drive ``layout`` (asked on every launch: computed once)."""
     return tuple(
         path for path in COPY_PATHS if path != "batch" or layout not in BATCH_REFUSED_LAYOUTS
     )
@@ -244,14 +248,40 @@ def resolve_copy_path(
     on_gpu = device_pool.device.type == "cuda"
     if on_gpu and host_pinned is None:
         host_pinned = all(buffer.is_pinned() for buffer in host_buffers.values())
+    # the probe itself is cached; asked here so a test's replacement of it is seen
+    runtime = copy_choice.probe_copy_runtime() if on_gpu and not all_cpu else None
+    return _auto_choice(
+        layout,
+        page_size,
+        tuple(device_pool.component_row_shapes().items()),
+        device_pool.dtype.itemsize,
+        device_pool.device.type,
+        bool(host_pinned),
+        all_cpu,
+        runtime,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_choice(
+    layout: HostLayout,
+    page_size: int,
+    row_shapes: tuple[tuple[str, tuple[int, ...]], ...],
+    itemsize: int,
+    device_type: str,
+    host_pinned: bool,
+    all_cpu: bool,
+    runtime: CopyRuntime | None,
+) -> CopyPath:
+    """``choose_auto_copy_path`` for one geometry and runtime (a pure function of them, so
+    asked once: every launch resolves ``auto``)."""
     return choose_auto_copy_path(
         layout=layout,
-        page_copy_bytes=compute_page_copy_bytes(
-            device_pool.component_row_shapes(), device_pool.dtype.itemsize, page_size
-        ),
-        device_type=device_pool.device.type,
-        host_pinned=bool(host_pinned),
+        page_copy_bytes=compute_page_copy_bytes(dict(row_shapes), itemsize, page_size),
+        device_type=device_type,
+        host_pinned=host_pinned,
         all_cpu=all_cpu,
+        runtime=runtime,
     )
 
 

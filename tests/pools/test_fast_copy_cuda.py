@@ -187,16 +187,20 @@ def test_cuda_indices_cost_one_host_copy_each_per_plan(cuda: CudaDevice) -> None
     cuda.synchronize()
 
 
-def test_batch_on_the_legacy_default_stream_goes_through_a_side_stream(cuda: CudaDevice) -> None:
+def test_batch_on_the_legacy_default_stream_is_ordered_with_it(cuda: CudaDevice) -> None:
     copier = load_cuda_batch_copier()
-    print(f"cudart: {copier.path} runtime {copier.runtime_version}")
+    print(f"cudart: {copier.path} runtime {copier.runtime_version} threaded {copier.threaded}")
     device_pool, host_pool = gpu_pools(cuda, "mla", "layer_first", 4, "batch")
     host, backup_locs, _ = index_pairs("direct", "layer_first", 4)
-    reroutes = copier.default_stream_reroutes
+    reroutes, threaded = copier.default_stream_reroutes, copier.threaded_batches
     assert torch.cuda.current_stream().cuda_stream == 0
     host_pool.backup_from_device_all_layer(device_pool, host, backup_locs, "direct")
     torch.cuda.current_stream().synchronize()  # the side stream's work is ordered before this
-    assert copier.default_stream_reroutes - reroutes == device_pool.layer_num
+    # the issuing thread orders the default stream itself; inline issue reroutes each layer
+    if copier.threaded:
+        assert copier.threaded_batches - threaded == device_pool.layer_num
+    else:
+        assert copier.default_stream_reroutes - reroutes == device_pool.layer_num
     for layer in range(device_pool.layer_num):
         assert torch.equal(
             host_pool.read_rows("kv", layer, host), device_pool.read_rows("kv", layer, backup_locs)
@@ -298,3 +302,43 @@ def test_auto_on_page_first_launches_sixteen_programs_per_component(
         assert torch.equal(host_pool.read_rows(name, layer, host), rows)
         if layer == 0:
             assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["issuing-thread", "inline"])
+def test_batch_copies_run_between_the_work_before_and_after_them_on_their_stream(
+    cuda: CudaDevice, threaded: bool
+) -> None:
+    # a long spin, then a fill, then the backup, then an overwrite, all on one stream: the
+    # host must hold the fill (copies after the earlier work, the overwrite after the copies);
+    # then a load into other rows and a read of them on the stream, which must see the host rows
+    copier = load_cuda_batch_copier()
+    if threaded and not copier.threaded:
+        pytest.fail(f"the issuing thread is unavailable here: {copier.threaded_missing}")
+    saved = copier.threaded
+    copier.threaded = threaded
+    try:
+        device_pool, host_pool = gpu_pools(cuda, "mha", "layer_first", 4, "batch")
+        host, backup_locs, load_locs = index_pairs("direct", "layer_first", 4)
+        backup_cuda, load_cuda = backup_locs.cuda(), load_locs.cuda()
+        stream = cuda.Stream()
+        seen = []
+        with cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
+            for name in device_pool.component_names():
+                for layer in range(device_pool.layer_num):
+                    device_pool.component_buffer(name, layer)[backup_cuda] = layer + 1.0
+            host_pool.backup_from_device_all_layer(device_pool, host, backup_locs, "direct")
+            for name in device_pool.component_names():
+                for layer in range(device_pool.layer_num):
+                    device_pool.component_buffer(name, layer)[backup_cuda] = -5.0
+            for layer in range(device_pool.layer_num):
+                host_pool.load_to_device_per_layer(device_pool, host, load_locs, layer, "direct")
+                seen.append(device_pool.component_buffer("k", layer)[load_cuda].clone())
+        stream.synchronize()
+        for name in device_pool.component_names():
+            for layer in range(device_pool.layer_num):
+                assert host_pool.read_rows(name, layer, host).eq(layer + 1.0).all(), (name, layer)
+        for layer, rows in enumerate(seen):
+            assert rows.eq(layer + 1.0).all(), layer  # the load read the backed-up rows
+    finally:
+        copier.threaded = saved

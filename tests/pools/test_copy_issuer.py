@@ -1,0 +1,109 @@
+"""The native issuing thread of the copy engine, driven on the CPU through its stand-ins.
+
+``copy_issuer.c`` takes its three entry points as function pointers, so the same thread, ring
+and ordering words run here with CPU stand-ins: a batch is one ``memmove`` per copy, a write
+stores the word, a wait on the side stream spins until the word arrives. What the GPU adds (the
+caller's stream waiting on *done*) is exercised by ``test_fast_copy_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from hicache_ref.pools.copy_engine import RowBatches
+from hicache_ref.pools.copy_issuer import (
+    CopyIssuer,
+    CopyIssuerError,
+    cpu_stand_ins,
+    load_issuer_library,
+)
+
+CALLER_STREAM = 1  # any non-zero handle: the stand-in's caller-side wait returns at once
+
+
+def cpu_issuer(*, failing: bool = False) -> tuple[CopyIssuer, torch.Tensor]:
+    library, why = load_issuer_library()
+    assert library is not None, why
+    stand_ins = cpu_stand_ins(library)
+    flags = torch.zeros(2, dtype=torch.int64)
+    issuer = CopyIssuer.create(
+        library,
+        batch=stand_ins.fail if failing else stand_ins.batch,
+        runtime13=True,
+        wait=stand_ins.wait,
+        write=stand_ins.write,
+        side_stream=0,
+        flags=flags,
+    )
+    return issuer, flags
+
+
+def page_rows(
+    source: torch.Tensor, target: torch.Tensor, pairs: list[list[tuple[int, int]]]
+) -> RowBatches:
+    """A ``RowBatches`` copying 4-byte word ``s`` of ``source`` to word ``d`` of ``target`` for
+    each ``(s, d)`` of each row."""
+    dsts = torch.tensor([[target.data_ptr() + 4 * d for _, d in row] for row in pairs])
+    srcs = torch.tensor([[source.data_ptr() + 4 * s for s, _ in row] for row in pairs])
+    sizes = torch.full((len(pairs[0]),), 4, dtype=torch.int64)
+    return RowBatches(dsts, srcs, sizes, d2h=False, device_index=0)
+
+
+def test_the_thread_issues_every_row_in_order_and_counts_them() -> None:
+    issuer, flags = cpu_issuer()
+    source = torch.arange(100, dtype=torch.int32)
+    target = torch.full((100,), -1, dtype=torch.int32)
+    # row 1 overwrites word 5 that row 0 wrote: the later row must win
+    rows = page_rows(source, target, [[(10, 5), (11, 6)], [(12, 5), (13, 7)]])
+    for _ in range(3):
+        issuer.issue(
+            CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, rows.count, 0,
+            keep=rows, repeat=rows.rows, stride=rows.count * 8,
+        )  # fmt: skip
+    issuer.drain()
+    assert target[5:8].tolist() == [12, 11, 13]
+    assert target[:5].eq(-1).all() and target[8:].eq(-1).all()
+    assert flags.tolist() == [3, 3]  # ready and done reached the third sequence number
+    issuer.close()
+
+
+def test_a_failed_batch_releases_the_stream_and_is_raised_at_the_next_issue() -> None:
+    issuer, flags = cpu_issuer(failing=True)
+    source = torch.arange(8, dtype=torch.int32)
+    target = torch.zeros(8, dtype=torch.int32)
+    rows = page_rows(source, target, [[(1, 2)]])
+    args = (CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, rows.count, 0)
+    issuer.issue(*args, keep=rows)
+    with pytest.raises(CopyIssuerError, match="cudaMemcpyBatchAsync failed with CUDA error 1"):
+        issuer.drain()
+    assert flags[1].item() == 1  # done was written: a GPU stream waiting on it would go on
+    with pytest.raises(CopyIssuerError, match="cudaMemcpyBatchAsync failed"):
+        issuer.issue(*args, keep=rows)
+    assert target.eq(0).all()
+    issuer.close()
+
+
+def test_the_arrays_of_a_pending_batch_stay_alive_until_it_is_issued() -> None:
+    issuer, _ = cpu_issuer()
+    source = torch.arange(16, dtype=torch.int32)
+    target = torch.zeros(16, dtype=torch.int32)
+    for word in range(12):
+        rows = page_rows(source, target, [[(word, word)]])
+        issuer.issue(CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, 1, 0, keep=rows)
+        del rows  # only the issuer holds it now
+    issuer.drain()
+    assert target[:12].tolist() == list(range(12))
+    issuer.close()
+
+
+def test_the_stand_ins_are_plain_c_functions() -> None:
+    library, _ = load_issuer_library()
+    assert library is not None
+    stand_ins = cpu_stand_ins(library)
+    word = (ctypes.c_uint64 * 1)(0)
+    write = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
+                             ctypes.c_uint)(stand_ins.write)  # fmt: skip
+    assert write(None, ctypes.addressof(word), 42, 0) == 0 and word[0] == 42
