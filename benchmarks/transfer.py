@@ -37,7 +37,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,9 @@ from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
 from hicache_ref.pools.triton_copy import (
     TRITON_ROWS_DEFAULT,
     TRITON_WARPS_DEFAULT,
+    TritonLaunch,
+    TritonTile,
     is_triton_available,
-    triton_grid,
-    triton_tile,
 )
 
 IO_BACKEND = {"layer_first": "direct", "page_first": "kernel", "page_first_direct": "direct",
@@ -195,13 +195,14 @@ class Path_:
     def context(self) -> Any:
         if self.inline:
             return inline_issue()
+        return nullcontext()
+
+    def triton(self) -> TritonLaunch:
+        """The kernel's launch shape for this path (the host pool's ``triton_launch``)."""
         if self.grid is None:
-            return nullcontext()
-        stack = ExitStack()
-        stack.enter_context(triton_grid(self.grid))
-        if self.tile is not None:
-            stack.enter_context(triton_tile(*self.tile))
-        return stack
+            return TritonLaunch()
+        rows, warps = self.tile or (TRITON_ROWS_DEFAULT, TRITON_WARPS_DEFAULT)
+        return TritonLaunch(self.grid, TritonTile(rows, warps))
 
 
 @contextmanager
@@ -220,6 +221,7 @@ def inline_issue() -> Iterator[None]:
 def issue_loads(world: World, path: Path_, issue_us: list[float] | None = None) -> None:
     host_pool, device_pool = world.host_pool, world.device_pool
     host_pool.copy_path = path.copy_path  # type: ignore[assignment]
+    host_pool.triton_launch = path.triton()
     backend = IO_BACKEND[world.case.layout]
     with path.context():
         for layer in range(device_pool.layer_num):
@@ -236,6 +238,7 @@ def issue_backup(
 ) -> None:
     host_pool, device_pool = world.host_pool, world.device_pool
     host_pool.copy_path = path.copy_path  # type: ignore[assignment]
+    host_pool.triton_launch = path.triton()
     backend = IO_BACKEND[world.case.layout]
     with path.context():
         if not per_layer:
@@ -604,6 +607,7 @@ def measure_path(
         plan_us: list[float] = []
         with path.context():
             world.host_pool.copy_path = path.copy_path  # type: ignore[assignment]
+            world.host_pool.triton_launch = path.triton()
             start = time.perf_counter()
             world.host_pool.load_to_device_per_layer(
                 world.device_pool, world.load_host, world.load_device, 0,
@@ -660,6 +664,7 @@ def interleaved(
     """Per-layer loads on one stream and per-layer backups on another, issued alternately."""
     host_pool, device_pool = world.host_pool, world.device_pool
     host_pool.copy_path = path.copy_path  # type: ignore[assignment]
+    host_pool.triton_launch = path.triton()
     backend = IO_BACKEND[world.case.layout]
     with path.context():
         for layer in range(device_pool.layer_num):

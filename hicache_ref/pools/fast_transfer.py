@@ -44,9 +44,9 @@ from hicache_ref.pools.transfer_checks import (
     check_transfer_indices,
 )
 from hicache_ref.pools.triton_copy import (
+    TRITON_LAUNCH_DEFAULT,
+    TritonLaunch,
     component_deltas,
-    current_triton_grid,
-    current_triton_tile,
     is_triton_available,
     prepare_row_copy,
 )
@@ -265,8 +265,9 @@ def _batch_closure(
     device_pool: KVCache,
     layer_ids: Sequence[int],
     programs_per_component: int | None,
+    triton: TritonLaunch,
 ) -> Callable[[], None]:
-    del programs_per_component  # the copy engine has no launch shape
+    del programs_per_component, triton  # the copy engine has no launch shape
     names = device_pool.component_names()
     for layer_id in layer_ids:
         for name in names:
@@ -340,6 +341,7 @@ def _triton_closure(
     device_pool: KVCache,
     layer_ids: Sequence[int],
     programs_per_component: int | None,
+    triton: TritonLaunch,
 ) -> Callable[[], None]:
     assert plan.kernel_indices is not None
     host_indices, device_indices = plan.kernel_indices
@@ -358,7 +360,10 @@ def _triton_closure(
             geometry=plan.geometries[group[0]],
             layer_ids=layer_ids,
             d2h=direction == "d2h",
-            grid=None if programs_per_component is None else programs_per_component * len(group),
+            grid=triton.grid
+            if programs_per_component is None
+            else programs_per_component * len(group),
+            tile=triton.tile,
         )
         for group in _launch_groups(plan, host_buffers, layer_buffers)
     ]
@@ -440,10 +445,12 @@ def launch_fast_transfer(
     copy_path: FastCopyPath,
     label: str,
     programs_per_component: int | None = None,
+    triton: TritonLaunch = TRITON_LAUNCH_DEFAULT,
 ) -> None:
     """Plan (or reuse the plan and its closure) and launch one ``batch`` or ``triton``
     transfer; ``programs_per_component`` sizes each Triton launch by the components it moves
-    (default: ``current_triton_grid`` programs shared by them)."""
+    (default: ``triton.grid`` programs shared by them); ``triton`` is the launch shape of the
+    kernel path (ignored by ``batch``)."""
     plan = _fast_plan(
         copy_path=copy_path,
         device_pool=device_pool,
@@ -458,7 +465,7 @@ def launch_fast_transfer(
     )
     shape: tuple[object, ...] | None = None
     if copy_path == "triton":
-        shape = (current_triton_grid(), programs_per_component, current_triton_tile())
+        shape = (triton.grid, programs_per_component, triton.tile)
     key = _closure_key(direction, host_buffers, device_pool, layer_ids, shape)
     fn = plan.closures.get(key)
     if fn is None:
@@ -471,6 +478,7 @@ def launch_fast_transfer(
             device_pool=device_pool,
             layer_ids=layer_ids,
             programs_per_component=programs_per_component,
+            triton=triton,
         )
         if len(plan.closures) >= CLOSURES_PER_PLAN_MAX:
             plan.closures.clear()

@@ -68,6 +68,7 @@ from hicache_ref.pools.transfer import (
     launch_transfer,
     resolve_copy_path,
 )
+from hicache_ref.pools.triton_copy import TRITON_LAUNCH_DEFAULT, TritonLaunch
 
 
 class HostKVCache:
@@ -94,6 +95,7 @@ class HostKVCache:
         seed: int = 0,
         copy_path: str = "auto",
         device_module: DeviceModule | None = None,
+        triton_launch: TritonLaunch = TRITON_LAUNCH_DEFAULT,
     ) -> None:
         # Verify the exact device pool class: an MLA host pool on an NSA device pool would look
         # like it drops the index_k sidecar (sglang#17085)
@@ -112,6 +114,8 @@ class HostKVCache:
             self.layout, self._layout_pool_kind(device_pool), type(device_pool).__name__
         )
         self.copy_path = check_copy_path(copy_path)
+        # the launch shape of copy_path='triton' (auto sizes its own grid on page_first)
+        self.triton_launch = triton_launch
         self.page_size = device_pool.page_size if page_size is None else page_size
         # Verify positive pages
         if self.page_size < 1:
@@ -304,6 +308,7 @@ class HostKVCache:
             copy_path=self.copy_path,
             label=label,
             host_pinned=self.pin_memory,
+            triton=self.triton_launch,
         )
 
     def chosen_copy_path(self, device_pool: KVCache | None = None) -> CopyPath:

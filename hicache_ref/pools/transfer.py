@@ -91,6 +91,7 @@ from hicache_ref.pools.transfer_checks import (
     check_page_first_direct_chunks,
     check_transfer_indices,
 )
+from hicache_ref.pools.triton_copy import TRITON_LAUNCH_DEFAULT, TritonLaunch
 
 __all__ = [
     "COPY_PATHS",
@@ -315,11 +316,12 @@ def launch_transfer(
     copy_path: CopyPath,
     label: str,
     host_pinned: bool | None = None,
+    triton: TritonLaunch = TRITON_LAUNCH_DEFAULT,
 ) -> None:
     """Check, plan and launch one transfer on the current stream (the bytes move when it runs).
 
     ``auto`` is resolved first (``resolve_copy_path``; ``host_pinned`` spares asking the
-    buffers)."""
+    buffers); ``triton`` is the kernel path's launch shape."""
     all_cpu = _all_on_cpu(device_pool, host_buffers, host_indices, device_indices)
     requested = copy_path
     copy_path = resolve_copy_path(
@@ -351,6 +353,7 @@ def launch_transfer(
             copy_path=copy_path,
             label=label,
             programs_per_component=per_component,
+            triton=triton,
         )
         return
     host, device = check_transfer_indices(

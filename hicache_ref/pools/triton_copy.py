@@ -25,7 +25,8 @@ constant arguments) and returns one closure per layer; the closure is the whole 
 issue cost. The integer arguments are not specialized (``INT_ARGUMENTS``), so after the first
 launch through Triton's JIT the compiled kernel is called directly (``_RUNNERS``, keyed by the
 constants, grid and pointer alignments its compilation depends on), skipping the JIT's
-dispatch. ``triton_grid`` and ``triton_tile`` set the launch shape for a block of code.
+dispatch. The launch shape is configuration passed down explicitly (``TritonLaunch``: a host
+pool's ``triton_launch``, then ``launch_transfer``'s ``triton``), never a module-level setting.
 
 On the CPU (``SimDevice``) the same kernel runs under Triton's interpreter when Triton is
 installed, so the differential tests can compare it with the gather path; ``is_triton_available``
@@ -36,8 +37,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,18 +57,6 @@ VECTOR_BYTES = 16
 """The widest load or store the hint asks for."""
 
 
-@dataclass(frozen=True)
-class TritonTile:
-    """How one program moves its pairs: ``rows`` pairs per tile, ``warps`` warps."""
-
-    rows: int = TRITON_ROWS_DEFAULT
-    warps: int = TRITON_WARPS_DEFAULT
-
-
-_grid = [TRITON_GRID_DEFAULT]
-_tile = [TritonTile()]
-
-
 def _check_power_of_two(what: str, value: int, at_most: int) -> None:
     # Verify a power of two Triton can compile (tl.arange and num_warps need one)
     if value < 1 or value & (value - 1) or value > at_most:
@@ -77,41 +65,34 @@ def _check_power_of_two(what: str, value: int, at_most: int) -> None:
         )
 
 
-@contextmanager
-def triton_grid(programs: int) -> Iterator[None]:
-    """Within the block, ``copy_path='triton'`` launches ``programs`` programs per kernel."""
-    # Verify a positive grid
-    if programs < 1:
-        raise HiCacheInputError(f"triton grid must be >= 1 programs, got {programs}")
-    previous = _grid[0]
-    _grid[0] = programs
-    try:
-        yield
-    finally:
-        _grid[0] = previous
+@dataclass(frozen=True)
+class TritonTile:
+    """How one program moves its pairs: ``rows`` pairs per tile, ``warps`` warps."""
+
+    rows: int = TRITON_ROWS_DEFAULT
+    warps: int = TRITON_WARPS_DEFAULT
+
+    def __post_init__(self) -> None:
+        _check_power_of_two("tile rows", self.rows, 256)
+        _check_power_of_two("warps", self.warps, 32)
 
 
-@contextmanager
-def triton_tile(rows: int, warps: int = TRITON_WARPS_DEFAULT) -> Iterator[None]:
-    """Within the block, each program moves ``rows`` pairs per tile with ``warps`` warps."""
-    _check_power_of_two("tile rows", rows, 256)
-    _check_power_of_two("warps", warps, 32)
-    previous = _tile[0]
-    _tile[0] = TritonTile(rows, warps)
-    try:
-        yield
-    finally:
-        _tile[0] = previous
+@dataclass(frozen=True)
+class TritonLaunch:
+    """The launch shape of ``copy_path='triton'``: ``grid`` programs per kernel (shared by a
+    launch's components), each moving ``tile``. ``auto`` on ``page_first`` sizes its own grid
+    per component (``copy_choice.auto_triton_programs``) and keeps the tile."""
+
+    grid: int = TRITON_GRID_DEFAULT
+    tile: TritonTile = TritonTile()
+
+    def __post_init__(self) -> None:
+        # Verify a positive grid
+        if self.grid < 1:
+            raise HiCacheInputError(f"triton grid must be >= 1 programs, got {self.grid}")
 
 
-def current_triton_grid() -> int:
-    """The grid ``copy_path='triton'`` launches now (``TRITON_GRID_DEFAULT`` outside blocks)."""
-    return _grid[0]
-
-
-def current_triton_tile() -> TritonTile:
-    """The tile ``copy_path='triton'`` launches now."""
-    return _tile[0]
+TRITON_LAUNCH_DEFAULT = TritonLaunch()
 
 
 @functools.cache
@@ -291,8 +272,8 @@ def prepare_row_copy(
     of the grid). ``device_buffers[k][c]`` is component ``c``'s device buffer of layer
     ``layer_ids[k]``. The indices must be on the device that runs the kernel: CUDA for a CUDA
     pool, CPU for the interpreter."""
-    programs = current_triton_grid() if grid is None else grid
-    shape = current_triton_tile() if tile is None else tile
+    programs = TRITON_GRID_DEFAULT if grid is None else grid
+    shape = TritonTile() if tile is None else tile
     # Verify a positive grid and a pair per index
     if programs < 1:
         raise HiCacheInputError(f"triton grid must be >= 1 programs, got {programs}")

@@ -39,12 +39,12 @@ from hicache_ref.pools.copy_plan import (
 from hicache_ref.pools.host_layout import compute_host_buffer_shape, host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
 from hicache_ref.pools.triton_copy import (
+    TritonLaunch,
+    TritonTile,
     _int_widths,
     component_deltas,
     compute_vector_words,
     is_triton_available,
-    triton_grid,
-    triton_tile,
 )
 
 from .builders import ALL_LAYOUTS, pages_to_locs
@@ -190,7 +190,9 @@ def transfers(draw: st.DrawFn, *, paths: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def run_transfer(case: dict[str, Any], copy_path: str) -> list[torch.Tensor]:
+def run_transfer(
+    case: dict[str, Any], copy_path: str, triton: TritonLaunch | None = None
+) -> list[torch.Tensor]:
     """Build a world, fill it with the case's random bytes, run the transfer, return buffers."""
     sim = SimDevice()
     device_pool, host_pool = make_typed_pools(
@@ -205,6 +207,8 @@ def run_transfer(case: dict[str, Any], copy_path: str) -> list[torch.Tensor]:
         layer_num=case["layer_num"],
     )
     fill_random_bytes(device_pool, host_pool, case["seed"])
+    if triton is not None:
+        host_pool.triton_launch = triton
     host = case["host"].to(case["index_dtype"])
     device = case["device"].to(case["index_dtype"])
     layers = range(device_pool.layer_num)
@@ -240,8 +244,7 @@ def test_triton_kernel_moves_exactly_the_bytes_of_the_gather_path(
     case: dict[str, Any], grid: int, rows: int
 ) -> None:
     # tiles of 1, 2 or 16 pairs: a last partial tile and several tiles per program included
-    with triton_grid(grid), triton_tile(rows, warps=4):
-        fast = run_transfer(case, "triton")
+    fast = run_transfer(case, "triton", TritonLaunch(grid, TritonTile(rows, warps=4)))
     assert_same_bytes(fast, run_transfer(case, "gather"))
 
 
@@ -501,8 +504,13 @@ def test_copy_engine_binding_raises_on_a_failed_call_and_refuses_the_default_str
 @pytest.mark.parametrize(("rows", "warps"), [(0, 4), (3, 4), (512, 4), (16, 0), (16, 6), (16, 64)])
 def test_a_triton_tile_that_cannot_compile_is_refused_in_one_line(rows: int, warps: int) -> None:
     with pytest.raises(HiCacheInputError, match="power of two"):
-        with triton_tile(rows, warps):
-            raise AssertionError(f"tile {rows}x{warps} was accepted")
+        TritonTile(rows, warps)
+
+
+@pytest.mark.parametrize("grid", [0, -3])
+def test_a_triton_grid_without_programs_is_refused_in_one_line(grid: int) -> None:
+    with pytest.raises(HiCacheInputError, match="triton grid must be >= 1 programs"):
+        TritonLaunch(grid)
 
 
 def test_the_vector_hint_is_given_only_where_every_stride_keeps_16_bytes() -> None:

@@ -16,7 +16,7 @@ from hicache_ref.pools import HostKVCache, KVCache, make_host_pool
 from hicache_ref.pools.copy_engine import load_cuda_batch_copier
 from hicache_ref.pools.host_layout import host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, TRANSFER_STATS, copy_paths_for_layout
-from hicache_ref.pools.triton_copy import is_triton_available, triton_grid, triton_tile
+from hicache_ref.pools.triton_copy import TritonLaunch, TritonTile, is_triton_available
 
 from .builders import make_device_pool, pages_to_locs
 from .test_host_transfers import LEGAL_CASES
@@ -219,7 +219,8 @@ def test_triton_grid_sizes_all_move_every_row(
     backed_up = {
         (n, layer): device_pool.read_rows(n, layer, backup_locs) for n in names for layer in layers
     }
-    with triton_grid(grid), triton_tile(tile_rows, warps), cuda.stream(cuda.Stream()):
+    host_pool.triton_launch = TritonLaunch(grid, TritonTile(tile_rows, warps))
+    with cuda.stream(cuda.Stream()):
         host_pool.backup_from_device_all_layer(
             device_pool, host.cuda(), backup_locs.cuda(), "kernel"
         )
@@ -297,7 +298,7 @@ def test_auto_on_page_first_launches_sixteen_programs_per_component(
     assert auto_launches and all(grid == 16 * moved for grid, moved in auto_launches)
     assert launched[len(auto_launches) :] and all(
         grid is None for grid, _ in launched[len(auto_launches) :]
-    )  # the default grid (current_triton_grid) for the explicit path
+    )  # the default grid (TRITON_GRID_DEFAULT) for the explicit path
     for (name, layer), rows in backed_up.items():
         assert torch.equal(host_pool.read_rows(name, layer, host), rows)
         if layer == 0:
