@@ -11,8 +11,9 @@
  * order as a batch issued on S itself. The thread holds no Python lock, so a caller blocked
  * on the GPU while holding Python's GIL cannot stall it.
  *
- * Function pointers (the runtime's batch call, the driver's cuStreamWaitValue64_v2 and
- * cuStreamWriteValue64_v2) are handed in by Python, so this file links against nothing but
+ * Function pointers (the runtime's batch call, the driver's cuStreamWaitValue64_v2,
+ * cuStreamWriteValue64_v2 and, where present, cuStreamBatchMemOp_v2, which enqueues the
+ * caller's two operations in one driver call) are handed in by Python, so this file links against nothing but
  * pthreads. A failed call is remembered (first error wins) and the done value is still
  * written, so S never waits forever; Python raises it at the next issue or check.
  */
@@ -26,6 +27,13 @@ typedef int (*batch13_fn)(const void *, const void *, const void *, size_t, void
 typedef int (*batch12_fn)(const void *, const void *, const void *, size_t, void *, void *,
                           size_t, size_t *, void *);
 typedef int (*value_fn)(void *, uint64_t, uint64_t, unsigned int);
+typedef int (*memops_fn)(void *, unsigned int, void *, unsigned int);
+
+/* CUstreamBatchMemOpParams: a 48-byte union; the wait and write members are laid out as
+ * operation (4 bytes + 4 padding), address, value64, flags (4 + 4), alias, then padding. */
+#define HC_MEMOP_WORDS 6
+#define HC_WAIT_VALUE_64 4
+#define HC_WRITE_VALUE_64 5
 
 typedef struct {
     const void *dsts, *srcs, *sizes;
@@ -43,7 +51,7 @@ typedef struct {
     hc_item *ring;
     size_t capacity, head, used;
     int stop, busy;
-    void *batch, *wait, *write, *side;
+    void *batch, *wait, *write, *side, *memops;
     int runtime13;
     uint64_t ready, done, seq;
     size_t attr_index;
@@ -102,7 +110,7 @@ static void *run(void *arg) {
 }
 
 hc_issuer *hc_create(void *batch, int runtime13, void *wait, void *write, void *side,
-                     uint64_t ready, uint64_t done, size_t capacity) {
+                     uint64_t ready, uint64_t done, size_t capacity, void *memops) {
     hc_issuer *q = (hc_issuer *)calloc(1, sizeof(hc_issuer));
     if (q == NULL) return NULL;
     q->ring = (hc_item *)calloc(capacity, sizeof(hc_item));
@@ -116,6 +124,7 @@ hc_issuer *hc_create(void *batch, int runtime13, void *wait, void *write, void *
     q->wait = wait;
     q->write = write;
     q->side = side;
+    q->memops = memops;
     q->ready = ready;
     q->done = done;
     pthread_mutex_init(&q->lock, NULL);
@@ -141,9 +150,21 @@ int hc_issue(hc_issuer *q, void *caller_stream, const void *dsts, const void *sr
     }
     while (q->used == q->capacity) pthread_cond_wait(&q->changed, &q->lock);
     uint64_t seq = q->seq + 1;
-    value_fn wait = (value_fn)q->wait, write = (value_fn)q->write;
-    int code = write(caller_stream, q->ready, seq, 0);
-    if (code == 0) code = wait(caller_stream, q->done, seq, 0 /* GEQ */);
+    int code;
+    if (q->memops != NULL) {
+        uint64_t ops[2 * HC_MEMOP_WORDS] = {0};
+        ops[0] = HC_WRITE_VALUE_64;
+        ops[1] = q->ready;
+        ops[2] = seq;
+        ops[HC_MEMOP_WORDS + 0] = HC_WAIT_VALUE_64;
+        ops[HC_MEMOP_WORDS + 1] = q->done;
+        ops[HC_MEMOP_WORDS + 2] = seq; /* flags word stays 0: CU_STREAM_WAIT_VALUE_GEQ */
+        code = ((memops_fn)q->memops)(caller_stream, 2, ops, 0);
+    } else {
+        value_fn wait = (value_fn)q->wait, write = (value_fn)q->write;
+        code = write(caller_stream, q->ready, seq, 0);
+        if (code == 0) code = wait(caller_stream, q->done, seq, 0 /* GEQ */);
+    }
     if (code != 0) {
         /* the side stream would wait on a ready value that never comes: issue nothing */
         remember(q, code, 4);
@@ -226,6 +247,17 @@ int hc_cpu_write(void *stream, uint64_t addr, uint64_t value, unsigned int flags
     (void)stream;
     (void)flags;
     __atomic_store_n((uint64_t *)addr, value, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int hc_cpu_memops(void *stream, unsigned int count, void *params, unsigned int flags) {
+    (void)flags;
+    uint64_t *op = (uint64_t *)params;
+    for (unsigned int i = 0; i < count; i++, op += HC_MEMOP_WORDS) {
+        int code = (uint32_t)op[0] == HC_WRITE_VALUE_64 ? hc_cpu_write(stream, op[1], op[2], 0)
+                                                         : hc_cpu_wait(stream, op[1], op[2], 0);
+        if (code != 0) return code;
+    }
     return 0;
 }
 

@@ -59,7 +59,8 @@ def _cache_dir() -> Path:
 def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     void_p, size_t, u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64
     library.hc_create.restype = void_p
-    library.hc_create.argtypes = [void_p, ctypes.c_int, void_p, void_p, void_p, u64, u64, size_t]
+    library.hc_create.argtypes = [void_p, ctypes.c_int, void_p, void_p, void_p, u64, u64, size_t,
+                                  void_p]  # fmt: skip
     library.hc_issue.restype = ctypes.c_int
     library.hc_issue.argtypes = [void_p, void_p, void_p, void_p, void_p, size_t, void_p, size_t,
                                  size_t]  # fmt: skip
@@ -143,13 +144,15 @@ class CopyIssuer:
         side_stream: int,
         flags: torch.Tensor,
         side: object = None,
+        memops: int = 0,
     ) -> CopyIssuer:
         """Start a thread issuing ``batch`` on ``side_stream``; ``flags`` holds two int64 words
-        (ready, done) starting at 0, addressable by ``wait`` and ``write``."""
+        (ready, done) starting at 0, addressable by ``wait`` and ``write``; ``memops`` (0: none)
+        enqueues the caller's write and wait in one call."""
         assert flags.dtype == torch.int64 and flags.numel() >= 2 and flags.is_contiguous()
         ready, done = flags.data_ptr(), flags.data_ptr() + 8
         handle = library.hc_create(
-            batch, int(runtime13), wait, write, side_stream, ready, done, RING_CAPACITY
+            batch, int(runtime13), wait, write, side_stream, ready, done, RING_CAPACITY, memops
         )
         if not handle:
             raise CopyIssuerError("hc_create failed (out of memory or no thread)")
@@ -218,6 +221,7 @@ class CpuStandIns:
     batch: int
     wait: int
     write: int
+    memops: int
     fail: int
 
 
@@ -227,5 +231,6 @@ def cpu_stand_ins(library: ctypes.CDLL) -> CpuStandIns:
         batch=function_address(library.hc_cpu_batch),
         wait=function_address(library.hc_cpu_wait),
         write=function_address(library.hc_cpu_write),
+        memops=function_address(library.hc_cpu_memops),
         fail=function_address(library.hc_cpu_fail),
     )

@@ -24,7 +24,7 @@ from hicache_ref.pools.copy_issuer import (
 CALLER_STREAM = 1  # any non-zero handle: the stand-in's caller-side wait returns at once
 
 
-def cpu_issuer(*, failing: bool = False) -> tuple[CopyIssuer, torch.Tensor]:
+def cpu_issuer(*, failing: bool = False, memops: bool = True) -> tuple[CopyIssuer, torch.Tensor]:
     library, why = load_issuer_library()
     assert library is not None, why
     stand_ins = cpu_stand_ins(library)
@@ -37,6 +37,7 @@ def cpu_issuer(*, failing: bool = False) -> tuple[CopyIssuer, torch.Tensor]:
         write=stand_ins.write,
         side_stream=0,
         flags=flags,
+        memops=stand_ins.memops if memops else 0,
     )
     return issuer, flags
 
@@ -52,8 +53,10 @@ def page_rows(
     return RowBatches(dsts, srcs, sizes, d2h=False, device_index=0)
 
 
-def test_the_thread_issues_every_row_in_order_and_counts_them() -> None:
-    issuer, flags = cpu_issuer()
+@pytest.mark.parametrize("memops", [True, False], ids=["one-batched-call", "two-calls"])
+def test_the_thread_issues_every_row_in_order_and_counts_them(memops: bool) -> None:
+    # the caller's write and wait go through cuStreamBatchMemOp's layout, or one call each
+    issuer, flags = cpu_issuer(memops=memops)
     source = torch.arange(100, dtype=torch.int32)
     target = torch.full((100,), -1, dtype=torch.int32)
     # row 1 overwrites word 5 that row 0 wrote: the later row must win

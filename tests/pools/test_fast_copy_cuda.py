@@ -16,7 +16,12 @@ from hicache_ref.pools import HostKVCache, KVCache, make_host_pool
 from hicache_ref.pools.copy_engine import load_cuda_batch_copier
 from hicache_ref.pools.host_layout import host_row_index
 from hicache_ref.pools.transfer import PLAN_CACHE, TRANSFER_STATS, copy_paths_for_layout
-from hicache_ref.pools.triton_copy import TritonLaunch, TritonTile, is_triton_available
+from hicache_ref.pools.triton_copy import (
+    TRITON_GRID_DEFAULT,
+    TritonLaunch,
+    TritonTile,
+    is_triton_available,
+)
 
 from .builders import make_device_pool, pages_to_locs
 from .test_host_transfers import LEGAL_CASES
@@ -297,8 +302,8 @@ def test_auto_on_page_first_launches_sixteen_programs_per_component(
     cuda.synchronize()
     assert auto_launches and all(grid == 16 * moved for grid, moved in auto_launches)
     assert launched[len(auto_launches) :] and all(
-        grid is None for grid, _ in launched[len(auto_launches) :]
-    )  # the default grid (TRITON_GRID_DEFAULT) for the explicit path
+        grid == TRITON_GRID_DEFAULT for grid, _ in launched[len(auto_launches) :]
+    )  # the host pool's triton_launch (the default grid) for the explicit path
     for (name, layer), rows in backed_up.items():
         assert torch.equal(host_pool.read_rows(name, layer, host), rows)
         if layer == 0:
