@@ -278,7 +278,9 @@ class CudaBatchCopier:
                 self.threaded_missing = why or "no cuStreamWaitValue64 in libcuda.so.1"
                 return None
             wait, write, memops = driver_functions
-            side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            # the highest priority: the forward waits on these copies, and priority is what the
+            # GPU's scheduler weighs when busy compute streams compete with the side stream
+            side = torch.cuda.Stream(device=device, priority=-100)  # type: ignore[no-untyped-call]
             issuer = CopyIssuer.create(
                 library,
                 batch=function_address(self._function),

@@ -94,7 +94,7 @@ def _plan_key(
     device_pool: KVCache,
     host_buffers: dict[str, torch.Tensor],
 ) -> tuple[object, ...]:
-    shapes = tuple((name, buffer.shape) for name, buffer in host_buffers.items())
+    shapes = tuple([(name, buffer.shape) for name, buffer in host_buffers.items()])
     return (
         copy_path,
         direction,
@@ -125,12 +125,10 @@ def _closure_key(
     and strides (so another view of the same memory is checked and built anew), and for
     ``triton`` the launch shape (grid, programs per component, tile) it was built for."""
     names = device_pool.component_names()
-    device = tuple(
-        (buffer.data_ptr(), buffer.stride())
-        for buffer in (device_pool.component_buffer(n, layer) for layer in layer_ids for n in names)
-    )
-    host = tuple((host_buffers[n].data_ptr(), host_buffers[n].stride()) for n in names)
-    return (direction, tuple(layer_ids), host, device, shape)
+    buffers = [device_pool.component_buffer(n, layer) for layer in layer_ids for n in names]
+    buffers += [host_buffers[n] for n in names]
+    # list comprehensions: this runs on every launch, and genexprs into tuples cost more
+    return (direction, tuple(layer_ids), shape, *[(b.data_ptr(), b.stride()) for b in buffers])
 
 
 def _kernel_indices(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
