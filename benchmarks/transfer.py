@@ -8,8 +8,10 @@ layer, ``backup_from_device_all_layer``):
 
 - per-layer H2D and all-layer D2H GB/s of each copy path, and their share of one pinned
   ~1 GiB copy measured in the same run (``--pinned-gib``);
-- CPU microseconds to issue one layer (``time.perf_counter`` around the call only, median) and
-  the first call's cost (it validates and plans; later layers reuse the plan);
+- CPU microseconds to issue one layer's H2D and one all-layer D2H (``time.perf_counter`` around
+  the call only, median) and the first call's cost (it validates and plans; later layers reuse
+  the plan); ``batch-inline`` is ``batch`` with the copier's issuing thread off (the runtime's
+  call on the caller's thread, as before ``copy_issuer``);
 - bidirectional: per-layer loads and per-layer backups on two streams at once, against both
   pinned directions at once (``--bidir-cases``);
 - the H2D beside a compute-bound bf16 matmul loop on a third stream: transfer GB/s and the
@@ -638,7 +640,7 @@ def measure_path(
         f"{first_us:.0f} |"
     )
     say(results.main[-1] + f"  [{time.perf_counter() - started:.1f} s]")
-    subset = subset and path.name in args.subset_paths
+    subset = subset and path.name.replace(" ", "-") in args.subset_paths
     subset = subset and (path.grid is None or path.grid in args.subset_grids)
     if subset and args.bidir:
 
@@ -750,7 +752,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--layouts", default="layer_first,page_first")
     parser.add_argument("--paths", default="runs,batch,triton,auto",
                         help="copy paths to time; auto is the default path, its row names "
-                        "what it chose")  # fmt: skip
+                        "what it chose; batch-inline is batch issued on the caller's thread "
+                        "(no issuing thread)")  # fmt: skip
     parser.add_argument("--runs-page-sizes", default="64",
                         help="page sizes that time the slow reference path 'runs' (page 16 adds "
                         "~4 min to a full run)")  # fmt: skip
