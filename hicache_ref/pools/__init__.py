@@ -18,8 +18,9 @@ Primitives in the order data flows through them:
 6. The copy paths of a transfer (``copy_path``), after ``transfer_checks`` validated its index
    pairs (INV-01): ``gather`` (CPU reference), ``runs`` (one ``copy_`` per merged run), and
    ``fast_transfer``'s two: ``batch``: ``copy_plan`` (index pairs -> byte offsets, once per
-   transfer; a few adds per layer) -> ``copy_engine`` (one ``cudaMemcpyBatchAsync`` per layer,
-   or ``memmove`` on the simulator); ``triton``: ``triton_copy`` (a zero-copy kernel over the
+   transfer; every layer's addresses in one table) -> ``copy_engine`` (one
+   ``cudaMemcpyBatchAsync`` per layer, issued by ``copy_issuer``'s native thread behind two
+   stream operations, or ``memmove`` on the simulator); ``triton``: ``triton_copy`` (a zero-copy kernel over the
    pinned host pool). ``copy_choice`` says which of them the default ``auto`` takes where the
    transfer runs (``gather`` on the CPU; on a GPU ``batch``, ``triton`` or ``runs``).
 

@@ -241,6 +241,14 @@ class CudaBatchCopier:
         """Issue ``rows.rows`` batches (one per layer) on torch's current stream of ``device``:
         through the issuing thread when ``threaded``, else one ``issue_on_stream`` per row."""
         if self.threaded:
+            # Verify no graph is being captured: the thread's copies would stay out of it while
+            # the caller's stream operations went in (inline issue is refused there by the
+            # runtime itself, cudaErrorStreamCaptureUnsupported)
+            if torch._C._cuda_isCurrentStreamCapturing():
+                raise HiCacheInputError(
+                    "copy_path='batch' cannot be captured into a CUDA graph (the copy engine's "
+                    "batch call is not capturable); issue transfers outside graph capture"
+                )
             # the raw handle: torch.cuda.current_stream() costs ~6 us on the issue path
             handle = torch._C._cuda_getCurrentRawStream(rows.device_index)
             issuer = self._issuers.get(handle)

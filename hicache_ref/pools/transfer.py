@@ -26,15 +26,18 @@ Four ways to execute the same semantics, chosen per launch by ``copy_path``:
   (upstream's direct backend does the same ``.cpu()``).
 - ``batch``: the copy engine at the PCIe ceiling. The pairs are validated once, merged into
   runs of rows contiguous on both sides and turned into byte offsets per component
-  (``copy_plan``), one plan per transfer (``fast_transfer``); each layer then adds its two base
-  addresses and issues one ``cudaMemcpyBatchAsync`` (``copy_engine``) on the current stream,
-  or, on the CPU, one ``memmove`` per copy when the stream runs. ``page_first`` and
+  (``copy_plan``), one plan per transfer (``fast_transfer``), and into every layer's addresses
+  at once (``DescriptorTable``); each layer then hands its row to one ``cudaMemcpyBatchAsync``
+  (``copy_engine``), issued by a native thread behind two stream operations on the current
+  stream (``copy_issuer``), or, on the CPU, one ``memmove`` per copy when the stream runs. ``page_first`` and
   ``page_head`` are refused (``BATCH_REFUSED_LAYOUTS``): their layers are one copy per token
   row (or head), and the copy engine pays per copy; use ``triton`` (or ``runs``) there.
   Measured on an H200 (32,768 tokens x 61 layers, random pages, ``benchmarks/transfer.py``):
   page 64 (64-74 KB copies) reaches 98% of a pinned copy per direction with no SM used (a
-  matmul beside it slows by <= 2%), and 66-101% of both pinned directions with load and backup
-  at once (bound by the runtime's ~0.5-0.7 ms of CPU per layer and direction); page 16 (16-18
+  matmul beside it slows by ~1-2%), and 66-101% of both pinned directions with load and backup
+  at once; the caller's CPU is 13-28 us per layer and 0.1-0.5 ms per all-layer backup through
+  the issuing thread (0.3-1.1 ms and 15-64 ms when the runtime's ~0.46 us per copy is paid on
+  the caller's thread, ``HICACHE_COPY_ISSUE=inline``); page 16 (16-18
   KB copies) falls to 7% for H2D (the copy engine reads small host copies slowly) and 34-69%
   for D2H.
 - ``triton``: a zero-copy Triton kernel reading or writing the pinned host pool directly

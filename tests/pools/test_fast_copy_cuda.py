@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hicache_ref.device import CudaDevice, cuda_available
+from hicache_ref.errors import HiCacheInputError
 from hicache_ref.pools import HostKVCache, KVCache, make_host_pool
 from hicache_ref.pools.copy_engine import load_cuda_batch_copier
 from hicache_ref.pools.host_layout import host_row_index
@@ -348,3 +349,23 @@ def test_batch_copies_run_between_the_work_before_and_after_them_on_their_stream
             assert rows.eq(layer + 1.0).all(), layer  # the load read the backed-up rows
     finally:
         copier.threaded = saved
+
+
+def test_batch_inside_graph_capture_is_refused_in_one_line(cuda: CudaDevice) -> None:
+    # the issuing thread's copies could not enter a graph the caller's stream operations enter
+    copier = load_cuda_batch_copier()
+    if not copier.threaded:
+        pytest.fail(f"the issuing thread is unavailable here: {copier.threaded_missing}")
+    device_pool, host_pool = gpu_pools(cuda, "mla", "layer_first", 4, "batch")
+    host, _, load_locs = index_pairs("direct", "layer_first", 4)
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(HiCacheInputError, match="cannot be captured into a CUDA graph"):
+        with torch.cuda.graph(graph, stream=stream):
+            host_pool.load_to_device_per_layer(device_pool, host, load_locs, 0, "direct")
+    cuda.synchronize()
+    host_pool.load_to_device_per_layer(device_pool, host, load_locs, 0, "direct")  # still works
+    cuda.synchronize()
+    assert torch.equal(
+        device_pool.read_rows("kv", 0, load_locs), host_pool.read_rows("kv", 0, host)
+    )
