@@ -159,15 +159,6 @@ def plan_component_copies(
     )
 
 
-@dataclass(frozen=True)
-class PointerArrays:
-    """One batch of copies: destination and source addresses and sizes (CPU int64)."""
-
-    dsts: torch.Tensor
-    srcs: torch.Tensor
-    sizes: torch.Tensor
-
-
 def check_copies_in_bounds(
     copies: ComponentCopies,
     *,
@@ -187,17 +178,6 @@ def check_copies_in_bounds(
             f"{host_end} of {host_nbytes} / device byte {copies.device_extent_bytes} of "
             f"{device_buffer_nbytes} (the planner is wrong; use copy_path='runs')",
         )
-
-
-def layer_pointer_arrays(
-    copies: ComponentCopies, *, host_base: int, device_base: int, d2h: bool
-) -> PointerArrays:
-    """The copies of one layer: the plan's offsets plus that layer's two base addresses."""
-    host = copies.host_offsets + host_base
-    device = copies.device_offsets + device_base
-    if d2h:
-        return PointerArrays(dsts=host, srcs=device, sizes=copies.sizes)
-    return PointerArrays(dsts=device, srcs=host, sizes=copies.sizes)
 
 
 @dataclass(frozen=True)
