@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hicache_ref.campaign import CampaignReport, run_campaign  # noqa: E402
+from hicache_ref.campaign.report import CampaignReport  # noqa: E402
+from hicache_ref.campaign.run import run_campaign  # noqa: E402
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION  # noqa: E402
 from hicache_ref.harness.adapters.registry import load_mutant_module  # noqa: E402
 from hicache_ref.harness.adapters.sglang_tree import (  # noqa: E402

@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hicache_ref.campaign import CampaignReport, run_campaign
-from hicache_ref.cli_inputs import (
+from hicache_ref.campaign.cli_inputs import (
     UsageError,
     add_budget_argument,
     check_out_dir,
@@ -43,7 +42,10 @@ from hicache_ref.cli_inputs import (
     read_trace_file,
     use_sglang_src,
 )
-from hicache_ref.cli_mutants import add_mutants_command
+from hicache_ref.campaign.cli_mutants import add_mutants_command
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.run import run_campaign
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.fleet.commands import (
     add_fleet_arguments,
@@ -100,20 +102,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         return run_cp_command(args)
     report = _campaign(args, known=())
-    print(report.render())
+    print(render_summary(report))
     _write_json(args, report.as_json())
     return get_exit_status(report)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """A campaign that counts known findings, and fails only on a new failure."""
-    if args.matrix:  # every release of a range, one table (hicache_ref/harness/campaigns/matrix.py)
-        from hicache_ref.harness.campaigns.matrix import cmd_matrix
+    if args.matrix:  # every release of a range, one table (hicache_ref/campaign/matrix.py)
+        from hicache_ref.campaign.matrix import cmd_matrix
 
         return cmd_matrix(args)
     known = get_gate_known(args.known, args.impl)
     report = _campaign(args, known=known)
-    print(report.render(replay_lines=False))
+    print(render_summary(report, replay_lines=False))
     print(render_gate(report, known))
     _write_json(args, {**report.as_json(), "gate": gate_json(report, known)})
     return get_exit_status(report)
@@ -439,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--matrix",
         metavar="LO..HI",
         help="gate every upstream release in LO..HI (post releases included) or a comma list, "
-        "one table; --known defaults to all (hicache_ref/harness/campaigns/matrix.py)",
+        "one table; --known defaults to all (hicache_ref/campaign/matrix.py)",
     )
     gate.add_argument(
         "--budget-each",

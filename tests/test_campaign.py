@@ -6,7 +6,8 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import cast
 
-from hicache_ref.campaign import CampaignReport
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.world.config import HarnessConfig
@@ -21,4 +22,4 @@ def test_the_report_counts_what_auto_takes_in_each_world() -> None:
     stats = SimpleNamespace(steps=0, skipped=0, rules=Counter(), invariant_checks=0)
     report.absorb(cast(Session, SimpleNamespace(stats=stats, config=HarnessConfig())))
     assert report.as_json()["auto_copy_paths"] == {"gather": 2}
-    assert "copy_path auto takes here (cases): gather=2" in report.render()
+    assert "copy_path auto takes here (cases): gather=2" in render_summary(report)

@@ -24,10 +24,17 @@ from typing import Any, cast
 
 import pytest
 
-from hicache_ref import campaign_rounds, cli
-from hicache_ref.campaign import RULE_FAMILIES, CampaignReport, get_rule_family
-from hicache_ref.campaign_failures import get_trace_stem
-from hicache_ref.cli_inputs import LEGAL_RULES, SGLANG_CONTROLLER, STEP_ARGUMENTS, parse_duration
+from hicache_ref import cli
+from hicache_ref.campaign import rounds as campaign_rounds
+from hicache_ref.campaign.cli_inputs import (
+    LEGAL_RULES,
+    SGLANG_CONTROLLER,
+    STEP_ARGUMENTS,
+    parse_duration,
+)
+from hicache_ref.campaign.failures import get_trace_stem
+from hicache_ref.campaign.report import RULE_FAMILIES, CampaignReport, get_rule_family
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
@@ -395,7 +402,7 @@ def test_the_report_counts_checks_by_id_families_and_features() -> None:
     assert data["checks_by_id"] == {"INV-02": 4}
     assert data["rule_families"]["acks"] == {"steps": 2, "share": 0.5}
     assert data["features"]["cp"] == {"2": 1} and data["features"]["draft"] == {"deeper": 1}
-    assert "checks by invariant: INV-02 single-write-ack=4" in report.render()
+    assert "checks by invariant: INV-02 single-write-ack=4" in render_summary(report)
 
 
 # -- the gate --------------------------------------------------------------------------------

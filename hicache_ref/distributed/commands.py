@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hicache_ref.cli_inputs import (
+from hicache_ref.campaign.cli_inputs import (
     check_cp_backend,
     check_cp_implementation,
     check_cp_processes,

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.campaign_failures import get_trace_stem
-from hicache_ref.cli_inputs import check_out_dir, check_output_file
+from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file
+from hicache_ref.campaign.failures import get_trace_stem
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.fleet.database import DatabaseSpec, check_database, parse_database
 from hicache_ref.fleet.shards import Shard, parse_shard

@@ -31,12 +31,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.campaign import (
-    MINIMIZE_REPLAYS_MAX,
-    CampaignReport,
-    CampaignSignals,
-    run_campaign,
-)
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.rounds import CampaignSignals
+from hicache_ref.campaign.run import MINIMIZE_REPLAYS_MAX, run_campaign
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.fleet.database import DatabaseSpec

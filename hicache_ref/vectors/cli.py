@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.cli_inputs import check_out_dir, check_output_file, use_sglang_src
+from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file, use_sglang_src
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.world.world import DEVICE_KINDS
 

@@ -175,7 +175,7 @@ class GateItem(pytest.Item):
         self.spec, self.seconds = spec, seconds
 
     def runtest(self) -> None:
-        from hicache_ref.campaign import run_campaign
+        from hicache_ref.campaign.run import run_campaign
         from hicache_ref.harness.campaigns.known_findings import get_known_findings
 
         known = get_known_findings(self.config.getoption("--hicache-known"), self.spec)

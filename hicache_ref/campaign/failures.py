@@ -29,7 +29,7 @@ from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.replay_lines import get_replay_line, get_rerun_line
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
 
 TRACE_DIGEST_CHARS = 10
 

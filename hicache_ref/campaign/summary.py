@@ -17,7 +17,7 @@ from hicache_ref.invariant_titles import get_invariant_label
 from hicache_ref.invariants.checks_storage import STORAGE_IDS
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
 
 SUMMARY_WIDTH = 100
 

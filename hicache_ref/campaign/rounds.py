@@ -1,9 +1,9 @@
 """A campaign's rounds: seeded runs of the state machine until the time is up, or a stop.
 
-``run_rounds`` hands the machine this campaign's sink (``campaign_failures.CampaignSink``),
+``run_rounds`` hands the machine this campaign's sink (``failures.CampaignSink``),
 then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh seed, the
 database's saved failures replayed in the first round only (``reuse``), each failure absorbed
-(``campaign_failures.absorb_failure``), a timeline point and the ``on_round`` callback after
+(``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
 every round. It stops when the time is up, at ``rounds_max``, at the first new failure (unless
 it keeps going: then it also sets the fleet's ``stop``), when another worker set ``stop``, and
 at Ctrl-C (``interrupt`` between rounds, ``KeyboardInterrupt`` between steps): then the report
@@ -25,7 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
-from hicache_ref.campaign_failures import (
+from hicache_ref.campaign.failures import (
     CampaignSink,
     FailureContext,
     absorb_failure,
@@ -40,7 +40,7 @@ from hicache_ref.harness.campaigns.profiles import make_settings
 from hicache_ref.harness.world.world import DeviceWorlds
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
     from hicache_ref.fleet.database import CampaignDatabase
 
 

@@ -129,7 +129,7 @@ def gate_release(
     shrink: bool = False,
 ) -> ReleaseRow:
     """Fetch ``release``, read its shape and gate it; a setup problem becomes ``refused``."""
-    from hicache_ref.campaign import run_campaign
+    from hicache_ref.campaign.run import run_campaign
     from hicache_ref.harness.adapters.registry import checked_implementation
     from hicache_ref.harness.adapters.sglang import SglangImplementation
     from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
@@ -193,7 +193,7 @@ def matrix_json(rows: Sequence[ReleaseRow], source: str) -> dict[str, Any]:
 
 def cmd_matrix(args: argparse.Namespace) -> int:
     """``gate --matrix``: every release of the range, one table; exit 1 unless all passed."""
-    from hicache_ref.cli_inputs import check_out_dir, check_output_file
+    from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file
     from hicache_ref.harness.adapters.sglang_releases import registry_versions, resolve_releases
 
     if args.impl != MATRIX_IMPL:
