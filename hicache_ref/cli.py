@@ -32,15 +32,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hicache_ref.campaign.cli_inputs import (
+    TREE_IMPLEMENTATIONS,
     UsageError,
     add_budget_argument,
     check_out_dir,
     check_output_file,
+    check_sglang_src,
     check_spins_device,
+    get_tree_argument,
     parse_duration,
     parse_spins,
     read_trace_file,
-    use_sglang_src,
 )
 from hicache_ref.campaign.cli_mutants import add_mutants_command
 from hicache_ref.campaign.report import CampaignReport
@@ -57,13 +59,14 @@ from hicache_ref.fleet.progress import ProgressView
 from hicache_ref.fleet.workers import run_fleet
 from hicache_ref.harness.adapters.base import unsupported_reasons
 from hicache_ref.harness.adapters.registry import checked_implementation
+from hicache_ref.harness.adapters.sglang_tree import recorded_tree
 from hicache_ref.harness.campaigns.known_findings import (
     ALL,
     KNOWN_FINDINGS,
     KnownFinding,
     get_known_findings,
 )
-from hicache_ref.harness.campaigns.profiles import PROFILES
+from hicache_ref.harness.campaigns.profiles import PROFILES, get_profile_help
 from hicache_ref.harness.steps.replay import minimize, replay
 from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.harness.world.world import DEVICE_KINDS
@@ -160,10 +163,14 @@ def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
             f"{failure['error']}"
         )
         if failure["trace"]:
-            lines.append(get_replay_line(failure["trace"]))
+            lines.append(get_replay_line(failure["trace"], report.implementation))
         else:  # it failed outside a step, so no trace exists: the seed reproduces it
             rerun = get_rerun_line(
-                report.implementation, report.profile, int(failure["seed"]), report.device
+                report.implementation,
+                report.profile,
+                int(failure["seed"]),
+                report.device,
+                report.source,
             )
             lines.append(f"  no trace; rerun: {rerun}")
     verdict = (
@@ -190,13 +197,12 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
     out_dir = check_out_dir("--out", args.out)
     if args.json:
         check_output_file("--json", args.json)
-    if args.sglang_src:
-        use_sglang_src(args.sglang_src)
-    if args.sglang_version:
-        use_sglang_version(args)
+    source = get_tree_argument(args)
     perturbation = check_spins_device("--spins", args.spins, args.device)
-    checked_implementation(args.impl)  # the contract's preflight: a break is exit 2, not a finding
-    tasks = plan_from_args(args, out_dir=out_dir, known=known, perturbation=perturbation)
+    checked_implementation(args.impl, source)  # the contract's preflight: a break is exit 2
+    tasks = plan_from_args(
+        args, out_dir=out_dir, known=known, perturbation=perturbation, source=source
+    )
     if len(tasks) > 1:  # what a worker would find out after starting, found out once, here
         if args.device == "cuda":
             from hicache_ref.device.cuda import require_cuda
@@ -221,15 +227,6 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
             view.close()
 
 
-def use_sglang_version(args: argparse.Namespace) -> None:
-    """``--sglang-version X``: that release's wheel (fetched once) is the tree the gate reads."""
-    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
-
-    if args.sglang_src:
-        raise HiCacheInputError("--sglang-src and --sglang-version both name a tree; pass one")
-    use_sglang_src(str(fetch_release_tree(args.sglang_version)))
-
-
 def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
     """Write the report; the path was checked writable before the work, so a failure here (a
     full disk) is one line on stderr and the verdict's exit status stands."""
@@ -245,12 +242,12 @@ def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 # -- traces ----------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    trace = _trace_for(args)
+    trace, source = _trace_for(args)
     if trace.header.cp_processes:  # recorded across processes: spawn them again
         from hicache_ref.distributed.commands import replay_cp_command
 
         return replay_cp_command(args, trace, Path(args.trace))
-    result = replay(trace, implementation=args.impl, device=args.device)
+    result = replay(trace, implementation=args.impl, device=args.device, source=source)
     for step, outcome in zip(trace.steps, result.outcomes, strict=False):
         print(f"  {step.render():<48} -> {outcome}")
     if result.error is not None:
@@ -266,31 +263,39 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_minimize(args: argparse.Namespace) -> int:
     output = check_output_file("-o/--output", args.output)
-    trace = _trace_for(args)
+    trace, source = _trace_for(args)
     if trace.header.cp_processes:  # ddmin replays in one process: it would judge another world
         raise HiCacheInputError(
             f"trace {args.trace} was recorded across {trace.header.cp_processes} processes and "
             "minimize replays in one; replay it with hicache-fuzz replay instead"
         )
-    if not replay(trace, implementation=args.impl, device=args.device).failed:
+    if not replay(trace, implementation=args.impl, device=args.device, source=source).failed:
         name = args.impl or trace.header.implementation
         raise HiCacheInputError(
             f"trace {args.trace} does not fail on {name}: it passes every step and the "
             "quiescence checks, so there is nothing to minimize (check --impl, or replay it)"
         )
-    small = minimize(trace, implementation=args.impl, device=args.device)
+    small = minimize(trace, implementation=args.impl, device=args.device, source=source)
     path = small.write(output)
     print(f"minimized {len(trace.steps)} -> {len(small.steps)} steps: {path}")
     return EXIT_OK
 
 
-def _trace_for(args: argparse.Namespace) -> Trace:
-    """The trace, checked to replay on its implementation (or --impl) before any step runs."""
+def _trace_for(args: argparse.Namespace) -> tuple[Trace, str]:
+    """The trace, checked to replay on its implementation (or --impl) before any step runs, and
+    the tree ``--sglang-src`` names instead of the recorded one (empty: none)."""
     trace = read_trace_file(args.trace)
-    if args.sglang_src:
-        use_sglang_src(args.sglang_src)
     name = args.impl or trace.header.implementation
-    source = trace.header.source if name == trace.header.implementation else ""
+    override = ""
+    if args.sglang_src:
+        if name not in TREE_IMPLEMENTATIONS:
+            raise HiCacheInputError(
+                f"--sglang-src names an sglang tree, but trace {args.trace} replays on "
+                f"{name!r}, which reads none: add --impl sglang (or seed), or drop the flag"
+            )
+        override = str(check_sglang_src(args.sglang_src))
+    recorded = trace.header.source if name == trace.header.implementation else ""
+    source = override or recorded_tree(recorded)
     implementation = checked_implementation(name, source)  # the trace's own tree, checked
     reasons = unsupported_reasons(implementation.capabilities, trace.header.config)
     if reasons:
@@ -298,7 +303,7 @@ def _trace_for(args: argparse.Namespace) -> Trace:
             f"implementation {name!r} cannot replay trace {args.trace} "
             f"({trace.header.config.describe()}): it lacks {reasons}; pick another --impl"
         )
-    return trace
+    return trace, override
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -327,21 +332,21 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser, budget_default: str
         "--sglang-src",
         metavar="DIR",
         help="an unpacked sglang tree (holds sglang/srt/managers/cache_controller.py) for "
-        "--impl sglang / seed; sets HICACHE_SGLANG_SRC",
+        "--impl sglang / seed (required with this flag: without it, exit 2)",
     )
     parser.add_argument(
         "--sglang-version",
         metavar="X",
-        help="an upstream release (0.5.17, 0.5.15.post1) for --impl sglang: its wheel is "
-        "fetched once into the cache and gated like --sglang-src",
+        help="an upstream release (0.5.17, 0.5.15.post1) for --impl sglang (required with this "
+        "flag): its wheel is fetched once into the cache (or taken from hicache-fuzz setup "
+        "--from) and gated like --sglang-src",
     )
     add_budget_argument(parser, budget_default, what="per worker")
     parser.add_argument(
         "--profile",
         default="ci",
         choices=sorted(PROFILES),
-        help="Hypothesis settings profile: ci (bounded cases, the pure oracle in lockstep), dev "
-        "(more steps), campaign (long cases, no lockstep oracle: the most steps/s); default ci",
+        help=get_profile_help(),
     )
     parser.add_argument(
         "--device",
@@ -391,7 +396,11 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="override the trace's implementation (a name, or pkg.module:factory)",
     )
-    parser.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
+    parser.add_argument(
+        "--sglang-src",
+        metavar="DIR",
+        help="as for run: read this sglang tree instead of the one the trace recorded",
+    )
     parser.add_argument(
         "--device",
         default=None,

@@ -305,19 +305,31 @@ def test_a_bug_in_the_harness_keeps_its_traceback(
         cli.main(["run", "--impl", "broken", "--out", str(tmp_path)])
 
 
-def test_sglang_src_is_checked_and_exported(
+def test_sglang_src_is_checked_and_handed_to_the_adapter_not_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("HICACHE_SGLANG_SRC", raising=False)
     (tmp_path / SGLANG_CONTROLLER).parent.mkdir(parents=True)
     (tmp_path / SGLANG_CONTROLLER).write_text("")
-    # a valid tree, an unknown implementation -> the tree is exported before the build fails
-    assert (
-        cli.main(["run", "--impl", "nope", "--sglang-src", str(tmp_path), "--out", str(tmp_path)])
-        == 2
-    )
-    capsys.readouterr()
-    assert os.environ["HICACHE_SGLANG_SRC"] == str(tmp_path.resolve())
+    seen: list[str] = []
+    real = registry.checked_implementation
+
+    def spy(name: str, source: str = "") -> Any:
+        seen.append(source)
+        return real(name, source)
+
+    monkeypatch.setattr(cli, "checked_implementation", spy)
+    # a valid tree, an unknown implementation -> exit 2; the tree went as an argument
+    argv = ["run", "--impl", "sglang", "--sglang-src", str(tmp_path), "--out", str(tmp_path)]
+
+    def tree_read(source: str = "") -> Any:
+        raise HiCacheSetupError(f"read {source}")  # where the adapter would load the tree
+
+    monkeypatch.setitem(registry._SOURCED, "sglang", tree_read)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"hicache-fuzz: error: read {tmp_path.resolve()}\n"
+    assert seen == [str(tmp_path.resolve())]
+    assert "HICACHE_SGLANG_SRC" not in os.environ
 
 
 def test_the_console_script_answers_bad_input_in_one_line() -> None:

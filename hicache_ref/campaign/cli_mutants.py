@@ -16,7 +16,7 @@ from hicache_ref.campaign.cli_inputs import add_budget_argument, check_out_dir, 
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.mutant import GUARDS
 from hicache_ref.harness.adapters.registry import checked_implementation, get_implementation
-from hicache_ref.harness.campaigns.profiles import PROFILES
+from hicache_ref.harness.campaigns.profiles import PROFILES, get_profile_help
 from hicache_ref.harness.world.world import DEVICE_KINDS
 
 MUTANT_BUDGET_DEFAULT = "20s"
@@ -38,7 +38,7 @@ def add_mutants_command(sub: Any) -> None:
         "--profile",
         default="ci",
         choices=sorted(PROFILES),
-        help="Hypothesis settings profile: ci (bounded), dev or campaign (default ci)",
+        help=get_profile_help(),
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="round k of each campaign uses seed + k (default 0)"

@@ -132,6 +132,10 @@ class CampaignReport:
     checks_first_s: dict[str, float] = field(default_factory=dict)
     parts: list[CampaignReport] = field(default_factory=list)
     """A merged report's workers, each its own report."""
+    name: str = ""
+    """The implementation's own ``name`` (what an outside ``pkg.module:factory`` calls itself)."""
+    source: str = ""
+    """The sglang tree the implementation read (empty for anything else)."""
     release: str = ""
     """The upstream release of the tree under test (``sglang_tree.tree_release``; empty for
     anything else): a known finding scoped to releases matches only inside its range."""
@@ -203,6 +207,8 @@ class CampaignReport:
     def as_json(self) -> dict[str, Any]:
         return {
             "implementation": self.implementation,
+            "implementation_name": self.name,
+            "source": self.source,
             "release": self.release,
             "profile": self.profile,
             "seed": self.seed,

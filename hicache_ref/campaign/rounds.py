@@ -76,6 +76,8 @@ class RoundPlan:
     signals: CampaignSignals | None
     on_round: Callable[[CampaignReport, float], None] | None
     rounds_max: int | None
+    lockstep: bool = True
+    """Whether the pure oracle follows every case (the profile's choice, ``profiles.py``)."""
 
 
 def freeze_long_lived_objects() -> None:
@@ -107,6 +109,7 @@ def run_rounds(
         sink,
         key=get_source_key(implementation),
         build=build,
+        lockstep=plan.lockstep,
     )
     report.sample(0.0)
     try:

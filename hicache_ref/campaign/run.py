@@ -24,6 +24,7 @@ from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
+from hicache_ref.harness.campaigns.profiles import lockstep_enabled
 from hicache_ref.harness.world.world import check_device_kind, on_device, open_device
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ def run_campaign(
     signals: CampaignSignals | None = None,
     on_round: Callable[[CampaignReport, float], None] | None = None,
     rounds_max: int | None = None,
+    source: str = "",
+    lockstep: bool | None = None,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
@@ -64,7 +67,10 @@ def run_campaign(
     On ``device="cuda"`` the worlds run on the GPU with ``perturbation`` (default
     ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``. ``progress``
     draws a bar (a terminal) or a line now and then (a log) on stderr, unless ``on_round``
-    takes each round's report instead. Ctrl-C ends it with ``interrupted`` set.
+    takes each round's report instead. Ctrl-C ends it with ``interrupted`` set. ``source`` is
+    the sglang tree a ``sglang``/``seed`` implementation reads (empty: its default);
+    ``lockstep`` turns the pure oracle on or off (None: as the profile says,
+    ``profiles.lockstep_enabled``).
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
@@ -88,13 +94,15 @@ def run_campaign(
         signals=signals,
         on_round=on_round,
         rounds_max=rounds_max,
+        lockstep=lockstep if lockstep is not None else lockstep_enabled(profile),
     )
     report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
     report.seed_stride = seed_stride
     report.database = database.label if database is not None else ""
     try:
         with open_device(kind, spins) as build:
-            implementation = on_device(get_implementation(impl), kind)
+            implementation = on_device(get_implementation(impl, source), kind)
+            report.name, report.source = implementation.name, implementation.source_tree
             report.release = _release_of(implementation.source_tree)
             run_rounds(report, implementation, seconds, rounds, build)
     finally:

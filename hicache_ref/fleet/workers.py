@@ -80,6 +80,8 @@ class WorkerTask:
     rounds_max: int | None = None
     minimize_replays: int = MINIMIZE_REPLAYS_MAX
     """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
+    source: str = ""
+    """The sglang tree a ``sglang``/``seed`` implementation reads (``--sglang-src``)."""
 
 
 def plan_workers(
@@ -117,6 +119,7 @@ def run_worker(
         on_round=on_round if on_round is not None else (view.on_round if view else None),
         rounds_max=task.rounds_max,
         minimize_replays=task.minimize_replays,
+        source=task.source,
     )
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label

@@ -13,7 +13,9 @@ In the order a run needs them:
 - ``fork_tree(controller_file)``: that tree with another ``cache_controller.py`` (the seed fork,
   or a developer's patched copy), or with any one other file replaced (``relpath``), built next
   to it, keyed by the file's hash;
-- ``resolve_tree()``: ``HICACHE_SGLANG_SRC`` (the CLI's ``--sglang-src``) if set, else 0.5.10;
+- ``resolve_tree()``: the tree when no caller named one: ``HICACHE_SGLANG_SRC`` (how a pytest
+  run names it; the CLI hands its ``--sglang-src`` to the adapter as an argument) if set, else
+  0.5.10; ``recorded_tree(source)``: a trace's recorded tree, unless that variable names one;
 - ``tree_release(tree)``: the release a tree says it is (its ``sglang/_version.py``), which
   scopes the known findings (``campaigns/known_findings.py``).
 
@@ -193,6 +195,12 @@ def resolve_tree() -> Path:
     if env:
         return check_tree(Path(env), SRC_ENV)
     return fetch_wheel_tree()
+
+
+def recorded_tree(source: str) -> str:
+    """The tree a replay reads for a trace that recorded ``source``: ``HICACHE_SGLANG_SRC`` when
+    set (a pytest run re-pointing the gate at another tree), else ``source`` itself."""
+    return os.environ.get(SRC_ENV) or source
 
 
 def resolve_seed_tree() -> Path:
