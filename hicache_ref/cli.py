@@ -45,9 +45,11 @@ from hicache_ref.campaign.cli_inputs import (
     read_trace_file,
 )
 from hicache_ref.campaign.cli_mutants import add_mutants_command
+from hicache_ref.campaign.interrupts import EXIT_INTERRUPTED, Interrupt, catching_stop_signals
+from hicache_ref.campaign.interrupts import get_exit_status as get_signal_exit_status
 from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.campaign.run import run_campaign
-from hicache_ref.campaign.summary import render_summary
+from hicache_ref.campaign.summary import render_summary, render_verdict, wrap_items
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.fleet.commands import (
     add_fleet_arguments,
@@ -76,7 +78,7 @@ from hicache_ref.vectors.cli import add_vectors_parser
 __all__ = ["CampaignReport", "main", "run_campaign"]  # run_campaign: for older imports
 
 PROG = "hicache-fuzz"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 RUN_BUDGET_DEFAULT, GATE_BUDGET_DEFAULT = "60s", "120s"
 KNOWN_NONE = "none"
 
@@ -105,8 +107,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         return run_cp_command(args)
     report = _campaign(args, known=())
-    print(render_summary(report))
+    print(render_summary(report, verdict=False))
     _write_json(args, report.as_json())
+    print(render_verdict(report))  # the last line
     return get_exit_status(report)
 
 
@@ -118,9 +121,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
         return cmd_matrix(args)
     known = get_gate_known(args.known, args.impl)
     report = _campaign(args, known=known)
-    print(render_summary(report, replay_lines=False))
-    print(render_gate(report, known))
+    print(render_summary(report, replay_lines=False, verdict=False))
+    gate_lines = render_gate(report, known)
+    if gate_lines:
+        print(gate_lines)
     _write_json(args, {**report.as_json(), "gate": gate_json(report, known)})
+    print(render_verdict(report, prog="gate"))  # the last line
     return get_exit_status(report)
 
 
@@ -144,16 +150,9 @@ def get_gate_known(ids: list[str] | None, implementation: str) -> tuple[KnownFin
 
 
 def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
-    """The verdict: known findings hit (and not hit), then each new failure and its replay."""
-    lines = []
-    for finding in known:
-        hits = report.known_hits[finding.id]
-        status = f"hit x{hits}" if hits else "not hit"
-        if not finding.covers(report.implementation):
-            status += f", it names no {report.implementation!r}"
-        elif not finding.covers_release(report.release):
-            status += f", scoped to {finding.releases}, not {report.release or 'this tree'}"
-        lines.append(f"gate: known {finding.id} {status} ({finding.invariant}: {finding.summary})")
+    """The known findings on one folded line, then each new failure and its replay (the
+    verdict, ``summary.render_verdict``, comes after the report's path)."""
+    lines = render_known(report, known)
     for failure in report.failures:
         again = report.repeats[failure["invariant"]]
         more = f", {again} more like it" if again else ""
@@ -173,18 +172,41 @@ def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
                 report.source,
             )
             lines.append(f"  no trace; rerun: {rerun}")
-    verdict = (
-        f"gate: FAILED: {len(report.failures)} new failure(s)"
-        if report.failures
-        else f"gate: passed: no new failure in {report.cases} cases ({report.seconds:.0f}s)"
-    )
-    lines.append(verdict)
     return "\n".join(lines)
+
+
+def render_known(report: CampaignReport, known: tuple[KnownFinding, ...]) -> list[str]:
+    """``gate: known findings: F8 (INV-07) hit x3; not hit: F1, F22 (scoped to ...)``, folded
+    to the summary's width: the hits with their invariant, then the rest by id alone."""
+    if not known:
+        return []
+    hit = [
+        f"{f.id} ({f.invariant}) hit x{report.known_hits[f.id]}"
+        for f in known
+        if report.known_hits[f.id]
+    ]
+    missed = [_known_missed(report, f) for f in known if not report.known_hits[f.id]]
+    if missed:
+        missed[0] = f"not hit: {missed[0]}"
+    return wrap_items("gate: known findings: ", [*hit, *missed])
+
+
+def _known_missed(report: CampaignReport, finding: KnownFinding) -> str:
+    if not finding.covers(report.implementation):
+        return f"{finding.id} (names no {report.implementation!r})"
+    if not finding.covers_release(report.release):
+        return f"{finding.id} (scoped to {finding.releases})"
+    return finding.id
 
 
 def gate_json(report: CampaignReport, known: tuple[KnownFinding, ...]) -> dict[str, Any]:
     return {
-        "passed": not report.failures,
+        "passed": not report.failures and not report.interrupted,
+        "verdict": "interrupted"
+        if report.interrupted
+        else "failed"
+        if report.failures
+        else "passed",
         "new_failures": len(report.failures),
         "known_selected": [finding.id for finding in known],
         "known_hits": dict(sorted(report.known_hits.items())),
@@ -210,15 +232,18 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
             require_cuda()
     view = None if args.no_progress else ProgressView(args.budget, workers=len(tasks))
     if view is not None:
-        print(
+        view.say(
             f"{PROG}: fuzzing {args.impl} for {args.budget:g}s on {len(tasks)} worker(s), "
-            f"seeds from {args.seed}, shard {args.shard.label}; Ctrl-C stops and reports",
-            file=view.stream,
-            flush=True,
+            f"seeds from {args.seed}, shard {args.shard.label}; Ctrl-C stops and reports"
         )
     try:
-        return run_fleet(tasks, view)
-    except KeyboardInterrupt:  # before a campaign could take it: nothing ran, say so
+        return run_fleet(tasks, view, interrupt=getattr(args, "interrupt", None))
+    except BaseException as exc:
+        interrupt = getattr(args, "interrupt", None)
+        if not isinstance(exc, KeyboardInterrupt) and not (interrupt and interrupt.is_set()):
+            raise
+        # before a campaign could take it (or, cut in half by it, its setup failed): nothing
+        # ran, say so
         nothing = CampaignReport(args.impl, args.profile, args.seed, device=args.device)
         nothing.interrupted = True
         return nothing
@@ -524,16 +549,22 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; a bad input or setup is one line on stderr and exit status 2."""
+    interrupt = Interrupt()
     try:
-        args = parse_args(sys.argv[1:] if argv is None else list(argv))
-        func: Callable[[argparse.Namespace], int] = args.func
-        return int(func(args))
+        with catching_stop_signals(interrupt):  # SIGINT and SIGTERM end a campaign with a report
+            args = parse_args(sys.argv[1:] if argv is None else list(argv))
+            args.interrupt = interrupt
+            func: Callable[[argparse.Namespace], int] = args.func
+            status = int(func(args))
     except HiCacheInputError as exc:  # a HiCacheSetupError too; any other error is a bug
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # outside a campaign's rounds (they report what ran themselves)
         print(f"{PROG}: interrupted before any campaign ran", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return get_signal_exit_status(interrupt)
+    if status == EXIT_INTERRUPTED:  # 143 when it was SIGTERM
+        return get_signal_exit_status(interrupt)
+    return status
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ database's saved failures replayed in the first round only (``reuse``), each fai
 (``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
 every round. It stops when the time is up, at ``rounds_max``, at the first new failure (unless
 it keeps going: then it also sets the fleet's ``stop``), when another worker set ``stop``, and
-at Ctrl-C (``interrupt`` between rounds, ``KeyboardInterrupt`` between steps): then the report
-says ``interrupted``.
+at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
+steps; ``interrupts.py``): then the report says ``interrupted``, and an error the round raised
+after the signal is not recorded (the signal may have cut a step in half).
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ class CampaignSignals:
     """How a fleet steers a worker's campaign between rounds (``fleet/workers.py``)."""
 
     interrupt: EventLike
-    """Ctrl-C reached the fleet: stop now and report what ran (``interrupted``)."""
+    """Ctrl-C, SIGINT or SIGTERM reached this process or its fleet: stop now and report what
+    ran (``interrupted``); an error a round raises once it is set is no finding
+    (``interrupts.py``)."""
     stop: EventLike
     """A worker found a new failure and the fleet stops at the first: stop, not interrupted."""
 
@@ -163,6 +166,9 @@ def _run_round(
             "its capabilities"
         ) from exc
     except Exception as exc:  # a found bug: record it, keep its trace
+        if plan.signals is not None and plan.signals.interrupt.is_set():
+            # a signal cut a step short: what the case did next proves nothing
+            raise KeyboardInterrupt from None
         context = FailureContext(
             out_dir=plan.out_dir,
             round_seed=round_seed,
