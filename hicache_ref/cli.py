@@ -334,9 +334,14 @@ def _trace_for(args: argparse.Namespace) -> tuple[Trace, str]:
 # -- the command line ------------------------------------------------------------------------
 def cmd_setup(args: argparse.Namespace) -> int:
     """Fetch the sglang tree the gate reads (once; cached), and build fork trees asked for."""
-    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
+    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree, install_release
     from hicache_ref.harness.adapters.sglang_tree import SGLANG_VERSION, fork_tree
 
+    for given in args.sources or []:  # no network: a wheel or a tree into the cache
+        version, installed = install_release(Path(given))
+        print(f"sglang {version}: {installed}  (from {given}; --sglang-version {version} reads it)")
+    if args.sources and not args.version and not args.seed:
+        return EXIT_OK
     tree = fetch_release_tree(args.version or SGLANG_VERSION)
     print(f"sglang {args.version or SGLANG_VERSION}: {tree}")
     for controller in args.seed or []:
@@ -501,7 +506,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_command(sub)
     add_traces_command(sub)
     add_vectors_parser(sub)
-    setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
+    setup = sub.add_parser(
+        "setup",
+        help="fetch the sglang wheel the gate reads (cached), or take one from a file (--from)",
+    )
+    setup.add_argument(
+        "--from",
+        dest="sources",
+        nargs="+",
+        metavar="FILE_OR_DIR",
+        help="put an sglang wheel (sglang-X-py3-none-any.whl) or an unpacked tree of any "
+        "release into the cache, with no network: every command, test and benchmark that needs "
+        "that release reads it from there (an air-gapped GPU runner)",
+    )
     setup.add_argument(
         "--sglang-version",
         "--version",
