@@ -25,12 +25,14 @@ replay line for each, runnable as printed.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hicache_ref import __version__
 from hicache_ref.campaign.cli_inputs import (
     TREE_IMPLEMENTATIONS,
     UsageError,
@@ -44,6 +46,7 @@ from hicache_ref.campaign.cli_inputs import (
     parse_spins,
     read_trace_file,
 )
+from hicache_ref.campaign.cli_lists import add_list_command
 from hicache_ref.campaign.cli_mutants import add_mutants_command
 from hicache_ref.campaign.interrupts import EXIT_INTERRUPTED, Interrupt, catching_stop_signals
 from hicache_ref.campaign.interrupts import get_exit_status as get_signal_exit_status
@@ -443,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__} ({Path(__file__).parent})"
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run a fuzz campaign and print a summary")
     _add_campaign_arguments(run, RUN_BUDGET_DEFAULT)
@@ -503,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mini.set_defaults(func=cmd_minimize)
     add_mutants_command(sub)
+    add_list_command(sub)
     add_report_command(sub)
     add_traces_command(sub)
     add_vectors_parser(sub)
@@ -535,14 +542,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TOP_LEVEL_FLAGS = ("-h", "--help", "--version")
+
+
 def _with_default_command(argv: list[str], commands: set[str]) -> list[str]:
     """``hicache-fuzz`` and ``hicache-fuzz --seconds 5`` mean ``hicache-fuzz run ...``."""
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if not argv or (argv[0].startswith("-") and argv[0] not in TOP_LEVEL_FLAGS):
         return ["run", *argv]
-    if argv[0] not in commands and argv[0] not in ("-h", "--help"):
+    if argv[0] not in commands and argv[0] not in TOP_LEVEL_FLAGS:
         raise UsageError(
-            f"unknown command {argv[0]!r}; commands: {', '.join(sorted(commands))}; "
-            f"see {PROG} --help"
+            f"unknown command {argv[0]!r}{_did_you_mean(argv[0], commands)}; commands: "
+            f"{', '.join(sorted(commands))}; see {PROG} --help"
         )
     return argv
 
@@ -551,9 +561,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     commands = set(_subparsers(parser))
     args, extra = parser.parse_known_args(_with_default_command(argv, commands))
-    if extra:  # name the subcommand whose help lists the legal flags
-        _subparsers(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # name the subcommand whose help lists the legal flags, and the nearest flag
+        command = _subparsers(parser)[args.command]
+        flags = {s for action in command._actions for s in action.option_strings}
+        hints = "".join(
+            _did_you_mean(word.split("=")[0], flags) for word in extra if word.startswith("-")
+        )
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hints}")
     return args
+
+
+def _did_you_mean(word: str, legal: set[str]) -> str:
+    """`` (did you mean 'gate'?)`` for a near miss, else empty."""
+    close = difflib.get_close_matches(word, sorted(legal), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

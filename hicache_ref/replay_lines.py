@@ -14,8 +14,10 @@ in the trace's header (a replay).
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,27 +33,38 @@ def get_cli_command() -> str:
     return f"{shlex.quote(sys.executable)} -m hicache_ref.cli"
 
 
-def _session_paths() -> set[Path]:
-    """The import folders this process has that a fresh shell's interpreter would not: the
-    ``PYTHONPATH`` entries, and the current folder where ``python -m`` or ``-c`` put it first."""
-    found = {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    if sys.path and sys.path[0] in ("", "."):
-        found.add(Path.cwd().resolve())
-    elif sys.path and sys.path[0] and Path(sys.path[0]).resolve() == Path.cwd().resolve():
-        found.add(Path.cwd().resolve())
-    return found
+@functools.lru_cache(maxsize=32)
+def _found_by_a_fresh_shell(top: str) -> bool:
+    """Whether this interpreter, started from another folder without ``PYTHONPATH``, finds the
+    top-level module ``top`` (an installed package, an editable install: yes; a folder put on
+    ``sys.path`` by this process or its ``PYTHONPATH``: no). Asked once per name."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    code = "import importlib.util, sys; print(importlib.util.find_spec(sys.argv[1]) is not None)"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, top],
+            env=env,
+            cwd=Path(sys.executable).anchor,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.stdout.strip() == "True"
 
 
 def get_import_root(module_name: str) -> Path | None:
     """The folder ``module_name``'s top-level package was imported from, when a fresh shell's
     interpreter would not find it there by itself (None: it would, or it is not imported)."""
-    top = sys.modules.get(module_name.split(".")[0])
+    top_name = module_name.split(".")[0]
+    top = sys.modules.get(top_name)
     file = getattr(top, "__file__", None)
-    if not file:
+    if not file or _found_by_a_fresh_shell(top_name):
         return None
     path = Path(file).resolve()
-    root = path.parent.parent if path.name == "__init__.py" else path.parent
-    return root if root in _session_paths() else None
+    return path.parent.parent if path.name == "__init__.py" else path.parent
 
 
 def get_line_environment(implementations: tuple[str, ...] = ()) -> dict[str, str]:

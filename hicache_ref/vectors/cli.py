@@ -21,6 +21,7 @@ from typing import Any
 from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file, check_sglang_src
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.world.world import DEVICE_KINDS
+from hicache_ref.replay_lines import get_vector_line
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -116,9 +117,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise HiCacheInputError(f"--only: no vector {unknown[0]!r} in the suite")
         vectors = [v for v in vectors if v.id in set(args.only)]
 
+    suite = Path(args.suite) if args.suite else shipped_suite_path()
+
     def show(result: Any) -> None:
         if not args.quiet or result.status == "fail":
             print(result.render(), flush=True)
+        if result.status == "fail":  # one line that replays this vector alone, as printed
+            print(f"  replay: {get_vector_line(args.impl, result.vector, suite, source)}")
 
     report = replay_vectors(vectors, implementation, args.impl, args.device, on_result=show)
     for reason, count in report.skip_reasons.items():
