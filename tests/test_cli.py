@@ -469,7 +469,8 @@ def test_a_known_finding_turns_the_mutant_gate_green(
     # the same mutant, its bug baselined -> counted, not failed
     assert cli.main([*argv, "--known", EXTRA_ACK.id]) == 0
     out = capsys.readouterr().out
-    assert f"gate: known {EXTRA_ACK.id} hit x" in out and not _replay_lines(out)
+    assert f"gate: known findings: {EXTRA_ACK.id} (INV-02) hit x" in out
+    assert not _replay_lines(out)
 
 
 def test_spins_reach_every_worker_as_the_perturbation_it_records(
@@ -480,7 +481,7 @@ def test_spins_reach_every_worker_as_the_perturbation_it_records(
     # way) and each on its own seeds; the GPU check itself is this machine's to fail
     seen: list[WorkerTask] = []
 
-    def fake_fleet(tasks: list[WorkerTask], view: Any) -> Any:
+    def fake_fleet(tasks: list[WorkerTask], view: Any, interrupt: Any = None) -> Any:
         seen.extend(tasks)
         raise HiCacheInputError("stop here")
 

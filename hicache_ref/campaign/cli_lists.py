@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +37,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    for row in rows:
-        print(ROW_TEXT[args.what](row))
+    try:
+        for row in rows:
+            print(ROW_TEXT[args.what](row))
+    except BrokenPipeError:  # | head: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # Python flushes stdout at exit: into nothing
     return 0
 
 
