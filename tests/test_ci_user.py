@@ -97,8 +97,10 @@ def test_the_summary_ends_on_its_verdict_and_prints_each_id_once() -> None:
 def test_an_interrupted_summary_ends_on_interrupted() -> None:
     report = _report()
     report.interrupted = True
-    assert render_summary(report).splitlines()[-1].startswith(
-        "hicache-fuzz: INTERRUPTED after 12.0s: 40 cases ran, no new failure so far"
+    assert (
+        render_summary(report)
+        .splitlines()[-1]
+        .startswith("hicache-fuzz: INTERRUPTED after 12.0s: 40 cases ran, no new failure so far")
     )
 
 
