@@ -7,6 +7,8 @@ In the order a campaign flows through them:
 - ``run``: ``run_campaign``, one campaign against one implementation until its time is up;
 - ``rounds``: its seeded rounds of the state machine, and the ``CampaignSignals`` a fleet (or a
   Ctrl-C, SIGINT or SIGTERM) steers them with;
+- ``interrupts``: how SIGINT and SIGTERM end a campaign (exit 130 or 143) with its report and
+  no failure the signal itself caused;
 - ``failures``: a failing round named, counted against the known findings or recorded, its
   trace kept and ddmin'd under a name no other campaign takes;
 - ``report``: ``CampaignReport``, what a campaign exercised and found (the type the fleet's
@@ -14,7 +16,8 @@ In the order a campaign flows through them:
 - ``summary``: the report as the text ``run`` and ``gate`` print, the verdict last;
 - ``catalogue`` and ``cli_mutants``: every seeded mutant against the machines, and its
   subcommand;
-- ``matrix``: every upstream release of a range gated, one table.
+- ``matrix``: every upstream release of a range gated, one table;
+- ``cli_lists``: ``hicache-fuzz list {invariants,known,mutants,rules}``.
 
 The machine these campaigns run, its profiles and the known findings are
 ``hicache_ref.harness.campaigns``; workers, shards, the failure database and the HTML report
