@@ -3,6 +3,8 @@ the campaign's profile decides whether the pure oracle follows its cases."""
 
 from __future__ import annotations
 
+import ast
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,3 +65,69 @@ def _short_run(out: Path, profile: str) -> CampaignReport:
         "reference", seconds=30.0, profile=profile, seed=0, out_dir=out, progress=False,
         rounds_max=1, examples_per_round=3,
     )  # fmt: skip
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hicache_ref"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``hicache_ref`` module ``path`` imports, type-only and function-level ones too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("hicache_ref.")}
+
+
+def test_the_campaign_and_the_fleet_import_one_way_round() -> None:
+    # fleet/progress reads CampaignReport (campaign/report.py) without importing the campaign,
+    # and no campaign module reaches back into a module that imports it
+    modules = {
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(
+            ".__init__"
+        ): path
+        for folder in ("campaign", "fleet")
+        for path in (PACKAGE / folder).rglob("*.py")
+    }
+    edges = {name: _imports(path) & set(modules) for name, path in modules.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in edges[start] - seen:
+            if nxt == goal or reaches(nxt, goal, seen | {nxt}):
+                return True
+        return False
+
+    circles = sorted(name for name in modules if reaches(name, name, set()))
+    assert not circles, circles
+    assert _imports(modules["hicache_ref.fleet.progress"]) == {
+        "hicache_ref.campaign.report",
+        "hicache_ref.campaign.report.CampaignReport",
+    }
+    harness_campaigns = (PACKAGE / "harness" / "campaigns").rglob("*.py")
+    upward = [p.name for p in harness_campaigns if any(
+        m.startswith("hicache_ref.campaign.") for m in _imports(p)
+    )]  # fmt: skip
+    assert not upward, upward
+
+
+ENVIRONMENT_WRITES = re.compile(
+    r"os\.environ\[[^\]]+\]\s*=|os\.environ\.(update|setdefault|pop)\(|os\.putenv\(|"
+    r"os\.unsetenv\("
+)
+NEEDS_THE_ENVIRONMENT = {
+    "distributed/group.py": "NCCL reads its settings (NVLink multicast off) from the environment"
+}
+
+
+def test_no_module_passes_a_value_through_the_environment() -> None:
+    # the sglang tree, the profile and the lockstep choice are arguments; only settings a C
+    # library reads from the process environment are written there
+    writers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if ENVIRONMENT_WRITES.search(path.read_text())
+    }
+    assert writers <= set(NEEDS_THE_ENVIRONMENT), writers - set(NEEDS_THE_ENVIRONMENT)
