@@ -13,12 +13,16 @@ hicache-fuzz mutants                  # every seeded mutant must be caught
 hicache-fuzz report shard*.json -o report.html   # one page: plots, coverage, failures
 hicache-fuzz traces --database redis://ci-redis:6379 -o fuzz/out   # the fleet's failure traces
 hicache-fuzz setup [--seed FILE]      # fetch sglang 0.5.10 for --impl sglang (and build the fork)
+hicache-fuzz setup --from sglang-0.5.23-py3-none-any.whl   # offline: a wheel or a tree, cached
+hicache-fuzz list invariants          # or known, mutants, rules
+hicache-fuzz --version
 
 Exit status: 0 when nothing (new) failed, 1 when a campaign, gate or replay failed, 2 on a bad
-argument, a bad file or a setup problem: one line on stderr naming it and the fix; 130 when
-Ctrl-C ended a campaign (its summary and --json report say what ran). The gate counts failures
-explained by known findings (--known, by default those written up for the implementation
-gated; see hicache_ref/harness/campaigns/known_findings.py) and fails only on a new one, printing one
+argument, a bad file or a setup problem: one line on stderr naming it and the fix (a mistyped
+command or flag gets the nearest one); 130 when Ctrl-C or SIGINT ended a campaign, 143 when
+SIGTERM did (its summary and --json report say what ran; the last line says INTERRUPTED).
+The gate counts failures explained by known findings (--known, by default those written up for
+the implementation gated; hicache-fuzz list known) and fails only on a new one, printing one
 replay line for each, runnable as printed.
 """
 
