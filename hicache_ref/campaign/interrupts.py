@@ -38,11 +38,14 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.count = 0
+        """How many stop signals arrived (a second one: stop waiting)."""
 
     def is_set(self) -> bool:
         return self.signum is not None
 
     def set(self, signum: int = signal.SIGINT) -> None:
+        self.count += 1
         if self.signum is None:
             self.signum = signum
 
@@ -78,6 +81,26 @@ def catching_stop_signals(interrupt: Interrupt) -> Iterator[Interrupt]:
 
     if threading.current_thread() is not threading.main_thread():
         yield interrupt  # only the main thread takes signals (a test calling main in a thread)
+        return
+    previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
+    try:
+        yield interrupt
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def noting_stop_signals(interrupt: Interrupt) -> Iterator[Interrupt]:
+    """SIGINT and SIGTERM set ``interrupt`` and raise nothing while inside: for a loop that polls
+    it (the fleet's parent waiting on its workers), where an exception could land inside a
+    queue's lock and leave it held."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        interrupt.set(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupt
         return
     previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
     try:

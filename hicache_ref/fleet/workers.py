@@ -40,6 +40,7 @@ from hicache_ref.campaign.interrupts import (
     Interrupt,
     catching_stop_signals,
     ignore_stop_signals,
+    noting_stop_signals,
     stop_signals_blocked,
     unblock_stop_signals,
 )
@@ -154,7 +155,7 @@ def run_fleet(
     if len(tasks) == 1:
         signals = CampaignSignals(interrupt or Interrupt(), threading.Event())
         return run_worker(tasks[0], view=view, signals=signals)
-    return _Fleet(tasks, view).run()
+    return _Fleet(tasks, view, interrupt or Interrupt()).run()
 
 
 # -- the worker process --------------------------------------------------------------------------
@@ -248,9 +249,12 @@ def _drop_interrupts(unraisable: Any) -> None:
 class _Fleet:
     """Spawned workers and what the parent hears from them."""
 
-    def __init__(self, tasks: list[WorkerTask], view: ProgressView | None) -> None:
+    def __init__(
+        self, tasks: list[WorkerTask], view: ProgressView | None, received: Interrupt
+    ) -> None:
         self.tasks = tasks
         self.view = view
+        self.received = received  # this process's stop signals, noted while it waits
         context = get_context("spawn")
         self.messages = context.Queue()
         self.interrupt = context.Event()
@@ -273,27 +277,28 @@ class _Fleet:
         self.forwarded_at = 0.0
 
     def run(self) -> CampaignReport:
+        seen = self.received.count
         try:
-            try:
+            # noted, never raised: not while a child is half-started, nor inside a queue's lock
+            with noting_stop_signals(self.received):
                 with stop_signals_blocked():  # the children hold them until they can take them
                     for process in self.processes:
                         process.start()
-            except KeyboardInterrupt:  # one arrived while they started
-                self._interrupt()
-            self._collect()
+                self._collect(seen)
         finally:
             self._reap()
         return self._result()
 
-    def _collect(self) -> None:
+    def _collect(self, seen: int) -> None:
+        """Messages until every worker reported; ``seen``: stop signals before the fleet began."""
         while self.pending:
-            try:
-                if not self._step():
-                    return
-            except KeyboardInterrupt:
+            if self.received.count > seen:  # a stop signal since the last poll
                 if self.grace_until is not None:
-                    return  # a second Ctrl-C: stop waiting for the rest
+                    return  # a second one: stop waiting for the rest
+                seen = self.received.count
                 self._interrupt()
+            if not self._step():
+                return
 
     def _step(self) -> bool:
         """Handle one message (or a quiet poll); False when waiting is over."""
