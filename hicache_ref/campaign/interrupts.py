@@ -17,6 +17,7 @@ fleet) was interrupted is never recorded as a failure: ``Interrupt`` is set by t
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,9 @@ class Interrupt:
         self.signum: int | None = None
         self.count = 0
         """How many stop signals arrived (a second one: stop waiting)."""
+        self.raised = False
+        """Whether a ``KeyboardInterrupt`` is on its way (``catching_stop_signals`` raises one,
+        not one per signal: a second could land in the first one's ``except`` block)."""
 
     def is_set(self) -> bool:
         return self.signum is not None
@@ -72,20 +76,36 @@ class EitherSet:
 
 @contextmanager
 def catching_stop_signals(interrupt: Interrupt) -> Iterator[Interrupt]:
-    """SIGINT and SIGTERM set ``interrupt`` and raise ``KeyboardInterrupt`` while inside; the
-    previous handlers come back after."""
+    """SIGINT and SIGTERM set ``interrupt`` and raise ``KeyboardInterrupt`` (once: later ones
+    are only counted, unless the first was lost) while inside; the previous handlers come back
+    after."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         interrupt.set(signum)
-        raise KeyboardInterrupt
+        if not interrupt.raised:
+            interrupt.raised = True
+            raise KeyboardInterrupt
+
+    def drop_interrupts(unraisable: Any) -> None:
+        """A ``KeyboardInterrupt`` that lands in a garbage-collector callback cannot stop
+        anything there (Python prints and drops it): stay quiet, and let the next signal raise
+        again. The ``Interrupt`` is set already, so the campaign stops at its next round (and
+        a fleet sends its workers another signal)."""
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            interrupt.raised = False
+        else:
+            hook(unraisable)
 
     if threading.current_thread() is not threading.main_thread():
         yield interrupt  # only the main thread takes signals (a test calling main in a thread)
         return
     previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
+    hook = sys.unraisablehook
+    sys.unraisablehook = drop_interrupts
     try:
         yield interrupt
     finally:
+        sys.unraisablehook = hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

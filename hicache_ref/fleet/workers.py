@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import queue as queue_module
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -164,7 +163,6 @@ def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> 
     run."""
     local = Interrupt()
     with catching_stop_signals(local):
-        sys.unraisablehook = _drop_interrupts
         signals = CampaignSignals(EitherSet(interrupt, local), stop)
         run_and_report(task, messages, signals, ending=ignore_stop_signals, prepare=_prepare)
 
@@ -236,13 +234,6 @@ def _report_of_nothing(task: WorkerTask) -> CampaignReport:
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
     return report
-
-
-def _drop_interrupts(unraisable: Any) -> None:
-    """A SIGINT that lands in a garbage-collector callback cannot stop anything there (Python
-    prints and drops it): stay quiet, the fleet sends another (``RESEND_S``)."""
-    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-        sys.__unraisablehook__(unraisable)
 
 
 # -- the fleet ----------------------------------------------------------------------------------
