@@ -14,6 +14,7 @@ In the order a campaign flows through them:
 - ``report``: ``CampaignReport``, what a campaign exercised and found (the type the fleet's
   progress view, merge and HTML page read);
 - ``summary``: the report as the text ``run`` and ``gate`` print, the verdict last;
+- ``gate``: the gate's known findings, new failures, JSON verdict and exit status;
 - ``catalogue`` and ``cli_mutants``: every seeded mutant against the machines, and its
   subcommand;
 - ``matrix``: every upstream release of a range gated, one table;
