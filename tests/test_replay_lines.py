@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hicache_ref.cli import main
+from hicache_ref.harness.adapters import registry
 from tests.vectors.outside import write_outside_package
 
 MUTANT = "mutant:extra_write_ack"
@@ -49,8 +51,12 @@ def replay_lines(text: str) -> list[str]:
 
 @pytest.fixture
 def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The outside package in a folder of this test's own, imported afresh from there."""
     folder = write_outside_package(tmp_path / "site")
     monkeypatch.syspath_prepend(str(folder))
+    for name in [m for m in sys.modules if m.split(".")[0] == "outside_impl"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(registry, "_CHECKED", {})
     return folder
 
 
