@@ -36,7 +36,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from hicache_ref.campaign_rounds import freeze_long_lived_objects
+from hicache_ref.campaign.rounds import freeze_long_lived_objects
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.campaigns.machine import MACHINE_RULES, FailureFolder, machine_for
 from hicache_ref.harness.campaigns.profiles import LOCKSTEP_ENV

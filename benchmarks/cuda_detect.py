@@ -21,9 +21,11 @@ alarm of the GPU harness, and the script exits 1. It prints a markdown table and
 
     PYTHONPATH=. python benchmarks/cuda_detect.py --budget 40 --append benchmarks/RESULTS.md
 
-A GPU machine without network access gets the 0.5.10 tree carried along: here, run
-``python benchmarks/cuda_detect.py --pack-tree .sglang_min`` (the four files the gate executes,
-~100 KB), carry ``.sglang_min`` and set ``HICACHE_CACHE_DIR=.sglang_min`` there.
+The tree it plants bugs in is ``HICACHE_SGLANG_SRC`` when set, else the 0.5.10 release from the
+cache. A GPU machine without network access fills the cache from a wheel or a tree first
+(``hicache-fuzz setup --from sglang-0.5.10-py3-none-any.whl``), or gets the tree carried along:
+here, run ``python benchmarks/cuda_detect.py --pack-tree .sglang_min`` (the four files the gate
+executes, ~100 KB), carry ``.sglang_min`` and set ``HICACHE_CACHE_DIR=.sglang_min`` there.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import argparse
 import datetime
 import importlib.util
 import json
-import os
 import platform
 import shutil
 import sys
@@ -47,15 +48,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hicache_ref.campaign import CampaignReport, run_campaign  # noqa: E402
+from hicache_ref.campaign.report import CampaignReport  # noqa: E402
+from hicache_ref.campaign.run import run_campaign  # noqa: E402
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION  # noqa: E402
 from hicache_ref.harness.adapters.registry import load_mutant_module  # noqa: E402
 from hicache_ref.harness.adapters.sglang_tree import (  # noqa: E402
     CONTROLLER_RELPATH,
     SGLANG_VERSION,
-    SRC_ENV,
     fetch_wheel_tree,
     fork_tree,
+    resolve_tree,
 )
 from hicache_ref.harness.campaigns.known_findings import get_known_findings  # noqa: E402
 from hicache_ref.harness.steps.replay import minimize, replay  # noqa: E402
@@ -133,6 +135,7 @@ def run_target(
     declared: tuple[str, ...],
     args: argparse.Namespace,
     known: tuple[Any, ...] = (),
+    source: str = "",
 ) -> Row:
     """One CUDA campaign until the first new failure, then a bounded ddmin and a replay."""
     log(f"{target}: campaign up to {args.budget:g}s ({impl})")
@@ -148,6 +151,7 @@ def run_target(
         shrink=False,
         known=known,
         device="cuda",
+        source=source,
     )
     row = Row(target, kind, bool(report.failures), round(report.seconds, 2), "-", declared,
               None, "-", report.cases, "", "")  # fmt: skip
@@ -179,11 +183,10 @@ def shrink(row: Row, args: argparse.Namespace) -> None:
     log(f"{row.target}: {len(trace.steps)} -> {len(small.steps)} steps, replays {row.replayed}")
 
 
-def planted_impl(bug: Any, base: Path, scratch: Path) -> str:
-    """Plant ``bug`` in a copy of the base tree's controller and point ``--impl sglang`` at it."""
+def planted_tree(bug: Any, base: Path, scratch: Path) -> str:
+    """Plant ``bug`` in a copy of the base tree's controller: the tree ``--impl sglang`` reads."""
     patched = bug.write_patched(base / CONTROLLER_RELPATH, scratch / f"{bug.NAME}.py")
-    os.environ[SRC_ENV] = str(fork_tree(patched, base=base))
-    return "sglang"
+    return str(fork_tree(patched, base=base))
 
 
 def render(rows: list[Row], args: argparse.Namespace, command: str, elapsed: float) -> str:
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "PYTHONPATH=. python benchmarks/cuda_detect.py " + " ".join(sys.argv[1:])
     log(f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}; budget {args.budget:g}s")
     start = time.monotonic()
-    base = fetch_wheel_tree()
+    base = resolve_tree()  # HICACHE_SGLANG_SRC, else the 0.5.10 release (cache, else fetched)
     wanted = set(args.targets or [])
     plan: list[tuple[str, str, Any]] = []
     if not args.no_baselines:
@@ -273,20 +276,18 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - start + args.budget > args.deadline:
                 log(f"{target}: not run (the {args.deadline:g}s deadline would pass)")
                 continue
-            os.environ.pop(SRC_ENV, None)
             if kind == "mutant":
                 declared = tuple(load_mutant_module(target).INVARIANTS)
                 rows.append(run_target(target, kind, f"mutant:{target}", declared, args))
             elif kind == "planted":
-                impl = planted_impl(bug, base, Path(scratch))
-                rows.append(run_target(target, kind, impl, tuple(bug.INVARIANTS), args,
-                                       upstream_known))  # fmt: skip
+                tree = planted_tree(bug, base, Path(scratch))
+                rows.append(run_target(target, kind, "sglang", tuple(bug.INVARIANTS), args,
+                                       upstream_known, source=tree))  # fmt: skip
             elif target == "reference":
                 rows.append(run_target(target, kind, "reference", (), args))
             else:
-                os.environ[SRC_ENV] = str(base)
-                rows.append(run_target(target, kind, "sglang", (), args, upstream_known))
-    os.environ.pop(SRC_ENV, None)
+                rows.append(run_target(target, kind, "sglang", (), args, upstream_known,
+                                       source=str(base)))  # fmt: skip
     text = render(rows, args, command, time.monotonic() - start)
     print(text)
     if args.append:

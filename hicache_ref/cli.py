@@ -13,37 +13,57 @@ hicache-fuzz mutants                  # every seeded mutant must be caught
 hicache-fuzz report shard*.json -o report.html   # one page: plots, coverage, failures
 hicache-fuzz traces --database redis://ci-redis:6379 -o fuzz/out   # the fleet's failure traces
 hicache-fuzz setup [--seed FILE]      # fetch sglang 0.5.10 for --impl sglang (and build the fork)
+hicache-fuzz setup --from sglang-0.5.23-py3-none-any.whl   # offline: a wheel or a tree, cached
+hicache-fuzz list invariants          # or known, mutants, rules
+hicache-fuzz --version
 
 Exit status: 0 when nothing (new) failed, 1 when a campaign, gate or replay failed, 2 on a bad
-argument, a bad file or a setup problem: one line on stderr naming it and the fix; 130 when
-Ctrl-C ended a campaign (its summary and --json report say what ran). The gate counts failures
-explained by known findings (--known, by default those written up for the implementation
-gated; see hicache_ref/harness/campaigns/known_findings.py) and fails only on a new one, printing one
+argument, a bad file or a setup problem: one line on stderr naming it and the fix (a mistyped
+command or flag gets the nearest one); 130 when Ctrl-C or SIGINT ended a campaign, 143 when
+SIGTERM did (its summary and --json report say what ran; the last line says INTERRUPTED).
+The gate counts failures explained by known findings (--known, by default those written up for
+the implementation gated; hicache-fuzz list known) and fails only on a new one, printing one
 replay line for each, runnable as printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hicache_ref.campaign import CampaignReport, run_campaign
-from hicache_ref.cli_inputs import (
+from hicache_ref import __version__
+from hicache_ref.campaign.cli_inputs import (
+    TREE_IMPLEMENTATIONS,
     UsageError,
     add_budget_argument,
     check_out_dir,
     check_output_file,
+    check_sglang_src,
     check_spins_device,
+    get_tree_argument,
     parse_duration,
     parse_spins,
     read_trace_file,
-    use_sglang_src,
 )
-from hicache_ref.cli_mutants import add_mutants_command
+from hicache_ref.campaign.cli_lists import add_list_command
+from hicache_ref.campaign.cli_mutants import add_mutants_command
+from hicache_ref.campaign.gate import (
+    KNOWN_NONE,
+    gate_json,
+    get_exit_status,
+    get_gate_known,
+    render_gate,
+)
+from hicache_ref.campaign.interrupts import EXIT_INTERRUPTED, Interrupt, catching_stop_signals
+from hicache_ref.campaign.interrupts import get_exit_status as get_signal_exit_status
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.run import run_campaign
+from hicache_ref.campaign.summary import render_summary, render_verdict
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.fleet.commands import (
     add_fleet_arguments,
@@ -55,25 +75,23 @@ from hicache_ref.fleet.progress import ProgressView
 from hicache_ref.fleet.workers import run_fleet
 from hicache_ref.harness.adapters.base import unsupported_reasons
 from hicache_ref.harness.adapters.registry import checked_implementation
+from hicache_ref.harness.adapters.sglang_tree import recorded_tree
 from hicache_ref.harness.campaigns.known_findings import (
     ALL,
     KNOWN_FINDINGS,
     KnownFinding,
-    get_known_findings,
 )
-from hicache_ref.harness.campaigns.profiles import PROFILES
+from hicache_ref.harness.campaigns.profiles import PROFILES, get_profile_help
 from hicache_ref.harness.steps.replay import minimize, replay
 from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.harness.world.world import DEVICE_KINDS
-from hicache_ref.replay_lines import get_replay_line, get_rerun_line
 from hicache_ref.vectors.cli import add_vectors_parser
 
 __all__ = ["CampaignReport", "main", "run_campaign"]  # run_campaign: for older imports
 
 PROG = "hicache-fuzz"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 RUN_BUDGET_DEFAULT, GATE_BUDGET_DEFAULT = "60s", "120s"
-KNOWN_NONE = "none"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,87 +118,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         return run_cp_command(args)
     report = _campaign(args, known=())
-    print(report.render())
+    print(render_summary(report, verdict=False))
     _write_json(args, report.as_json())
+    print(render_verdict(report))  # the last line
     return get_exit_status(report)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """A campaign that counts known findings, and fails only on a new failure."""
-    if args.matrix:  # every release of a range, one table (hicache_ref/harness/campaigns/matrix.py)
-        from hicache_ref.harness.campaigns.matrix import cmd_matrix
+    if args.matrix:  # every release of a range, one table (hicache_ref/campaign/matrix.py)
+        from hicache_ref.campaign.matrix import cmd_matrix
 
         return cmd_matrix(args)
     known = get_gate_known(args.known, args.impl)
     report = _campaign(args, known=known)
-    print(report.render(replay_lines=False))
-    print(render_gate(report, known))
+    print(render_summary(report, replay_lines=False, verdict=False))
+    gate_lines = render_gate(report, known)
+    if gate_lines:
+        print(gate_lines)
     _write_json(args, {**report.as_json(), "gate": gate_json(report, known)})
+    print(render_verdict(report, prog="gate"))  # the last line
     return get_exit_status(report)
-
-
-def get_exit_status(report: CampaignReport) -> int:
-    """130 when Ctrl-C ended it, else 1 on a new failure, else 0."""
-    if report.interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED if report.failures else EXIT_OK
-
-
-def get_gate_known(ids: list[str] | None, implementation: str) -> tuple[KnownFinding, ...]:
-    """``--known``: by default every finding written up for ``implementation`` (a gate passes
-    the release it gates against); ``none`` counts nothing, so every failure shows."""
-    if ids is None:
-        return get_known_findings([ALL], implementation)
-    if ids == [KNOWN_NONE]:
-        return ()
-    if KNOWN_NONE in ids:
-        raise HiCacheInputError(f"--known {KNOWN_NONE} stands alone; drop the other ids")
-    return get_known_findings(ids, implementation)
-
-
-def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
-    """The verdict: known findings hit (and not hit), then each new failure and its replay."""
-    lines = []
-    for finding in known:
-        hits = report.known_hits[finding.id]
-        status = f"hit x{hits}" if hits else "not hit"
-        if not finding.covers(report.implementation):
-            status += f", it names no {report.implementation!r}"
-        elif not finding.covers_release(report.release):
-            status += f", scoped to {finding.releases}, not {report.release or 'this tree'}"
-        lines.append(f"gate: known {finding.id} {status} ({finding.invariant}: {finding.summary})")
-    for failure in report.failures:
-        again = report.repeats[failure["invariant"]]
-        more = f", {again} more like it" if again else ""
-        steps = f", {failure['steps']} steps" if "steps" in failure else ""
-        lines.append(
-            f"gate: NEW {failure['invariant']} (seed {failure['seed']}{steps}{more}): "
-            f"{failure['error']}"
-        )
-        if failure["trace"]:
-            lines.append(get_replay_line(failure["trace"]))
-        else:  # it failed outside a step, so no trace exists: the seed reproduces it
-            rerun = get_rerun_line(
-                report.implementation, report.profile, int(failure["seed"]), report.device
-            )
-            lines.append(f"  no trace; rerun: {rerun}")
-    verdict = (
-        f"gate: FAILED: {len(report.failures)} new failure(s)"
-        if report.failures
-        else f"gate: passed: no new failure in {report.cases} cases ({report.seconds:.0f}s)"
-    )
-    lines.append(verdict)
-    return "\n".join(lines)
-
-
-def gate_json(report: CampaignReport, known: tuple[KnownFinding, ...]) -> dict[str, Any]:
-    return {
-        "passed": not report.failures,
-        "new_failures": len(report.failures),
-        "known_selected": [finding.id for finding in known],
-        "known_hits": dict(sorted(report.known_hits.items())),
-        "known_not_hit": [f.id for f in known if not report.known_hits[f.id]],
-    }
 
 
 def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> CampaignReport:
@@ -188,13 +146,12 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
     out_dir = check_out_dir("--out", args.out)
     if args.json:
         check_output_file("--json", args.json)
-    if args.sglang_src:
-        use_sglang_src(args.sglang_src)
-    if args.sglang_version:
-        use_sglang_version(args)
+    source = get_tree_argument(args)
     perturbation = check_spins_device("--spins", args.spins, args.device)
-    checked_implementation(args.impl)  # the contract's preflight: a break is exit 2, not a finding
-    tasks = plan_from_args(args, out_dir=out_dir, known=known, perturbation=perturbation)
+    checked_implementation(args.impl, source)  # the contract's preflight: a break is exit 2
+    tasks = plan_from_args(
+        args, out_dir=out_dir, known=known, perturbation=perturbation, source=source
+    )
     if len(tasks) > 1:  # what a worker would find out after starting, found out once, here
         if args.device == "cuda":
             from hicache_ref.device.cuda import require_cuda
@@ -202,30 +159,24 @@ def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> C
             require_cuda()
     view = None if args.no_progress else ProgressView(args.budget, workers=len(tasks))
     if view is not None:
-        print(
+        view.say(
             f"{PROG}: fuzzing {args.impl} for {args.budget:g}s on {len(tasks)} worker(s), "
-            f"seeds from {args.seed}, shard {args.shard.label}; Ctrl-C stops and reports",
-            file=view.stream,
-            flush=True,
+            f"seeds from {args.seed}, shard {args.shard.label}; Ctrl-C stops and reports"
         )
     try:
-        return run_fleet(tasks, view)
-    except KeyboardInterrupt:  # before a campaign could take it: nothing ran, say so
+        return run_fleet(tasks, view, interrupt=getattr(args, "interrupt", None))
+    except BaseException as exc:
+        interrupt = getattr(args, "interrupt", None)
+        if not isinstance(exc, KeyboardInterrupt) and not (interrupt and interrupt.is_set()):
+            raise
+        # before a campaign could take it (or, cut in half by it, its setup failed): nothing
+        # ran, say so
         nothing = CampaignReport(args.impl, args.profile, args.seed, device=args.device)
         nothing.interrupted = True
         return nothing
     finally:
         if view is not None:
             view.close()
-
-
-def use_sglang_version(args: argparse.Namespace) -> None:
-    """``--sglang-version X``: that release's wheel (fetched once) is the tree the gate reads."""
-    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
-
-    if args.sglang_src:
-        raise HiCacheInputError("--sglang-src and --sglang-version both name a tree; pass one")
-    use_sglang_src(str(fetch_release_tree(args.sglang_version)))
 
 
 def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -243,12 +194,12 @@ def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 # -- traces ----------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    trace = _trace_for(args)
+    trace, source = _trace_for(args)
     if trace.header.cp_processes:  # recorded across processes: spawn them again
         from hicache_ref.distributed.commands import replay_cp_command
 
         return replay_cp_command(args, trace, Path(args.trace))
-    result = replay(trace, implementation=args.impl, device=args.device)
+    result = replay(trace, implementation=args.impl, device=args.device, source=source)
     for step, outcome in zip(trace.steps, result.outcomes, strict=False):
         print(f"  {step.render():<48} -> {outcome}")
     if result.error is not None:
@@ -264,31 +215,39 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_minimize(args: argparse.Namespace) -> int:
     output = check_output_file("-o/--output", args.output)
-    trace = _trace_for(args)
+    trace, source = _trace_for(args)
     if trace.header.cp_processes:  # ddmin replays in one process: it would judge another world
         raise HiCacheInputError(
             f"trace {args.trace} was recorded across {trace.header.cp_processes} processes and "
             "minimize replays in one; replay it with hicache-fuzz replay instead"
         )
-    if not replay(trace, implementation=args.impl, device=args.device).failed:
+    if not replay(trace, implementation=args.impl, device=args.device, source=source).failed:
         name = args.impl or trace.header.implementation
         raise HiCacheInputError(
             f"trace {args.trace} does not fail on {name}: it passes every step and the "
             "quiescence checks, so there is nothing to minimize (check --impl, or replay it)"
         )
-    small = minimize(trace, implementation=args.impl, device=args.device)
+    small = minimize(trace, implementation=args.impl, device=args.device, source=source)
     path = small.write(output)
     print(f"minimized {len(trace.steps)} -> {len(small.steps)} steps: {path}")
     return EXIT_OK
 
 
-def _trace_for(args: argparse.Namespace) -> Trace:
-    """The trace, checked to replay on its implementation (or --impl) before any step runs."""
+def _trace_for(args: argparse.Namespace) -> tuple[Trace, str]:
+    """The trace, checked to replay on its implementation (or --impl) before any step runs, and
+    the tree ``--sglang-src`` names instead of the recorded one (empty: none)."""
     trace = read_trace_file(args.trace)
-    if args.sglang_src:
-        use_sglang_src(args.sglang_src)
     name = args.impl or trace.header.implementation
-    source = trace.header.source if name == trace.header.implementation else ""
+    override = ""
+    if args.sglang_src:
+        if name not in TREE_IMPLEMENTATIONS:
+            raise HiCacheInputError(
+                f"--sglang-src names an sglang tree, but trace {args.trace} replays on "
+                f"{name!r}, which reads none: add --impl sglang (or seed), or drop the flag"
+            )
+        override = str(check_sglang_src(args.sglang_src))
+    recorded = trace.header.source if name == trace.header.implementation else ""
+    source = override or recorded_tree(recorded)
     implementation = checked_implementation(name, source)  # the trace's own tree, checked
     reasons = unsupported_reasons(implementation.capabilities, trace.header.config)
     if reasons:
@@ -296,15 +255,20 @@ def _trace_for(args: argparse.Namespace) -> Trace:
             f"implementation {name!r} cannot replay trace {args.trace} "
             f"({trace.header.config.describe()}): it lacks {reasons}; pick another --impl"
         )
-    return trace
+    return trace, override
 
 
 # -- the command line ------------------------------------------------------------------------
 def cmd_setup(args: argparse.Namespace) -> int:
     """Fetch the sglang tree the gate reads (once; cached), and build fork trees asked for."""
-    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
+    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree, install_release
     from hicache_ref.harness.adapters.sglang_tree import SGLANG_VERSION, fork_tree
 
+    for given in args.sources or []:  # no network: a wheel or a tree into the cache
+        version, installed = install_release(Path(given))
+        print(f"sglang {version}: {installed}  (from {given}; --sglang-version {version} reads it)")
+    if args.sources and not args.version and not args.seed:
+        return EXIT_OK
     tree = fetch_release_tree(args.version or SGLANG_VERSION)
     print(f"sglang {args.version or SGLANG_VERSION}: {tree}")
     for controller in args.seed or []:
@@ -325,21 +289,21 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser, budget_default: str
         "--sglang-src",
         metavar="DIR",
         help="an unpacked sglang tree (holds sglang/srt/managers/cache_controller.py) for "
-        "--impl sglang / seed; sets HICACHE_SGLANG_SRC",
+        "--impl sglang / seed (required with this flag: without it, exit 2)",
     )
     parser.add_argument(
         "--sglang-version",
         metavar="X",
-        help="an upstream release (0.5.17, 0.5.15.post1) for --impl sglang: its wheel is "
-        "fetched once into the cache and gated like --sglang-src",
+        help="an upstream release (0.5.17, 0.5.15.post1) for --impl sglang (required with this "
+        "flag): its wheel is fetched once into the cache (or taken from hicache-fuzz setup "
+        "--from) and gated like --sglang-src",
     )
     add_budget_argument(parser, budget_default, what="per worker")
     parser.add_argument(
         "--profile",
         default="ci",
         choices=sorted(PROFILES),
-        help="Hypothesis settings profile: ci (bounded cases, the pure oracle in lockstep), dev "
-        "(more steps), campaign (long cases, no lockstep oracle: the most steps/s); default ci",
+        help=get_profile_help(),
     )
     parser.add_argument(
         "--device",
@@ -389,7 +353,11 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="override the trace's implementation (a name, or pkg.module:factory)",
     )
-    parser.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
+    parser.add_argument(
+        "--sglang-src",
+        metavar="DIR",
+        help="as for run: read this sglang tree instead of the one the trace recorded",
+    )
     parser.add_argument(
         "--device",
         default=None,
@@ -401,6 +369,9 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__} ({Path(__file__).parent})"
     )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run a fuzz campaign and print a summary")
@@ -439,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--matrix",
         metavar="LO..HI",
         help="gate every upstream release in LO..HI (post releases included) or a comma list, "
-        "one table; --known defaults to all (hicache_ref/harness/campaigns/matrix.py)",
+        "one table; --known defaults to all (hicache_ref/campaign/matrix.py)",
     )
     gate.add_argument(
         "--budget-each",
@@ -462,10 +433,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mini.set_defaults(func=cmd_minimize)
     add_mutants_command(sub)
+    add_list_command(sub)
     add_report_command(sub)
     add_traces_command(sub)
     add_vectors_parser(sub)
-    setup = sub.add_parser("setup", help="fetch the sglang wheel the gate reads (cached)")
+    setup = sub.add_parser(
+        "setup",
+        help="fetch the sglang wheel the gate reads (cached), or take one from a file (--from)",
+    )
+    setup.add_argument(
+        "--from",
+        dest="sources",
+        nargs="+",
+        metavar="FILE_OR_DIR",
+        help="put an sglang wheel (sglang-X-py3-none-any.whl) or an unpacked tree of any "
+        "release into the cache, with no network: every command, test and benchmark that needs "
+        "that release reads it from there (an air-gapped GPU runner)",
+    )
     setup.add_argument(
         "--sglang-version",
         "--version",
@@ -482,14 +466,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TOP_LEVEL_FLAGS = ("-h", "--help", "--version")
+
+
 def _with_default_command(argv: list[str], commands: set[str]) -> list[str]:
     """``hicache-fuzz`` and ``hicache-fuzz --seconds 5`` mean ``hicache-fuzz run ...``."""
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if not argv or (argv[0].startswith("-") and argv[0] not in TOP_LEVEL_FLAGS):
         return ["run", *argv]
-    if argv[0] not in commands and argv[0] not in ("-h", "--help"):
+    if argv[0] not in commands and argv[0] not in TOP_LEVEL_FLAGS:
         raise UsageError(
-            f"unknown command {argv[0]!r}; commands: {', '.join(sorted(commands))}; "
-            f"see {PROG} --help"
+            f"unknown command {argv[0]!r}{_did_you_mean(argv[0], commands)}; commands: "
+            f"{', '.join(sorted(commands))}; see {PROG} --help"
         )
     return argv
 
@@ -498,9 +485,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     commands = set(_subparsers(parser))
     args, extra = parser.parse_known_args(_with_default_command(argv, commands))
-    if extra:  # name the subcommand whose help lists the legal flags
-        _subparsers(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # name the subcommand whose help lists the legal flags, and the nearest flag
+        command = _subparsers(parser)[args.command]
+        flags = {s for action in command._actions for s in action.option_strings}
+        hints = "".join(
+            _did_you_mean(word.split("=")[0], flags) for word in extra if word.startswith("-")
+        )
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hints}")
     return args
+
+
+def _did_you_mean(word: str, legal: set[str]) -> str:
+    """`` (did you mean 'gate'?)`` for a near miss, else empty."""
+    close = difflib.get_close_matches(word, sorted(legal), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -513,16 +511,22 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; a bad input or setup is one line on stderr and exit status 2."""
+    interrupt = Interrupt()
     try:
-        args = parse_args(sys.argv[1:] if argv is None else list(argv))
-        func: Callable[[argparse.Namespace], int] = args.func
-        return int(func(args))
+        with catching_stop_signals(interrupt):  # SIGINT and SIGTERM end a campaign with a report
+            args = parse_args(sys.argv[1:] if argv is None else list(argv))
+            args.interrupt = interrupt
+            func: Callable[[argparse.Namespace], int] = args.func
+            status = int(func(args))
     except HiCacheInputError as exc:  # a HiCacheSetupError too; any other error is a bug
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # outside a campaign's rounds (they report what ran themselves)
         print(f"{PROG}: interrupted before any campaign ran", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return get_signal_exit_status(interrupt)
+    if status == EXIT_INTERRUPTED:  # 143 when it was SIGTERM
+        return get_signal_exit_status(interrupt)
+    return status
 
 
 if __name__ == "__main__":

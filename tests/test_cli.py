@@ -24,10 +24,17 @@ from typing import Any, cast
 
 import pytest
 
-from hicache_ref import campaign_rounds, cli
-from hicache_ref.campaign import RULE_FAMILIES, CampaignReport, get_rule_family
-from hicache_ref.campaign_failures import get_trace_stem
-from hicache_ref.cli_inputs import LEGAL_RULES, SGLANG_CONTROLLER, STEP_ARGUMENTS, parse_duration
+from hicache_ref import cli
+from hicache_ref.campaign import rounds as campaign_rounds
+from hicache_ref.campaign.cli_inputs import (
+    LEGAL_RULES,
+    SGLANG_CONTROLLER,
+    STEP_ARGUMENTS,
+    parse_duration,
+)
+from hicache_ref.campaign.failures import get_trace_stem
+from hicache_ref.campaign.report import RULE_FAMILIES, CampaignReport, get_rule_family
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
@@ -298,19 +305,31 @@ def test_a_bug_in_the_harness_keeps_its_traceback(
         cli.main(["run", "--impl", "broken", "--out", str(tmp_path)])
 
 
-def test_sglang_src_is_checked_and_exported(
+def test_sglang_src_is_checked_and_handed_to_the_adapter_not_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("HICACHE_SGLANG_SRC", raising=False)
     (tmp_path / SGLANG_CONTROLLER).parent.mkdir(parents=True)
     (tmp_path / SGLANG_CONTROLLER).write_text("")
-    # a valid tree, an unknown implementation -> the tree is exported before the build fails
-    assert (
-        cli.main(["run", "--impl", "nope", "--sglang-src", str(tmp_path), "--out", str(tmp_path)])
-        == 2
-    )
-    capsys.readouterr()
-    assert os.environ["HICACHE_SGLANG_SRC"] == str(tmp_path.resolve())
+    seen: list[str] = []
+    real = registry.checked_implementation
+
+    def spy(name: str, source: str = "") -> Any:
+        seen.append(source)
+        return real(name, source)
+
+    monkeypatch.setattr(cli, "checked_implementation", spy)
+    # a valid tree, an unknown implementation -> exit 2; the tree went as an argument
+    argv = ["run", "--impl", "sglang", "--sglang-src", str(tmp_path), "--out", str(tmp_path)]
+
+    def tree_read(source: str = "") -> Any:
+        raise HiCacheSetupError(f"read {source}")  # where the adapter would load the tree
+
+    monkeypatch.setitem(registry._SOURCED, "sglang", tree_read)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"hicache-fuzz: error: read {tmp_path.resolve()}\n"
+    assert seen == [str(tmp_path.resolve())]
+    assert "HICACHE_SGLANG_SRC" not in os.environ
 
 
 def test_the_console_script_answers_bad_input_in_one_line() -> None:
@@ -395,7 +414,7 @@ def test_the_report_counts_checks_by_id_families_and_features() -> None:
     assert data["checks_by_id"] == {"INV-02": 4}
     assert data["rule_families"]["acks"] == {"steps": 2, "share": 0.5}
     assert data["features"]["cp"] == {"2": 1} and data["features"]["draft"] == {"deeper": 1}
-    assert "checks by invariant: INV-02 single-write-ack=4" in report.render()
+    assert "checks by invariant: INV-02 single-write-ack=4" in render_summary(report)
 
 
 # -- the gate --------------------------------------------------------------------------------
@@ -450,7 +469,8 @@ def test_a_known_finding_turns_the_mutant_gate_green(
     # the same mutant, its bug baselined -> counted, not failed
     assert cli.main([*argv, "--known", EXTRA_ACK.id]) == 0
     out = capsys.readouterr().out
-    assert f"gate: known {EXTRA_ACK.id} hit x" in out and not _replay_lines(out)
+    assert f"gate: known findings: {EXTRA_ACK.id} (INV-02) hit x" in out
+    assert not _replay_lines(out)
 
 
 def test_spins_reach_every_worker_as_the_perturbation_it_records(
@@ -461,7 +481,7 @@ def test_spins_reach_every_worker_as_the_perturbation_it_records(
     # way) and each on its own seeds; the GPU check itself is this machine's to fail
     seen: list[WorkerTask] = []
 
-    def fake_fleet(tasks: list[WorkerTask], view: Any) -> Any:
+    def fake_fleet(tasks: list[WorkerTask], view: Any, interrupt: Any = None) -> Any:
         seen.extend(tasks)
         raise HiCacheInputError("stop here")
 

@@ -17,6 +17,7 @@ from hicache_ref.distributed.driver import backend_of
 from hicache_ref.distributed.group import Backend
 from hicache_ref.distributed.launcher import spawn_world
 from hicache_ref.distributed.reports import Failure, RankReport, WorldSpec
+from hicache_ref.harness.adapters.sglang_tree import recorded_tree
 from hicache_ref.harness.steps.trace import Trace
 
 
@@ -164,7 +165,7 @@ def replay_cp_trace(
         processes=trace.header.cp_processes,
         backend=chosen,
         trace=str(trace_path),
-        source=trace.header.source if name == trace.header.implementation else "",
+        source=recorded_tree(trace.header.source if name == trace.header.implementation else ""),
         collective_timeout_s=collective_timeout_s,
         seconds=collective_timeout_s,
     )

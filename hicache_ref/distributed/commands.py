@@ -11,13 +11,13 @@ import argparse
 import json
 from pathlib import Path
 
-from hicache_ref.cli_inputs import (
+from hicache_ref.campaign.cli_inputs import (
     check_cp_backend,
     check_cp_implementation,
     check_cp_processes,
     check_out_dir,
     check_output_file,
-    use_sglang_src,
+    get_tree_argument,
 )
 from hicache_ref.distributed.campaign import replay_cp_trace, run_cp_campaign
 from hicache_ref.distributed.group import Backend
@@ -40,9 +40,8 @@ def run_cp_command(args: argparse.Namespace) -> int:
     out_dir = check_out_dir("--out", args.out)
     if args.json:
         check_output_file("--json", args.json)
-    if args.sglang_src:
-        use_sglang_src(args.sglang_src)
-    capabilities = get_implementation(args.impl).capabilities
+    source = get_tree_argument(args)
+    capabilities = get_implementation(args.impl, source).capabilities
     check_cp_implementation("--cp-processes", args.impl, capabilities)
     report = run_cp_campaign(
         args.impl,
@@ -53,6 +52,7 @@ def run_cp_command(args: argparse.Namespace) -> int:
         out_dir=out_dir,
         keep_going=bool(args.keep_going),
         progress=not args.no_progress,
+        source=source,
     )
     print(report.render())
     if args.json:

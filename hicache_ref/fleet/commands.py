@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.campaign_failures import get_trace_stem
-from hicache_ref.cli_inputs import check_out_dir, check_output_file
+from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file
+from hicache_ref.campaign.failures import get_trace_stem
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.fleet.database import DatabaseSpec, check_database, parse_database
 from hicache_ref.fleet.shards import Shard, parse_shard
@@ -65,9 +65,15 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan_from_args(
-    args: argparse.Namespace, *, out_dir: Path, known: tuple[Any, ...], perturbation: Any
+    args: argparse.Namespace,
+    *,
+    out_dir: Path,
+    known: tuple[Any, ...],
+    perturbation: Any,
+    source: str = "",
 ) -> list[WorkerTask]:
-    """The workers' tasks for a ``run``/``gate`` command line (inputs checked already)."""
+    """The workers' tasks for a ``run``/``gate`` command line (inputs checked already;
+    ``source``: the sglang tree it named)."""
     database = _checked_database(args.database) if args.database else None
     return plan_workers(
         args.impl,
@@ -83,6 +89,7 @@ def plan_from_args(
         device=args.device,
         perturbation=perturbation,
         database=database,
+        source=source,
     )
 
 
@@ -144,6 +151,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     traces = database.load_traces(args.impl)
     for trace in traces:
         path = trace.write(out_dir / f"{get_trace_stem(trace)}.jsonl")
-        print(f"{trace.header.implementation}: {len(trace.steps)} steps: {get_replay_line(path)}")
+        print(
+            f"{trace.header.implementation}: {len(trace.steps)} steps: {get_replay_line(path, trace.header.implementation)}"
+        )
     print(f"traces: {len(traces)} from {database.label} in {out_dir}")
     return EXIT_OK

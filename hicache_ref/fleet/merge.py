@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hicache_ref.campaign import FEATURES, CampaignReport
+from hicache_ref.campaign.report import FEATURES, CampaignReport
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 

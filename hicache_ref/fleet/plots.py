@@ -15,7 +15,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from hicache_ref.campaign import RULE_FAMILIES, CampaignReport
+from hicache_ref.campaign.report import RULE_FAMILIES, CampaignReport
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.merge import get_leaves
 from hicache_ref.invariant_titles import INVARIANT_TITLES, get_invariant_label

@@ -4,6 +4,8 @@ With stderr redirected (a CI log, ``2> run.log``) a redrawn bar would write ever
 the file, so there a ``ProgressView`` prints one plain line every ``interval_s`` instead
 (long runs show they are alive; a short one prints none). Workers send a ``Snapshot`` after
 their rounds, at most one a second (``fleet/workers.py``); the view sums the latest of each.
+The bar is drawn from the first snapshot on, and a line said while it shows (``say``: the
+command's header, "all workers running") clears it first, so a line never shares the bar's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
 
 PROGRESS_LINE_INTERVAL_S = 30.0
 
@@ -57,7 +59,8 @@ class ProgressView:
         self.interval_s = interval_s
         self.latest: dict[int, Snapshot] = {}
         self._next_line_at = time.monotonic() + interval_s
-        self._bar = _make_bar(seconds, self.stream) if _is_terminal(self.stream) else None
+        self._bar: Any = None
+        self._closed = False
 
     def on_round(self, report: CampaignReport, elapsed_s: float) -> None:
         """``run_campaign``'s callback for a campaign in this process."""
@@ -66,6 +69,8 @@ class ProgressView:
     def update(self, worker: int, snapshot: Snapshot) -> None:
         self.latest[worker] = snapshot
         total = self.total()
+        if self._bar is None and not self._closed and _is_terminal(self.stream):
+            self._bar = _make_bar(self.seconds, self.stream)
         if self._bar is not None:
             self._bar.n = min(self.seconds, round(total.elapsed_s, 1))
             postfix = {"cases": total.cases, "steps": total.steps, "failures": total.failures}
@@ -96,7 +101,16 @@ class ProgressView:
             f"cases, {total.steps} steps, {total.failures} failures{known}"
         )
 
+    def say(self, line: str) -> None:
+        """Print ``line`` on a line of its own (the bar, if drawn, clears and redraws under it)."""
+        if self._bar is not None:
+            self._bar.clear()
+        print(line, file=self.stream, flush=True)
+        if self._bar is not None:
+            self._bar.refresh()
+
     def close(self) -> None:
+        self._closed = True
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -117,5 +131,5 @@ def _make_bar(seconds: float, stream: TextIO) -> Any:
         unit="s",
         desc="fuzzing",
         file=stream,
-        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s {postfix}",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s{postfix}",  # tqdm puts ", " before it
     )

@@ -15,7 +15,7 @@ import html
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hicache_ref.campaign import CampaignReport
+from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.fleet.merge import get_leaves, merge_reports, read_reports
 from hicache_ref.fleet.plots import render_plots
 from hicache_ref.invariant_titles import INVARIANT_TITLES, get_invariant_label

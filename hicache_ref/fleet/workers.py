@@ -9,12 +9,15 @@ database connection, keeps its own traces, and sends at most one progress ``Snap
 second and its report at the end. A worker that finds a new failure sets the fleet's ``stop``
 event (unless ``--keep-going``), and the others end after their current round.
 
-Ctrl-C: the workers start with SIGINT ignored (inherited through exec, so a Ctrl-C while they
-import cannot kill them half-started); each then takes SIGINT as the end of its campaign, and
-ignores it once its campaign has ended and its report is on the way. The fleet sets
-``interrupt`` (seen between rounds), sends SIGINT to each worker still running (seen between
-steps) every ``RESEND_S``, and waits ``INTERRUPT_GRACE_S`` for the reports; a second Ctrl-C
-stops waiting.
+Ctrl-C, SIGINT or SIGTERM (``campaign/interrupts.py``): the workers start with both held back
+(a signal mask, inherited through exec, so a signal to the process group while they import can
+neither kill them half-started nor be lost); each then takes either as the end of its campaign,
+and ignores both once its campaign has ended and its report is on the way. The fleet sets ``interrupt`` (seen between
+rounds), sends SIGINT to each worker still running (seen between steps) every ``RESEND_S``,
+stops a worker that had not started its campaign after ``UNSTARTED_GRACE_S`` (it has nothing to
+report), and waits ``INTERRUPT_GRACE_S`` for the others' reports; a second signal stops
+waiting. A worker stopped early is a part with no cases, so the merged report still says which
+seeds ran.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import queue as queue_module
 import signal
-import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -31,12 +34,18 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.campaign import (
-    MINIMIZE_REPLAYS_MAX,
-    CampaignReport,
-    CampaignSignals,
-    run_campaign,
+from hicache_ref.campaign.interrupts import (
+    EitherSet,
+    Interrupt,
+    catching_stop_signals,
+    ignore_stop_signals,
+    noting_stop_signals,
+    stop_signals_blocked,
+    unblock_stop_signals,
 )
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.rounds import CampaignSignals
+from hicache_ref.campaign.run import MINIMIZE_REPLAYS_MAX, run_campaign
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.fleet.database import DatabaseSpec
@@ -45,8 +54,11 @@ from hicache_ref.fleet.progress import ProgressView, get_snapshot
 from hicache_ref.fleet.shards import SeedLane, Shard, get_lanes
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
 
-INTERRUPT_GRACE_S = 60.0
-"""How long the fleet waits for its workers' reports after Ctrl-C."""
+INTERRUPT_GRACE_S = 6.0
+"""How long the fleet waits for its workers' reports after Ctrl-C (a worker stops between two
+steps, well within it; one that does not is stopped and its part is empty)."""
+UNSTARTED_GRACE_S = 1.5
+"""How long the fleet waits, after Ctrl-C, for a worker that had not started its campaign."""
 RESEND_S = 1.0
 """After Ctrl-C, SIGINT again to each worker still running this often (one may be lost)."""
 SNAPSHOT_INTERVAL_S = 1.0
@@ -83,6 +95,8 @@ class WorkerTask:
     rounds_max: int | None = None
     minimize_replays: int = MINIMIZE_REPLAYS_MAX
     """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
+    source: str = ""
+    """The sglang tree a ``sglang``/``seed`` implementation reads (``--sglang-src``)."""
 
 
 def plan_workers(
@@ -120,6 +134,7 @@ def run_worker(
         on_round=on_round if on_round is not None else (view.on_round if view else None),
         rounds_max=task.rounds_max,
         minimize_replays=task.minimize_replays,
+        source=task.source,
     )
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
@@ -128,28 +143,38 @@ def run_worker(
     return report
 
 
-def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> CampaignReport:
-    """Run every task (in this process when there is one) and merge their reports."""
+def run_fleet(
+    tasks: list[WorkerTask], view: ProgressView | None = None, interrupt: Interrupt | None = None
+) -> CampaignReport:
+    """Run every task (in this process when there is one) and merge their reports.
+
+    ``interrupt``: what this process's stop-signal handler sets (``catching_stop_signals``);
+    a campaign in this process treats an error after it as no finding."""
     assert tasks, "a fleet needs a worker"
     if len(tasks) == 1:
-        return run_worker(tasks[0], view=view)
-    return _Fleet(tasks, view).run()
+        signals = CampaignSignals(interrupt or Interrupt(), threading.Event())
+        return run_worker(tasks[0], view=view, signals=signals)
+    return _Fleet(tasks, view, interrupt or Interrupt()).run()
 
 
 # -- the worker process --------------------------------------------------------------------------
 def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> None:
-    """A spawned worker: SIGINT ends its campaign, torch keeps to one thread, then run."""
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    sys.unraisablehook = _drop_interrupts
+    """A spawned worker: SIGINT or SIGTERM ends its campaign, torch keeps to one thread, then
+    run."""
+    local = Interrupt()
+    with catching_stop_signals(local):
+        signals = CampaignSignals(EitherSet(interrupt, local), stop)
+        run_and_report(task, messages, signals, ending=ignore_stop_signals, prepare=_prepare)
+
+
+def _prepare() -> None:
+    """Take the stop signals held back since the worker started (one sent meanwhile arrives
+    now, at its handler), and keep torch to one thread: N processes on N cores, no intra-op
+    threads fighting them."""
+    unblock_stop_signals()
     import torch
 
-    torch.set_num_threads(1)  # N processes on N cores: no intra-op threads fighting them
-
-    def ignore_interrupts() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    signals = CampaignSignals(interrupt, stop)
-    run_and_report(task, messages, signals, ending=ignore_interrupts)
+    torch.set_num_threads(1)
 
 
 def run_and_report(
@@ -157,11 +182,14 @@ def run_and_report(
     messages: Any,
     signals: CampaignSignals,
     ending: Callable[[], object] | None = None,
+    prepare: Callable[[], object] | None = None,
 ) -> None:
     """A worker's campaign, then one final message: its report, an input error's one line, or
-    a bug's traceback (``messages.put`` of ``(kind, worker, payload)``). ``ending`` runs once
-    the campaign is past its last round (interrupted, or done): the spawned worker ignores
-    SIGINT from there on, so its wrap-up and its report get out whole."""
+    a bug's traceback (``messages.put`` of ``(kind, worker, payload)``). ``prepare`` runs
+    first; ``ending`` runs once the campaign is past its last round (interrupted, or done): the
+    spawned worker ignores SIGINT and SIGTERM from there on, so its wrap-up and its report get
+    out whole. Whatever goes wrong once a stop signal arrived (an import cut in half, a world
+    half-built) is that signal's doing: the part says interrupted, never a crash."""
     worker = task.lane.worker
     sent = [0.0]
 
@@ -174,6 +202,8 @@ def run_and_report(
             messages.put(("progress", worker, get_snapshot(report, elapsed_s)))
 
     try:
+        if prepare is not None:
+            prepare()
         messages.put(("started", worker, None))
         report = run_worker(task, signals=signals, on_round=on_round)
         if ending is not None:
@@ -183,10 +213,15 @@ def run_and_report(
         if ending is not None:
             ending()
         messages.put(("done", worker, _report_of_nothing(task)))
-    except HiCacheInputError as exc:  # a setup problem too: the one line the CLI prints
-        messages.put(("input_error", worker, str(exc)))
-    except BaseException:
-        messages.put(("crash", worker, traceback.format_exc()))
+    except BaseException as exc:
+        if signals.interrupt.is_set():  # the signal cut something in half: no finding, no bug
+            if ending is not None:
+                ending()
+            messages.put(("done", worker, _report_of_nothing(task)))
+        elif isinstance(exc, HiCacheInputError):  # a setup problem: the one line the CLI prints
+            messages.put(("input_error", worker, str(exc)))
+        else:
+            messages.put(("crash", worker, traceback.format_exc()))
 
 
 def _report_of_nothing(task: WorkerTask) -> CampaignReport:
@@ -201,24 +236,16 @@ def _report_of_nothing(task: WorkerTask) -> CampaignReport:
     return report
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def _drop_interrupts(unraisable: Any) -> None:
-    """A SIGINT that lands in a garbage-collector callback cannot stop anything there (Python
-    prints and drops it): stay quiet, the fleet sends another (``RESEND_S``)."""
-    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-        sys.__unraisablehook__(unraisable)
-
-
 # -- the fleet ----------------------------------------------------------------------------------
 class _Fleet:
     """Spawned workers and what the parent hears from them."""
 
-    def __init__(self, tasks: list[WorkerTask], view: ProgressView | None) -> None:
+    def __init__(
+        self, tasks: list[WorkerTask], view: ProgressView | None, received: Interrupt
+    ) -> None:
         self.tasks = tasks
         self.view = view
+        self.received = received  # this process's stop signals, noted while it waits
         context = get_context("spawn")
         self.messages = context.Queue()
         self.interrupt = context.Event()
@@ -241,27 +268,28 @@ class _Fleet:
         self.forwarded_at = 0.0
 
     def run(self) -> CampaignReport:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the children
+        seen = self.received.count
         try:
-            for process in self.processes:
-                process.start()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        try:
-            self._collect()
+            # noted, never raised: not while a child is half-started, nor inside a queue's lock
+            with noting_stop_signals(self.received):
+                with stop_signals_blocked():  # the children hold them until they can take them
+                    for process in self.processes:
+                        process.start()
+                self._collect(seen)
         finally:
             self._reap()
         return self._result()
 
-    def _collect(self) -> None:
+    def _collect(self, seen: int) -> None:
+        """Messages until every worker reported; ``seen``: stop signals before the fleet began."""
         while self.pending:
-            try:
-                if not self._step():
-                    return
-            except KeyboardInterrupt:
+            if self.received.count > seen:  # a stop signal since the last poll
                 if self.grace_until is not None:
-                    return  # a second Ctrl-C: stop waiting for the rest
+                    return  # a second one: stop waiting for the rest
+                seen = self.received.count
                 self._interrupt()
+            if not self._step():
+                return
 
     def _step(self) -> bool:
         """Handle one message (or a quiet poll); False when waiting is over."""
@@ -270,6 +298,8 @@ class _Fleet:
                 return False
             if time.monotonic() - self.forwarded_at >= RESEND_S:
                 self._forward_interrupt()
+            if time.monotonic() > self.grace_until - INTERRUPT_GRACE_S + UNSTARTED_GRACE_S:
+                self._drop_unstarted()
         try:
             kind, worker, payload = self.messages.get(timeout=POLL_S)
         except queue_module.Empty:
@@ -295,11 +325,7 @@ class _Fleet:
     def _on_started(self, worker: int) -> None:
         self.started.add(worker)
         if len(self.started) == len(self.tasks) and self.view is not None:
-            print(
-                f"hicache-fuzz: all {len(self.tasks)} workers running",
-                file=self.view.stream,
-                flush=True,
-            )
+            self.view.say(f"hicache-fuzz: all {len(self.tasks)} workers running")
 
     def _interrupt(self) -> None:
         self.interrupt.set()
@@ -315,6 +341,16 @@ class _Fleet:
                     os.kill(process.pid, signal.SIGINT)
                 except ProcessLookupError:  # it exited in between
                     pass
+
+    def _drop_unstarted(self) -> None:
+        """After Ctrl-C, a worker still starting up has run nothing: stop it, its part empty."""
+        for task, process in zip(self.tasks, self.processes, strict=True):
+            worker = task.lane.worker
+            if worker in self.pending and worker not in self.started:
+                self.pending.discard(worker)
+                self.reports[worker] = _report_of_nothing(task)
+                if process.is_alive():
+                    process.kill()
 
     def _notice_dead(self) -> None:
         now = time.monotonic()
@@ -332,8 +368,8 @@ class _Fleet:
     def _reap(self) -> None:
         for process in self.processes:
             process.join(timeout=5.0 if self.error is None else 0.5)
-            if process.is_alive():
-                process.terminate()
+            if process.is_alive():  # it ignores SIGTERM once its report is out: kill it
+                process.kill()
                 process.join(timeout=5.0)
         self.messages.close()
         self.messages.cancel_join_thread()

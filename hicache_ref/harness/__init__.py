@@ -15,9 +15,10 @@ Its map, in the order one case flows through it:
   as they go (byte checks, the free-slot and store watches, misuse probes);
 - ``lockstep``: the pure oracle stepped beside every applied step, and oracle traces
   translated into harness steps;
-- ``campaigns``: the Hypothesis machine, its profiles, the mutant catalogue, the known
-  findings a gate baselines, the release matrix and the storage soak.
+- ``campaigns``: the Hypothesis machine, its profiles, the known findings a gate baselines and
+  the storage soak.
 
 The invariants the checks judge live in ``hicache_ref.invariants`` (one checker per id); the
-campaign runner and its report in ``hicache_ref.campaign``.
+campaign runner, its report, the mutant catalogue and the release matrix in
+``hicache_ref.campaign``.
 """

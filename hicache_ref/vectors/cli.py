@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.cli_inputs import check_out_dir, check_output_file, use_sglang_src
+from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file, check_sglang_src
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.world.world import DEVICE_KINDS
+from hicache_ref.replay_lines import get_vector_line
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -37,7 +38,11 @@ def add_vectors_parser(sub: Any) -> None:
     rep = actions.add_parser("replay", help="replay a suite on an implementation")
     rep.add_argument("suite", nargs="?", default=None, help="default: the shipped suite")
     rep.add_argument("--impl", default="reference", help="a name, or pkg.module:factory")
-    rep.add_argument("--sglang-src", metavar="DIR", help="as for run: sets HICACHE_SGLANG_SRC")
+    rep.add_argument(
+        "--sglang-src",
+        metavar="DIR",
+        help="as for run: the unpacked sglang tree --impl sglang / seed reads",
+    )
     rep.add_argument(
         "--device",
         default="sim",
@@ -102,9 +107,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.json:
         check_output_file("--json", args.json)
-    if args.sglang_src:
-        use_sglang_src(args.sglang_src)
-    implementation = checked_implementation(args.impl)  # a contract break: exit 2, first
+    source = str(check_sglang_src(args.sglang_src)) if args.sglang_src else ""
+    implementation = checked_implementation(args.impl, source)  # a contract break: exit 2
     _, vectors = read_suite(Path(args.suite) if args.suite else shipped_suite_path())
     if args.only:
         known = {v.id for v in vectors}
@@ -113,9 +117,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise HiCacheInputError(f"--only: no vector {unknown[0]!r} in the suite")
         vectors = [v for v in vectors if v.id in set(args.only)]
 
+    suite = Path(args.suite) if args.suite else shipped_suite_path()
+
     def show(result: Any) -> None:
         if not args.quiet or result.status == "fail":
             print(result.render(), flush=True)
+        if result.status == "fail":  # one line that replays this vector alone, as printed
+            print(f"  replay: {get_vector_line(args.impl, result.vector, suite, source)}")
 
     report = replay_vectors(vectors, implementation, args.impl, args.device, on_result=show)
     for reason, count in report.skip_reasons.items():

@@ -11,7 +11,8 @@ asked. ``pytest --hicache-impl pkg.module:factory`` (or an entry-point name of t
   none; ``--hicache-known`` baselines written-up findings as ``hicache-fuzz gate --known``).
 
 A failing item's report is the divergence and the one line that replays it outside pytest
-(``hicache-fuzz vectors replay --impl ... --only <id>``, or ``hicache-fuzz replay <trace>``).
+(``hicache-fuzz vectors replay SUITE --impl ... --only <id>``, or ``hicache-fuzz replay
+<trace>``), runnable as printed from any folder (``replay_lines.py``).
 A contract break (a missing hook or method) stops the run before any test, as a usage error.
 """
 
@@ -68,6 +69,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="ID",
         help="known-finding ids the gate counts instead of failing on (or 'all')",
     )
+
+
+def _tree_of(spec: str) -> str:
+    """The sglang tree a ``sglang``/``seed`` run of this session read (``HICACHE_SGLANG_SRC``,
+    the pytest side's input), for a replay line that must name it; else empty."""
+    import os
+
+    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
+
+    return os.environ.get(SRC_ENV, "") if spec in ("sglang", "seed") else ""
 
 
 class HiCacheFailure(Exception):
@@ -153,10 +164,10 @@ class VectorItem(pytest.Item):
         if result.status == "skip":
             pytest.skip(result.reason)
         if result.status == "fail":
-            raise HiCacheFailure(
-                f"{result.render()}\n  replay: hicache-fuzz vectors replay --impl {self.spec} "
-                f"--only {self.vector.id} {self.suite}"
-            )
+            from hicache_ref.replay_lines import get_vector_line
+
+            line = get_vector_line(self.spec, self.vector.id, self.suite, _tree_of(self.spec))
+            raise HiCacheFailure(f"{result.render()}\n  replay: {line}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, HiCacheFailure):
@@ -175,7 +186,7 @@ class GateItem(pytest.Item):
         self.spec, self.seconds = spec, seconds
 
     def runtest(self) -> None:
-        from hicache_ref.campaign import run_campaign
+        from hicache_ref.campaign.run import run_campaign
         from hicache_ref.harness.campaigns.known_findings import get_known_findings
 
         known = get_known_findings(self.config.getoption("--hicache-known"), self.spec)
@@ -196,8 +207,7 @@ class GateItem(pytest.Item):
     def _lines(self, failures: list[dict[str, str]]) -> Iterator[str]:
         for failure in failures:
             yield f"gate: NEW {failure['invariant']} (seed {failure['seed']}): {failure['error']}"
-            if failure.get("trace"):
-                yield f"  replay: hicache-fuzz replay {failure['trace']} --impl {self.spec}"
+            yield f"  replay: {failure['replay']}"  # the trace's, or the round's when none
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, HiCacheFailure):

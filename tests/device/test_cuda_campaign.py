@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hicache_ref.campaign import run_campaign
+from hicache_ref.campaign.run import run_campaign
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.device import cuda_available
 from hicache_ref.device.cuda import cuda_campaign_device, keep_current_stream
 from hicache_ref.device.perturb import Perturbation
@@ -63,7 +64,7 @@ def test_the_reference_passes_a_short_cuda_campaign(tmp_path: Path) -> None:
         "reference", seconds=20.0, profile="ci", seed=0, out_dir=tmp_path, progress=False,
         device="cuda",
     )  # fmt: skip
-    print(report.render())
+    print(render_summary(report))
     assert report.cases > 0 and report.device == "cuda"
     assert report.failures == [], report.failures
 
@@ -75,7 +76,7 @@ def test_a_stream_order_mutant_is_caught_on_the_gpu(tmp_path: Path) -> None:
         "mutant:write_ack_on_current_stream", seconds=90.0, profile="ci", seed=0,
         out_dir=tmp_path, progress=False, device="cuda", minimize_replays=20,
     )  # fmt: skip
-    print(report.render())
+    print(render_summary(report))
     assert report.failures, "the GPU campaign did not catch write_ack_on_current_stream"
     failure = report.failures[0]
     assert failure["invariant"] in ("INV-09", "INV-06", "INV-08", "INV-07"), failure

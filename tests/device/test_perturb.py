@@ -19,13 +19,14 @@ import torch
 from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition
 
 from hicache_ref import cli
-from hicache_ref.campaign import (
+from hicache_ref.campaign.failures import (
     RecordedFailure,
     get_campaign_failure,
     get_failure_invariant,
     get_root_failure,
-    run_campaign,
 )
+from hicache_ref.campaign.run import run_campaign
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.device import cuda_available
 from hicache_ref.device.perturb import (
     DEFAULT_PERTURBATION,
@@ -304,7 +305,7 @@ def test_the_reference_passes_a_cuda_campaign_on_an_eager_device(
     assert report.failures == [] and report.cases > 0
     assert report.device == "cuda" and report.perturbation == DEFAULT_PERTURBATION
     assert report.as_json()["device"] == "cuda"
-    assert "cuda (perturbed, p=0.5" in report.render()
+    assert "cuda (perturbed, p=0.5" in render_summary(report)
     assert fake_cuda and any(d.schedule.spins() for d in fake_cuda)
     # a GPU world: run-merged copies, records complete with their stream, no misuse probes
     assert not any(rule.startswith("probe_") for rule in report.rules)

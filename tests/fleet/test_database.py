@@ -12,7 +12,8 @@ import pytest
 from hypothesis.extra.redis import RedisExampleDatabase
 from redis import Redis
 
-from hicache_ref.campaign import CampaignReport
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.summary import render_summary
 from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.database import DatabaseSpec, check_database, parse_database
 from hicache_ref.fleet.shards import SeedLane, Shard
@@ -103,4 +104,5 @@ def test_a_lost_server_is_one_setup_line_not_a_finding(redis_url: str) -> None:
 
 def test_a_password_never_reaches_the_report() -> None:
     assert DatabaseSpec("redis://ci:s3cret@redis:6379/0").label == "redis://ci:***@redis:6379/0"
-    assert "s3cret" not in CampaignReport("r", "ci", 0, database="redis://ci:***@h:1").render()
+    report = CampaignReport("r", "ci", 0, database="redis://ci:***@h:1")
+    assert "s3cret" not in render_summary(report)

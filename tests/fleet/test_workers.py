@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from hicache_ref.campaign import CampaignReport, CampaignSignals
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.campaign.rounds import CampaignSignals
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.fleet import workers
 from hicache_ref.fleet.merge import merge_reports, report_from_json

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from hicache_ref import cli
+from hicache_ref.campaign import catalogue
+from hicache_ref.campaign.catalogue import CatalogueReport, MutantRow, run_catalogue
 from hicache_ref.harness.adapters.mutant import GUARDS, register_unguarded_mutant
 from hicache_ref.harness.adapters.registry import get_implementation, list_mutants
-from hicache_ref.harness.campaigns import catalogue
-from hicache_ref.harness.campaigns.catalogue import CatalogueReport, MutantRow, run_catalogue
 
 GUARDS_OFF_SECONDS_PER_MUTANT = 90  # as test_mutants.py: a campaign stops at its first failure
 PARALLEL_JOBS = 2

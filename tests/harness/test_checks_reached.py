@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_ref.campaign import run_campaign
+from hicache_ref.campaign.run import run_campaign
 from hicache_ref.invariants import registry
 from hicache_ref.invariants.evidence import Evidence
 

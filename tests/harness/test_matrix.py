@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hicache_ref.campaign.matrix import ReleaseRow, mark_transitions, render_matrix
 from hicache_ref.cli import EXIT_USAGE, main
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters import sglang_releases
@@ -22,7 +23,6 @@ from hicache_ref.harness.adapters.sglang_releases import (
 )
 from hicache_ref.harness.adapters.sglang_shapes import detect_shape
 from hicache_ref.harness.adapters.sglang_tree import CACHE_ENV, CONTROLLER_RELPATH, SRC_ENV
-from hicache_ref.harness.campaigns.matrix import ReleaseRow, mark_transitions, render_matrix
 
 LISTED = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13"]
 MATRIX_BUDGET = "3s"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hicache_ref.campaign.catalogue import is_sim_only_mutant, list_mutants
 from hicache_ref.device import SimDevice, cuda_available
 from hicache_ref.harness.adapters.unfenced import UnfencedDevice, UnfencedEvent
-from hicache_ref.harness.campaigns.catalogue import is_sim_only_mutant, list_mutants
 
 FENCE_MUTANTS = ("skip_load_fence", "skip_write_fence", "layer_backup_without_store_fence")
 

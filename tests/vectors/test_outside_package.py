@@ -5,6 +5,7 @@ break caught before any case runs (exit 2), not reported as a finding."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from hicache_ref.cli import main
 from hicache_ref.harness.adapters.registry import get_implementation, known_names
+from tests.test_replay_lines import replay_lines, run_as_pasted
 from tests.vectors.outside import write_outside_package
 
 STORY = "story-inv02-one-ack-per-write"
@@ -95,8 +97,18 @@ def test_the_pytest_plugin_fails_the_outside_mutant_with_replay_lines(
     run = _pytest(outside, tmp_path, "outside_impl:mutant")
     assert run.returncode == 1, run.stdout[-2000:]
     assert "hicache-vectors::story-inv02-one-ack-per-write" in run.stdout
-    assert "replay: hicache-fuzz vectors replay --impl outside_impl:mutant --only" in run.stdout
     assert "hicache-gate::outside_impl:mutant" in run.stdout
+    # every printed line runs as pasted: another folder, a clean PATH, no PYTHONPATH
+    lines = replay_lines(run.stdout)
+    vector_lines = [line for line in lines if " vectors replay " in line]
+    assert all(re.search(r" --only [\w-]+$", line) for line in vector_lines)  # --only last
+    story = [line for line in vector_lines if line.endswith(f"--only {STORY}")]
+    gate = [line for line in lines if " vectors replay " not in line]
+    assert story and gate
+    for line in (story[0], gate[0]):
+        done = run_as_pasted(line, tmp_path / "elsewhere")
+        assert done.returncode == 1, (line, done.stdout[-1500:], done.stderr[-1500:])
+        assert "INV-02" in done.stdout
     assert "1 passed" not in run.stdout.splitlines()[-1] or "failed" in run.stdout.splitlines()[-1]
 
 

@@ -54,17 +54,16 @@ def _seed(source: str = "") -> ImplementationBase:
 
 
 def _source_tree(source: str) -> Path | None:
-    """A trace's recorded tree, unless ``--sglang-src`` / ``HICACHE_SGLANG_SRC`` names one."""
-    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, check_tree
+    """The tree the caller chose (``--sglang-src``, a release, a trace's recorded tree), checked;
+    None lets the implementation pick its default (``sglang_tree.resolve_tree``)."""
+    from hicache_ref.harness.adapters.sglang_tree import check_tree
 
-    if not source or os.environ.get(SRC_ENV):
-        return None
-    return check_tree(Path(source))
+    return check_tree(Path(source)) if source else None
 
 
 _SOURCED: dict[str, Callable[[str], ImplementationBase]] = {
-    "sglang": _sglang,  # upstream's controller from HICACHE_SGLANG_SRC (default: 0.5.10 wheel)
-    "seed": _seed,  # the CP/draft fork: HICACHE_SGLANG_SRC or HICACHE_SEED_FILE
+    "sglang": _sglang,  # upstream's controller from the given tree (default: 0.5.10 wheel)
+    "seed": _seed,  # the CP/draft fork: the given tree, or one built from HICACHE_SEED_FILE
 }
 """Implementations whose code lives in a source tree (a trace header records it)."""
 
@@ -109,7 +108,9 @@ def list_mutants() -> list[str]:
 
 
 def get_implementation(name: str, source: str = "") -> ImplementationBase:
-    """The implementation called ``name``; ``source`` is a trace's recorded source tree."""
+    """The implementation called ``name``; ``source`` is the sglang tree a ``sglang`` or
+    ``seed`` implementation reads (``--sglang-src``, a release's tree, a trace's recorded tree;
+    empty: ``HICACHE_SGLANG_SRC``, else the default tree)."""
     if name in _SOURCED:
         return _SOURCED[name](source)
     if name.startswith("mutant:"):

@@ -153,6 +153,7 @@ class ControllerSource:
                 modules[name] = _exec_module(name, path, code)
         finally:
             CURRENT_DEVICE[0] = None
+        check_controller_module(modules[CONTROLLER_MODULE], self.path)
         self._last = (device, modules)
         return modules
 
@@ -180,14 +181,50 @@ def _exec_module(name: str, path: Path, code: types.CodeType) -> types.ModuleTyp
     try:
         exec(code, module.__dict__)
     except ImportError as exc:
+        imported = _tree_file(path, exc.name or "")
+        if imported is not None:  # the tree has the module, but not what the file needs of it
+            raise HiCacheSetupError(
+                f"{path} imports from {imported}, which lacks it ({exc}); the tree is not "
+                "whole: pass an unpacked sglang release (or a fork of one) with that file intact"
+            ) from None
         raise HiCacheSetupError(
             f"{path} imports {exc.name or exc}, which the gate does not stub; add a "
-            "stub in hicache_ref/harness/adapters/sglang.py (install_stubs)"
+            "stub in hicache_ref/harness/adapters/sglang_stubs.py (install_stubs)"
         ) from None
     return module
 
 
+def _tree_file(path: Path, module: str) -> Path | None:
+    """The file of the tree holding ``path`` that module ``sglang.x.y`` is, if it has one."""
+    if not module.startswith("sglang."):
+        return None
+    parts = module.split(".")
+    for root in path.parents:
+        if (root / "sglang").is_dir() and root / "sglang" in path.parents:
+            found = root.joinpath(*parts).with_suffix(".py")
+            return found if found.is_file() else None
+    return None
+
+
 CONTROLLER_MODULE = "sglang.srt.managers.cache_controller"
+CONTROLLER_NAMES = ("HiCacheController", "LayerDoneCounter")
+"""What the gate drives in every release's controller file."""
+
+
+def check_controller_module(module: types.ModuleType, path: Path) -> None:
+    """A controller file that defines what the gate drives; else one ``HiCacheSetupError`` naming
+    the file and what it lacks (a truncated copy, an empty file, a wrong file in its place)."""
+    missing = [
+        name for name in CONTROLLER_NAMES if not isinstance(getattr(module, name, None), type)
+    ]
+    if missing:
+        raise HiCacheSetupError(
+            f"{path} defines no {' and no '.join(missing)}, which the gate drives; it is not "
+            "a whole cache_controller.py: pass a tree whose controller file is an sglang "
+            "release's (or a fork of one)"
+        )
+
+
 HYBRID_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
 
 

@@ -8,6 +8,9 @@ In the order the release matrix needs them:
   sglang``), cached for a day in the cache directory beside the trees; offline, the last list
   fetched, and failing that the releases whose trees are already in the cache;
 - ``fetch_release_tree(version)``: that release's wheel, fetched once into the cache;
+- ``install_release(path)``: ``hicache-fuzz setup --from``: a wheel file or an unpacked tree
+  put into the cache under its release, with no network, so every command, test and benchmark
+  that asks for that release finds it there (an air-gapped GPU runner);
 - ``resolve_releases(spec)``: ``0.5.10..0.5.23`` (every release in between, post releases
   included, in version order) or a comma list ``0.5.10,0.5.23`` (as given).
 """
@@ -22,12 +25,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hicache_ref.errors import HiCacheInputError
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
 from hicache_ref.harness.adapters.sglang_tree import (
     PIP_TIMEOUT_S,
     cache_root,
+    check_tree,
+    copy_tree,
     fetch_wheel_tree,
     is_tree,
+    tree_release,
+    unpack_wheel,
+    wheel_tree_path,
 )
 
 VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -143,3 +151,33 @@ def resolve_releases(spec: str, known: Sequence[str] | None = None) -> list[str]
 def fetch_release_tree(version: str, flag: str = "--sglang-version") -> Path:
     """The unpacked wheel of release ``version``, fetched once into the cache."""
     return fetch_wheel_tree(check_version(version, flag))
+
+
+_WHEEL_NAME = re.compile(r"^sglang-([^-]+)-.*\.whl$")
+
+
+def install_release(path: Path) -> tuple[str, Path]:
+    """``setup --from PATH``: a wheel (``sglang-X-py3-none-any.whl``) or an unpacked tree of any
+    release, copied into the cache as that release's tree, with no network; (release, tree)."""
+    given = Path(path).expanduser()
+    if given.is_file():
+        found = _WHEEL_NAME.match(given.name)
+        if found is None:
+            raise HiCacheInputError(
+                f"--from {path}: not an sglang wheel (sglang-<release>-...whl); pass the wheel "
+                "file pip download sglang==X wrote, or an unpacked tree"
+            )
+        version = check_version(found.group(1), "--from (the wheel's release)")
+        return version, unpack_wheel(given, wheel_tree_path(version))
+    tree = check_tree(given, "--from")
+    version = tree_release(tree)
+    if not version:
+        raise HiCacheSetupError(
+            f"--from {path}: the tree does not say its release (no {tree / 'sglang/_version.py'}"
+            "); gate it with --sglang-src instead, or pass the wheel it came from"
+        )
+    version = check_version(version, "--from (the tree's release)")
+    target = wheel_tree_path(version)
+    if tree != target.resolve():
+        copy_tree(tree, target)
+    return version, target

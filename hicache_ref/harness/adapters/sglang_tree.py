@@ -8,12 +8,16 @@ more); ``adapters/sglang.py`` loads the controller file from a tree behind stubs
 
 In the order a run needs them:
 
-- ``fetch_wheel_tree(version)``: ``pip download --no-deps sglang==<version>`` once, unpacked
-  into the cache directory (``HICACHE_CACHE_DIR``, default ``~/.cache/hicache_ref``);
+- ``fetch_wheel_tree(version)``: the release's tree from the cache directory
+  (``HICACHE_CACHE_DIR``, default ``~/.cache/hicache_ref``), else ``pip download --no-deps
+  sglang==<version>`` once, unpacked there; offline, a ``ReleaseUnavailable`` naming
+  ``hicache-fuzz setup --from`` (``unpack_wheel``, ``copy_tree``: a wheel or a tree put there);
 - ``fork_tree(controller_file)``: that tree with another ``cache_controller.py`` (the seed fork,
   or a developer's patched copy), or with any one other file replaced (``relpath``), built next
   to it, keyed by the file's hash;
-- ``resolve_tree()``: ``HICACHE_SGLANG_SRC`` (the CLI's ``--sglang-src``) if set, else 0.5.10;
+- ``resolve_tree()``: the tree when no caller named one: ``HICACHE_SGLANG_SRC`` (how a pytest
+  run names it; the CLI hands its ``--sglang-src`` to the adapter as an argument) if set, else
+  0.5.10; ``recorded_tree(source)``: a trace's recorded tree, unless that variable names one;
 - ``tree_release(tree)``: the release a tree says it is (its ``sglang/_version.py``), which
   scopes the known findings (``campaigns/known_findings.py``).
 
@@ -82,11 +86,21 @@ def wheel_tree_path(version: str = SGLANG_VERSION) -> Path:
     return cache_root() / f"sglang-{version}"
 
 
-def fetch_wheel_tree(version: str = SGLANG_VERSION) -> Path:
-    """The unpacked sglang ``version`` wheel, fetched with pip on first use."""
-    target = wheel_tree_path(version)
-    if is_tree(target):
-        return target
+class ReleaseUnavailable(HiCacheSetupError):
+    """A release the cache lacks could not be fetched (no network, or no such wheel); the
+    message names the command that fills the cache from a file instead."""
+
+    def __init__(self, version: str, why: str) -> None:
+        self.version = version
+        self.fill = f"hicache-fuzz setup --from sglang-{version}-py3-none-any.whl"
+        super().__init__(
+            f"sglang {version} is not in the cache ({cache_root()}) and {why}; on a machine "
+            f"without the package index, fill the cache from a wheel or an unpacked tree: "
+            f"{self.fill} (or a tree folder)"
+        )
+
+
+def _cache_folder() -> Path:
     root = cache_root()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -95,27 +109,59 @@ def fetch_wheel_tree(version: str = SGLANG_VERSION) -> Path:
             f"cannot create the cache directory {root} ({exc.strerror}); set {CACHE_ENV} to a "
             "writable folder"
         ) from None
-    with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
+    return root
+
+
+def fetch_wheel_tree(version: str = SGLANG_VERSION) -> Path:
+    """The unpacked sglang ``version`` wheel: from the cache (``setup`` or ``setup --from``
+    put it there), else fetched with pip once."""
+    target = wheel_tree_path(version)
+    if is_tree(target):
+        return target
+    with tempfile.TemporaryDirectory(dir=_cache_folder(), prefix=".fetch-") as tmp:
         wheel = _download_wheel(version, Path(tmp))
+        return unpack_wheel(wheel, target)
+
+
+def unpack_wheel(wheel: Path, target: Path) -> Path:
+    """``wheel`` unpacked as the tree ``target`` (built beside it, then moved in whole)."""
+    with tempfile.TemporaryDirectory(dir=_cache_folder(), prefix=".unpack-") as tmp:
         staging = Path(tmp) / "tree"
         try:
             with zipfile.ZipFile(wheel) as archive:
                 archive.extractall(staging)
-        except zipfile.BadZipFile:
+        except (zipfile.BadZipFile, OSError) as exc:
             raise HiCacheSetupError(
-                f"{wheel.name} is not a readable wheel; delete {root} and run "
-                "`hicache-fuzz setup` again"
+                f"{wheel} is not a readable wheel ({type(exc).__name__}); pass the file pip "
+                "download sglang==X wrote"
             ) from None
         if not is_tree(staging):
             raise HiCacheSetupError(
-                f"sglang=={version} has no {CONTROLLER_RELPATH}; gate a version that has one"
+                f"{wheel.name} has no {CONTROLLER_RELPATH}; gate a release that has one"
             )
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not is_tree(target):  # a concurrent fetch that won the race is fine
-                raise
+        _move_in(staging, target)
     return target
+
+
+def copy_tree(tree: Path, target: Path) -> Path:
+    """The ``sglang/`` package of ``tree`` copied as the tree ``target``."""
+    with tempfile.TemporaryDirectory(dir=_cache_folder(), prefix=".copy-") as tmp:
+        staging = Path(tmp) / "tree"
+        shutil.copytree(tree / "sglang", staging / "sglang")
+        _move_in(staging, target)
+    return target
+
+
+def _move_in(staging: Path, target: Path) -> None:
+    if target.exists() and not is_tree(target):
+        shutil.rmtree(target)  # a half-written folder of an earlier, interrupted run
+    if is_tree(target):
+        shutil.rmtree(target)  # setup --from replaces what the cache held for that release
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if not is_tree(target):  # a concurrent fetch that won the race is fine
+            raise
 
 
 def _download_wheel(version: str, into: Path) -> Path:
@@ -126,17 +172,13 @@ def _download_wheel(version: str, into: Path) -> Path:
             command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HiCacheSetupError(
-            f"`pip download sglang=={version}` did not finish ({type(exc).__name__}); check the "
-            f"package index is reachable, or unpack a wheel yourself and set {SRC_ENV}"
-        ) from None
+        why = f"`pip download sglang=={version}` did not finish ({type(exc).__name__})"
+        raise ReleaseUnavailable(version, why) from None
     wheels = sorted(into.glob("sglang-*.whl"))
     if done.returncode != 0 or not wheels:
         last = (done.stderr or done.stdout or "no output").strip().splitlines()[-1:] or [""]
-        raise HiCacheSetupError(
-            f"`pip download --no-deps sglang=={version}` failed: {last[0][:160]}; check the "
-            f"package index is reachable, or unpack a wheel yourself and set {SRC_ENV}"
-        )
+        why = f"`pip download --no-deps sglang=={version}` failed: {last[0][:160]}"
+        raise ReleaseUnavailable(version, why)
     return wheels[0]
 
 
@@ -193,6 +235,12 @@ def resolve_tree() -> Path:
     if env:
         return check_tree(Path(env), SRC_ENV)
     return fetch_wheel_tree()
+
+
+def recorded_tree(source: str) -> str:
+    """The tree a replay reads for a trace that recorded ``source``: ``HICACHE_SGLANG_SRC`` when
+    set (a pytest run re-pointing the gate at another tree), else ``source`` itself."""
+    return os.environ.get(SRC_ENV) or source
 
 
 def resolve_seed_tree() -> Path:

@@ -4,11 +4,9 @@
   compound program and per drawn atomic record, drawn by the machine's single ``step`` rule),
   ``machine_for`` binding it to an implementation and a sink;
   ``profiles``: its settings (ci, dev, campaign);
-- ``catalogue``: every seeded mutant against the machines, each caught by its declared id;
 - ``known_findings``: the findings written up per implementation, which a gate baselines;
-- ``matrix``: every upstream release of a range gated, one table;
 - ``storage_soak``: the storage tier on real threads for minutes, faults on.
 
-The campaign runner itself is ``hicache_ref.campaign``; workers, shards and the failure
-database are ``hicache_ref.fleet``.
+The campaign runner itself, the mutant catalogue and the release matrix (which run campaigns)
+are ``hicache_ref.campaign``; workers, shards and the failure database are ``hicache_ref.fleet``.
 """

@@ -317,6 +317,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     impl_name = "reference"
     sink: ClassVar[CaseSink] = FailureFolder()
     build: ClassVar[DeviceWorlds] = SIM_WORLDS  # each case's world, on its device
+    lockstep: ClassVar[bool | None] = None  # the campaign's profile decides; None: the env's
 
     def __init__(self) -> None:
         super().__init__()
@@ -352,7 +353,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         path = self.sink.on_failure(trace)
         note(
             f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
-            f"replay with: {get_replay_line(path)}"
+            f"replay with: {get_replay_line(path, self.impl_name)}"
         )
         exc._hicache_reported = True  # type: ignore[attr-defined]
 
@@ -360,7 +361,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     def setup(self, config: st.DataObject, swarm: tuple[MachineRule, ...]) -> None:
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name, build=self.build)
-        attach_lockstep(self.session)  # the pure oracle follows every step
+        attach_lockstep(self.session, self.lockstep)  # the pure oracle follows every step
         self.swarm = swarm
 
     @rule(choice=RULE_CHOICES)
@@ -393,6 +394,7 @@ def machine_for(
     *,
     key: str = "",
     build: DeviceWorlds | None = None,
+    lockstep: bool | None = None,
 ) -> type[HiCacheMachine]:
     """A machine class bound to one implementation and the sink of the campaign running it.
 
@@ -405,4 +407,6 @@ def machine_for(
         attributes["sink"] = sink
     if build is not None:  # a GPU campaign's device (``world.open_device``)
         attributes["build"] = build
+    if lockstep is not None:  # the campaign's profile decides (``profiles.lockstep_enabled``)
+        attributes["lockstep"] = lockstep
     return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)

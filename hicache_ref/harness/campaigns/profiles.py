@@ -1,6 +1,10 @@
 """Hypothesis settings profiles: ``ci`` (bounded gate), ``dev`` and ``campaign`` (long runs).
 
-Select with ``HICACHE_PROFILE=ci|dev|campaign`` (pytest and the CLI both read it).
+A campaign names its profile (``hicache-fuzz run --profile``) and passes it down: the settings
+(``make_settings(profile)``) and whether the pure oracle steps in lockstep
+(``lockstep_enabled(profile)``, handed to the machine) both follow it. A pytest run, which has
+no command line of its own here, selects one with ``HICACHE_PROFILE=ci|dev|campaign``;
+``HICACHE_LOCKSTEP=0|1`` forces the oracle off or on for either.
 """
 
 from __future__ import annotations
@@ -17,6 +21,20 @@ PROFILES: dict[str, dict[str, object]] = {
     "dev": {"max_examples": 200, "stateful_step_count": 60},
     "campaign": {"max_examples": 5000, "stateful_step_count": 120},
 }
+
+
+PROFILE_HELP: dict[str, str] = {
+    "ci": "bounded cases (60 of 40 steps, derandomized), the pure oracle in lockstep",
+    "dev": "more and longer cases (200 of 60 steps), the pure oracle in lockstep",
+    "campaign": "long cases (120 steps), no lockstep oracle: the most steps/s",
+}
+"""What each profile does, as ``--help`` says it."""
+
+
+def get_profile_help(default: str = "ci") -> str:
+    """``--profile``'s help: every profile and what it does."""
+    said = "; ".join(f"{name}: {PROFILE_HELP[name]}" for name in PROFILES)
+    return f"Hypothesis settings profile. {said} (default {default})"
 
 
 def make_settings(

@@ -67,13 +67,15 @@ UnitKey = tuple[str, int, int]
 """A forward kernel: (``store`` or ``read``, tree handle, layer)."""
 
 
-def attach_lockstep(session: Session) -> LockstepOracle | None:
+def attach_lockstep(session: Session, enabled: bool | None = None) -> LockstepOracle | None:
     """Follow ``session`` with the oracle in lockstep (call before its first step).
 
-    Returns None when the profile turns lockstep off (``profiles.lockstep_enabled``); else the
-    observer, whose ``off_reason`` says why it does not follow this case, if it does not.
+    Returns None when ``enabled`` is False (a campaign passes its profile's choice) or, left
+    None, when the environment's profile turns lockstep off (``profiles.lockstep_enabled``: how
+    a pytest run chooses); else the observer, whose ``off_reason`` says why it does not follow
+    this case, if it does not.
     """
-    if not lockstep_enabled():
+    if not (lockstep_enabled() if enabled is None else enabled):
         return None
     oracle = LockstepOracle(session)
     session.stats.lockstep["cases"] += 1

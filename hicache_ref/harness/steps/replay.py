@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.adapters.sglang_tree import recorded_tree
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
@@ -56,8 +57,11 @@ def replay(
     implementation: str | None = None,
     finish: bool = True,
     device: str | None = None,
+    source: str = "",
 ) -> ReplayResult:
     """Apply every step of ``trace`` to a fresh world, then (optionally) the quiescence checks.
+
+    ``source``: the sglang tree to read instead of the one the trace recorded (``--sglang-src``).
 
     The world runs on ``device``, by default the one the trace's header names. On a GPU it runs
     as a GPU campaign would have drawn it (``on_device``, ``gpu_config``): a simulator trace's
@@ -65,7 +69,8 @@ def replay(
     (their steps are skipped, with the reason).
     """
     name = implementation or trace.header.implementation
-    source = trace.header.source if name == trace.header.implementation else ""
+    if not source:
+        source = recorded_tree(trace.header.source if name == trace.header.implementation else "")
     kind = check_device_kind(device or trace.header.device)
     config = trace.header.config if kind == "sim" else gpu_config(trace.header.config)
     with open_device(kind, trace.header.perturbation) as build:
@@ -97,11 +102,12 @@ def minimize(
     still_fails: Callable[[ReplayResult], bool] | None = None,
     max_replays: int = 2000,
     device: str | None = None,
+    source: str = "",
 ) -> Trace:
     """Delta debugging (ddmin) over steps: the smallest trace that still fails the same way."""
 
     def run(candidate: Trace) -> ReplayResult:
-        return replay(candidate, implementation=implementation, device=device)
+        return replay(candidate, implementation=implementation, device=device, source=source)
 
     original = run(trace)
     if not original.failed:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,22 +98,6 @@ def mark_transitions(rows: Sequence[ReleaseRow]) -> None:
         previous = row
 
 
-@contextmanager
-def _gating_tree(tree: Path) -> Iterator[None]:
-    """The gate's ``--impl sglang`` reads this tree (``HICACHE_SGLANG_SRC``), restored after."""
-    from hicache_ref.harness.adapters.sglang_tree import SRC_ENV
-
-    before = os.environ.get(SRC_ENV)
-    os.environ[SRC_ENV] = str(tree)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(SRC_ENV, None)
-        else:
-            os.environ[SRC_ENV] = before
-
-
 def gate_release(
     release: str,
     *,
@@ -129,7 +111,7 @@ def gate_release(
     shrink: bool = False,
 ) -> ReleaseRow:
     """Fetch ``release``, read its shape and gate it; a setup problem becomes ``refused``."""
-    from hicache_ref.campaign import run_campaign
+    from hicache_ref.campaign.run import run_campaign
     from hicache_ref.harness.adapters.registry import checked_implementation
     from hicache_ref.harness.adapters.sglang import SglangImplementation
     from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
@@ -138,19 +120,19 @@ def gate_release(
     try:
         tree = fetch_release_tree(release, "--matrix")
         row.shape = SglangImplementation(tree).shape.label
-        with _gating_tree(tree):
-            checked_implementation(MATRIX_IMPL, str(tree))  # the contract's preflight
-            report = run_campaign(
-                MATRIX_IMPL,
-                seconds=budget_s,
-                profile=profile,
-                seed=seed,
-                out_dir=out_dir / f"sglang-{release}",
-                stop_on_failure=not keep_going,
-                progress=progress,
-                shrink=shrink,
-                known=get_known_findings(known_ids, MATRIX_IMPL),
-            )
+        checked_implementation(MATRIX_IMPL, str(tree))  # the contract's preflight
+        report = run_campaign(
+            MATRIX_IMPL,
+            seconds=budget_s,
+            profile=profile,
+            seed=seed,
+            out_dir=out_dir / f"sglang-{release}",
+            stop_on_failure=not keep_going,
+            progress=progress,
+            shrink=shrink,
+            known=get_known_findings(known_ids, MATRIX_IMPL),
+            source=str(tree),
+        )
     except HiCacheInputError as exc:  # a HiCacheSetupError too: the release cannot be gated
         row.refused = " ".join(str(exc).split())
         return row
@@ -193,7 +175,7 @@ def matrix_json(rows: Sequence[ReleaseRow], source: str) -> dict[str, Any]:
 
 def cmd_matrix(args: argparse.Namespace) -> int:
     """``gate --matrix``: every release of the range, one table; exit 1 unless all passed."""
-    from hicache_ref.cli_inputs import check_out_dir, check_output_file
+    from hicache_ref.campaign.cli_inputs import check_out_dir, check_output_file
     from hicache_ref.harness.adapters.sglang_releases import registry_versions, resolve_releases
 
     if args.impl != MATRIX_IMPL:

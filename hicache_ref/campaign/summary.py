@@ -1,10 +1,13 @@
 """The text summary of a campaign, as ``hicache-fuzz run`` and ``gate`` print it.
 
-One header line (implementation, device, profile, seeds, workers, shard, database), a line
-when Ctrl-C cut it short, then the counts: cases and steps, rules and rule families, the
-configuration features drawn, the lockstep oracle, invariant checks by id *with each title*
-(``INV-02 single-write-ack=40``), known findings hit, and each new failure with the line that
-replays it (``replay_lines.get_replay_line``: runnable as printed).
+One header line (implementation and its own name, device, profile, seeds, workers, shard,
+database), then the counts: cases and steps, rules and rule families, the configuration
+features drawn, the copy path ``auto`` picked in the cases' worlds (when any was built), the
+lockstep oracle, the storage rules, invariant checks by id *with each title*
+(``INV-02 single-write-ack=40``; every id once), and each new failure with
+the line that replays it (``replay_lines.get_replay_line``: runnable as printed). The verdict
+is the last line (``render_verdict``): passed, FAILED, or INTERRUPTED when a signal cut the run
+short (the counts above are then what ran).
 """
 
 from __future__ import annotations
@@ -14,21 +17,19 @@ from typing import TYPE_CHECKING
 
 from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.invariant_titles import get_invariant_label
-from hicache_ref.invariants.checks_storage import STORAGE_IDS
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
 
 SUMMARY_WIDTH = 100
 
 
-def render_summary(report: CampaignReport, *, replay_lines: bool = True) -> str:
-    """The summary; ``replay_lines=False`` leaves the replay lines to the caller (the gate)."""
-    lines = [f"hicache-fuzz: {report.implementation} on {report.device_label}, {_where(report)}"]
-    if report.interrupted:
-        lines.append(
-            f"  INTERRUPTED after {report.seconds:.1f}s (Ctrl-C): what follows is what ran"
-        )
+def render_summary(
+    report: CampaignReport, *, replay_lines: bool = True, verdict: bool = True
+) -> str:
+    """The summary; ``replay_lines=False`` leaves the replay lines to the caller, and
+    ``verdict=False`` the verdict (the gate prints its own, last)."""
+    lines = [f"hicache-fuzz: {_named(report)} on {report.device_label}, {_where(report)}"]
     lines += [
         f"  {report.cases} cases, {report.steps} steps ({report.skipped_steps} skipped) in "
         f"{report.seconds:.1f}s = {report.steps / max(report.seconds, 1e-9):.0f} steps/s; "
@@ -37,8 +38,11 @@ def render_summary(report: CampaignReport, *, replay_lines: bool = True) -> str:
         "  rule families (share of applied steps): "
         + ", ".join(f"{f} {s:.0%}" for f, s in report.family_shares().items()),
         "  configs: " + "; ".join(_render_feature(n, c) for n, c in report.features.items()),
-        "  copy_path auto takes here (cases): "
-        + (" ".join(f"{k}={v}" for k, v in sorted(report.auto_copy_paths.items())) or "-"),
+    ]
+    if report.auto_copy_paths:  # what copy_path="auto" would pick in each case's world here
+        picks = " ".join(f"{k}={v}" for k, v in sorted(report.auto_copy_paths.items()))
+        lines.append(f"  copy_path auto takes here (cases): {picks}")
+    lines += [
         f"  lockstep oracle: {report.lockstep_cases} of {report.cases} cases, "
         f"{report.lockstep_steps} steps compared"
         + ("" if report.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)"),
@@ -46,14 +50,33 @@ def render_summary(report: CampaignReport, *, replay_lines: bool = True) -> str:
     lines += _render_storage(report)
     if report.checks_by_id:
         checks = [f"{get_invariant_label(k)}={v}" for k, v in sorted(report.checks_by_id.items())]
-        lines += _wrap_items("  checks by invariant: ", checks)
-    if report.known_hits:
-        lines.append(
-            "  known findings hit: "
-            + ", ".join(f"{k} x{v}" for k, v in sorted(report.known_hits.items()))
-        )
+        lines += wrap_items("  checks by invariant: ", checks)
     lines += _render_failures(report, replay_lines)
+    if verdict:
+        lines.append(render_verdict(report))
     return "\n".join(lines)
+
+
+def render_verdict(report: CampaignReport, prog: str = "hicache-fuzz") -> str:
+    """The last line: INTERRUPTED (a signal cut it short), FAILED, or passed."""
+    new = len(report.failures)
+    if report.interrupted:
+        found = f"{new} new failure(s) found before it" if new else "no new failure so far"
+        return (
+            f"{prog}: INTERRUPTED after {report.seconds:.1f}s: {report.cases} cases ran, {found}; "
+            "no verdict (run again to the end for one)"
+        )
+    if new:
+        return f"{prog}: FAILED: {new} new failure(s), each with its replay line above"
+    known = " new" if report.known_hits else ""
+    return f"{prog}: passed: no{known} failure in {report.cases} cases ({report.seconds:.0f}s)"
+
+
+def _named(report: CampaignReport) -> str:
+    """The implementation as given, and its own ``name`` when that differs (an outside one)."""
+    if report.name and report.name != report.implementation:
+        return f"{report.implementation} (name {report.name!r})"
+    return report.implementation
 
 
 def _render_storage(report: CampaignReport) -> list[str]:
@@ -63,17 +86,12 @@ def _render_storage(report: CampaignReport) -> list[str]:
     }
     if not storage:
         return []
-    ids = [
-        f"{get_invariant_label(i)}={n}"
-        for i, n in sorted(report.checks_by_id.items())
-        if i in STORAGE_IDS
-    ]
     share = report.family_shares().get("storage", 0.0)
-    rules = ", ".join(f"{k}={v}" for k, v in storage.items())
-    return _wrap_items(f"  storage: {share:.0%} of applied steps ({rules}); checks ", ids)
+    rules = [f"{k}={v}" for k, v in storage.items()]
+    return wrap_items(f"  storage: {share:.0%} of applied steps: ", rules)
 
 
-def _wrap_items(first: str, items: list[str]) -> list[str]:
+def wrap_items(first: str, items: list[str]) -> list[str]:
     """``items`` joined by commas, in lines of at most ``SUMMARY_WIDTH`` (an item is never cut)."""
     lines, line = [], first
     for i, item in enumerate(items):

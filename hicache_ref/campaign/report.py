@@ -1,75 +1,33 @@
-"""Fuzz campaigns: rounds of the state machine against one implementation, and their report.
+"""What a campaign exercised and found: ``CampaignReport``, the type every campaign module and
+the fleet's views share.
 
-``run_campaign`` runs seeded rounds (``campaign_rounds.py``) until the time is up (round k
-uses ``seed + k * seed_stride``: a fleet's worker takes every stride-th, ``fleet/shards.py``),
-keeps the trace of every new failure (ddmin'd; ``campaign_failures.py``) and counts failures
-that a selected ``KnownFinding`` explains without stopping for them. With a ``database``
-(``fleet/database.py``) Hypothesis saves every failing case there and the first round replays
-what any campaign saved before. ``device="cuda"`` runs the same machines on a GPU
-(``world.open_device``): each world gets a ``PerturbedDevice`` whose seeded spins vary the
-timing, and each failing trace's header records the device and the perturbation, so its replay
-runs the same schedule. Ctrl-C ends the campaign between two steps: the report says what ran
-and that it was interrupted.
-
-``CampaignReport`` says what the campaign exercised: steps, rules and rule families, the
-configuration features drawn, invariant checks by id, each failure with the one line that
-replays it, and a timeline (cumulative counts sampled as it ran, for ``hicache-fuzz report``).
-A fleet's report is the merge of its workers' (``fleet/merge.py``), which it keeps as ``parts``.
+A report counts steps, rules and rule families, the configuration features drawn, invariant
+checks by id, each new failure with the one line that replays it, the known findings hit, and a
+timeline (cumulative counts sampled as it ran, for ``hicache-fuzz report``). A fleet's report is
+the merge of its workers' (``fleet/merge.py``), which it keeps as ``parts``. The text summary is
+``summary.render_summary``; the JSON is ``CampaignReport.as_json``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hicache_ref.campaign_failures import (
-    RecordedFailure,
-    get_campaign_failure,
-    get_failure_invariant,
-    get_root_failure,
-    stamp_device,
-)
-from hicache_ref.campaign_rounds import CampaignSignals, RoundPlan, run_rounds
-from hicache_ref.campaign_summary import render_summary
-from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
-from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.adapters.registry import get_implementation
-from hicache_ref.harness.campaigns.known_findings import KnownFinding
+from hicache_ref.device.perturb import Perturbation
 from hicache_ref.harness.lockstep.oracle import LockstepOracle
 from hicache_ref.harness.steps.rules import RULES, rule_families
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.world.config import HarnessConfig
-from hicache_ref.harness.world.world import (
-    check_device_kind,
-    get_auto_copy_path,
-    on_device,
-    open_device,
-)
-
-if TYPE_CHECKING:
-    from hicache_ref.fleet.database import CampaignDatabase
+from hicache_ref.harness.world.world import get_auto_copy_path
 
 __all__ = [
     "FEATURES",
-    "MINIMIZE_REPLAYS_MAX",
     "RULE_FAMILIES",
     "CampaignReport",
-    "CampaignSignals",
-    "RecordedFailure",
-    "get_campaign_failure",
     "get_config_features",
-    "get_failure_invariant",
-    "get_root_failure",
     "get_rule_family",
-    "run_campaign",
-    "stamp_device",
 ]
-
-MINIMIZE_REPLAYS_MAX = 1000
-"""ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
 """The rules of each family, from the rule records (``harness/steps/rules.py``)."""
@@ -174,6 +132,10 @@ class CampaignReport:
     checks_first_s: dict[str, float] = field(default_factory=dict)
     parts: list[CampaignReport] = field(default_factory=list)
     """A merged report's workers, each its own report."""
+    name: str = ""
+    """The implementation's own ``name`` (what an outside ``pkg.module:factory`` calls itself)."""
+    source: str = ""
+    """The sglang tree the implementation read (empty for anything else)."""
     release: str = ""
     """The upstream release of the tree under test (``sglang_tree.tree_release``; empty for
     anything else): a known finding scoped to releases matches only inside its range."""
@@ -245,6 +207,8 @@ class CampaignReport:
     def as_json(self) -> dict[str, Any]:
         return {
             "implementation": self.implementation,
+            "implementation_name": self.name,
+            "source": self.source,
             "release": self.release,
             "profile": self.profile,
             "seed": self.seed,
@@ -284,81 +248,3 @@ class CampaignReport:
             "timeline": self.timeline,
             "parts": [part.as_json() for part in self.parts],
         }
-
-    def render(self, *, replay_lines: bool = True) -> str:
-        """The summary; ``replay_lines=False`` leaves the replay lines to the caller (the gate)."""
-        return render_summary(self, replay_lines=replay_lines)
-
-
-def run_campaign(
-    impl: str,
-    *,
-    seconds: float,
-    profile: str,
-    seed: int,
-    out_dir: Path,
-    examples_per_round: int | None = None,
-    stop_on_failure: bool = True,
-    progress: bool = True,
-    minimize_failures: bool = True,
-    shrink: bool = True,
-    known: Sequence[KnownFinding] = (),
-    device: str = "sim",
-    perturbation: Perturbation | None = None,
-    minimize_replays: int = MINIMIZE_REPLAYS_MAX,
-    seed_stride: int = 1,
-    database: CampaignDatabase | None = None,
-    signals: CampaignSignals | None = None,
-    on_round: Callable[[CampaignReport, float], None] | None = None,
-    rounds_max: int | None = None,
-) -> CampaignReport:
-    """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
-
-    A failure that one of ``known`` explains is counted in ``known_hits`` and the campaign goes
-    on with the next round (its round ends there: Hypothesis stops a round at its first failure).
-    On ``device="cuda"`` the worlds run on the GPU with ``perturbation`` (default
-    ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``. ``progress``
-    draws a bar (a terminal) or a line now and then (a log) on stderr, unless ``on_round``
-    takes each round's report instead. Ctrl-C ends it with ``interrupted`` set.
-    """
-    if not seconds > 0:
-        raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
-    assert seed_stride >= 1, f"seed_stride must be at least 1, got {seed_stride}"
-    kind = check_device_kind(device)
-    spins = (perturbation or DEFAULT_PERTURBATION) if kind != "sim" else None
-    view = None
-    if progress and on_round is None:
-        from hicache_ref.fleet.progress import ProgressView
-
-        view = ProgressView(seconds)
-        on_round = view.on_round
-    rounds = RoundPlan(
-        out_dir=out_dir,
-        examples_per_round=examples_per_round or (10 if profile != "campaign" else 50),
-        stop_on_failure=stop_on_failure,
-        minimize_replays=minimize_replays if minimize_failures else 0,
-        shrink=shrink,
-        known=known,
-        database=database,
-        signals=signals,
-        on_round=on_round,
-        rounds_max=rounds_max,
-    )
-    report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
-    report.seed_stride = seed_stride
-    report.database = database.label if database is not None else ""
-    try:
-        with open_device(kind, spins) as build:
-            implementation = on_device(get_implementation(impl), kind)
-            report.release = _release_of(implementation.source_tree)
-            run_rounds(report, implementation, seconds, rounds, build)
-    finally:
-        if view is not None:
-            view.close()
-    return report
-
-
-def _release_of(source_tree: str) -> str:
-    from hicache_ref.harness.adapters.sglang_tree import tree_release
-
-    return tree_release(Path(source_tree)) if source_tree else ""

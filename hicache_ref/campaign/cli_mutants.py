@@ -1,6 +1,6 @@
 """``hicache-fuzz mutants``: every seeded mutant must be caught, by an invariant it declares.
 
-The subcommand's options and its runner, over ``harness/campaigns/catalogue.run_catalogue`` (which knows
+The subcommand's options and its runner, over ``catalogue.run_catalogue`` (which knows
 nothing of argparse). Inputs are checked first, as for every subcommand: a bad one is one line.
 """
 
@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.cli_inputs import add_budget_argument, check_out_dir, check_output_file
+from hicache_ref.campaign.catalogue import run_catalogue
+from hicache_ref.campaign.cli_inputs import add_budget_argument, check_out_dir, check_output_file
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.mutant import GUARDS
 from hicache_ref.harness.adapters.registry import checked_implementation, get_implementation
-from hicache_ref.harness.campaigns.catalogue import run_catalogue
-from hicache_ref.harness.campaigns.profiles import PROFILES
+from hicache_ref.harness.campaigns.profiles import PROFILES, get_profile_help
 from hicache_ref.harness.world.world import DEVICE_KINDS
 
 MUTANT_BUDGET_DEFAULT = "20s"
@@ -38,7 +38,7 @@ def add_mutants_command(sub: Any) -> None:
         "--profile",
         default="ci",
         choices=sorted(PROFILES),
-        help="Hypothesis settings profile: ci (bounded), dev or campaign (default ci)",
+        help=get_profile_help(),
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="round k of each campaign uses seed + k (default 0)"

@@ -31,7 +31,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hicache_ref.campaign import run_campaign
+from hicache_ref.campaign.run import run_campaign
 from hicache_ref.errors import UnknownOptionError
 from hicache_ref.harness.adapters.mutant import (
     register_unguarded_mutant,

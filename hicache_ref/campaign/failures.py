@@ -29,7 +29,7 @@ from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.replay_lines import get_replay_line, get_rerun_line
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
 
 TRACE_DIGEST_CHARS = 10
 
@@ -159,7 +159,7 @@ def failure_record(
         "found_at_s": round(context.at_s, 2),
         "trace": "",
         "replay": get_rerun_line(
-            report.implementation, report.profile, context.round_seed, report.device
+            report.implementation, report.profile, context.round_seed, report.device, report.source
         ),
     }
 
@@ -171,7 +171,8 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
     trace = stamp_device(Trace.read(context.last_failure), report.device, report.perturbation)
     stem = get_trace_stem(trace, context.round_seed)
     kept = trace.write(context.out_dir / f"{stem}.jsonl").absolute()
-    record.update(trace=str(kept), replay=get_replay_line(kept), steps=str(len(trace.steps)))
+    line = get_replay_line(kept, report.implementation)
+    record.update(trace=str(kept), replay=line, steps=str(len(trace.steps)))
     if context.save_trace is not None:
         context.save_trace(trace)
     if context.minimize_replays > 0:
@@ -180,5 +181,7 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
         if context.save_trace is not None:
             context.save_trace(small)
         record.update(
-            trace=str(small_path), replay=get_replay_line(small_path), steps=str(len(small.steps))
+            trace=str(small_path),
+            replay=get_replay_line(small_path, report.implementation),
+            steps=str(len(small.steps)),
         )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -23,11 +22,10 @@ from pydantic import ValidationError
 
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, SRC_ENV, check_tree
+from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, check_tree
 from hicache_ref.harness.steps.rule_record import STREAMS
 from hicache_ref.harness.steps.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
 
-SGLANG_SRC_ENV = SRC_ENV
 SGLANG_CONTROLLER = CONTROLLER_RELPATH
 LEGAL_RULES: tuple[str, ...] = get_args(RuleName)
 _DURATION = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(s|m|h)?\s*$")
@@ -153,11 +151,43 @@ def check_output_file(flag: str, path_text: str) -> Path:
 
 
 # -- the sglang source tree ------------------------------------------------------------------
-def use_sglang_src(path_text: str) -> Path:
-    """Check an unpacked sglang tree and export it as ``HICACHE_SGLANG_SRC`` for the adapters."""
-    path = check_tree(Path(path_text))
-    os.environ[SGLANG_SRC_ENV] = str(path)
-    return path
+def check_sglang_src(path_text: str) -> Path:
+    """``--sglang-src DIR``: an unpacked sglang tree, checked; the command hands it to the
+    adapter as an argument (``get_implementation(name, source)``)."""
+    return check_tree(Path(path_text))
+
+
+TREE_IMPLEMENTATIONS = ("sglang", "seed")
+"""The implementations that read an sglang tree (``--sglang-src``, ``--sglang-version``)."""
+
+
+def get_tree_argument(args: argparse.Namespace) -> str:
+    """The sglang tree ``--sglang-src DIR`` or ``--sglang-version X`` names (checked; a release is
+    fetched once), handed to the adapter as an argument; empty when neither is given. Either
+    flag with an implementation that reads no tree is one line, never a gate of the wrong
+    target."""
+    given = [flag for flag, value in _tree_flags(args) if value]
+    if not given:
+        return ""
+    if len(given) > 1:
+        raise HiCacheInputError("--sglang-src and --sglang-version both name a tree; pass one")
+    if args.impl not in TREE_IMPLEMENTATIONS:
+        raise HiCacheInputError(
+            f"{given[0]} names an sglang tree, but --impl {args.impl} reads none: add --impl "
+            "sglang (or --impl seed for the CP/draft fork) to gate that tree"
+        )
+    if args.sglang_src:
+        return str(check_sglang_src(args.sglang_src))
+    from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
+
+    return str(fetch_release_tree(args.sglang_version))
+
+
+def _tree_flags(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    return [
+        ("--sglang-src", getattr(args, "sglang_src", None)),
+        ("--sglang-version", getattr(args, "sglang_version", None)),
+    ]
 
 
 # -- trace files -----------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """A campaign's rounds: seeded runs of the state machine until the time is up, or a stop.
 
-``run_rounds`` hands the machine this campaign's sink (``campaign_failures.CampaignSink``),
+``run_rounds`` hands the machine this campaign's sink (``failures.CampaignSink``),
 then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh seed, the
 database's saved failures replayed in the first round only (``reuse``), each failure absorbed
-(``campaign_failures.absorb_failure``), a timeline point and the ``on_round`` callback after
+(``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
 every round. It stops when the time is up, at ``rounds_max``, at the first new failure (unless
 it keeps going: then it also sets the fleet's ``stop``), when another worker set ``stop``, and
-at Ctrl-C (``interrupt`` between rounds, ``KeyboardInterrupt`` between steps): then the report
-says ``interrupted``.
+at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
+steps; ``interrupts.py``): then the report says ``interrupted``, and an error the round raised
+after the signal is not recorded (the signal may have cut a step in half).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
-from hicache_ref.campaign_failures import (
+from hicache_ref.campaign.failures import (
     CampaignSink,
     FailureContext,
     absorb_failure,
@@ -40,7 +41,7 @@ from hicache_ref.harness.campaigns.profiles import make_settings
 from hicache_ref.harness.world.world import DeviceWorlds
 
 if TYPE_CHECKING:
-    from hicache_ref.campaign import CampaignReport
+    from hicache_ref.campaign.report import CampaignReport
     from hicache_ref.fleet.database import CampaignDatabase
 
 
@@ -57,7 +58,9 @@ class CampaignSignals:
     """How a fleet steers a worker's campaign between rounds (``fleet/workers.py``)."""
 
     interrupt: EventLike
-    """Ctrl-C reached the fleet: stop now and report what ran (``interrupted``)."""
+    """Ctrl-C, SIGINT or SIGTERM reached this process or its fleet: stop now and report what
+    ran (``interrupted``); an error a round raises once it is set is no finding
+    (``interrupts.py``)."""
     stop: EventLike
     """A worker found a new failure and the fleet stops at the first: stop, not interrupted."""
 
@@ -76,6 +79,8 @@ class RoundPlan:
     signals: CampaignSignals | None
     on_round: Callable[[CampaignReport, float], None] | None
     rounds_max: int | None
+    lockstep: bool = True
+    """Whether the pure oracle follows every case (the profile's choice, ``profiles.py``)."""
 
 
 def freeze_long_lived_objects() -> None:
@@ -107,6 +112,7 @@ def run_rounds(
         sink,
         key=get_source_key(implementation),
         build=build,
+        lockstep=plan.lockstep,
     )
     report.sample(0.0)
     try:
@@ -160,6 +166,9 @@ def _run_round(
             "its capabilities"
         ) from exc
     except Exception as exc:  # a found bug: record it, keep its trace
+        if plan.signals is not None and plan.signals.interrupt.is_set():
+            # a signal cut a step short: what the case did next proves nothing
+            raise KeyboardInterrupt from None
         context = FailureContext(
             out_dir=plan.out_dir,
             round_seed=round_seed,
