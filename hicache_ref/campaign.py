@@ -36,6 +36,8 @@ from hicache_ref.campaign_rounds import CampaignSignals, RoundPlan, run_rounds
 from hicache_ref.campaign_summary import render_summary
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.errors import HiCacheInputError
+from hicache_ref.fleet.behaviours import Behaviours
+from hicache_ref.fleet.code_coverage import CoverageProbe, measure_coverage
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
 from hicache_ref.harness.lockstep.oracle import LockstepOracle
@@ -177,6 +179,11 @@ class CampaignReport:
     release: str = ""
     """The upstream release of the tree under test (``sglang_tree.tree_release``; empty for
     anything else): a known finding scoped to releases matches only inside its range."""
+    behaviours: Behaviours = field(default_factory=Behaviours)
+    """Rule/outcome pairs and checks by id, with first and last seen (``fleet/behaviours.py``)."""
+    coverage: dict[str, Any] = field(default_factory=dict)
+    """Coverage of the code under test (``run --coverage``; ``fleet/code_coverage.py``)."""
+    coverage_probe: CoverageProbe | None = None
     _timeline_interval_s: float = TIMELINE_INTERVAL_S
 
     def absorb(self, session: Session, at_s: float | None = None) -> None:
@@ -199,6 +206,8 @@ class CampaignReport:
         world = getattr(session, "world", None)  # a report fed plain stats has none
         if world is not None:
             self.auto_copy_paths[get_auto_copy_path(world)] += 1
+        self.behaviours.absorb(getattr(session, "steps", []), getattr(session, "outcomes", []),
+                               by_id, at_s)  # fmt: skip
         if at_s is not None:
             self.config_first_s.setdefault(config, round(at_s, 2))
             for inv_id in by_id:
@@ -207,7 +216,8 @@ class CampaignReport:
     def sample(self, elapsed_s: float, *, force: bool = False) -> None:
         """Add a timeline point, at most one per interval (``force``: the final one)."""
         if self.timeline and not force:
-            if elapsed_s - self.timeline[-1]["t"] < self._timeline_interval_s:
+            interval_s = min(self._timeline_interval_s, max(0.1, elapsed_s / 10))  # early: finer
+            if elapsed_s - self.timeline[-1]["t"] < interval_s:
                 return
         self.timeline.append(
             {
@@ -218,6 +228,7 @@ class CampaignReport:
                 "known": sum(self.known_hits.values()),
                 "configs": len(self.configs),
                 "families": dict(self.families),
+                **(self.coverage_probe.sample(elapsed_s) if self.coverage_probe else {}),
             }
         )
         if len(self.timeline) > TIMELINE_POINTS_MAX:
@@ -282,6 +293,8 @@ class CampaignReport:
             "lockstep": {"cases": self.lockstep_cases, "steps": self.lockstep_steps},
             "auto_copy_paths": dict(sorted(self.auto_copy_paths.items())),
             "timeline": self.timeline,
+            "behaviours": self.behaviours.as_json(),
+            "coverage": self.coverage_probe.as_json() if self.coverage_probe else self.coverage,
             "parts": [part.as_json() for part in self.parts],
         }
 
@@ -311,6 +324,7 @@ def run_campaign(
     signals: CampaignSignals | None = None,
     on_round: Callable[[CampaignReport, float], None] | None = None,
     rounds_max: int | None = None,
+    coverage: bool = False,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
@@ -319,7 +333,8 @@ def run_campaign(
     On ``device="cuda"`` the worlds run on the GPU with ``perturbation`` (default
     ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``. ``progress``
     draws a bar (a terminal) or a line now and then (a log) on stderr, unless ``on_round``
-    takes each round's report instead. Ctrl-C ends it with ``interrupted`` set.
+    takes each round's report instead. Ctrl-C ends it with ``interrupted`` set. ``coverage``
+    measures the implementation's own code as it runs (``fleet/code_coverage.py``).
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
@@ -351,7 +366,10 @@ def run_campaign(
         with open_device(kind, spins) as build:
             implementation = on_device(get_implementation(impl), kind)
             report.release = _release_of(implementation.source_tree)
-            run_rounds(report, implementation, seconds, rounds, build)
+            with measure_coverage(implementation, coverage) as report.coverage_probe:
+                run_rounds(report, implementation, seconds, rounds, build)
+            if report.coverage_probe is not None:
+                report.coverage, report.coverage_probe = report.coverage_probe.as_json(), None
     finally:
         if view is not None:
             view.close()

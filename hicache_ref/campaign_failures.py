@@ -172,6 +172,7 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
     stem = get_trace_stem(trace, context.round_seed)
     kept = trace.write(context.out_dir / f"{stem}.jsonl").absolute()
     record.update(trace=str(kept), replay=get_replay_line(kept), steps=str(len(trace.steps)))
+    record.update(config=trace.header.config.describe(), program=[s.render() for s in trace.steps])
     if context.save_trace is not None:
         context.save_trace(trace)
     if context.minimize_replays > 0:
@@ -182,3 +183,4 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
         record.update(
             trace=str(small_path), replay=get_replay_line(small_path), steps=str(len(small.steps))
         )
+        record.update(program=[step.render() for step in small.steps])  # the report shows it

@@ -62,6 +62,26 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "folder, redis://host:port, or local+redis://host:port (read the fleet's, write "
         "locally); the first round replays what any campaign saved there",
     )
+    parser.add_argument(
+        "--report-live",
+        metavar="HTML",
+        help="write the report page (as hicache-fuzz report draws it) while the campaign runs, "
+        "rewritten every --report-every seconds; a browser reloads it as often",
+    )
+    parser.add_argument(
+        "--report-every",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="with --report-live: seconds between rewrites of the page (default 10)",
+    )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="measure line and branch coverage of the implementation's own code over time, per "
+        "worker, into --json and the report (needs the fleet extra; costs steps/s, see "
+        "benchmarks/RESULTS.md)",
+    )
 
 
 def plan_from_args(
@@ -83,7 +103,22 @@ def plan_from_args(
         device=args.device,
         perturbation=perturbation,
         database=database,
+        coverage=bool(getattr(args, "coverage", False)),
+        **_live_report(args),
     )
+
+
+def _live_report(args: argparse.Namespace) -> dict[str, Any]:
+    """``--report-live HTML --report-every S``: the tasks' live page, its path checked now."""
+    path = getattr(args, "report_live", None)
+    if not path:
+        return {}
+    every_s = float(args.report_every)
+    if not every_s > 0:
+        raise HiCacheInputError(
+            f"--report-every must be a positive number of seconds, got {every_s:g}"
+        )
+    return {"live_report": str(check_output_file("--report-live", path)), "report_every_s": every_s}
 
 
 def _checked_database(text: str) -> DatabaseSpec:

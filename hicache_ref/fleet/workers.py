@@ -83,6 +83,11 @@ class WorkerTask:
     rounds_max: int | None = None
     minimize_replays: int = MINIMIZE_REPLAYS_MAX
     """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
+    coverage: bool = False
+    """Measure the implementation's code as it runs (``code_coverage.py``)."""
+    live_report: str = ""
+    """The page ``live_report.py`` rewrites while the fleet runs (empty: none)."""
+    report_every_s: float = 10.0
 
 
 def plan_workers(
@@ -120,6 +125,7 @@ def run_worker(
         on_round=on_round if on_round is not None else (view.on_round if view else None),
         rounds_max=task.rounds_max,
         minimize_replays=task.minimize_replays,
+        coverage=task.coverage,
     )
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
@@ -129,11 +135,40 @@ def run_worker(
 
 
 def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> CampaignReport:
-    """Run every task (in this process when there is one) and merge their reports."""
+    """Run every task (in this process when there is one) and merge their reports; with a
+    ``live_report`` its page is rewritten as they run and once more at the end."""
     assert tasks, "a fleet needs a worker"
+    live = _open_live_report(tasks[0])
     if len(tasks) == 1:
-        return run_worker(tasks[0], view=view)
-    return _Fleet(tasks, view).run()
+        report = run_worker(tasks[0], view=view, on_round=_chain(live, view))
+    else:
+        report = _Fleet(tasks, view, live).run()
+    if live is not None:
+        live.finish(report)
+    return report
+
+
+def _open_live_report(task: WorkerTask) -> Any:
+    if not task.live_report:
+        return None
+    from hicache_ref.fleet.live_report import LiveReport
+
+    live = LiveReport(Path(task.live_report), task.report_every_s)
+    live.start(task.impl, task.profile, task.lane.first)
+    return live
+
+
+def _chain(live: Any, view: ProgressView | None) -> Any:
+    """The in-process campaign's ``on_round``: the progress view's, then the live page's."""
+    if live is None:
+        return None
+
+    def on_round(report: CampaignReport, elapsed_s: float) -> None:
+        if view is not None:
+            view.on_round(report, elapsed_s)
+        live.on_round(report, elapsed_s)
+
+    return on_round
 
 
 # -- the worker process --------------------------------------------------------------------------
@@ -163,7 +198,7 @@ def run_and_report(
     the campaign is past its last round (interrupted, or done): the spawned worker ignores
     SIGINT from there on, so its wrap-up and its report get out whole."""
     worker = task.lane.worker
-    sent = [0.0]
+    sent = [0.0, time.monotonic()]  # the last progress snapshot, the last live report
 
     def on_round(report: CampaignReport, elapsed_s: float) -> None:
         if ending is not None and signals.interrupt.is_set():
@@ -172,6 +207,10 @@ def run_and_report(
         if now - sent[0] >= SNAPSHOT_INTERVAL_S:
             sent[0] = now
             messages.put(("progress", worker, get_snapshot(report, elapsed_s)))
+        if task.live_report and now - sent[1] >= task.report_every_s:
+            sent[1] = now
+            partial = {**report.as_json(), "seconds": round(elapsed_s, 2)}  # still running
+            messages.put(("partial", worker, partial))  # for the live page
 
     try:
         messages.put(("started", worker, None))
@@ -216,9 +255,12 @@ def _drop_interrupts(unraisable: Any) -> None:
 class _Fleet:
     """Spawned workers and what the parent hears from them."""
 
-    def __init__(self, tasks: list[WorkerTask], view: ProgressView | None) -> None:
+    def __init__(
+        self, tasks: list[WorkerTask], view: ProgressView | None, live: Any = None
+    ) -> None:
         self.tasks = tasks
         self.view = view
+        self.live = live
         context = get_context("spawn")
         self.messages = context.Queue()
         self.interrupt = context.Event()
@@ -278,6 +320,9 @@ class _Fleet:
         if kind == "progress":
             if self.view is not None:
                 self.view.update(worker, payload)
+        elif kind == "partial":
+            if self.live is not None:
+                self.live.update(worker, payload)
         elif kind == "started":
             self._on_started(worker)
         elif kind == "done":
