@@ -37,10 +37,12 @@ REFERENCE_FOLDERS = ("controller", "pools")
 
 @dataclass(frozen=True)
 class CodeUnderTest:
-    """The files a run's coverage counts: every ``.py`` under ``folders`` and the ``files``."""
+    """The files a run's coverage counts: every ``.py`` under ``folders`` and the ``files``,
+    and whatever of ``ran_in`` runs (a tree holds all of sglang; the run executes a few files)."""
 
     folders: tuple[Path, ...]
     files: tuple[Path, ...] = ()
+    ran_in: tuple[Path, ...] = ()
     root: Path = PACKAGE_ROOT.parent
     """File names in the report are relative to this (``hicache_ref/controller/...``)."""
 
@@ -50,7 +52,7 @@ class CodeUnderTest:
 
     def get_name(self, filename: str) -> str:
         path = Path(filename).resolve()
-        for base in (self.root, *self.folders):
+        for base in (self.root, *self.folders, *self.ran_in):
             if path.is_relative_to(base):
                 return str(path.relative_to(base if base == self.root else base.parent))
         return path.name
@@ -63,7 +65,12 @@ def get_code_under_test(implementation: object) -> CodeUnderTest:
         inner = inner.inner
     tree = str(getattr(implementation, "source_tree", "") or "")
     if tree:
-        return CodeUnderTest(folders=(Path(tree).resolve() / "sglang",), root=Path(tree).resolve())
+        from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH
+
+        root = Path(tree).resolve()
+        return CodeUnderTest(
+            folders=(), files=(root / CONTROLLER_RELPATH,), ran_in=(root / "sglang",), root=root
+        )
     reference = tuple(PACKAGE_ROOT / name for name in REFERENCE_FOLDERS)
     controller_class = getattr(inner, "controller_class", None)
     if controller_class is not None and _is_in_package(controller_class):
@@ -114,7 +121,8 @@ class CoverageProbe:
                 "install the fleet extra: pip install -e '.[fleet]'"
             ) from None
         self.code = code
-        patterns = [f"{folder}/*" for folder in code.folders] + [str(f) for f in code.files]
+        folders = (*code.folders, *code.ran_in)
+        patterns = [f"{folder}/*" for folder in folders] + [str(path) for path in code.files]
         self.tracer = coverage.Coverage(
             data_file=None, branch=True, include=patterns, config_file=False
         )

@@ -20,14 +20,42 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ref.campaign import CampaignReport
 from hicache_ref.fleet.merge import merge_reports, report_from_json
 from hicache_ref.fleet.report import render_html, write_page
 
+if TYPE_CHECKING:
+    from hicache_ref.fleet.progress import ProgressView
+    from hicache_ref.fleet.workers import WorkerTask
+
 REPORT_EVERY_S_DEFAULT = 10.0
+OnRound = Callable[[CampaignReport, float], None]
+
+
+def open_live_report(path: str, every_s: float, task: WorkerTask) -> LiveReport | None:
+    """The fleet's live page (None without a path), its first page written."""
+    if not path:
+        return None
+    live = LiveReport(Path(path), every_s)
+    live.start(task.impl, task.profile, task.lane.first)
+    return live
+
+
+def chain_on_round(live: LiveReport | None, view: ProgressView | None) -> OnRound | None:
+    """A campaign in this process: the progress view's ``on_round``, then the live page's."""
+    if live is None:
+        return None
+
+    def on_round(report: CampaignReport, elapsed_s: float) -> None:
+        if view is not None:
+            view.on_round(report, elapsed_s)
+        live.on_round(report, elapsed_s)
+
+    return on_round
 
 
 class LiveReport:

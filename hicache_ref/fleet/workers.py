@@ -138,37 +138,16 @@ def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> Camp
     """Run every task (in this process when there is one) and merge their reports; with a
     ``live_report`` its page is rewritten as they run and once more at the end."""
     assert tasks, "a fleet needs a worker"
-    live = _open_live_report(tasks[0])
+    from hicache_ref.fleet.live_report import chain_on_round, open_live_report
+
+    live = open_live_report(tasks[0].live_report, tasks[0].report_every_s, tasks[0])
     if len(tasks) == 1:
-        report = run_worker(tasks[0], view=view, on_round=_chain(live, view))
+        report = run_worker(tasks[0], view=view, on_round=chain_on_round(live, view))
     else:
         report = _Fleet(tasks, view, live).run()
     if live is not None:
         live.finish(report)
     return report
-
-
-def _open_live_report(task: WorkerTask) -> Any:
-    if not task.live_report:
-        return None
-    from hicache_ref.fleet.live_report import LiveReport
-
-    live = LiveReport(Path(task.live_report), task.report_every_s)
-    live.start(task.impl, task.profile, task.lane.first)
-    return live
-
-
-def _chain(live: Any, view: ProgressView | None) -> Any:
-    """The in-process campaign's ``on_round``: the progress view's, then the live page's."""
-    if live is None:
-        return None
-
-    def on_round(report: CampaignReport, elapsed_s: float) -> None:
-        if view is not None:
-            view.on_round(report, elapsed_s)
-        live.on_round(report, elapsed_s)
-
-    return on_round
 
 
 # -- the worker process --------------------------------------------------------------------------
