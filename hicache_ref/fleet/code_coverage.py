@@ -132,7 +132,8 @@ class CoverageProbe:
 
     def start(self) -> None:
         self.tracer.start()
-        self.core = str(getattr(self.tracer, "_collector").tracer_name())  # noqa: B009
+        collector = getattr(self.tracer, "_collector", None)  # which tracer: for the report
+        self.core = str(collector.tracer_name()) if hasattr(collector, "tracer_name") else ""
         for path in self.code.get_files():
             self._file(str(path))
 

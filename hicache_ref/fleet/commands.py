@@ -1,7 +1,8 @@
-"""The fleet's part of the command line: ``--workers``, ``--shard``, ``--database``, and the
-``report`` and ``traces`` subcommands.
+"""The fleet's part of the command line: ``--workers``, ``--shard``, ``--database``,
+``--coverage``, ``--report-live``/``--report-every``, and the ``report`` and ``traces``
+subcommands.
 
-``add_fleet_arguments`` adds the three options to ``run`` and ``gate``; ``plan_from_args``
+``add_fleet_arguments`` adds those options to ``run`` and ``gate``; ``plan_from_args``
 checks them (a database is reached once before any work) and turns a parsed command line into
 the workers' tasks. ``report`` renders the page of ``fleet/report.py``; ``traces`` writes the
 failure traces a database holds into a folder, one file per trace, named by its digest (the
@@ -150,7 +151,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise HiCacheInputError(
                 f"report {path} does not exist; pass the files run/gate --json wrote"
             )
-    from hicache_ref.fleet.report import write_report  # matplotlib: only for this command
+    from hicache_ref.fleet.report import write_report
 
     merged = write_report(paths, output)
     print(
