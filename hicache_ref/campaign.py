@@ -210,6 +210,8 @@ class CampaignReport:
                                by_id, at_s)  # fmt: skip
         if at_s is not None:
             self.config_first_s.setdefault(config, round(at_s, 2))
+            if self.coverage_probe is not None:
+                self.coverage_probe.on_case(at_s)
             for inv_id in by_id:
                 self.checks_first_s.setdefault(inv_id, round(at_s, 2))
 

@@ -9,7 +9,8 @@ In the order a campaign uses them:
   for an outside ``pkg.mod:factory`` the folder of the factory's module;
 - ``CoverageProbe``: ``coverage``'s tracer (line and branch) started around the rounds; each
   ``sample(at_s)`` takes what the tracer saw since the last, stamps each newly covered line and
-  branch with the time it was first seen, and returns the counts a timeline point records;
+  branch with the time it was first seen, and returns the counts a timeline point records
+  (``on_case`` samples after a case when the last sample is old enough);
 - ``CoverageProbe.as_json()``: per file its statements and branches (the denominators, from
   ``coverage``'s own parser) and the first-seen time of every covered line and branch arc, the
   record ``merge.py`` unions across workers (each keeps its earliest time).
@@ -33,6 +34,7 @@ from hicache_ref.errors import HiCacheSetupError
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 """``hicache_ref/``: the reference's controller and pools live under it."""
 REFERENCE_FOLDERS = ("controller", "pools")
+SAMPLE_EVERY_S_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class CoverageProbe:
         self.tracer.set_option("run:disable_warnings", ["no-data-collected"])  # the 0 s sample
         self.files: dict[str, FileCoverage] = {}
         self.core = ""
+        self.sampled_s = 0.0
 
     def start(self) -> None:
         self.tracer.start()
@@ -140,10 +143,16 @@ class CoverageProbe:
     def stop(self) -> None:
         self.tracer.stop()
 
+    def on_case(self, at_s: float) -> None:
+        """A case finished: sample when the last sample is older than a tenth of the time so
+        far (at least 0.1 s, at most 1 s), so a short run's curve has its early steps too."""
+        if at_s - self.sampled_s >= min(SAMPLE_EVERY_S_MAX, max(0.1, at_s / 10)):
+            self.sample(at_s)
+
     def sample(self, at_s: float) -> dict[str, int]:
         """Take what ran since the last sample; the covered counts for the timeline."""
         data = self.tracer.get_data()
-        at_s = round(at_s, 2)
+        self.sampled_s = at_s = round(at_s, 2)
         for filename in data.measured_files():
             known = self._file(filename)
             if known is None:

@@ -41,6 +41,8 @@ h2 .count { color: var(--muted); font-weight: 400; font-size: 13px; margin-left:
   gap: 14px; }
 figure.chart { margin: 0; border: 1px solid var(--line); border-radius: 10px; padding: 10px 12px; }
 figure.chart figcaption { font-weight: 600; margin-bottom: 4px; }
+figure.chart.empty { background: var(--soft); color: var(--muted); }
+figure.chart.empty code { background: #e4e7eb; border-radius: 3px; padding: 0 4px; }
 figure.chart svg { width: 100%; height: auto; display: block; font-size: 11px; fill: var(--muted); }
 figure.chart svg .faint { fill: var(--muted); font-size: 11px; }
 figure.chart svg .mark { font-size: 11px; font-weight: 600; }

@@ -48,14 +48,14 @@ def _seconds(value: float | None) -> str:
 def rules_table(merged: CampaignReport) -> str:
     behaviours = merged.behaviours
     names = sorted(set(behaviours.get_rules()) | set(merged.rules))
-    applied_total = sum(merged.rules.values()) or 1
+    applied_most = max(merged.rules.values(), default=0) or 1  # the longest bar: the top rule
     rows = []
     for rule in sorted(names, key=lambda r: (-merged.rules.get(r, 0), r)):
         seen = behaviours.get_rule(rule)
         applied = merged.rules.get(rule, 0)
         rows.append(
             f'<tr id="rule-{_e(rule)}">' + cell(rule, css="mono") + cell(get_rule_family(rule))
-            + bar(applied / applied_total, f"{applied:,}", "num")
+            + bar(applied / applied_most, f"{applied:,}", "num")
             + cell(f"{seen['done']:,}", num=True) + cell(f"{seen['refused']:,}", num=True)
             + cell(f"{seen['skipped']:,}", num=True)
             + cell(_seconds(seen["first_s"]), num=True) + cell(_seconds(seen["last_s"]), num=True)

@@ -86,6 +86,12 @@ def test_the_probe_stamps_each_line_and_branch_when_first_covered(tmp_path: Path
         assert probe.sample(1.0) == {"lines": 4, "branches": 1}
         assert outside.pick(False) == "no"
         assert probe.sample(2.0) == {"lines": 5, "branches": 2}
+        # after a case, a sample only when the last is older than a tenth of the time so far
+        outside.pick(True)
+        probe.on_case(2.1)
+        assert probe.sampled_s == 2.0
+        probe.on_case(2.3)
+        assert probe.sampled_s == 2.3
     seen = probe.as_json()["files"][name]
     assert (seen["statements"], seen["branches"]) == (5, 2)
     assert seen["lines"] == {"1": 0.0, "4": 0.0, "5": 1.0, "6": 1.0, "7": 2.0}
