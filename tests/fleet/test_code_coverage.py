@@ -10,10 +10,14 @@ of the sample that first saw it; statements that ran at import count from 0 s.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from hicache_ref.cli import main
 from hicache_ref.fleet.code_coverage import (
     PACKAGE_ROOT,
     CoverageProbe,
@@ -21,6 +25,7 @@ from hicache_ref.fleet.code_coverage import (
     measure_coverage,
 )
 from hicache_ref.harness.adapters.registry import get_implementation
+from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
 
 MODULE = '''\
 class Outside:
@@ -101,3 +106,18 @@ def test_the_probe_stamps_each_line_and_branch_when_first_covered(tmp_path: Path
 def test_without_coverage_no_probe_runs() -> None:
     with measure_coverage(object(), enabled=False) as probe:
         assert probe is None
+
+
+def test_the_gate_on_sglang_measures_upstreams_controller_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the 0.5.10 wheel's tree (fetched once by setup; a failed fetch fails, never skips)
+    monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree()))
+    out = tmp_path / "gate.json"
+    argv = ["gate", "--impl", "sglang", "--budget", "1.5", "--workers", "1", "--no-progress"]
+    assert main([*argv, "--coverage", "--out", str(tmp_path), "--json", str(out)]) == 0
+    files = json.loads(out.read_text())["coverage"]["files"]
+    controller = files["sglang/srt/managers/cache_controller.py"]
+    ran = [t for t in controller["lines"].values() if t > 0]  # past what ran at import
+    assert ran and controller["arcs"]
+    assert not any(name.startswith("hicache_ref/") for name in files)  # not the reference's
