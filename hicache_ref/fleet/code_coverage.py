@@ -135,7 +135,7 @@ class CoverageProbe:
 
     def start(self) -> None:
         self.tracer.start()
-        collector = getattr(self.tracer, "_collector", None)  # which tracer: for the report
+        collector: Any = getattr(self.tracer, "_collector", None)  # which tracer, for the page
         self.core = str(collector.tracer_name()) if hasattr(collector, "tracer_name") else ""
         for path in self.code.get_files():
             self._file(str(path))
