@@ -184,6 +184,8 @@ class CampaignReport:
     coverage: dict[str, Any] = field(default_factory=dict)
     """Coverage of the code under test (``run --coverage``; ``fleet/code_coverage.py``)."""
     coverage_probe: CoverageProbe | None = None
+    on_case: Callable[[CampaignReport, float], None] | None = None
+    """Called after each case with the seconds so far (``run_campaign(on_case=...)``)."""
     _timeline_interval_s: float = TIMELINE_INTERVAL_S
 
     def absorb(self, session: Session, at_s: float | None = None) -> None:
@@ -212,6 +214,8 @@ class CampaignReport:
             self.config_first_s.setdefault(config, round(at_s, 2))
             if self.coverage_probe is not None:
                 self.coverage_probe.on_case(at_s)
+            if self.on_case is not None:
+                self.on_case(self, at_s)
             for inv_id in by_id:
                 self.checks_first_s.setdefault(inv_id, round(at_s, 2))
 
@@ -327,6 +331,7 @@ def run_campaign(
     on_round: Callable[[CampaignReport, float], None] | None = None,
     rounds_max: int | None = None,
     coverage: bool = False,
+    on_case: Callable[[CampaignReport, float], None] | None = None,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
@@ -336,7 +341,8 @@ def run_campaign(
     ``DEFAULT_PERTURBATION``); without a GPU that is one ``HiCacheSetupError``. ``progress``
     draws a bar (a terminal) or a line now and then (a log) on stderr, unless ``on_round``
     takes each round's report instead. Ctrl-C ends it with ``interrupted`` set. ``coverage``
-    measures the implementation's own code as it runs (``fleet/code_coverage.py``).
+    measures the implementation's own code as it runs (``fleet/code_coverage.py``);
+    ``on_case`` takes the report after each case (the live page, ``fleet/live_report.py``).
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
@@ -364,6 +370,7 @@ def run_campaign(
     report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
     report.seed_stride = seed_stride
     report.database = database.label if database is not None else ""
+    report.on_case = on_case
     try:
         with open_device(kind, spins) as build:
             implementation = on_device(get_implementation(impl), kind)
@@ -373,6 +380,7 @@ def run_campaign(
             if report.coverage_probe is not None:
                 report.coverage, report.coverage_probe = report.coverage_probe.as_json(), None
     finally:
+        report.on_case = None  # the report crosses to the fleet's process: no closures in it
         if view is not None:
             view.close()
     return report

@@ -7,9 +7,12 @@ often; the last page, written when the campaign ends, has no refresh and the fin
 In the order a fleet's campaign drives it (``workers.run_fleet``):
 
 - ``start``: a first page at once (nothing ran yet), so the file is there to open;
-- ``on_round``: a campaign in this process (one worker) renders its own report when due;
+- ``on_case``: a campaign in this process (one worker) renders its own report when due;
 - ``update``: a spawned worker sends its report so far (``as_json``) every ``every_s``; the
   page merges the latest of each worker (``merge.py``), as the final report will;
+
+Both run after a case (``run_campaign(on_case=...)``), not after a round: a round of the
+``campaign`` profile can last longer than the page's period.
 - ``finish``: the merged final report, without the refresh.
 
 Rendering is milliseconds of string building (the charts are SVG text), so a campaign in this
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +31,9 @@ from hicache_ref.fleet.merge import merge_reports, report_from_json
 from hicache_ref.fleet.report import render_html, write_page
 
 if TYPE_CHECKING:
-    from hicache_ref.fleet.progress import ProgressView
     from hicache_ref.fleet.workers import WorkerTask
 
 REPORT_EVERY_S_DEFAULT = 10.0
-OnRound = Callable[[CampaignReport, float], None]
 
 
 def open_live_report(path: str, every_s: float, task: WorkerTask) -> LiveReport | None:
@@ -43,19 +43,6 @@ def open_live_report(path: str, every_s: float, task: WorkerTask) -> LiveReport 
     live = LiveReport(Path(path), every_s)
     live.start(task.impl, task.profile, task.lane.first)
     return live
-
-
-def chain_on_round(live: LiveReport | None, view: ProgressView | None) -> OnRound | None:
-    """A campaign in this process: the progress view's ``on_round``, then the live page's."""
-    if live is None:
-        return None
-
-    def on_round(report: CampaignReport, elapsed_s: float) -> None:
-        if view is not None:
-            view.on_round(report, elapsed_s)
-        live.on_round(report, elapsed_s)
-
-    return on_round
 
 
 class LiveReport:
@@ -76,7 +63,7 @@ class LiveReport:
     def start(self, impl: str, profile: str, seed: int) -> None:
         self._write(CampaignReport(impl, profile, seed), refresh=True)
 
-    def on_round(self, report: CampaignReport, elapsed_s: float) -> None:
+    def on_case(self, report: CampaignReport, elapsed_s: float) -> None:
         """A campaign in this process: its report so far, when a page is due."""
         if self._is_due():
             so_far = report_from_json(report.as_json())

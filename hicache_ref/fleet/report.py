@@ -52,7 +52,11 @@ def write_page(output: Path, page: str) -> None:
 def render_html(merged: CampaignReport, sources: list[str], *, refresh_s: int | None = None) -> str:
     """The page for ``merged`` (its ``parts`` are the workers); ``refresh_s``: a campaign still
     running, whose page the browser reloads that often."""
-    charts = render_charts(merged)
+    if refresh_s and not merged.cases:  # a live page before any worker's first case
+        charts = {"waiting": f'<p class="quiet">The campaign is starting: no case has finished '
+                  f"yet. This page reloads every {refresh_s} s.</p>"}  # fmt: skip
+    else:
+        charts = render_charts(merged)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     origin = f"{len(sources)} report file(s): {', '.join(sources)}" if sources else "live"
     body = [
@@ -86,7 +90,7 @@ def _e(text: object) -> str:
 
 def _verdict(merged: CampaignReport, refresh_s: int | None) -> tuple[str, str]:
     if refresh_s:
-        return "live", f"RUNNING · page reloads every {refresh_s} s"
+        return "bad" if merged.failures else "live", f"RUNNING · page reloads every {refresh_s} s"
     if merged.failures:
         return "bad", f"FAILED · {len(merged.failures)} new failure(s)"
     if merged.interrupted:

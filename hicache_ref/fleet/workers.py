@@ -103,6 +103,7 @@ def run_worker(
     signals: CampaignSignals | None = None,
     view: ProgressView | None = None,
     on_round: Any = None,
+    on_case: Any = None,
 ) -> CampaignReport:
     """One worker's campaign, in this process; its report names its place in the fleet."""
     database = task.database.open() if task.database is not None else None
@@ -126,6 +127,7 @@ def run_worker(
         rounds_max=task.rounds_max,
         minimize_replays=task.minimize_replays,
         coverage=task.coverage,
+        on_case=on_case,
     )
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
@@ -138,11 +140,12 @@ def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> Camp
     """Run every task (in this process when there is one) and merge their reports; with a
     ``live_report`` its page is rewritten as they run and once more at the end."""
     assert tasks, "a fleet needs a worker"
-    from hicache_ref.fleet.live_report import chain_on_round, open_live_report
+    from hicache_ref.fleet.live_report import open_live_report
 
     live = open_live_report(tasks[0].live_report, tasks[0].report_every_s, tasks[0])
     if len(tasks) == 1:
-        report = run_worker(tasks[0], view=view, on_round=chain_on_round(live, view))
+        on_case = live.on_case if live is not None else None
+        report = run_worker(tasks[0], view=view, on_case=on_case)
     else:
         report = _Fleet(tasks, view, live).run()
     if live is not None:
@@ -186,14 +189,18 @@ def run_and_report(
         if now - sent[0] >= SNAPSHOT_INTERVAL_S:
             sent[0] = now
             messages.put(("progress", worker, get_snapshot(report, elapsed_s)))
-        if task.live_report and now - sent[1] >= task.report_every_s:
-            sent[1] = now
+
+    def on_case(report: CampaignReport, elapsed_s: float) -> None:
+        """After each case: the report so far for the live page, every ``report_every_s``."""
+        if time.monotonic() - sent[1] >= task.report_every_s:
+            sent[1] = time.monotonic()
             partial = {**report.as_json(), "seconds": round(elapsed_s, 2)}  # still running
-            messages.put(("partial", worker, partial))  # for the live page
+            messages.put(("partial", worker, partial))
 
     try:
         messages.put(("started", worker, None))
-        report = run_worker(task, signals=signals, on_round=on_round)
+        live = on_case if task.live_report else None
+        report = run_worker(task, signals=signals, on_round=on_round, on_case=live)
         if ending is not None:
             ending()
         messages.put(("done", worker, report))

@@ -26,6 +26,7 @@ def test_the_page_reloads_while_running_and_ends_with_the_verdict(
     live.start("mutant:skip_load_fence", "ci", 0)
     first = page.read_text()
     assert REFRESH.search(first) is not None and "RUNNING" in first
+    assert "The campaign is starting: no case has finished yet." in first
     # two workers' reports so far: one page of both
     one, other = read_reports(two_shards)
     live.update(0, {**one.as_json(), "seconds": 1.0})
@@ -41,8 +42,9 @@ def test_the_page_reloads_while_running_and_ends_with_the_verdict(
     assert not list(tmp_path.glob(".*partial"))  # each page replaced the last whole
 
 
-def test_run_report_live_rewrites_the_page_from_two_workers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_report_live_rewrites_the_page_as_the_workers_go(
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pages: list[tuple[bool, int]] = []  # (reloading, workers on the page) of every page written
     write = LiveReport._write
@@ -53,11 +55,14 @@ def test_run_report_live_rewrites_the_page_from_two_workers(
 
     monkeypatch.setattr(LiveReport, "_write", spy)
     page = tmp_path / "live.html"
-    argv = ["run", "--budget", "2", "--workers", "2", "--no-progress", "--out", str(tmp_path)]
-    assert cli.main([*argv, "--report-live", str(page), "--report-every", "0.5"]) == 0
-    # the first page at once, then pages of the workers' reports so far, then the final one
-    assert pages[0] == (True, 1) and pages[-1] == (False, 2)
-    assert any(reloading and workers == 2 for reloading, workers in pages[1:-1])
+    argv = ["run", "--budget", "2", "--workers", str(workers), "--no-progress"]
+    argv += ["--out", str(tmp_path), "--report-live", str(page), "--report-every", "0.3"]
+    assert cli.main(argv) == 0
+    # the first page at once, then pages of the reports so far (after cases, not rounds; a
+    # spawned worker sends its own and the page merges the latest of each that arrived), then
+    # the final one of every worker
+    assert pages[0] == (True, 1) and pages[-1] == (False, workers)
+    assert pages[1:-1] and all(reloading for reloading, _ in pages[1:-1])
     final = page.read_text()
     assert REFRESH.search(final) is None
     assert "PASSED · no new failure" in final and 'id="rule-write"' in final
