@@ -4,7 +4,8 @@ A light dashboard: a header with the verdict as a coloured badge, a grid of numb
 first, the time since the last new behaviour, wider and tinted), failure cards with a red rule
 at their left, charts two to a row, tables with bars behind their numbers. Replay lines never
 wrap inside a word: they sit on one line that scrolls sideways, with a button that copies the
-whole line. The script is that button and nothing else: the page reads the same without it.
+whole line. The script is that button and a click on a table's heading that sorts its rows
+by that column (numbers as numbers); the page reads the same without it.
 """
 
 STYLE = """
@@ -54,7 +55,10 @@ table { border-collapse: collapse; width: 100%; font-size: 13px; }
 th, td { padding: 5px 10px; text-align: left; vertical-align: middle;
   border-bottom: 1px solid var(--line); }
 thead th { position: sticky; top: 0; background: #fff; color: var(--muted); font-weight: 600;
-  font-size: 12px; border-bottom: 2px solid var(--line); }
+  font-size: 12px; border-bottom: 2px solid var(--line); cursor: pointer; user-select: none; }
+thead th:hover { color: var(--ink); }
+thead th[data-order="down"]::after { content: " \\25BE"; }
+thead th[data-order="up"]::after { content: " \\25B4"; }
 tbody tr:hover { background: var(--soft); }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.mono, .mono { font-family: ui-monospace, "SF Mono", Menlo, Consolas, monospace; font-size: 12px; }
@@ -95,4 +99,25 @@ function copyReplay(button) {
   const line = button.parentElement.querySelector("pre").textContent;
   navigator.clipboard.writeText(line).then(() => { button.textContent = "copied"; });
 }
+function sortKey(cell) {
+  const text = cell.textContent.trim();
+  const number = parseFloat(text.replace(/,/g, ""));
+  return isNaN(number) || !/^[-\\d.,]/.test(text) ? text : number;
+}
+function sortBy(th) {
+  const table = th.closest("table"), body = table.tBodies[0];
+  const column = [...th.parentElement.children].indexOf(th);
+  const down = th.dataset.order !== "down";
+  th.dataset.order = down ? "down" : "up";
+  const rows = [...body.rows].sort((a, b) => {
+    const x = sortKey(a.cells[column]), y = sortKey(b.cells[column]);
+    const order = typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0) : typeof x === "number" ? -1 : 1;
+    return down ? -order : order;
+  });
+  rows.forEach((row) => body.appendChild(row));
+}
+document.addEventListener("click", (event) => {
+  const th = event.target.closest("thead th");
+  if (th) sortBy(th);
+});
 """

@@ -3,8 +3,8 @@
 The page of a real two-shard campaign (``conftest.two_shards``) is loaded by Chromium; what it
 laid out is read back from the DOM it dumps, with a probe script appended to a copy of the page
 that measures the layout: the coverage chart is drawn at a readable size with its curves, every
-rule has a visible row, each failure shows its program and its replay line on one line (never
-wrapped inside a word). A screenshot is taken too (look at it: ``HICACHE_REPORT_SHOT=DIR``
+rule has a visible row (a click on a heading sorts them), each failure shows its program and its
+replay line on one line (never wrapped inside a word). A screenshot is taken too (look at it: ``HICACHE_REPORT_SHOT=DIR``
 keeps it). CI installs chromium (``.ci/run``, which sets ``HICACHE_CI``) and fails here without
 it; a developer machine without it skips, saying how to install it.
 """
@@ -43,12 +43,14 @@ window.addEventListener("load", () => {
   });
   const rules = [...document.querySelectorAll("tr[id^=rule-]")]
     .filter((row) => box(row).height > 0).map((row) => row.id.slice(5));
+  document.querySelector("#rules thead th").click();  // sort the rules by name, Z first
+  const sortedFirst = document.querySelector("#rules tbody tr").id.slice(5);
   const probe = document.createElement("pre");
   probe.id = "layout-probe";
   probe.textContent = JSON.stringify({
     coverageWidth: coverage ? box(coverage).width : 0,
     coverageCurves: coverage ? coverage.querySelectorAll("polyline").length : 0,
-    replays, rules,
+    replays, rules, sortedFirst,
   });
   document.body.appendChild(probe);
 });
@@ -93,6 +95,7 @@ def test_chromium_shows_coverage_rules_and_each_failing_program(
     assert layout["coverageCurves"] >= 2
     # every rule applied has a visible row
     assert sorted(layout["rules"]) == sorted(merged.rules)
+    assert layout["sortedFirst"] == max(merged.rules)  # a click on a heading sorts the rows
     # each failure: its replay line on one line, its program step by step
     assert len(layout["replays"]) == len(merged.failures)
     assert all(r == {"lines": 1, "whiteSpace": "pre"} for r in layout["replays"])
