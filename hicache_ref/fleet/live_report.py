@@ -13,7 +13,8 @@ In the order a fleet's campaign drives it (``workers.run_fleet``):
 
 Both run after a case (``run_campaign(on_case=...)``), not after a round: a round of the
 ``campaign`` profile can last longer than the page's period.
-- ``finish``: the merged final report, without the refresh.
+- ``finish``: the merged final report, without the refresh (``abandon``: the fleet ended
+  without one, a worker's crash or a setup error: what the workers sent, as interrupted).
 
 Rendering is milliseconds of string building (the charts are SVG text), so a campaign in this
 process loses about that every ``every_s`` seconds.
@@ -80,6 +81,12 @@ class LiveReport:
 
     def finish(self, merged: CampaignReport) -> None:
         self._write(merged, refresh=False)
+
+    def abandon(self) -> None:
+        parts = [report_from_json(self.latest[w]) for w in sorted(self.latest)]
+        so_far = merge_reports(parts) if parts else CampaignReport("-", "-", 0)
+        so_far.interrupted = True
+        self._write(so_far, refresh=False)
 
     def _is_due(self) -> bool:
         now = time.monotonic()

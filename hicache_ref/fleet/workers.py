@@ -143,11 +143,16 @@ def run_fleet(tasks: list[WorkerTask], view: ProgressView | None = None) -> Camp
     from hicache_ref.fleet.live_report import open_live_report
 
     live = open_live_report(tasks[0].live_report, tasks[0].report_every_s, tasks[0])
-    if len(tasks) == 1:
-        on_case = live.on_case if live is not None else None
-        report = run_worker(tasks[0], view=view, on_case=on_case)
-    else:
-        report = _Fleet(tasks, view, live).run()
+    try:
+        if len(tasks) == 1:
+            on_case = live.on_case if live is not None else None
+            report = run_worker(tasks[0], view=view, on_case=on_case)
+        else:
+            report = _Fleet(tasks, view, live).run()
+    except BaseException:
+        if live is not None:
+            live.abandon()  # no page may say RUNNING for a campaign that is gone
+        raise
     if live is not None:
         live.finish(report)
     return report

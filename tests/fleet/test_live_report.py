@@ -72,3 +72,12 @@ def test_report_every_must_be_positive(tmp_path: Path) -> None:
     argv = ["run", "--budget", "1", "--workers", "1", "--no-progress", "--out", str(tmp_path)]
     argv += ["--report-live", str(tmp_path / "p.html"), "--report-every", "0"]
     assert cli.main(argv) == 2
+
+
+def test_a_fleet_that_ends_without_a_report_leaves_no_running_page(tmp_path: Path) -> None:
+    page = tmp_path / "live.html"
+    live = LiveReport(page, every_s=10.0)
+    live.start("reference", "ci", 0)
+    live.abandon()  # a worker crashed: the page stops reloading and says so
+    final = page.read_text()
+    assert REFRESH.search(final) is None and "INTERRUPTED" in final
