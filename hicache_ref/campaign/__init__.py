@@ -11,6 +11,10 @@ In the order a campaign flows through them:
   no failure the signal itself caused;
 - ``failures``: a failing round named, counted against the known findings or recorded, its
   trace kept and ddmin'd under a name no other campaign takes;
+- ``behaviours``: rule/outcome pairs and checks by id, first and last seen, and the campaign's
+  last new behaviour; ``coverage``: ``--coverage``, line and branch coverage of the
+  implementation under test over time (coverage.py's tracer), each line and branch stamped when
+  first covered;
 - ``report``: ``CampaignReport``, what a campaign exercised and found (the type the fleet's
   progress view, merge and HTML page read);
 - ``summary``: the report as the text ``run`` and ``gate`` print, the verdict last;

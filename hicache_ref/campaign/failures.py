@@ -173,6 +173,7 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
     kept = trace.write(context.out_dir / f"{stem}.jsonl").absolute()
     line = get_replay_line(kept, report.implementation)
     record.update(trace=str(kept), replay=line, steps=str(len(trace.steps)))
+    record.update(config=trace.header.config.describe(), program=[s.render() for s in trace.steps])
     if context.save_trace is not None:
         context.save_trace(trace)
     if context.minimize_replays > 0:
@@ -185,3 +186,4 @@ def _keep_trace(record: dict[str, Any], report: CampaignReport, context: Failure
             replay=get_replay_line(small_path, report.implementation),
             steps=str(len(small.steps)),
         )
+        record.update(program=[step.render() for step in small.steps])  # the report shows it

@@ -11,9 +11,12 @@ the merge of its workers' (``fleet/merge.py``), which it keeps as ``parts``. The
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hicache_ref.campaign.behaviours import Behaviours
+from hicache_ref.campaign.coverage import CoverageProbe
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.harness.lockstep.oracle import LockstepOracle
 from hicache_ref.harness.steps.rules import RULES, rule_families
@@ -139,6 +142,13 @@ class CampaignReport:
     release: str = ""
     """The upstream release of the tree under test (``sglang_tree.tree_release``; empty for
     anything else): a known finding scoped to releases matches only inside its range."""
+    behaviours: Behaviours = field(default_factory=Behaviours)
+    """Rule/outcome pairs and checks by id, with first and last seen (``campaign/behaviours.py``)."""
+    coverage: dict[str, Any] = field(default_factory=dict)
+    """Coverage of the code under test (``run --coverage``; ``campaign/coverage.py``)."""
+    coverage_probe: CoverageProbe | None = None
+    on_case: Callable[[CampaignReport, float], None] | None = None
+    """Called after each case with the seconds so far (``run_campaign(on_case=...)``)."""
     _timeline_interval_s: float = TIMELINE_INTERVAL_S
 
     def absorb(self, session: Session, at_s: float | None = None) -> None:
@@ -161,15 +171,22 @@ class CampaignReport:
         world = getattr(session, "world", None)  # a report fed plain stats has none
         if world is not None:
             self.auto_copy_paths[get_auto_copy_path(world)] += 1
+        self.behaviours.absorb(getattr(session, "steps", []), getattr(session, "outcomes", []),
+                               by_id, at_s)  # fmt: skip
         if at_s is not None:
             self.config_first_s.setdefault(config, round(at_s, 2))
+            if self.coverage_probe is not None:
+                self.coverage_probe.on_case(at_s)
+            if self.on_case is not None:
+                self.on_case(self, at_s)
             for inv_id in by_id:
                 self.checks_first_s.setdefault(inv_id, round(at_s, 2))
 
     def sample(self, elapsed_s: float, *, force: bool = False) -> None:
         """Add a timeline point, at most one per interval (``force``: the final one)."""
         if self.timeline and not force:
-            if elapsed_s - self.timeline[-1]["t"] < self._timeline_interval_s:
+            interval_s = min(self._timeline_interval_s, max(0.1, elapsed_s / 10))  # early: finer
+            if elapsed_s - self.timeline[-1]["t"] < interval_s:
                 return
         self.timeline.append(
             {
@@ -180,6 +197,7 @@ class CampaignReport:
                 "known": sum(self.known_hits.values()),
                 "configs": len(self.configs),
                 "families": dict(self.families),
+                **(self.coverage_probe.sample(elapsed_s) if self.coverage_probe else {}),
             }
         )
         if len(self.timeline) > TIMELINE_POINTS_MAX:
@@ -246,5 +264,7 @@ class CampaignReport:
             "lockstep": {"cases": self.lockstep_cases, "steps": self.lockstep_steps},
             "auto_copy_paths": dict(sorted(self.auto_copy_paths.items())),
             "timeline": self.timeline,
+            "behaviours": self.behaviours.as_json(),
+            "coverage": self.coverage_probe.as_json() if self.coverage_probe else self.coverage,
             "parts": [part.as_json() for part in self.parts],
         }

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hicache_ref.campaign.coverage import measure_coverage
 from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.campaign.rounds import CampaignSignals, RoundPlan, run_rounds
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
@@ -59,6 +60,8 @@ def run_campaign(
     rounds_max: int | None = None,
     source: str = "",
     lockstep: bool | None = None,
+    coverage: bool = False,
+    on_case: Callable[[CampaignReport, float], None] | None = None,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
@@ -70,7 +73,9 @@ def run_campaign(
     takes each round's report instead. Ctrl-C ends it with ``interrupted`` set. ``source`` is
     the sglang tree a ``sglang``/``seed`` implementation reads (empty: its default);
     ``lockstep`` turns the pure oracle on or off (None: as the profile says,
-    ``profiles.lockstep_enabled``).
+    ``profiles.lockstep_enabled``). ``coverage`` measures the implementation's own code as it
+    runs (``coverage.py``); ``on_case`` takes the report after each case (the live page,
+    ``fleet/live_report.py``).
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
@@ -99,13 +104,18 @@ def run_campaign(
     report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
     report.seed_stride = seed_stride
     report.database = database.label if database is not None else ""
+    report.on_case = on_case
     try:
         with open_device(kind, spins) as build:
             implementation = on_device(get_implementation(impl, source), kind)
             report.name, report.source = implementation.name, implementation.source_tree
             report.release = _release_of(implementation.source_tree)
-            run_rounds(report, implementation, seconds, rounds, build)
+            with measure_coverage(implementation, coverage) as report.coverage_probe:
+                run_rounds(report, implementation, seconds, rounds, build)
+            if report.coverage_probe is not None:
+                report.coverage, report.coverage_probe = report.coverage_probe.as_json(), None
     finally:
+        report.on_case = None  # the report crosses to the fleet's process: no closures in it
         if view is not None:
             view.close()
     return report

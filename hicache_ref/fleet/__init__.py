@@ -10,7 +10,10 @@ In the order a fleet's campaign flows through them:
 - ``workers``: ``--workers N`` processes (spawned), one campaign each on its lane, no traffic
   while they fuzz but a progress snapshot a second; Ctrl-C ends them all with a report;
 - ``progress``: a bar on a terminal, a line every 30 s in a log;
-- ``merge``: the workers' reports as one (and reports read back from JSON);
-- ``plots`` and ``report``: ``hicache-fuzz report RUN.json... -o report.html``, one static page;
+- ``merge``: the workers' reports as one (coverage and behaviours: their union) and reports read back from JSON;
+- ``svg_charts`` and ``plots``: the timelines as inline SVG charts;
+- ``report_failures``, ``report_tables``, ``report_style`` and ``report``: ``hicache-fuzz report
+  RUN.json... -o report.html``, one static page;
+- ``live_report``: ``--report-live``, that page rewritten while the campaign runs;
 - ``commands``: the fleet's command-line options and the ``report`` and ``traces`` subcommands.
 """

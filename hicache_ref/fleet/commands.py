@@ -1,7 +1,8 @@
-"""The fleet's part of the command line: ``--workers``, ``--shard``, ``--database``, and the
-``report`` and ``traces`` subcommands.
+"""The fleet's part of the command line: ``--workers``, ``--shard``, ``--database``,
+``--coverage``, ``--report-live``/``--report-every``, and the ``report`` and ``traces``
+subcommands.
 
-``add_fleet_arguments`` adds the three options to ``run`` and ``gate``; ``plan_from_args``
+``add_fleet_arguments`` adds those options to ``run`` and ``gate``; ``plan_from_args``
 checks them (a database is reached once before any work) and turns a parsed command line into
 the workers' tasks. ``report`` renders the page of ``fleet/report.py``; ``traces`` writes the
 failure traces a database holds into a folder, one file per trace, named by its digest (the
@@ -62,6 +63,26 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "folder, redis://host:port, or local+redis://host:port (read the fleet's, write "
         "locally); the first round replays what any campaign saved there",
     )
+    parser.add_argument(
+        "--report-live",
+        metavar="HTML",
+        help="write the report page (as hicache-fuzz report draws it) while the campaign runs, "
+        "rewritten every --report-every seconds; a browser reloads it as often",
+    )
+    parser.add_argument(
+        "--report-every",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="with --report-live: seconds between rewrites of the page (default 10)",
+    )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="measure line and branch coverage of the implementation's own code over time, per "
+        "worker, into --json and the report (needs the fleet extra; costs steps/s, see "
+        "benchmarks/RESULTS.md)",
+    )
 
 
 def plan_from_args(
@@ -90,7 +111,22 @@ def plan_from_args(
         perturbation=perturbation,
         database=database,
         source=source,
+        coverage=bool(getattr(args, "coverage", False)),
+        **_live_report(args),
     )
+
+
+def _live_report(args: argparse.Namespace) -> dict[str, Any]:
+    """``--report-live HTML --report-every S``: the tasks' live page, its path checked now."""
+    path = getattr(args, "report_live", None)
+    if not path:
+        return {}
+    every_s = float(args.report_every)
+    if not every_s > 0:
+        raise HiCacheInputError(
+            f"--report-every must be a positive number of seconds, got {every_s:g}"
+        )
+    return {"live_report": str(check_output_file("--report-live", path)), "report_every_s": every_s}
 
 
 def _checked_database(text: str) -> DatabaseSpec:
@@ -122,7 +158,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise HiCacheInputError(
                 f"report {path} does not exist; pass the files run/gate --json wrote"
             )
-    from hicache_ref.fleet.report import write_report  # matplotlib: only for this command
+    from hicache_ref.fleet.report import write_report
 
     merged = write_report(paths, output)
     print(

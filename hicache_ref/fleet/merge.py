@@ -1,7 +1,8 @@
 """Merge campaign reports: a fleet's workers into one, and reports read back from JSON.
 
-Counts add up; a configuration or an invariant id was first seen when its earliest worker saw
-it; the campaign lasted as long as its longest worker. Failures are kept one per invariant, the
+Counts add up; a configuration, an invariant id, a behaviour (``behaviours.py``) or a covered
+line or branch (``merge_coverage``: the union) was first seen when its earliest worker saw it;
+the campaign lasted as long as its longest worker. Failures are kept one per invariant, the
 earliest found, and every later one of the same invariant (on any worker) is a repeat. The
 merged report keeps its workers as ``parts`` (flattened: a merge of merges keeps the leaves),
 which is what ``hicache-fuzz report`` plots one line each for.
@@ -16,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hicache_ref.campaign.behaviours import Behaviours
 from hicache_ref.campaign.report import FEATURES, CampaignReport
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
@@ -71,9 +73,29 @@ def merge_reports(reports: list[CampaignReport]) -> CampaignReport:
             merged.features[name].update(leaf.features.get(name, Counter()))
         _keep_earliest(merged.config_first_s, leaf.config_first_s)
         _keep_earliest(merged.checks_first_s, leaf.checks_first_s)
+        merged.behaviours.merge(leaf.behaviours)
+    merged.coverage = merge_coverage([leaf.coverage for leaf in leaves])
     _merge_failures(merged, leaves)
     merged.parts = leaves
     return merged
+
+
+def merge_coverage(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The union of the workers' coverage (``campaign/coverage.py``'s record): a line or branch
+    is covered when any worker covered it, first seen when the earliest one did."""
+    files: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for name, seen in record.get("files", {}).items():
+            into = files.setdefault(
+                name, {"statements": seen["statements"], "branches": seen["branches"],
+                       "lines": {}, "arcs": {}}
+            )  # fmt: skip
+            _keep_earliest(into["lines"], seen["lines"])
+            _keep_earliest(into["arcs"], seen["arcs"])
+    if not files:
+        return {}
+    core = next((record["core"] for record in records if record.get("core")), "")
+    return {"core": core, "files": dict(sorted(files.items()))}
 
 
 def _merged_stride(leaves: list[CampaignReport]) -> int:
@@ -170,5 +192,7 @@ def _from_json(data: dict[str, Any], where: str) -> CampaignReport:
             report.config_first_s[config] = float(seen["first_s"])
     report.failures = list(data.get("failures", []))
     report.timeline = list(data.get("timeline", []))
+    report.behaviours = Behaviours.from_json(data.get("behaviours", {}))
+    report.coverage = dict(data.get("coverage", {}))
     report.parts = [_from_json(part, where) for part in data.get("parts", [])]
     return report

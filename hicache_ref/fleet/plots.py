@@ -1,179 +1,194 @@
-"""The report's plots: matplotlib figures (Agg, no display) as base64 PNGs for one static page.
+"""The report's charts: a campaign's timelines shaped into series for ``svg_charts.py``.
 
-Over the campaign's time, from each worker's timeline (``CampaignReport.timeline``): steps and
-cases (one thin line per worker, their sum thick, each new failure a marked vertical line),
-distinct configurations and invariant ids covered (the union over workers, from the times each
-was first seen), the rule families' shares as the steps accumulated; and, over the whole
-campaign, invariant checks by id (every id with its title, the unchecked ones in red).
+Over the campaign's time, from each worker's report: coverage of the implementation under test
+(lines and branches, in percent; each worker thin, the union of the workers thick: a line one
+worker covered counts once), protocol steps (each worker thin, their sum thick, linearly
+interpolated between a worker's samples so workers that sampled at different moments sum
+smoothly; each new failure a marked vertical line), the behaviours first seen (rule/outcome
+pairs and invariant ids, on a logarithmic time axis: most appear in the first second and a
+late one is what matters), distinct configurations, and the rule families' shares of the steps
+applied in each slice of time (what the campaign was doing then, not the running average that
+settles after a second).
 """
 
 from __future__ import annotations
 
-import base64
-import io
 from bisect import bisect_right
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from hicache_ref.campaign.behaviours import CHECK_PREFIX
 from hicache_ref.campaign.report import RULE_FAMILIES, CampaignReport
-from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.merge import get_leaves
-from hicache_ref.invariant_titles import INVARIANT_TITLES, get_invariant_label
+from hicache_ref.fleet.svg_charts import PALETTE, Marker, Series, line_chart, stacked_area
+from hicache_ref.invariant_titles import INVARIANT_TITLES
 
-WIDTH_IN, HEIGHT_IN, DPI = 6.4, 3.2, 110
-FAILURE_COLOR = "#c0392b"
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise HiCacheSetupError(
-            "hicache-fuzz report draws its plots with matplotlib, which is not installed; "
-            "install the fleet extra: pip install -e '.[fleet]'"
-        ) from None
-    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-    import matplotlib.pyplot as plt
-
-    return plt
+FAMILY_SLICES = 30
+MERGED = "#1f2933"
+LINES_COLOR, BRANCHES_COLOR = "#4e79a7", "#f28e2b"
 
 
-def render_plots(merged: CampaignReport) -> dict[str, str]:
-    """Every plot of the page, by name, as a base64 PNG."""
-    plt = _pyplot()
+def render_charts(merged: CampaignReport) -> dict[str, str]:
+    """Every chart of the page, by name, as an SVG ``<figure>``."""
     leaves = get_leaves(merged)
-    plots = {
-        "steps": _over_time(plt, leaves, merged, "steps", "protocol steps"),
-        "cases": _over_time(plt, leaves, merged, "cases", "cases"),
-        "configs": _first_seen(
-            plt, merged.config_first_s, merged.seconds, "distinct configurations"
-        ),
-        "invariants": _first_seen(
-            plt, merged.checks_first_s, merged.seconds, "invariant ids checked",
-            ceiling=len(INVARIANT_TITLES),
-        ),
-        "families": _families(plt, leaves),
-        "checks": _checks(plt, merged),
-    }  # fmt: skip
-    return plots
+    charts = {
+        "coverage": _coverage(merged, leaves),
+        "behaviours": _behaviours(merged),
+        "steps": _steps(merged, leaves),
+        "configs": _configs(merged),
+        "families": _families(merged, leaves),
+    }
+    if not merged.coverage.get("files"):  # not measured: its note goes last, not first
+        charts["coverage"] = charts.pop("coverage")
+    return charts
 
 
 def get_summed_timeline(
-    leaves: list[CampaignReport], value: Callable[[dict[str, Any]], int]
-) -> tuple[list[float], list[int]]:
-    """The fleet's cumulative ``value`` at every time a worker sampled it (a worker holds its
-    last sample until its next one; workers are taken to have started together)."""
+    leaves: list[CampaignReport], value: Callable[[dict[str, Any]], float]
+) -> tuple[list[float], list[float]]:
+    """The fleet's cumulative ``value`` at every time a worker sampled it: each worker's
+    value between two of its samples is interpolated, after its last one held (workers are
+    taken to have started together)."""
     series = [
         ([p["t"] for p in leaf.timeline], [value(p) for p in leaf.timeline]) for leaf in leaves
     ]
     grid = sorted({t for times, _ in series for t in times})
-    totals = []
-    for t in grid:
-        total = 0
-        for times, values in series:
-            index = bisect_right(times, t) - 1
-            total += values[index] if index >= 0 else 0
-        totals.append(total)
-    return grid, totals
+    return grid, [sum(_at(times, values, t) for times, values in series) for t in grid]
 
 
-def _figure(plt: Any, title: str, xlabel: str = "seconds since the start") -> tuple[Any, Any]:
-    figure, axes = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
-    axes.set_title(title, fontsize=11)
-    axes.set_xlabel(xlabel)
-    axes.grid(alpha=0.3)
-    return figure, axes
+def _at(times: Sequence[float], values: Sequence[float], t: float) -> float:
+    """A cumulative count at ``t``, straight between the samples around it."""
+    index = bisect_right(times, t) - 1
+    if index < 0:
+        return 0.0
+    if index + 1 >= len(times) or times[index + 1] == times[index]:
+        return float(values[index])
+    share = (t - times[index]) / (times[index + 1] - times[index])
+    return values[index] + share * (values[index + 1] - values[index])
 
 
-def _png(plt: Any, figure: Any) -> str:
-    buffer = io.BytesIO()
-    figure.tight_layout()
-    figure.savefig(buffer, format="png")
-    plt.close(figure)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+def get_coverage_curve(
+    coverage: dict[str, Any], kind: str, end_s: float
+) -> tuple[list[float], list[float]]:
+    """Percent of statements (``kind="lines"``) or branches (``"arcs"``) covered over time."""
+    files = coverage.get("files", {})
+    total = sum(f["statements" if kind == "lines" else "branches"] for f in files.values())
+    if not total:
+        return [], []
+    counts = Counter(t for f in files.values() for t in f[kind].values())
+    xs, ys, covered = [0.0], [0.0], 0
+    for t in sorted(counts):
+        covered += counts[t]
+        xs.append(t)
+        ys.append(100.0 * covered / total)
+    xs.append(max(end_s, xs[-1]))
+    ys.append(ys[-1])
+    return xs, ys
 
 
-def _over_time(
-    plt: Any, leaves: list[CampaignReport], merged: CampaignReport, key: str, what: str
-) -> str:
-    figure, axes = _figure(plt, f"{what} over time")
+def get_coverage_percent(coverage: dict[str, Any], kind: str) -> float | None:
+    _, ys = get_coverage_curve(coverage, kind, 0.0)
+    return ys[-1] if ys else None
+
+
+def _coverage(merged: CampaignReport, leaves: list[CampaignReport]) -> str:
+    title = "coverage of the implementation under test"
+    if not merged.coverage.get("files"):
+        return (
+            f'<figure class="chart empty"><figcaption>{title}</figcaption><p>Not measured: '
+            "run with <code>--coverage</code> to record line and branch coverage of the "
+            "implementation under test over time, per worker and merged (it costs steps/s: "
+            "<code>benchmarks/RESULTS.md</code>).</p></figure>"
+        )
+    series = []
     if len(leaves) > 1:
         for leaf in leaves:
-            times = [p["t"] for p in leaf.timeline]
-            axes.plot(times, [p[key] for p in leaf.timeline], lw=0.8, alpha=0.6,
-                      label=f"worker {leaf.worker} ({leaf.shard})")  # fmt: skip
-    grid, totals = get_summed_timeline(leaves, lambda point: int(point[key]))
-    axes.plot(grid, totals, lw=2.2, color="black", label="all workers")
-    top = max(totals, default=0) or 1
-    for failure in merged.failures:
-        at_s = float(failure.get("found_at_s") or 0.0)
-        axes.axvline(at_s, color=FAILURE_COLOR, ls="--", lw=1.2)
-        axes.annotate(f" {failure['invariant']}", (at_s, top * 0.98), color=FAILURE_COLOR,
-                      fontsize=8, rotation=90, ha="right", va="top")  # fmt: skip
-    axes.set_ylabel(what)
-    axes.set_ylim(0, top * 1.05)
-    axes.legend(fontsize=7, loc="lower right")
-    return _png(plt, figure)
+            for kind, color, dashed in (
+                ("lines", LINES_COLOR, False),
+                ("arcs", BRANCHES_COLOR, True),
+            ):
+                xs, ys = get_coverage_curve(leaf.coverage, kind, leaf.seconds)
+                series.append(Series("", xs, ys, color, width=0.9, dashed=dashed, step=True))
+    for kind, name, color in (
+        ("lines", "lines", LINES_COLOR),
+        ("arcs", "branches", BRANCHES_COLOR),
+    ):
+        xs, ys = get_coverage_curve(merged.coverage, kind, merged.seconds)
+        label = f"{name}, all workers" if len(leaves) > 1 else name
+        series.append(Series(label, xs, ys, color, width=2.6, step=True))
+    files = len(merged.coverage["files"])
+    note = f"{files} files; thin lines: each worker" if len(leaves) > 1 else f"{files} files"
+    return line_chart(title, series, y_label="% covered", percent=True, note=note)
 
 
-def _first_seen(
-    plt: Any, first_s: dict[str, float], seconds: float, what: str, ceiling: int | None = None
-) -> str:
-    figure, axes = _figure(plt, f"{what} over time")
-    times = sorted(first_s.values())
-    xs = [0.0, *times, max(seconds, times[-1] if times else 0.0)]
-    ys = [0, *range(1, len(times) + 1), len(times)]
-    axes.step(xs, ys, where="post", lw=2.0, color="#2471a3")
-    if ceiling is not None:
-        axes.axhline(ceiling, color="grey", ls=":", lw=1.0)
-        axes.set_ylim(0, ceiling + 2)
-        axes.annotate(f"{ceiling} ids in the spec", (xs[-1], ceiling), fontsize=8,
-                      va="bottom", ha="right", color="grey")  # fmt: skip
-    axes.yaxis.get_major_locator().set_params(integer=True)
-    axes.set_ylabel(what)
-    return _png(plt, figure)
+def _steps(merged: CampaignReport, leaves: list[CampaignReport]) -> str:
+    series = []
+    if len(leaves) > 1:
+        for index, leaf in enumerate(leaves):
+            xs = [p["t"] for p in leaf.timeline]
+            series.append(Series(f"worker {leaf.worker} ({leaf.shard})", xs,
+                                 [p["steps"] for p in leaf.timeline],
+                                 PALETTE[index % len(PALETTE)], width=1.2))  # fmt: skip
+    grid, totals = get_summed_timeline(leaves, lambda point: float(point["steps"]))
+    series.append(Series("all workers" if len(leaves) > 1 else "steps", grid, totals, MERGED, 2.6))
+    markers = [
+        Marker(float(failure.get("found_at_s") or 0.0), str(failure["invariant"]))
+        for failure in merged.failures
+    ]
+    return line_chart("protocol steps applied", series, y_label="steps", markers=markers)
 
 
-def _families(plt: Any, leaves: list[CampaignReport]) -> str:
-    """Each rule family's share of the steps applied so far, as the campaign went on."""
-    figure, axes = _figure(plt, "rule families: share of applied steps so far")
+def _step_counts(times: list[float], end_s: float) -> tuple[list[float], list[float]]:
+    """A count of first sightings over time: up by one at each, held to ``end_s``."""
+    counts = Counter(times)
+    xs, ys, total = [0.0], [0.0], 0
+    for t in sorted(counts):
+        total += counts[t]
+        xs.append(t)
+        ys.append(float(total))
+    return [*xs, max(end_s, xs[-1])], [*ys, ys[-1]]
+
+
+def _behaviours(merged: CampaignReport) -> str:
+    first = merged.behaviours.first_s
+    pairs = [t for key, t in first.items() if not key.startswith(CHECK_PREFIX)]
+    checks = [t for key, t in first.items() if key.startswith(CHECK_PREFIX)]
+    series = [
+        Series("rule/outcome pairs", *_step_counts(pairs, merged.seconds), PALETTE[0], step=True),
+        Series("invariant ids checked", *_step_counts(checks, merged.seconds), PALETTE[2],
+               step=True),
+    ]  # fmt: skip
+    ceiling = (float(len(INVARIANT_TITLES)), f"{len(INVARIANT_TITLES)} ids in the spec")
+    return line_chart("behaviours first seen", series, y_label="distinct", log_x=True,
+                      x_label="seconds since the start (log scale)", ceiling=ceiling)  # fmt: skip
+
+
+def _configs(merged: CampaignReport) -> str:
+    xs, ys = _step_counts(list(merged.config_first_s.values()), merged.seconds)
+    series = [Series("distinct configurations", xs, ys, PALETTE[4], step=True)]
+    return line_chart("configurations drawn", series, y_label="distinct")
+
+
+def _families(merged: CampaignReport, leaves: list[CampaignReport]) -> str:
+    """Each family's share of the steps applied in each of ``FAMILY_SLICES`` slices of time."""
+    end = merged.seconds or max((p["t"] for leaf in leaves for p in leaf.timeline), default=0.0)
+    edges = [end * i / FAMILY_SLICES for i in range(FAMILY_SLICES + 1)]
     names = list(RULE_FAMILIES)
-    sums: dict[str, list[int]] = {}
-    grid: list[float] = []
+    cumulative = {}
     for name in names:
-        grid, sums[name] = get_summed_timeline(leaves, _family_steps(name))
-    totals = [sum(sums[name][i] for name in names) or 1 for i in range(len(grid))]
-    shares = [[sums[name][i] / totals[i] for i in range(len(grid))] for name in names]
-    axes.stackplot(grid, shares, labels=names, alpha=0.85)
-    axes.set_ylim(0, 1)
-    axes.set_ylabel("share")
-    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return _png(plt, figure)
-
-
-def _family_steps(name: str) -> Callable[[dict[str, Any]], int]:
-    def steps(point: dict[str, Any]) -> int:
-        return int(point.get("families", {}).get(name, 0))
-
-    return steps
-
-
-def _checks(plt: Any, merged: CampaignReport) -> str:
-    """Checks by invariant id, every id of the spec with its title (unchecked ones' labels in
-    red)."""
-    ids = sorted(set(INVARIANT_TITLES) | set(merged.checks_by_id))
-    counts = [merged.checks_by_id.get(inv_id, 0) for inv_id in ids]
-    height = max(HEIGHT_IN, 0.26 * len(ids) + 1.0)
-    figure, axes = plt.subplots(figsize=(WIDTH_IN, height), dpi=DPI)
-    axes.set_title("invariant checks by id (whole campaign)", fontsize=11)
-    colors = ["#2471a3" if count else FAILURE_COLOR for count in counts]
-    axes.barh([get_invariant_label(inv_id) for inv_id in ids], counts, color=colors)
-    axes.invert_yaxis()
-    for label, count in zip(axes.get_yticklabels(), counts, strict=True):
-        if not count:
-            label.set_color(FAILURE_COLOR)  # never checked: its bar has no length to colour
-    axes.set_xscale("symlog")
-    axes.set_xlabel("checks (log scale)")
-    axes.tick_params(axis="y", labelsize=8)
-    axes.grid(alpha=0.3, axis="x")
-    return _png(plt, figure)
+        series = [([p["t"] for p in leaf.timeline],
+                   [p.get("families", {}).get(name, 0) for p in leaf.timeline]) for leaf in leaves]  # fmt: skip
+        cumulative[name] = [sum(_at(ts, vs, edge) for ts, vs in series) for edge in edges]
+    mids, shares = [], {name: [] for name in names}  # type: ignore[var-annotated]
+    for i in range(FAMILY_SLICES):
+        applied = {name: cumulative[name][i + 1] - cumulative[name][i] for name in names}
+        total = sum(applied.values())
+        if total <= 0:
+            continue
+        mids.append((edges[i] + edges[i + 1]) / 2)
+        for name in names:
+            shares[name].append(applied[name] / total)
+    layers = [(name, shares[name]) for name in names if any(shares[name])]
+    return stacked_area("rule families: share of the steps in each slice of time", mids,
+                        layers, y_label="share of steps")  # fmt: skip

@@ -97,6 +97,11 @@ class WorkerTask:
     """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
     source: str = ""
     """The sglang tree a ``sglang``/``seed`` implementation reads (``--sglang-src``)."""
+    coverage: bool = False
+    """Measure the implementation's code as it runs (``campaign/coverage.py``)."""
+    live_report: str = ""
+    """The page ``live_report.py`` rewrites while the fleet runs (empty: none)."""
+    report_every_s: float = 10.0
 
 
 def plan_workers(
@@ -112,6 +117,7 @@ def run_worker(
     signals: CampaignSignals | None = None,
     view: ProgressView | None = None,
     on_round: Any = None,
+    on_case: Any = None,
 ) -> CampaignReport:
     """One worker's campaign, in this process; its report names its place in the fleet."""
     database = task.database.open() if task.database is not None else None
@@ -135,6 +141,8 @@ def run_worker(
         rounds_max=task.rounds_max,
         minimize_replays=task.minimize_replays,
         source=task.source,
+        coverage=task.coverage,
+        on_case=on_case,
     )
     report.worker, report.workers = task.lane.worker, task.lane.workers
     report.shard = task.lane.shard.label
@@ -146,15 +154,32 @@ def run_worker(
 def run_fleet(
     tasks: list[WorkerTask], view: ProgressView | None = None, interrupt: Interrupt | None = None
 ) -> CampaignReport:
-    """Run every task (in this process when there is one) and merge their reports.
+    """Run every task (in this process when there is one) and merge their reports; with a
+    ``live_report`` its page is rewritten as they run and once more at the end.
 
     ``interrupt``: what this process's stop-signal handler sets (``catching_stop_signals``);
     a campaign in this process treats an error after it as no finding."""
     assert tasks, "a fleet needs a worker"
-    if len(tasks) == 1:
-        signals = CampaignSignals(interrupt or Interrupt(), threading.Event())
-        return run_worker(tasks[0], view=view, signals=signals)
-    return _Fleet(tasks, view, interrupt or Interrupt()).run()
+    from hicache_ref.fleet.live_report import open_live_report
+
+    first = tasks[0]
+    live = open_live_report(
+        first.live_report, first.report_every_s, first.impl, first.profile, first.lane.first
+    )
+    try:
+        if len(tasks) == 1:
+            signals = CampaignSignals(interrupt or Interrupt(), threading.Event())
+            on_case = live.on_case if live is not None else None
+            report = run_worker(tasks[0], view=view, signals=signals, on_case=on_case)
+        else:
+            report = _Fleet(tasks, view, interrupt or Interrupt(), live).run()
+    except BaseException:
+        if live is not None:
+            live.abandon()  # no page may say RUNNING for a campaign that is gone
+        raise
+    if live is not None:
+        live.finish(report)
+    return report
 
 
 # -- the worker process --------------------------------------------------------------------------
@@ -191,7 +216,7 @@ def run_and_report(
     out whole. Whatever goes wrong once a stop signal arrived (an import cut in half, a world
     half-built) is that signal's doing: the part says interrupted, never a crash."""
     worker = task.lane.worker
-    sent = [0.0]
+    sent = [0.0, time.monotonic()]  # the last progress snapshot, the last live report
 
     def on_round(report: CampaignReport, elapsed_s: float) -> None:
         if ending is not None and signals.interrupt.is_set():
@@ -201,11 +226,19 @@ def run_and_report(
             sent[0] = now
             messages.put(("progress", worker, get_snapshot(report, elapsed_s)))
 
+    def on_case(report: CampaignReport, elapsed_s: float) -> None:
+        """After each case: the report so far for the live page, every ``report_every_s``."""
+        if time.monotonic() - sent[1] >= task.report_every_s:
+            sent[1] = time.monotonic()
+            partial = {**report.as_json(), "seconds": round(elapsed_s, 2)}  # still running
+            messages.put(("partial", worker, partial))
+
     try:
         if prepare is not None:
             prepare()
         messages.put(("started", worker, None))
-        report = run_worker(task, signals=signals, on_round=on_round)
+        live = on_case if task.live_report else None
+        report = run_worker(task, signals=signals, on_round=on_round, on_case=live)
         if ending is not None:
             ending()
         messages.put(("done", worker, report))
@@ -241,11 +274,16 @@ class _Fleet:
     """Spawned workers and what the parent hears from them."""
 
     def __init__(
-        self, tasks: list[WorkerTask], view: ProgressView | None, received: Interrupt
+        self,
+        tasks: list[WorkerTask],
+        view: ProgressView | None,
+        received: Interrupt,
+        live: Any = None,
     ) -> None:
         self.tasks = tasks
         self.view = view
         self.received = received  # this process's stop signals, noted while it waits
+        self.live = live
         context = get_context("spawn")
         self.messages = context.Queue()
         self.interrupt = context.Event()
@@ -308,6 +346,9 @@ class _Fleet:
         if kind == "progress":
             if self.view is not None:
                 self.view.update(worker, payload)
+        elif kind == "partial":
+            if self.live is not None:
+                self.live.update(worker, payload)
         elif kind == "started":
             self._on_started(worker)
         elif kind == "done":

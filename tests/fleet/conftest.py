@@ -53,3 +53,24 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+MUTANT = "mutant:skip_load_fence"
+
+
+@pytest.fixture(scope="session")
+def two_shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The JSON reports of two runners (``--shard 1/2`` and ``2/2``, one worker each, in this
+    process) fuzzing a mutant for two seconds each with coverage on: failures, programs,
+    coverage timelines, for the report's tests."""
+    from hicache_ref import cli
+
+    folder = tmp_path_factory.mktemp("shards")
+    paths = []
+    for shard in ("1/2", "2/2"):
+        path = folder / f"shard{shard[0]}.json"
+        argv = ["run", "--impl", MUTANT, "--keep-going", "--budget", "2", "--shard", shard]
+        argv += ["--workers", "1", "--no-progress", "--coverage", "--out", str(folder)]
+        assert cli.main([*argv, "--json", str(path)]) == 1
+        paths.append(path)
+    return paths
