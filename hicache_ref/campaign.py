@@ -39,7 +39,7 @@ from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
 from hicache_ref.harness.lockstep.oracle import LockstepOracle
-from hicache_ref.harness.steps.rules import RULES, rule_families
+from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.world import (
@@ -72,7 +72,7 @@ MINIMIZE_REPLAYS_MAX = 1000
 """ddmin's replay budget per new failure (a GPU campaign passes fewer: its replays are slower)."""
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
-"""The rules of each family, from the rule records (``harness/steps/rules.py``)."""
+"""The rules of each family, from the rule records (``harness/rules/``)."""
 FEATURES = (
     "pool",
     "layout/io",

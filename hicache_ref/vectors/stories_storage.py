@@ -25,7 +25,7 @@ STEPS_MAX = 24  # bound on a scene's thread steps (a chain has at most three pag
 
 
 def _driver(r: Recorder) -> StorageDriver:
-    storage = r.session.tree.storage
+    storage = r.session.storage
     assert storage is not None, "a storage story runs in a storage world"
     return storage
 

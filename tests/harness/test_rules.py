@@ -1,4 +1,4 @@
-"""A rule is defined once: the records of ``harness/steps/rules.py`` are what the trace format names,
+"""A rule is defined once: the records of ``harness/rules/`` are what the trace format names,
 what the session applies, what the machine draws and what the campaign counts."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hicache_ref.campaign import RULE_FAMILIES, run_campaign
 from hicache_ref.distributed.schedule import schedule_entries
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.campaigns.machine import MACHINE_RULES
+from hicache_ref.harness.rules import RULES, STREAMS, rule_families
 from hicache_ref.harness.steps.programs import LOAD_PATH_SHARE_MIN, PROGRAMS
 from hicache_ref.harness.steps.replay import replay
-from hicache_ref.harness.steps.rules import RULES, STREAMS, rule_families
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import RuleName, Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
@@ -100,7 +100,7 @@ def _rule_name_literals(path: Path, names: set[str]) -> set[str]:
 
 
 def test_a_rule_name_is_spelled_in_at_most_two_files() -> None:
-    # adding a rule touches rules.py and trace.RuleName; every other module of the harness
+    # adding a rule touches its family module and trace.RuleName; every other module of the harness
     # (adapters aside), distributed/ and campaign.py names a rule through its record
     package = Path(__file__).resolve().parents[2] / "hicache_ref"
     files = [

@@ -34,9 +34,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.rules.record import Param, draw_small_int, integers_once
 from hicache_ref.harness.steps.programs import PROGRAMS, atomic_steps
-from hicache_ref.harness.steps.rule_record import Param, draw_small_int, integers_once
-from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import (
@@ -257,7 +257,7 @@ class RuleChoices(st.SearchStrategy[Choice]):
             offered = [r for r in swarm if r.offered(session)] or list(_ALWAYS)
             chosen = offered[draw_small_int(data, 0, len(offered) - 1)]
         # each index and argument is one choice, as its strategy would draw it, without a span
-        # of its own (``rule_record.draw_small_int``): the step's draw is the span
+        # of its own (``rules/record.draw_small_int``): the step's draw is the span
         return Choice(chosen, {key: param.draw(data) for key, param in chosen.params})
 
 
