@@ -322,6 +322,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.session: Session | None = None
         self.failed = False
+        self.reported: Path | None = None  # where this case's failing trace went, once handed
         self.swarm: tuple[MachineRule, ...] = ()
 
     @property
@@ -334,27 +335,28 @@ class HiCacheMachine(RuleBasedStateMachine):
             self.s.apply(step)
         except Exception as exc:
             self.failed = True  # teardown must not replace this error with a consequence
-            self._report_failure(exc)
+            self.reported = self._report_failure(exc)
             raise
         except KeyboardInterrupt:
             self.failed = True  # Ctrl-C cut the step short: its half-done state proves nothing
             raise
 
-    def _report_failure(self, exc: BaseException) -> None:
-        """Hand this case's trace to the sink and note the replay line.
+    def _report_failure(self, exc: BaseException) -> Path | None:
+        """Hand this case's trace to the sink, note the replay line, and say where it went.
 
         Hypothesis shrinks by re-running failing cases; the sink keeps the latest, and a note is
-        shown only for the final (shrunk) run, so exactly one line is printed.
+        shown only for the final (shrunk) run, so exactly one line is printed. A case reports
+        once: a failure already handed (``reported``) is not handed again.
         """
-        if self.session is None or getattr(exc, "_hicache_reported", False):
-            return
+        if self.session is None or self.reported is not None:
+            return self.reported
         trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
         path = self.sink.on_failure(trace)
         note(
             f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
             f"replay with: {get_replay_line(path)}"
         )
-        exc._hicache_reported = True  # type: ignore[attr-defined]
+        return path
 
     @initialize(config=st.data(), swarm=SWARM)
     def setup(self, config: st.DataObject, swarm: tuple[MachineRule, ...]) -> None:
@@ -379,7 +381,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         try:
             self.session.finish()
         except Exception as exc:
-            self._report_failure(exc)
+            self.reported = self._report_failure(exc)
             raise
         finally:
             self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not
