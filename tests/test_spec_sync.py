@@ -212,3 +212,37 @@ def test_every_invariant_has_one_registered_checker_that_the_harness_calls() -> 
     assert not unnamed, (
         f"spec entries whose Enforced section does not name their checker: {unnamed}"
     )
+
+
+def test_every_phase_hands_its_checkers_evidence_they_declare() -> None:
+    # the registrations are the one table: a checker in a state-view phase judges a StateView, the
+    # refusal phase a Refusal, the storage phase a StorageSnapshot
+    from hicache_ref.invariants.evidence import Refusal, StateView
+    from hicache_ref.invariants.registry import CHECKERS
+    from hicache_ref.invariants.storage_snapshot import StorageSnapshot
+
+    kinds: dict[str, type] = {"step": StateView, "reset": StateView, "quiescence": StateView}
+    kinds |= {"refusal": Refusal, "storage": StorageSnapshot}
+    wrong = [
+        f"{c.inv_id} ({phase})"
+        for c in CHECKERS
+        for phase in c.phases
+        if kinds[phase] not in c.evidence
+    ]
+    assert not wrong, f"checkers whose phase hands them evidence they do not declare: {wrong}"
+    assert [c.inv_id for c in CHECKERS] == sorted(read_spec_ids())
+
+
+def test_a_second_checker_for_one_id_is_refused() -> None:
+    import pytest
+
+    from hicache_ref.invariants.checker import collect, registered
+
+    def judge(evidence: object) -> None:
+        return None
+
+    first, second = registered("INV-05")(judge), registered("INV-05")(judge)
+    with pytest.raises(ValueError, match="INV-05 has two checkers"):
+        collect([{"a": first, "b": second}])
+    with pytest.raises(ValueError, match="unknown phase"):
+        registered("INV-05", stepp=1)
