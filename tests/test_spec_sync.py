@@ -5,7 +5,10 @@ Each invariant is a level-3 heading ``### INV-07 — title``. The spec names it,
 the id, so these tests can hold the three together:
 
 - the spec's ids are exactly ``specs/invariant_ids.txt``, in order, each with its sections;
-- every id is cited by the code (outside the checker package too) and by a test;
+- every id is cited by the code (outside the checker package too, unless a session phase hands
+  its checker evidence) and by a test;
+- every id has one registered checker (``invariants/checker.py``), whose phases hand it evidence
+  it declares;
 - every id cited anywhere in the code, tests, fuzz mutants or specs exists in the spec;
 - every backticked path the spec names exists and cites the id, and every named test exists.
 """
@@ -139,8 +142,12 @@ def test_every_invariant_is_cited_by_code_and_by_a_test() -> None:
 
 def test_every_invariant_is_enforced_outside_the_checker_package() -> None:
     # the checkers cite every id by construction; the implementation (controller, pools,
-    # oracle, harness, storage) must also say where it enforces each one
+    # oracle, harness, storage) must also say where it enforces each one, or the session hands
+    # the checker its evidence in a phase (its registration says which: no file to cite it)
+    from hicache_ref.invariants.registry import CHECKERS
+
     enforcing = cited_ids(p for p in iter_files("hicache_ref") if CHECKER_PACKAGE not in p.parents)
+    enforcing |= {c.inv_id: [] for c in CHECKERS if c.phases}
     unenforced = [i for i in read_spec_ids() if i not in enforcing]
     assert not unenforced, (
         f"ids cited only by hicache_ref/invariants/, by no implementation module: {unenforced}"
