@@ -1,7 +1,7 @@
 """The shape of a harness rule record, what a rule may see of its case, and the shared pieces.
 
 ``StepContext`` (what a rule reads and drives of the case it is applied to: the config, the
-world, the tree driver, the storage driver, the capabilities, the candidates; ``StepContext`` is
+world, the tree driver, the storage driver, the capabilities, the candidates; ``Session`` is
 one) -> ``Param`` (one drawn argument: a Hypothesis strategy for the machine, a seeded sample
 for the CP-process schedule and the vector walks) -> ``Draw`` (a rule's params, how they become
 step arguments, when drawing makes sense) -> ``RuleRecord`` (one atomic rule: family,
@@ -42,7 +42,7 @@ RESET_DRAINS = "reset_drains"
 
 # -- what a rule sees of its case ---------------------------------------------------------------
 class StepContext(Protocol):
-    """What a rule may read and drive of the case it is applied to (``StepContext`` is one).
+    """What a rule may read and drive of the case it is applied to (``Session`` is one).
 
     Rules never import the session: they see its world, its tree driver (the radix cache's
     side), its storage driver (the L3 side of a storage world, else None), the capabilities the
@@ -165,7 +165,7 @@ PICK = Ints(0, 63)
 
 
 def sample_params(params: Mapping[str, Param], rng: random.Random) -> dict[str, Any]:
-    """Every param drawn from a seeded generator (the CP-process schedule)."""
+    """Every param drawn from a seeded generator (the CP-process schedule, the vector walks)."""
     return {name: param.sample(rng) for name, param in params.items()}
 
 
