@@ -68,7 +68,6 @@ KNOWN_CHANNELS: dict[str, str] = {
     "hicache_ref/harness/adapters/registry.py: _CHECKED": "unassigned (a contract-check memo)",
     "hicache_ref/harness/adapters/sglang.py: _SOURCES": "unassigned (a source-tree memo)",
     "hicache_ref/harness/campaigns/known_findings.py: KNOWN_FINDINGS": "unassigned (tests add)",
-    "hicache_ref/vectors/storybook.py: STORIES": "unassigned (filled by the @story decorator)",
 }
 """Module-level channels still in the package, and who is turning them into arguments."""
 LIBRARY_ENVIRONMENT: dict[str, str] = {
