@@ -66,7 +66,6 @@ KNOWN_CHANNELS: dict[str, str] = {
     # registries filled at run time: not yet assigned (found by this test, issue 28)
     "hicache_ref/harness/adapters/registry.py: _FACTORIES": "unassigned (register_implementation)",
     "hicache_ref/harness/adapters/registry.py: _CHECKED": "unassigned (a contract-check memo)",
-    "hicache_ref/harness/adapters/sglang.py: _SOURCES": "unassigned (a source-tree memo)",
     "hicache_ref/harness/campaigns/known_findings.py: KNOWN_FINDINGS": "unassigned (tests add)",
 }
 """Module-level channels still in the package, and who is turning them into arguments."""

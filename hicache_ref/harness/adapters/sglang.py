@@ -38,6 +38,7 @@ Nothing here reads the implementation's view of itself: the harness checks it fr
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import types
@@ -191,14 +192,11 @@ CONTROLLER_MODULE = "sglang.srt.managers.cache_controller"
 HYBRID_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
 
 
-_SOURCES: dict[Path, ControllerSource] = {}
-
-
+@functools.cache
 def controller_source(tree: Path) -> ControllerSource:
-    source = _SOURCES.get(tree)
-    if source is None:
-        source = _SOURCES[tree] = ControllerSource(tree)
-    return source
+    """One tree's controller source, loaded once per process (never evicted: its classes must
+    stay the same objects for as long as the process gates that tree)."""
+    return ControllerSource(tree)
 
 
 def _allocator_free(allocator: Any) -> Callable[[Any], int]:
