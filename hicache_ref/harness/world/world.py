@@ -15,6 +15,7 @@ run (``copy_path="runs"``; no misuse probes, which would race the GPU's own prog
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -148,12 +149,13 @@ class _Shape:
     kind: type
     protocol: type
     attributes: frozenset[str]
-    controller: object = field(compare=False, hash=False)
+    controller: weakref.ref[object] = field(compare=False, hash=False)
+    """Asked only while the caller holds it; weak, so the cache keeps no world alive."""
 
 
 @functools.lru_cache(maxsize=CONFORMS_CACHE_MAX)
 def _conforms(shape: _Shape) -> bool:
-    return isinstance(shape.controller, shape.protocol)
+    return isinstance(shape.controller(), shape.protocol)
 
 
 def conforms(controller: object, protocol: type) -> bool:
@@ -165,7 +167,11 @@ def conforms(controller: object, protocol: type) -> bool:
     if hasattr(kind, "__getattr__"):
         return isinstance(controller, protocol)
     attributes = frozenset(getattr(controller, "__dict__", ()))
-    return _conforms(_Shape(kind, protocol, attributes, controller))
+    try:
+        held = weakref.ref(controller)
+    except TypeError:  # a class with __slots__ and no __weakref__: asked every time
+        return isinstance(controller, protocol)
+    return _conforms(_Shape(kind, protocol, attributes, held))
 
 
 def is_cp_controller(controller: object) -> TypeGuard[CpControllerLike]:
