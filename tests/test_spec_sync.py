@@ -5,7 +5,10 @@ Each invariant is a level-3 heading ``### INV-07 — title``. The spec names it,
 the id, so these tests can hold the three together:
 
 - the spec's ids are exactly ``specs/invariant_ids.txt``, in order, each with its sections;
-- every id is cited by the code (outside the checker package too) and by a test;
+- every id is cited by the code (outside the checker package too, unless a session phase hands
+  its checker evidence) and by a test;
+- every id has one registered checker (``invariants/checker.py``), whose phases hand it evidence
+  it declares;
 - every id cited anywhere in the code, tests, fuzz mutants or specs exists in the spec;
 - every backticked path the spec names exists and cites the id, and every named test exists.
 """
@@ -139,8 +142,12 @@ def test_every_invariant_is_cited_by_code_and_by_a_test() -> None:
 
 def test_every_invariant_is_enforced_outside_the_checker_package() -> None:
     # the checkers cite every id by construction; the implementation (controller, pools,
-    # oracle, harness, storage) must also say where it enforces each one
+    # oracle, harness, storage) must also say where it enforces each one, or the session hands
+    # the checker its evidence in a phase (its registration says which: no file to cite it)
+    from hicache_ref.invariants.registry import CHECKERS
+
     enforcing = cited_ids(p for p in iter_files("hicache_ref") if CHECKER_PACKAGE not in p.parents)
+    enforcing |= {c.inv_id: [] for c in CHECKERS if c.phases}
     unenforced = [i for i in read_spec_ids() if i not in enforcing]
     assert not unenforced, (
         f"ids cited only by hicache_ref/invariants/, by no implementation module: {unenforced}"
@@ -212,3 +219,37 @@ def test_every_invariant_has_one_registered_checker_that_the_harness_calls() -> 
     assert not unnamed, (
         f"spec entries whose Enforced section does not name their checker: {unnamed}"
     )
+
+
+def test_every_phase_hands_its_checkers_evidence_they_declare() -> None:
+    # the registrations are the one table: a checker in a state-view phase judges a StateView, the
+    # refusal phase a Refusal, the storage phase a StorageSnapshot
+    from hicache_ref.invariants.evidence import Refusal, StateView
+    from hicache_ref.invariants.registry import CHECKERS
+    from hicache_ref.invariants.storage_snapshot import StorageSnapshot
+
+    kinds: dict[str, type] = {"step": StateView, "reset": StateView, "quiescence": StateView}
+    kinds |= {"refusal": Refusal, "storage": StorageSnapshot}
+    wrong = [
+        f"{c.inv_id} ({phase})"
+        for c in CHECKERS
+        for phase in c.phases
+        if kinds[phase] not in c.evidence
+    ]
+    assert not wrong, f"checkers whose phase hands them evidence they do not declare: {wrong}"
+    assert [c.inv_id for c in CHECKERS] == sorted(read_spec_ids())
+
+
+def test_a_second_checker_for_one_id_is_refused() -> None:
+    import pytest
+
+    from hicache_ref.invariants.checker import collect, registered
+
+    def judge(evidence: object) -> None:
+        return None
+
+    first, second = registered("INV-05")(judge), registered("INV-05")(judge)
+    with pytest.raises(ValueError, match="INV-05 has two checkers"):
+        collect([{"a": first, "b": second}])
+    with pytest.raises(ValueError, match="unknown phase"):
+        registered("INV-05", stepp=1)

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, check_tree
-from hicache_ref.harness.steps.rule_record import STREAMS
+from hicache_ref.harness.rules import STREAMS, step_argument_types
 from hicache_ref.harness.steps.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
 
 SGLANG_CONTROLLER = CONTROLLER_RELPATH
@@ -279,28 +279,9 @@ def _check_step(path_text: str, line_no: int, record: dict[str, Any], index: int
             )
 
 
-STEP_ARGUMENTS: dict[str, str] = {
-    "node": "int",
-    "layer": "int",
-    "n": "int",
-    "tokens": "int",
-    "handle": "int",
-    "draft": "bool",
-    "early_reserve": "bool",
-    "batch": "bool",
-    "stream": "stream",
-    "nodes": "handles",
-    # the storage rules' (``harness/steps/storage_rules.py``)
-    "pick": "int",
-    "new": "bool",
-    "rank": "int",
-    "pages": "int",
-    "request": "str",
-    "kind": "str",
-    "fault": "str",
-}
-"""The type of every step argument the rules read (``harness/steps/rules.py``): a wrong one is a bad
-trace, never a controller failure (tests/test_cli.py keeps this table complete)."""
+STEP_ARGUMENTS: dict[str, str] = dict(step_argument_types())
+"""The type of every step argument the rules read (each record's ``args``): a wrong one is a bad
+trace, never a controller failure."""
 _HANDLES = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
 
 

@@ -19,7 +19,7 @@ from hicache_ref.campaign.behaviours import Behaviours
 from hicache_ref.campaign.coverage import CoverageProbe
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.harness.lockstep.oracle import LockstepOracle
-from hicache_ref.harness.steps.rules import RULES, rule_families
+from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.world import get_auto_copy_path
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 RULE_FAMILIES: dict[str, tuple[str, ...]] = rule_families()
-"""The rules of each family, from the rule records (``harness/steps/rules.py``)."""
+"""The rules of each family, from the rule records (``harness/rules/``)."""
 FEATURES = (
     "pool",
     "layout/io",

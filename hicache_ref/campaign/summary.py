@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import get_invariant_label
 
 if TYPE_CHECKING:

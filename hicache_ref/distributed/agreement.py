@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hicache_ref.distributed.rank_session import RankSession
-from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.steps.trace import Step
 
 

@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_ref.harness.adapters.base import supports
+from hicache_ref.harness.rules import RULES, STREAMS
+from hicache_ref.harness.rules.load import DRAIN_ACKS
+from hicache_ref.harness.rules.record import Param, RuleRecord, sample_params
+from hicache_ref.harness.rules.reset import NOOP
+from hicache_ref.harness.rules.streams import SYNCHRONIZE
 from hicache_ref.harness.steps.programs import NEW_REQUEST, PROGRAMS, atomic_steps, step
-from hicache_ref.harness.steps.rule_record import Param, RuleRecord, sample_params
-from hicache_ref.harness.steps.rules import DRAIN_ACKS, NOOP, RULES, STREAMS, SYNCHRONIZE
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import LEGAL_LAYOUTS, MHA_ONLY_LAYOUTS, HarnessConfig

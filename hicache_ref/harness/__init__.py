@@ -7,12 +7,14 @@ Its map, in the order one case flows through it:
   mutants, upstream SGLang and the seed fork read from a tree, upstream's storage backend);
 - ``world``: the simulated world of one case (``HarnessConfig``, pools, allocators, devices,
   the storage world and its recording backends) and the content oracle's bytes;
-- ``steps``: the rule table (``rules``: one ``RuleRecord`` per trace step, ``programs``: the
-  compound stories), ``Session`` (a step's preconditions, the rule, then every check), traces
-  and their replay;
-- ``driver``: the tree side as verbs (``tree.TreeDriver``: what SGLang's radix cache and
-  scheduler do around the controller; ``storage_driver``: the L3 side), and what they check
-  as they go (byte checks, the free-slot and store watches, misuse probes);
+- ``driver``: the tree's state (``tree.TreeDriver``: SGLang's radix cache around the
+  controller, its ack drains; ``storage_driver``: the L3 side, which extends the tree), and
+  what they check as they go (byte checks, the free-slot and store watches);
+- ``rules``: one module per rule family (forward, write, load, evict, streams, misuse, reset,
+  storage), each rule's precondition, verb, oracle translation and ``RuleRecord`` together;
+  they see the case through ``rules.record.StepContext``, never the session itself;
+- ``steps``: the compound stories (``programs``), ``Session`` (a step's preconditions, the
+  rule, then every check), traces and their replay;
 - ``lockstep``: the pure oracle stepped beside every applied step, and oracle traces
   translated into harness steps;
 - ``campaigns``: the Hypothesis machine, its profiles, the known findings a gate baselines and

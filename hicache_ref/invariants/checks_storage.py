@@ -1,9 +1,11 @@
 """The storage tier's checkers by invariant id: ``STORAGE_CHECKS``.
 
-One checker per id (``check_inv_NN_<slug>``), each judging a ``StorageSnapshot``; the prefetch
-half lives in ``checks_storage_prefetch.py``, the backup and L3 half in ``checks_storage_l3.py``.
-The registry (``registry.REGISTERED``) holds them beside the others; the harness's storage
-driver hands each ``STORAGE_IDS`` a snapshot after each storage step and at quiescence.
+One checker per id (``check_inv_NN_<slug>``, registered with ``storage`` as its phase), each
+judging a ``StorageSnapshot``; the prefetch half lives in ``checks_storage_prefetch.py``, the
+backup and L3 half in ``checks_storage_l3.py``. Both tables are derived from those
+registrations: the registry (``registry.REGISTERED``) holds them beside the others, and the
+harness's storage driver hands each ``STORAGE_IDS`` a snapshot after each storage step and at
+quiescence.
 """
 
 from __future__ import annotations
@@ -11,45 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from hicache_ref.invariants.checks_storage_l3 import (
-    check_inv_25_one_ack,
-    check_inv_26_ack_is_stored_prefix,
-    check_inv_27_prefix_keys,
-    check_inv_28_key_namespace,
-    check_inv_30_l3_bytes,
-    check_inv_31_prefix_closed,
-)
-from hicache_ref.invariants.checks_storage_prefetch import (
-    check_inv_19_prefetch_ranges,
-    check_inv_20_storage_collectives,
-    check_inv_21_min_progress,
-    check_inv_22_verdict_after_hit,
-    check_inv_23_io_owned_pages,
-    check_inv_24_storage_epochs,
-    check_inv_29_hit_endpoint,
-)
+from hicache_ref.invariants import checks_storage_l3, checks_storage_prefetch
+from hicache_ref.invariants.checker import collect, phase_ids
 from hicache_ref.invariants.evidence import Evidence
 
 StorageCheck = Callable[[Evidence], None]
 
-STORAGE_CHECKS: Mapping[str, StorageCheck] = MappingProxyType(
-    {
-        "INV-19": check_inv_19_prefetch_ranges,
-        "INV-20": check_inv_20_storage_collectives,
-        "INV-21": check_inv_21_min_progress,
-        "INV-22": check_inv_22_verdict_after_hit,
-        "INV-23": check_inv_23_io_owned_pages,
-        "INV-24": check_inv_24_storage_epochs,
-        "INV-25": check_inv_25_one_ack,
-        "INV-26": check_inv_26_ack_is_stored_prefix,
-        "INV-27": check_inv_27_prefix_keys,
-        "INV-28": check_inv_28_key_namespace,
-        "INV-29": check_inv_29_hit_endpoint,
-        "INV-30": check_inv_30_l3_bytes,
-        "INV-31": check_inv_31_prefix_closed,
-    }
-)
-STORAGE_IDS = tuple(STORAGE_CHECKS)
+_STORAGE = collect([vars(checks_storage_prefetch), vars(checks_storage_l3)])
+STORAGE_CHECKS: Mapping[str, StorageCheck] = MappingProxyType({c.inv_id: c.check for c in _STORAGE})
+STORAGE_IDS = phase_ids(_STORAGE, "storage")
 """The storage phase: every storage id, in id order (after each storage step, each reset and at
 quiescence, so the first violation reported is the same on every run)."""
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.invariants.checker import registered
 from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
-from hicache_ref.invariants.storage_snapshot import Prefix
+from hicache_ref.invariants.storage_snapshot import Prefix, StorageSnapshot
 
 
 # -- INV-25 ---------------------------------------------------------------------------------------
+@registered("INV-25", StorageSnapshot, storage=0)
 def check_inv_25_one_ack(evidence: Evidence) -> None:
     """Exactly one ack per write_storage and one final ack per started transfer."""
     snapshot = storage_snapshot_of("INV-25", evidence)
@@ -42,6 +44,7 @@ def check_inv_25_one_ack(evidence: Evidence) -> None:
 
 
 # -- INV-26 ---------------------------------------------------------------------------------------
+@registered("INV-26", StorageSnapshot, storage=0)
 def check_inv_26_ack_is_stored_prefix(evidence: Evidence) -> None:
     """A backup ack reports exactly the stored prefix; no page is believed stored unwritten."""
     snapshot = storage_snapshot_of("INV-26", evidence)
@@ -73,6 +76,7 @@ def check_inv_26_ack_is_stored_prefix(evidence: Evidence) -> None:
 
 
 # -- INV-27 ---------------------------------------------------------------------------------------
+@registered("INV-27", StorageSnapshot, storage=0)
 def check_inv_27_prefix_keys(evidence: Evidence) -> None:
     """A page key stands for exactly one whole-page token prefix, and a prefix for one key."""
     snapshot = storage_snapshot_of("INV-27", evidence)
@@ -113,6 +117,7 @@ def _first_difference(a: Prefix, b: Prefix) -> int:
 
 
 # -- INV-28 ---------------------------------------------------------------------------------------
+@registered("INV-28", StorageSnapshot, storage=0)
 def check_inv_28_key_namespace(evidence: Evidence) -> None:
     """One writer per stored key; a rank's clear() removes only its own keys."""
     snapshot = storage_snapshot_of("INV-28", evidence)
@@ -141,6 +146,7 @@ def check_inv_28_key_namespace(evidence: Evidence) -> None:
 
 
 # -- INV-30 ---------------------------------------------------------------------------------------
+@registered("INV-30", StorageSnapshot, storage=0)
 def check_inv_30_l3_bytes(evidence: Evidence) -> None:
     """Every page read back from L3 holds the bytes the oracle expects for its key."""
     snapshot = storage_snapshot_of("INV-30", evidence)
@@ -158,6 +164,7 @@ def check_inv_30_l3_bytes(evidence: Evidence) -> None:
 
 
 # -- INV-31 ---------------------------------------------------------------------------------------
+@registered("INV-31", StorageSnapshot, storage=0)
 def check_inv_31_prefix_closed(evidence: Evidence) -> None:
     """L3 holds no page of a chain without every page before it (or a page a fault lost)."""
     snapshot = storage_snapshot_of("INV-31", evidence)

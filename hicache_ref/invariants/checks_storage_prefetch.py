@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.invariants.checker import registered
 from hicache_ref.invariants.checks_prefetch import check_prefetch_progress
 from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
 from hicache_ref.invariants.storage_snapshot import (
     CollectiveRecord,
     PrefetchRecord,
+    StorageSnapshot,
 )
 
 COMPLETION_GROUP = "prefetch_completion"
@@ -73,6 +75,7 @@ def _check_ranges(record: PrefetchRecord, page_size: int, rank: int) -> None:
         )
 
 
+@registered("INV-19", StorageSnapshot, storage=0)
 def check_inv_19_prefetch_ranges(evidence: Evidence) -> None:
     """Progress grows in landed whole pages, freezes at termination; the buffer splits once."""
     snapshot = storage_snapshot_of("INV-19", evidence)
@@ -115,6 +118,7 @@ def check_inv_19_prefetch_ranges(evidence: Evidence) -> None:
 
 
 # -- INV-20 ---------------------------------------------------------------------------------------
+@registered("INV-20", StorageSnapshot, storage=0)
 def check_inv_20_storage_collectives(evidence: Evidence) -> None:
     """Every rank issues the same collectives, in the same order, with consistent results."""
     snapshot = storage_snapshot_of("INV-20", evidence)
@@ -148,6 +152,7 @@ def check_inv_20_storage_collectives(evidence: Evidence) -> None:
 
 
 # -- INV-21 ---------------------------------------------------------------------------------------
+@registered("INV-21", StorageSnapshot, storage=0)
 def check_inv_21_min_progress(evidence: Evidence) -> None:
     """Every rank publishes the same acks, each progress the MIN of the ranks' progress."""
     snapshot = storage_snapshot_of("INV-21", evidence)
@@ -184,6 +189,7 @@ def check_inv_21_min_progress(evidence: Evidence) -> None:
 
 
 # -- INV-22 ---------------------------------------------------------------------------------------
+@registered("INV-22", StorageSnapshot, storage=0)
 def check_inv_22_verdict_after_hit(evidence: Evidence) -> None:
     """No prefetch is judged complete before its hit result was published and met."""
     snapshot = storage_snapshot_of("INV-22", evidence)
@@ -205,6 +211,7 @@ def check_inv_22_verdict_after_hit(evidence: Evidence) -> None:
 
 
 # -- INV-23 ---------------------------------------------------------------------------------------
+@registered("INV-23", StorageSnapshot, storage=0)
 def check_inv_23_io_owned_pages(evidence: Evidence) -> None:
     """No bounce page is freed or inserted while an IO may still write it."""
     snapshot = storage_snapshot_of("INV-23", evidence)
@@ -232,6 +239,7 @@ def check_inv_23_io_owned_pages(evidence: Evidence) -> None:
 
 
 # -- INV-24 ---------------------------------------------------------------------------------------
+@registered("INV-24", StorageSnapshot, storage=0)
 def check_inv_24_storage_epochs(evidence: Evidence) -> None:
     """After a reset nothing old acts and nothing is queued; after a detach no thread lives."""
     snapshot = storage_snapshot_of("INV-24", evidence)
@@ -262,6 +270,7 @@ def check_inv_24_storage_epochs(evidence: Evidence) -> None:
 
 
 # -- INV-29 ---------------------------------------------------------------------------------------
+@registered("INV-29", StorageSnapshot, storage=0)
 def check_inv_29_hit_endpoint(evidence: Evidence) -> None:
     """A published hit is whole pages, the MIN of the ranks' runs, and its buffer covers it."""
     snapshot = storage_snapshot_of("INV-29", evidence)

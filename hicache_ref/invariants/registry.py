@@ -1,5 +1,9 @@
 """The one home of every invariant the harness checks: one ``check_inv_NN_*`` per id.
 
+Each checker registers itself (``checker.registered``: its id, the evidence kinds it judges, its
+phases); ``REGISTERED`` and every phase's ids are derived from those registrations, here and in
+``checks_storage_*.py``, so no table lists an id a second time.
+
 Each registered checker takes one piece of evidence (``evidence.py``: a state view after a step,
 a refusal, indices an implementation returned, what every rank reported, bytes read back, a
 backup copy's reads) and raises that invariant's ``InvariantViolation`` when the evidence shows
@@ -10,7 +14,7 @@ tree, the byte checks and the device watch hand what they observe to the id it b
 built from its own pools and model (``snapshot.py``), so every implementation is checked the same
 way and none is trusted; the pure rules they apply live in ``checks_*.py``.
 
-The phases, in the order a case meets them:
+The phases, in the order a case meets them (each checker's phase keyword orders it within):
 
 - ``STEP_IDS`` after every applied step: one live write per node (INV-02), identical ack rows
   (INV-14), producer slots not oversubscribed (INV-10), no write ack before every layer was
@@ -38,7 +42,9 @@ from types import MappingProxyType, TracebackType
 import torch
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.invariants import checks_storage_l3, checks_storage_prefetch
 from hicache_ref.invariants._convert import shorten
+from hicache_ref.invariants.checker import collect, phase_ids, registered
 from hicache_ref.invariants.checks_acks import (
     check_ack_queues_empty,
     check_ack_rows_identical,
@@ -58,7 +64,6 @@ from hicache_ref.invariants.checks_ownership import (
     check_pages_owned_once,
     check_unchanged,
 )
-from hicache_ref.invariants.checks_storage import STORAGE_CHECKS, STORAGE_IDS
 from hicache_ref.invariants.checks_storage_l3 import (
     check_inv_25_one_ack,
     check_inv_26_ack_is_stored_prefix,
@@ -148,6 +153,7 @@ def _bytes(inv_id: str, evidence: Rows) -> None:
 
 
 # -- INV-01 .. INV-19 -----------------------------------------------------------------------------
+@registered("INV-01", ReturnedIndices)
 def check_inv_01_page_alignment(evidence: Evidence) -> None:
     """INV-01: indices an implementation returned are whole, aligned pages."""
     if not isinstance(evidence, ReturnedIndices):
@@ -155,6 +161,7 @@ def check_inv_01_page_alignment(evidence: Evidence) -> None:
     check_page_aligned(evidence.indices, evidence.page_size, evidence.what)
 
 
+@registered("INV-02", DrainedAck, StateView, step=1)
 def check_inv_02_one_live_write(evidence: Evidence) -> None:
     """INV-02: no node twice among a rank's write acks, a gate that agrees with a scan of the
     queue, and no drained write ack for a node whose backup is not in flight."""
@@ -177,6 +184,7 @@ def check_inv_02_one_live_write(evidence: Evidence) -> None:
                 check_undrained_gate_agrees(_gate(snap), snap.write_rows, ids)
 
 
+@registered("INV-03", OwnerReplay)
 def check_inv_03_owner_replay(evidence: Evidence) -> None:
     """INV-03: a CP load's fresh pages repeat, page by page, the owners recorded at write time."""
     if not isinstance(evidence, OwnerReplay):
@@ -193,6 +201,7 @@ def check_inv_03_owner_replay(evidence: Evidence) -> None:
         raise InvariantViolation("INV-03", f"node {evidence.node}: {violation.detail}") from None
 
 
+@registered("INV-04", StateView, step=4)
 def check_inv_04_every_layer_before_ack(evidence: Evidence) -> None:
     """INV-04: no write ack is in a queue for a node whose forward has not stored every layer
     (the harness's own count of stored layers; a layer's D2H can only follow its store)."""
@@ -218,6 +227,7 @@ def check_inv_04_every_layer_before_ack(evidence: Evidence) -> None:
                     )
 
 
+@registered("INV-05", StateView, step=5, quiescence=2)
 def check_inv_05_slot_conservation(evidence: Evidence) -> None:
     """INV-05 on every rank: the pools' allocated pages are exactly the nodes' pages, once each."""
     if not isinstance(evidence, StateView):
@@ -236,6 +246,7 @@ def check_inv_05_slot_conservation(evidence: Evidence) -> None:
             check_pages_owned_once(snap.draft_host_pages, draft, f"rank {r} draft host pool")
 
 
+@registered("INV-06", Rows)
 def check_inv_06_byte_equality(evidence: Evidence) -> None:
     """INV-06: a resident copy holds the bytes the content oracle predicts."""
     if not isinstance(evidence, Rows):
@@ -243,6 +254,7 @@ def check_inv_06_byte_equality(evidence: Evidence) -> None:
     _bytes("INV-06", evidence)
 
 
+@registered("INV-07", Rows)
 def check_inv_07_no_host_free_in_flight(evidence: Evidence) -> None:
     """INV-07: no copy wrote a host slot after it was freed (the free slots still hold the
     harness's poison)."""
@@ -251,6 +263,7 @@ def check_inv_07_no_host_free_in_flight(evidence: Evidence) -> None:
     _bytes("INV-07", evidence)
 
 
+@registered("INV-08", StateView, step=6)
 def check_inv_08_no_device_free_in_flight(evidence: Evidence) -> None:
     """INV-08 on every rank: no device page of a node with a copy or a read in flight is free."""
     if not isinstance(evidence, StateView):
@@ -269,6 +282,7 @@ def check_inv_08_no_device_free_in_flight(evidence: Evidence) -> None:
                 check_no_device_free_in_flight(sorted(freed), in_flight, "the allocator")
 
 
+@registered("INV-09", Rows)
 def check_inv_09_fifo_ack_drain(evidence: Evidence) -> None:
     """INV-09: a drained ack's transfer has landed: the node's copy holds the predicted bytes
     when the tree drains its ack."""
@@ -277,6 +291,7 @@ def check_inv_09_fifo_ack_drain(evidence: Evidence) -> None:
     _bytes("INV-09", evidence)
 
 
+@registered("INV-10", SlotReuse, StateView, step=3)
 def check_inv_10_producer_slots(evidence: Evidence) -> None:
     """INV-10: no rank holds more undrained load acks than slots, and no slot is handed out
     while an undrained load still holds it."""
@@ -297,6 +312,7 @@ def check_inv_10_producer_slots(evidence: Evidence) -> None:
             check_producer_slots_held(len(snap.load_acks), evidence.model.num_counters)
 
 
+@registered("INV-11", Rows)
 def check_inv_11_layer_gate(evidence: Evidence) -> None:
     """INV-11: a forward read of a layer sees the bytes that layer's load brought in."""
     if not isinstance(evidence, Rows):
@@ -304,6 +320,7 @@ def check_inv_11_layer_gate(evidence: Evidence) -> None:
     _bytes("INV-11", evidence)
 
 
+@registered("INV-12", BackupRead)
 def check_inv_12_store_before_backup(evidence: Evidence) -> None:
     """INV-12: a layer's D2H read device rows only after that layer's KV store wrote them."""
     if not isinstance(evidence, BackupRead):
@@ -320,6 +337,7 @@ def check_inv_12_store_before_backup(evidence: Evidence) -> None:
         )
 
 
+@registered("INV-13", SlotCount)
 def check_inv_13_cp_metadata(evidence: Evidence) -> None:
     """INV-13: a CP reservation's metadata obeys every metadata rule and holds one host slot per
     position the harness's own layout says the rank owns."""
@@ -334,6 +352,7 @@ def check_inv_13_cp_metadata(evidence: Evidence) -> None:
     check_host_slot_count(evidence.slots, evidence.owned, evidence.what, pool=evidence.pool)
 
 
+@registered("INV-14", RankValues, StateView, step=2)
 def check_inv_14_ranks_alike(evidence: Evidence) -> None:
     """INV-14: every CP rank reports the same rows (ack rows, pages, producer slots)."""
     if isinstance(evidence, RankValues) and not evidence.ack_rows:
@@ -364,6 +383,7 @@ def check_inv_14_ranks_alike(evidence: Evidence) -> None:
         check_inv_14_ranks_alike(RankValues(queue, rows, allow_lag=lag))
 
 
+@registered("INV-15", StateView, quiescence=3)
 def check_inv_15_cancel_quiesces(evidence: Evidence) -> None:
     """INV-15 on every rank: a pending per-layer write belongs to a backup still in flight."""
     if not isinstance(evidence, StateView):
@@ -373,6 +393,7 @@ def check_inv_15_cancel_quiesces(evidence: Evidence) -> None:
         check_no_stale_layer_writes(snap.pending_layer_writes, in_flight, f"rank {snap.rank}")
 
 
+@registered("INV-16", DrainedAck, StateView, quiescence=1)
 def check_inv_16_acked_once(evidence: Evidence) -> None:
     """INV-16: no load ack for a node that is not loading; once every submission was acked,
     both ack queues are empty."""
@@ -391,6 +412,7 @@ def check_inv_16_acked_once(evidence: Evidence) -> None:
             )
 
 
+@registered("INV-17", Refusal, refusal=1)
 def check_inv_17_refusal_changes_nothing(evidence: Evidence) -> None:
     """INV-17 on every rank: pages, ack rows and pending writes are as before the refusal."""
     if not isinstance(evidence, Refusal):
@@ -403,6 +425,7 @@ def check_inv_17_refusal_changes_nothing(evidence: Evidence) -> None:
             check_unchanged(old.parts(evidence.may_change), new.parts(evidence.may_change), what)
 
 
+@registered("INV-18", Rows, StateView, reset=1)
 def check_inv_18_reset_clean(evidence: Evidence) -> None:
     """INV-18: after reset nothing is queued, pending or claimed, and no copy issued before it
     landed after it (the freed pages still hold the harness's poison)."""
@@ -425,36 +448,16 @@ def check_inv_18_reset_clean(evidence: Evidence) -> None:
             )
 
 
-REGISTERED: Mapping[str, Checker] = MappingProxyType(
-    {
-        "INV-01": check_inv_01_page_alignment,
-        "INV-02": check_inv_02_one_live_write,
-        "INV-03": check_inv_03_owner_replay,
-        "INV-04": check_inv_04_every_layer_before_ack,
-        "INV-05": check_inv_05_slot_conservation,
-        "INV-06": check_inv_06_byte_equality,
-        "INV-07": check_inv_07_no_host_free_in_flight,
-        "INV-08": check_inv_08_no_device_free_in_flight,
-        "INV-09": check_inv_09_fifo_ack_drain,
-        "INV-10": check_inv_10_producer_slots,
-        "INV-11": check_inv_11_layer_gate,
-        "INV-12": check_inv_12_store_before_backup,
-        "INV-13": check_inv_13_cp_metadata,
-        "INV-14": check_inv_14_ranks_alike,
-        "INV-15": check_inv_15_cancel_quiesces,
-        "INV-16": check_inv_16_acked_once,
-        "INV-17": check_inv_17_refusal_changes_nothing,
-        "INV-18": check_inv_18_reset_clean,
-        **STORAGE_CHECKS,  # INV-19 .. INV-31: the storage tier's, each over a StorageSnapshot
-    }
-)
+CHECKERS = collect([globals(), vars(checks_storage_prefetch), vars(checks_storage_l3)])
+"""Every registered checker (``checker.registered``), in id order: the one home of each id."""
+REGISTERED: Mapping[str, Checker] = MappingProxyType({c.inv_id: c.check for c in CHECKERS})
 """Every invariant id the harness checks, and its one checker."""
 
-STEP_IDS = ("INV-02", "INV-14", "INV-10", "INV-04", "INV-05", "INV-08")
-REFUSAL_IDS = ("INV-17",)
-# STORAGE_IDS (checks_storage.py): after each storage step, each reset and at quiescence
-RESET_IDS = ("INV-18",)
-QUIESCENCE_IDS = ("INV-16", "INV-05", "INV-15")
+STEP_IDS = phase_ids(CHECKERS, "step")
+REFUSAL_IDS = phase_ids(CHECKERS, "refusal")
+RESET_IDS = phase_ids(CHECKERS, "reset")
+QUIESCENCE_IDS = phase_ids(CHECKERS, "quiescence")
+STORAGE_IDS = phase_ids(CHECKERS, "storage")
 
 
 class CheckRunner:

@@ -11,6 +11,7 @@ the oracle predicts the bytes every transfer carries.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Literal, TypeVar
 
@@ -273,7 +274,12 @@ def with_fault(state: OracleState, inv_id: str, message: str) -> OracleState:
 
 T = TypeVar("T")
 
-_FIELD_NAMES: dict[type, frozenset[str]] = {}
+FIELD_NAMES_CACHE_MAX = 64  # one entry per record type of the oracle
+
+
+@functools.lru_cache(maxsize=FIELD_NAMES_CACHE_MAX)
+def _field_names(kind: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(kind))
 
 
 def evolve(record: T, **changes: object) -> T:
@@ -283,9 +289,7 @@ def evolve(record: T, **changes: object) -> T:
     Unknown field names still raise, as with ``replace``.
     """
     kind = type(record)
-    names = _FIELD_NAMES.get(kind)
-    if names is None:
-        names = _FIELD_NAMES[kind] = frozenset(f.name for f in fields(kind))  # type: ignore[arg-type]
+    names = _field_names(kind)  # type: ignore[arg-type]  # a class is hashable
     if not names.issuperset(changes):
         raise TypeError(f"{kind.__name__} has no field(s) {sorted(set(changes) - names)}")
     updated = object.__new__(kind)

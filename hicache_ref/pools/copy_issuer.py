@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -75,17 +76,18 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     return library
 
 
-_LIBRARY: tuple[ctypes.CDLL | None, str] | None = None
 _LIBRARY_LOCK = threading.Lock()
 
 
 def load_issuer_library() -> tuple[ctypes.CDLL | None, str]:
     """The compiled ``copy_issuer.c`` (built once per source version), or ``None`` and why."""
-    global _LIBRARY
-    with _LIBRARY_LOCK:
-        if _LIBRARY is None:
-            _LIBRARY = _build()
-        return _LIBRARY
+    with _LIBRARY_LOCK:  # one build, even when two threads ask first at once
+        return _built_library()
+
+
+@functools.cache
+def _built_library() -> tuple[ctypes.CDLL | None, str]:
+    return _build()
 
 
 def _build() -> tuple[ctypes.CDLL | None, str]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import INVARIANT_TITLES
 from hicache_ref.vectors.models import Vector
 

@@ -22,8 +22,8 @@ from typing import Literal
 import torch
 
 from hicache_ref.harness.driver.node_model import Node
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.steps.outcome import Outcome
-from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.content import expected_rows
@@ -249,22 +249,23 @@ def observe(session: Session, before: Before, step: Step, outcome: Outcome) -> E
     node = tree.nodes.get(handle)
     page = session.config.page_size
     reason: RefusalReason | None = None
+    # what the step hands back is its record's ``returns``: a new node, device pages, host slots
     if outcome.refused:
         status = "refused"
-        if step.rule == "prefill":
+        if record.returns == "new_node":
             reason = "forward_batch_midway" if tree.batch_layer > 0 else "device_capacity"
-        elif step.rule == "load":
+        elif record.returns == "device_pages":
             reason = "device_capacity"
         else:
             reason = "refused" if node is None else _reason_for_backup(session, node)
-    elif step.rule == "prefill" and node is not None:
+    elif record.returns == "new_node" and node is not None:
         owners = _owners(session, node)
         if outcome.reservation == "refused":
             reason = _reason_for_backup(session, node)
         elif outcome.reservation == "made":
             returned = _returned(_host_indices(session, node), page)
     elif record.refusable and node is not None:
-        if step.rule == "load" and node.value is not None:
+        if record.returns == "device_pages" and node.value is not None:
             returned = _returned([node.value], page)
         elif node.backup != "none":
             returned = _returned(_host_indices(session, node), page)

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.rules.streams import SYNCHRONIZE
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, StepArg
 from hicache_ref.harness.world.config import HarnessConfig
@@ -35,12 +37,6 @@ from hicache_ref.vectors.settle import CompletionTracker
 PROBED_CAPABILITIES = ("guards", "multi_consumer", "reset_drains", "per_layer_write", "storage")
 """Capabilities a rule may ask for that no configuration field implies; ``requires`` lists
 those whose absence would disable a recorded step."""
-
-
-STORAGE_STEPS_CAPABILITY = "storage:batch_steps"
-"""What a storage step does is the reference's thread granularity (one hit query, one page batch
-of IO, one progress ack, one backup op per step); an implementation whose threads do more or
-less per loop iteration replays no vector that steps them (``specs/vectors.md``)."""
 
 
 class GenerationError(RuntimeError):
@@ -83,8 +79,9 @@ class Recorder:
     def prepared(self, rule: str, args: Mapping[str, StepArg] | None = None) -> Step:
         """The step, with the handle a prefill will take named in it."""
         args = dict(args or {})
-        if rule == "prefill":
-            args.setdefault("handle", self.session.tree.next_handle)
+        pins = RULES[rule].pins
+        if pins is not None:
+            args = dict(pins(self.session, args))
         return Step(rule=rule, args=args)  # type: ignore[arg-type]
 
     def offer(self, step: Step, *, inv: str | None = None, note: str = "") -> bool:
@@ -96,7 +93,7 @@ class Recorder:
                 self.schedule = "ops"
         else:
             for stream in self.tracker.unsettled_streams(step):
-                self._apply(Step(rule="synchronize", args={"stream": stream}), note="settle")
+                self._apply(Step(rule=SYNCHRONIZE.name, args={"stream": stream}), note="settle")
             if not self.tracker.in_flight_determinate(step):
                 return False
         if self.session.why_disabled(step) is not None:
@@ -104,8 +101,6 @@ class Recorder:
         if self.tracker.relies_on_in_flight(step) and self.schedule == "any":
             self.schedule = "sim"
         self.requires |= self._needed_capabilities(step)
-        if step.rule == "storage_step":
-            self.requires.add(STORAGE_STEPS_CAPABILITY)  # its answer pins the thread's step
         self._apply(step, inv=inv, note=note)
         return True
 
@@ -144,9 +139,7 @@ class Recorder:
     def _needed_capabilities(self, step: Step) -> set[str]:
         """Capabilities whose absence would disable ``step`` now (probed on the session)."""
         session, world = self.session, self.session.world
-        needed = set()
-        if step.rule == "prefill" and bool(step.args.get("early_reserve")) and self.config.uses_cp:
-            needed.add("per_layer_write")  # without it the tree reserves nothing early
+        needed = set(RULES[step.rule].requires(session, step.args))  # the record says
         held_session, held_world = session.capabilities, world.capabilities
         try:
             for capability in PROBED_CAPABILITIES:

@@ -3,7 +3,7 @@ conforming implementation (the generator's side of normalization).
 
 How many device ops a transfer takes is the implementation's choice, so after
 ``advance(stream, n)`` one implementation's ack may have finished and another's not. A step
-that reads completion (``COMPLETION``) is kept in a vector only where every conforming
+that reads completion (its record's ``completion``) is kept in a vector only where every conforming
 implementation must answer alike:
 
 - an ack is *surely finished* once its stream was synchronized after it was appended;
@@ -20,79 +20,22 @@ a reset or a scribble with copies queued) is offered only when one surely is
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Literal
 
 from hicache_ref.device.sim import ExecutedOp, SimDevice, SimStream
-from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 
 Reads = Literal["nothing", "acks", "in_flight"]
-COMPLETION: Mapping[str, Reads] = MappingProxyType(
-    {
-        "drain_write": "acks",
-        "drain_load": "acks",
-        "drain_acks": "acks",
-        "probe_evict_host": "in_flight",
-        "probe_evict_device": "in_flight",
-        "reset_in_flight": "in_flight",
-        "scribble_free_host": "in_flight",
-    }
-)
-"""The rules that read completion: ``acks`` (what is drained depends on finished acks),
-``in_flight`` (enabled only while a copy is still queued). Every other rule reads nothing of
-it; ``tests/vectors`` checks that each rule of ``rules.RULES`` is classified on purpose
-(``CLASSIFIED_NOTHING``), so a new rule is looked at before it lands in a vector."""
-CLASSIFIED_NOTHING = frozenset(
-    {
-        "prefill",
-        "forward_layer",
-        "store_layer",
-        "layer_end",
-        "write",
-        "start_writing",
-        "reserve",
-        "submit_layer",
-        "cancel",
-        "load",
-        "start_loading",
-        "forward_read",
-        "forward_read_batch",
-        "evict_device",
-        "drop",
-        "evict_host",
-        "advance",
-        "advance_to_record",
-        "synchronize",
-        "probe_rewrite",
-        "reset",
-        "noop",
-        # the storage tier's rules: its threads run only when a vector's storage_step says
-        # so, on host memory and the backend, never on a device stream; what a drain of
-        # storage acks answers is fixed by the storage steps before it
-        "write_storage",
-        "storage_step",
-        "prefetch",
-        "check_prefetch",
-        "terminate_prefetch",
-        "drain_prefetch_acks",
-        "drain_backup_acks",
-        "inject_fault",
-        "detach_storage",
-        "attach_storage",
-        "clear_storage",
-        "reset_storage_in_flight",
-    }
-)
 QUEUES = ("write", "load")
 WORK_KINDS = ("copy", "kernel")
 
 
 def reads_completion(rule: str) -> Reads:
-    return COMPLETION.get(rule, "nothing")
+    """What ``rule`` reads of the streams' progress (its record's ``completion``)."""
+    return RULES[rule].completion.reads
 
 
 @dataclass
@@ -136,7 +79,8 @@ class CompletionTracker:
         self._epoch_before = Counter(self.epoch)
 
     def after_step(self, step: Step) -> None:
-        if step.rule == "synchronize" and step.args.get("stream") in QUEUES:
+        synchronizes = RULES[step.rule].completion.synchronizes
+        if synchronizes and step.args.get("stream") in QUEUES:
             self.epoch[str(step.args["stream"])] += 1
         live: dict[int, _Stamp] = {}
         for rank in range(len(self.session.world.ranks)):
@@ -193,24 +137,20 @@ class CompletionTracker:
 
     def unsettled_streams(self, step: Step) -> list[str]:
         """The copy streams to synchronize before ``step`` so its drain is determinate."""
-        if reads_completion(step.rule) != "acks":
-            return []
-        queues = {"drain_write": ("write",), "drain_load": ("load",)}.get(step.rule, QUEUES)
+        queues = RULES[step.rule].completion.drains
         return [q for q in queues if self.queue_verdict(q) == "unsettled"]
 
     def relies_on_in_flight(self, step: Step) -> bool:
         """Whether ``step``'s answer counts on a copy not having run (``schedule: sim``)."""
-        kind = reads_completion(step.rule)
-        if kind == "in_flight":
+        completion = RULES[step.rule].completion
+        if completion.in_flight:
             return True
-        if kind != "acks":
-            return False
-        queues = {"drain_write": ("write",), "drain_load": ("load",)}.get(step.rule, QUEUES)
-        return any(self.queue_verdict(q) == "in_flight" for q in queues)
+        return any(self.queue_verdict(q) == "in_flight" for q in completion.drains)
 
     def in_flight_determinate(self, step: Step) -> bool:
         """For an ``in_flight`` step: a copy it needs queued surely is (for its node, if any)."""
-        if reads_completion(step.rule) != "in_flight":
+        queues = RULES[step.rule].completion.in_flight
+        if not queues:
             return True
         node_id = None
         if "node" in step.args:
@@ -222,9 +162,7 @@ class CompletionTracker:
             if any(p is not None and node_id in p.pending_layer_writes for p in per_layer):
                 return True  # a pending per-layer write is the implementation's state, no timing
         for rank in range(len(self.session.world.ranks)):
-            for queue in QUEUES:
-                if step.rule == "probe_evict_host" and queue == "load":
-                    continue
+            for queue in queues:
                 for ack in self._queue(rank, queue):
                     ids = list(getattr(ack, "node_ids", ()))
                     if node_id is not None and node_id not in ids:
@@ -232,8 +170,3 @@ class CompletionTracker:
                     if self._surely_in_flight(ack, rank, queue):
                         return True
         return False
-
-
-def check_classified() -> list[str]:
-    """Rules of ``RULES`` that are neither in ``COMPLETION`` nor ``CLASSIFIED_NOTHING``."""
-    return [name for name in RULES if name not in COMPLETION and name not in CLASSIFIED_NOTHING]

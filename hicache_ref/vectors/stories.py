@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from hicache_ref.vectors.record import Recorder
 from hicache_ref.vectors.storybook import (
-    STORIES,
+    Story,
     backup,
     compute,
     node_of,
@@ -23,6 +23,7 @@ from hicache_ref.vectors.storybook import (
     prefill,
     record_story,
     reload,
+    stories_in,
     story,
 )
 
@@ -444,5 +445,11 @@ def _inv18_in_flight(r: Recorder) -> None:
 
 
 # the bug-class and regression scenes, then the storage tier's (INV-19 .. INV-31)
-import hicache_ref.vectors.stories_regressions  # noqa: E402
-import hicache_ref.vectors.stories_storage  # noqa: E402, F401
+from hicache_ref.vectors import stories_regressions, stories_storage  # noqa: E402
+
+STORIES: tuple[Story, ...] = (
+    *stories_in(globals()),
+    *stories_in(vars(stories_regressions)),
+    *stories_in(vars(stories_storage)),
+)
+"""Every story, in the order the suite records them."""

@@ -1,5 +1,5 @@
 """Scenes aimed at bug classes the campaigns found, and regression scenes of the reference's
-own schedule (``ops``: a load ack observed op by op). Registered after ``stories.py``'s."""
+own schedule (``ops``: a load ack observed op by op). Listed after ``stories.py``'s."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.vectors.record import Recorder
 from hicache_ref.vectors.storybook import (
     BASE,
-    STORIES,
     Story,
     node_of,
     offload,
@@ -110,15 +109,15 @@ def _load_ack_scene(r: Recorder) -> None:
     raise AssertionError(f"{r.vector_id}: the load never drained")
 
 
-def _ops_story(vector_id: str, title: str, **config: object) -> None:
+def _ops_story(vector_id: str, title: str, **config: object) -> Story:
     world = HarnessConfig.model_validate({**BASE.model_dump(), **config})
-    STORIES.append(Story(vector_id, title, "INV-04", world, _load_ack_scene, settle=False))
+    return Story(vector_id, title, "INV-04", world, _load_ack_scene, settle=False)
 
 
-_ops_story(
+OPS_LOAD_ACK_AFTER_LAST_LAYER = _ops_story(
     "story-ops-load-ack-after-last-layer", "the load ack of three layers, op by op", layer_num=3
 )
-_ops_story(
+OPS_LOAD_ACK_AFTER_DRAFT_TAIL = _ops_story(
     "story-ops-load-ack-after-draft-tail",
     "a load ack with a draft tail, op by op",
     layer_num=1,

@@ -6,7 +6,7 @@ room on the host for backups and a prefetch's bounce pages. Every thread step is
 vector (``storage_step``), so what a drain of storage acks answers is fixed by the steps before
 it. The verbs: ``to_l3`` (a new chain, backed up and acked), ``hit`` (a prefetch of it and its
 rank-reduced hit drained), ``run_storage`` (every runnable step of the named threads, with
-drains). Registered last, after ``stories.py``'s and ``stories_regressions.py``'s scenes.
+drains). Listed last, after ``stories.py``'s and ``stories_regressions.py``'s scenes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ STEPS_MAX = 24  # bound on a scene's thread steps (a chain has at most three pag
 
 
 def _driver(r: Recorder) -> StorageDriver:
-    storage = r.session.tree.storage
+    storage = r.session.storage
     assert storage is not None, "a storage story runs in a storage world"
     return storage
 

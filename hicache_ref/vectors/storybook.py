@@ -1,10 +1,11 @@
-"""How a story is written: the ``Story`` record, the ``story`` decorator that registers a scene
-in ``STORIES``, the verbs scenes share (prefill -> compute -> backup / offload -> reload), and
-``record_story``, which records a scene on the reference. The scenes are in ``stories.py``."""
+"""How a story is written: the ``Story`` record, the ``story`` decorator that makes a scene a
+``Story`` (``stories_in`` finds a module's stories in the order they are written), the verbs
+scenes share (prefill -> compute -> backup / offload -> reload), and ``record_story``, which
+records a scene on the reference. The scenes are in ``stories.py``, which lists ``STORIES``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hicache_ref.harness.world.config import HarnessConfig
@@ -26,20 +27,23 @@ class Story:
     settle: bool = True  # False: an ``ops`` scene (the reference's own schedule)
 
 
-STORIES: list[Story] = []
-
-
 def story(
     vector_id: str, inv: str, title: str, **config: object
-) -> Callable[[Callable[[Recorder], None]], Callable[[Recorder], None]]:
+) -> Callable[[Callable[[Recorder], None]], Story]:
+    """The decorated scene as a ``Story`` of ``vector_id`` guarding ``inv``, in the stories' base
+    world with ``config`` over it (``cp=True``: the two-rank CP world)."""
     base = CP2 if config.pop("cp", False) else BASE
     world = HarnessConfig.model_validate({**base.model_dump(), **config})
 
-    def register(scene: Callable[[Recorder], None]) -> Callable[[Recorder], None]:
-        STORIES.append(Story(vector_id, title, inv, world, scene))
-        return scene
+    def make(scene: Callable[[Recorder], None]) -> Story:
+        return Story(vector_id, title, inv, world, scene)
 
-    return register
+    return make
+
+
+def stories_in(namespace: Mapping[str, object]) -> tuple[Story, ...]:
+    """A module's stories (``vars(module)``), in the order the module defines them."""
+    return tuple(value for value in namespace.values() if isinstance(value, Story))
 
 
 # -- verbs the stories share --------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Seeded programs, recorded on the reference: walks over the rule table and over the oracle.
 
 ``program_vector``: at each step, draw the arguments of every rule of ``rules.RULES`` (from
-the record's ``draw`` through ``rule_record.sample_params``, or from ``ARGUMENTS`` for a rule
-that has none), then apply one of the enabled ones by weight, or a compound
+the record's ``draw`` through ``record.sample_params``, or its ``sample`` for a rule that has
+none), then apply one of the enabled ones by its record's ``walk`` weight, or a compound
 (``COMPOUNDS``: offload, reload, compute) as the machine's compound rules do; configurations
 come from ``draw_config`` in flavors (``upstream``: what sglang runs). ``oracle_vector``: a
 walk over the oracle's enabled ops, translated into harness steps (``harness/from_oracle``).
@@ -18,11 +18,15 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 from hicache_ref.harness.lockstep.from_oracle import harness_config_for, steps_for_ops
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.rules.evict import EVICT_DEVICE
+from hicache_ref.harness.rules.forward import FORWARD_LAYER
+from hicache_ref.harness.rules.load import DRAIN_ACKS, DRAIN_LOAD, FORWARD_READ, LOAD, START_LOADING
+from hicache_ref.harness.rules.record import sample_params
+from hicache_ref.harness.rules.streams import SYNCHRONIZE
+from hicache_ref.harness.rules.write import WRITE
 from hicache_ref.harness.steps.programs import PROGRAMS
-from hicache_ref.harness.steps.rule_record import sample_params
-from hicache_ref.harness.steps.rules import RULES
-from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import (
     LEGAL_LAYOUTS,
     MHA_ONLY_LAYOUTS,
@@ -37,58 +41,12 @@ from hicache_ref.vectors.models import Vector
 from hicache_ref.vectors.record import Recorder
 
 COPY_PATHS: tuple[CopyPath, ...] = ("gather", "runs", "batch")
-WEIGHTS: Mapping[str, float] = {
-    "prefill": 3.0,
-    "forward_layer": 5.0,
-    "write": 4.0,
-    "synchronize": 3.0,
-    "drain_acks": 3.0,
-    "drain_write": 1.5,
-    "drain_load": 1.5,
-    "evict_device": 3.0,
-    "load": 4.0,
-    "start_loading": 4.0,
-    "forward_read": 3.0,
-    "advance": 2.5,
-    "evict_host": 3.0,
-    "reset": 1.0,
-    "reset_in_flight": 2.0,
-    "noop": 0.2,
-    "write_storage": 4.0,
-    "storage_step": 6.0,
-    "prefetch": 4.0,
-    "drain_prefetch_acks": 2.0,
-    "drain_backup_acks": 2.0,
-    "reset_storage_in_flight": 0.5,
-    "clear_storage": 0.0,
-}
-"""How often a walk picks each rule among the enabled ones (1 when not listed): enough
-writes, evictions and loads that most programs reach the load path. ``clear_storage`` is left
-to its story (``story-inv28-a-clear-stays-in-its-namespace``): a walk that clears at rest
-would only empty L3 before the prefetches its programs are for."""
 
 
 # -- arguments ----------------------------------------------------------------------------------
 class UnsampledRule(ValueError):
-    """A rule has neither a ``draw`` nor an entry in ``ARGUMENTS`` or ``ORACLE_ONLY``."""
-
-
-def _prefill_args(session: Session, rng: random.Random) -> dict[str, StepArg] | None:
-    page = session.config.page_size
-    early = session.config.uses_cp and session.world.per_layer_write and rng.random() < 0.4
-    return {"tokens": rng.randint(1, 3 * page), "early_reserve": early, "batch": True}
-
-
-ARGUMENTS: Mapping[str, Callable[[Session, random.Random], dict[str, StepArg] | None]] = {
-    "prefill": _prefill_args,
-    "noop": lambda s, r: {},
-}
-"""Arguments of the rules whose record has no ``draw`` (a prefill; a noop)."""
-ORACLE_ONLY = frozenset({"store_layer", "layer_end", "reserve", "submit_layer"})
-"""Rules only translated oracle traces apply (one layer's store, a layer hook, an early
-reservation, one layer's submit): a walk over the rule table that applied them at random would
-write programs no radix tree runs (a store after the node's backup); the oracle programs cover
-them, and the coverage report checks that they do."""
+    """A rule a walk may pick (``RuleRecord.walk`` > 0) has neither a ``draw`` nor a
+    ``sample``."""
 
 
 def rule_step(recorder: Recorder, rule: str, rng: random.Random) -> Step | None:
@@ -99,14 +57,14 @@ def rule_step(recorder: Recorder, rule: str, rng: random.Random) -> Step | None:
         if not record.draw.offered(session):
             return None
         args = record.draw.choose(session, sample_params(record.draw.params, rng))
-    elif rule in ARGUMENTS:
-        args = ARGUMENTS[rule](session, rng)
-    elif rule in ORACLE_ONLY:
-        return None
+    elif record.sample is not None:
+        args = record.sample(session, rng)
+    elif not record.walk:
+        return None  # oracle traces and stories apply it, never a walk
     else:
         raise UnsampledRule(
-            f"rule {rule!r} has no draw and no entry in vectors/walks.py ARGUMENTS (or "
-            "ORACLE_ONLY); give it one so generated vectors cover it"
+            f"rule {rule!r} has no draw and no sample: give its record a sample (or walk=0, "
+            "if only oracle traces apply it) so generated vectors cover it"
         )
     return None if args is None else recorder.prepared(rule, args)
 
@@ -174,44 +132,44 @@ def draw_config(rng: random.Random, flavor: str) -> HarnessConfig:
 def _offload(recorder: Recorder, rng: random.Random) -> None:
     """Compound (as the machine's ``offload``): write, the write stream runs dry, drain,
     evict the device copy."""
-    handles = recorder.session.candidates("write")
+    handles = recorder.session.candidates(WRITE.name)
     if not handles:
         return
     node = rng.choice(handles)
-    for rule, args in (
-        ("write", {"node": node}),
-        ("synchronize", {"stream": "write"}),
-        ("drain_acks", {}),
-        ("evict_device", {"node": node}),
+    for record, args in (
+        (WRITE, {"node": node}),
+        (SYNCHRONIZE, {"stream": "write"}),
+        (DRAIN_ACKS, {}),
+        (EVICT_DEVICE, {"node": node}),
     ):
-        if not recorder.offer(recorder.prepared(rule, args)):
+        if not recorder.offer(recorder.prepared(record.name, args)):
             return
 
 
 def _reload(recorder: Recorder, rng: random.Random) -> None:
     """Compound (as the machine's ``reload``): load one or two nodes, one start_loading, a
     forward read of the loading node, then maybe the load stream runs dry and drains."""
-    handles = list(recorder.session.candidates("load"))
+    handles = list(recorder.session.candidates(LOAD.name))
     rng.shuffle(handles)
     loaded = [
         h
         for h in handles[: rng.randint(1, 2)]
-        if recorder.offer(recorder.prepared("load", {"node": h}))
+        if recorder.offer(recorder.prepared(LOAD.name, {"node": h}))
     ]
-    if not loaded or not recorder.offer(recorder.prepared("start_loading")):
+    if not loaded or not recorder.offer(recorder.prepared(START_LOADING.name)):
         return
     config = recorder.session.config
     read = {"node": loaded[0], "layer": rng.randrange(config.layer_num), "draft": False}
-    recorder.offer(recorder.prepared("forward_read", read))
+    recorder.offer(recorder.prepared(FORWARD_READ.name, read))
     if rng.random() < 0.7:
-        recorder.offer(recorder.prepared("synchronize", {"stream": "load"}))
-        recorder.offer(recorder.prepared("drain_load"))
+        recorder.offer(recorder.prepared(SYNCHRONIZE.name, {"stream": "load"}))
+        recorder.offer(recorder.prepared(DRAIN_LOAD.name))
 
 
 def _compute(recorder: Recorder, rng: random.Random) -> None:
     """Compound: the forward stores every remaining layer of its batch."""
     while recorder.session.tree.batch:
-        if not recorder.offer(recorder.prepared("forward_layer")):
+        if not recorder.offer(recorder.prepared(FORWARD_LAYER.name)):
             return
 
 
@@ -278,12 +236,12 @@ def program_vector(
             COMPOUNDS[rng.choice(compounds)](recorder, rng)
             continue
         options = []
-        for rule in RULES:
-            if not WEIGHTS.get(rule, 1.0):
+        for rule, record in RULES.items():
+            if not record.walk:
                 continue  # never drawn: its arguments are not sampled either (no RNG draw)
             candidate = rule_step(recorder, rule, rng)
             if candidate is not None and recorder.session.why_disabled(candidate) is None:
-                weight = WEIGHTS.get(rule, 1.0) * (25.0 if rule == favour else 1.0)
+                weight = record.walk * (25.0 if rule == favour else 1.0)
                 options.append((candidate, weight))
         if not options:
             break

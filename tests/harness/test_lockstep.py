@@ -23,9 +23,9 @@ from hicache_ref.harness.campaigns.profiles import lockstep_enabled, make_settin
 from hicache_ref.harness.lockstep import oracle as lockstep_module
 from hicache_ref.harness.lockstep.compare import compare_final_content, compare_state
 from hicache_ref.harness.lockstep.oracle import LockstepOracle, attach_lockstep
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.rules.record import untranslated
 from hicache_ref.harness.steps.outcome import done, refused
-from hicache_ref.harness.steps.rule_record import untranslated
-from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, StepArg
 from hicache_ref.harness.world.config import HarnessConfig

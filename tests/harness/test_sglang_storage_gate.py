@@ -89,7 +89,7 @@ def test_upstream_threads_take_one_queue_item_per_step_and_reduce_over_the_harne
         assert (
             apply(session, "storage_step", kind="sync") == f"sync step: [{', '.join([tokens] * 3)}]"
         )
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None and not storage.runnable()  # every thread parked, queues empty
     group = storage.l3.group
     assert isinstance(group, RankGroup)
@@ -200,7 +200,7 @@ def test_0_5_10_prefetch_threads_take_one_queue_item_per_step_and_the_tree_reduc
         HarnessConfig(host_pages=24, device_pages=8, storage_ranks=2, storage_batch_pages=1)
     )
     session = Session(config, impl, "sglang")
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None and storage.polled is not None  # no PrefetchAck: polled
     # a chain of two pages goes to L3 through upstream's backup thread, on both ranks
     apply(session, "write_storage", pick=1, new=True)
@@ -303,7 +303,7 @@ def test_a_gated_tree_runs_its_own_file_backend_and_the_reference_runs_0_5_23s(
             HarnessConfig(host_pages=24, storage_ranks=2, storage_backend="upstream_file")
         )
         session = Session(config, impl, impl.name)
-        storage = session.tree.storage
+        storage = session.storage
         assert storage is not None
         clients = [rank.faults.inner for rank in storage.l3.ranks if rank.faults is not None]
         assert [client.tree for client in clients] == [tree, tree]  # type: ignore[attr-defined]

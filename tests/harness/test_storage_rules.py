@@ -18,8 +18,8 @@ from hypothesis import given
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.rules import RULES, rule_families
 from hicache_ref.harness.steps.replay import replay
-from hicache_ref.harness.steps.rules import RULES, rule_families
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig
@@ -110,7 +110,7 @@ def test_a_reset_with_storage_work_in_flight_leaves_every_queue_empty() -> None:
     before = session.stats.checks_by_id["INV-24"]
     assert apply(session, "reset_storage_in_flight") == "reset"
     assert session.stats.checks_by_id["INV-24"] > before
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None and storage.control_empty() and not storage.runnable()
     session.finish()
 
@@ -124,7 +124,7 @@ def test_detach_then_attach_keeps_what_l3_holds() -> None:
     # the chain is still in L3: a new prefetch of it hits again
     apply(session, "prefetch", pick=0)
     apply(session, "storage_step", kind="hit_query")
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None
     log = storage.log.prefetches[0]
     assert [entry.local_hit_tokens for entry in log.values()] == [8]
@@ -172,7 +172,7 @@ def test_progress_that_moves_after_terminate_prefetch_returned_is_caught() -> No
     apply(session, "storage_step", kind="hit_query")
     apply(session, "drain_prefetch_acks")
     apply(session, "storage_step", kind="io")
-    driver = session.tree.storage
+    driver = session.storage
     assert driver is not None
     (rid,) = driver.log.prefetches[0]
     assert "terminate" in apply(session, "terminate_prefetch", request=rid)
@@ -196,7 +196,7 @@ def test_a_clear_on_one_rank_leaves_another_ranks_pages_readable(backend: str) -
     apply(session, "write_storage", pick=1, new=True)
     apply(session, "storage_step", kind="backup")
     apply(session, "drain_backup_acks")
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None
     chain = storage.chains[0]
     keys = list(chain.chain_keys())
@@ -241,7 +241,7 @@ def test_a_storage_snapshot_that_already_passed_is_not_judged_again_but_any_chan
     apply(session, "write_storage", pick=0, new=True)
     apply(session, "storage_step", kind="backup")
     apply(session, "drain_backup_acks")  # the backup's one ack
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None
     runs, reused = session.stats.checks_by_id["INV-25"], storage.reused_checks
     storage.check()  # nothing happened since: the same snapshot

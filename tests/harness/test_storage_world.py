@@ -26,7 +26,7 @@ def test_without_a_memory_filesystem_the_l3_directory_goes_to_the_default_temp_d
 def test_a_file_backed_world_keeps_its_l3_where_l3_parent_says() -> None:
     config = HarnessConfig(host_pages=24, storage_ranks=2, storage_backend="file")
     session = Session(config, ReferenceImplementation(), "reference")
-    storage = session.tree.storage
+    storage = session.storage
     assert storage is not None
     expected = l3_parent() or Path(tempfile.gettempdir())
     assert storage.l3.root.parent.parent == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_ref.harness.steps.rules import RULES
+from hicache_ref.harness.rules import RULES
 from hicache_ref.vectors.coverage import INVARIANT_IDS, Coverage
 from hicache_ref.vectors.generate import generate_suite
 from hicache_ref.vectors.stories import STORIES
@@ -43,6 +43,7 @@ def test_a_story_guards_every_reachable_invariant_id() -> None:
 
 
 def test_a_rule_with_no_way_to_draw_its_arguments_is_named() -> None:
+    import dataclasses
     import random
 
     from hicache_ref.harness.adapters.reference import ReferenceImplementation
@@ -52,7 +53,9 @@ def test_a_rule_with_no_way_to_draw_its_arguments_is_named() -> None:
 
     recorder = Recorder(HarnessConfig(), vector_id="t", title="t", kind="generated")
     assert ReferenceImplementation.name == recorder.implementation.name
+    # a prefill record without its sample -> the walk names the rule and the fix
+    unsampled = dataclasses.replace(RULES["prefill"], sample=None)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(walks, "ARGUMENTS", {})
-        with pytest.raises(UnsampledRule, match="rule 'prefill' has no draw"):
+        patch.setattr(walks, "RULES", {**RULES, "prefill": unsampled})
+        with pytest.raises(UnsampledRule, match="rule 'prefill' has no draw and no sample"):
             walks.rule_step(recorder, "prefill", random.Random(0))

@@ -38,6 +38,7 @@ Nothing here reads the implementation's view of itself: the harness checks it fr
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import types
@@ -228,14 +229,11 @@ def check_controller_module(module: types.ModuleType, path: Path) -> None:
 HYBRID_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
 
 
-_SOURCES: dict[Path, ControllerSource] = {}
-
-
+@functools.cache
 def controller_source(tree: Path) -> ControllerSource:
-    source = _SOURCES.get(tree)
-    if source is None:
-        source = _SOURCES[tree] = ControllerSource(tree)
-    return source
+    """One tree's controller source, loaded once per process (never evicted: its classes must
+    stay the same objects for as long as the process gates that tree)."""
+    return ControllerSource(tree)
 
 
 def _allocator_free(allocator: Any) -> Callable[[Any], int]:

@@ -34,9 +34,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from hicache_ref.harness.adapters.base import Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.rules.record import Param, draw_small_int, integers_once
 from hicache_ref.harness.steps.programs import PROGRAMS, atomic_steps
-from hicache_ref.harness.steps.rule_record import Param, draw_small_int, integers_once
-from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import (
@@ -257,7 +257,7 @@ class RuleChoices(st.SearchStrategy[Choice]):
             offered = [r for r in swarm if r.offered(session)] or list(_ALWAYS)
             chosen = offered[draw_small_int(data, 0, len(offered) - 1)]
         # each index and argument is one choice, as its strategy would draw it, without a span
-        # of its own (``rule_record.draw_small_int``): the step's draw is the span
+        # of its own (``rules/record.draw_small_int``): the step's draw is the span
         return Choice(chosen, {key: param.draw(data) for key, param in chosen.params})
 
 
@@ -323,6 +323,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.session: Session | None = None
         self.failed = False
+        self.reported: Path | None = None  # where this case's failing trace went, once handed
         self.swarm: tuple[MachineRule, ...] = ()
 
     @property
@@ -335,27 +336,28 @@ class HiCacheMachine(RuleBasedStateMachine):
             self.s.apply(step)
         except Exception as exc:
             self.failed = True  # teardown must not replace this error with a consequence
-            self._report_failure(exc)
+            self.reported = self._report_failure(exc)
             raise
         except KeyboardInterrupt:
             self.failed = True  # Ctrl-C cut the step short: its half-done state proves nothing
             raise
 
-    def _report_failure(self, exc: BaseException) -> None:
-        """Hand this case's trace to the sink and note the replay line.
+    def _report_failure(self, exc: BaseException) -> Path | None:
+        """Hand this case's trace to the sink, note the replay line, and say where it went.
 
         Hypothesis shrinks by re-running failing cases; the sink keeps the latest, and a note is
-        shown only for the final (shrunk) run, so exactly one line is printed.
+        shown only for the final (shrunk) run, so exactly one line is printed. A case reports
+        once: a failure already handed (``reported``) is not handed again.
         """
-        if self.session is None or getattr(exc, "_hicache_reported", False):
-            return
+        if self.session is None or self.reported is not None:
+            return self.reported
         trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
         path = self.sink.on_failure(trace)
         note(
             f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
             f"replay with: {get_replay_line(path, self.impl_name)}"
         )
-        exc._hicache_reported = True  # type: ignore[attr-defined]
+        return path
 
     @initialize(config=st.data(), swarm=SWARM)
     def setup(self, config: st.DataObject, swarm: tuple[MachineRule, ...]) -> None:
@@ -380,7 +382,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         try:
             self.session.finish()
         except Exception as exc:
-            self._report_failure(exc)
+            self.reported = self._report_failure(exc)
             raise
         finally:
             self.sink.on_case(self.session)  # its steps ran, whether quiescence held or not

@@ -8,6 +8,7 @@ evicted (host only) -> loading -> backed_up; a node never backed up can be dropp
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -132,21 +133,14 @@ def _is_same_key(cached: tuple[object, ...] | None, key: tuple[object, ...]) -> 
     return True
 
 
-_PAGES_CACHE: dict[int, tuple[torch.Tensor, int, frozenset[int]]] = {}
-_PAGES_CACHE_BOUND = 4096
+PAGES_CACHE_MAX = 4096
 
 
+@functools.lru_cache(maxsize=PAGES_CACHE_MAX)
 def pages_covered(indices: torch.Tensor, page: int) -> frozenset[int]:
-    """The pages an index tensor covers (cached per tensor: node tensors never change)."""
-    hit = _PAGES_CACHE.get(id(indices))
-    if hit is not None and hit[0] is indices and hit[1] == page:
-        return hit[2]
+    """The pages an index tensor covers (cached per tensor: node tensors never change; a tensor
+    hashes by identity, and the cache holds it, so its identity stays its own)."""
     values = get_small_cpu_values(indices)
     if values is not None:
-        pages = frozenset(value // page for value in values)
-    else:
-        pages = frozenset(torch.unique(indices // page).tolist())
-    if len(_PAGES_CACHE) >= _PAGES_CACHE_BOUND:
-        _PAGES_CACHE.clear()
-    _PAGES_CACHE[id(indices)] = (indices, page, pages)  # holds the tensor: its id stays unique
-    return pages
+        return frozenset(value // page for value in values)
+    return frozenset(torch.unique(indices // page).tolist())

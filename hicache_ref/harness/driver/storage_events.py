@@ -10,13 +10,15 @@ here reads the implementation's bookkeeping, only what it emitted on its queues.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
-from hicache_ref.harness.driver.storage_log import PrefetchLog
+from hicache_ref.harness.driver.storage_chains import Chain
+from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
 from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
+from hicache_ref.harness.world.storage_world import StorageWorld
 from hicache_ref.invariants.storage_snapshot import (
     BouncePageEvent,
     KeyUse,
@@ -27,11 +29,26 @@ from hicache_ref.invariants.storage_snapshot import (
     VerdictRecord,
 )
 
-if TYPE_CHECKING:
-    from hicache_ref.harness.driver.storage_driver import StorageDriver
+
+class DriverView(Protocol):
+    """What the events read and write of the storage driver that hears them (it passes
+    itself): its world, its chains, the log the checks read, and the checks themselves."""
+
+    page: int
+    n: int
+    mla: bool
+    epoch: int
+    l3: StorageWorld
+    log: StorageLog
+    known_ops: dict[int, tuple[object, int]]
+    sources: list[dict[int, torch.Tensor]]
+
+    @property
+    def chains(self) -> dict[int, Chain]: ...
+    def check(self) -> None: ...
 
 
-def _current(driver: StorageDriver, rank: int, op: Any, what: str) -> bool:
+def _current(driver: DriverView, rank: int, op: Any, what: str) -> bool:
     """Whether ``op`` is a prefetch of this epoch the driver started; else a stale act."""
     entry = driver.known_ops.get(id(op))
     if entry is not None and entry[0] is op and entry[1] == driver.epoch:
@@ -42,7 +59,7 @@ def _current(driver: StorageDriver, rank: int, op: Any, what: str) -> bool:
     return False
 
 
-def _landed_pages(driver: StorageDriver, rank: int, log: PrefetchLog, op: Any) -> int:
+def _landed_pages(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> int:
     """Leading pages of the bounce buffer whose host bytes are the oracle's (INV-19)."""
     host = op.host_indices
     if host is None:
@@ -83,7 +100,7 @@ def _give_back(
         log.events.append(BouncePageEvent(log.request_id, index // page, action, published, final))
 
 
-def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str, Any]) -> None:
+def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, Any]) -> None:
     logs = driver.log.prefetches[rank]
     op: Any = data.get("operation")
     # told apart by shape: upstream's prefetch operations are of its own class
@@ -136,7 +153,7 @@ def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str
         _on_backup_ack(driver, rank, data["operation"])
 
 
-def _on_ack(driver: StorageDriver, rank: int, data: dict[str, Any]) -> None:
+def _on_ack(driver: DriverView, rank: int, data: dict[str, Any]) -> None:
     ack = data["ack"]
     driver.log.acks[rank].append(
         ProgressAck(ack.rid, ack.completed_tokens, bool(ack.completed_req))
@@ -154,7 +171,7 @@ def _on_ack(driver: StorageDriver, rank: int, data: dict[str, Any]) -> None:
 
 
 def _on_insert(
-    driver: StorageDriver,
+    driver: DriverView,
     rank: int,
     log: PrefetchLog,
     matched: int,
@@ -176,13 +193,13 @@ def _on_insert(
     _give_back(log, [int(s) for s in host[matched:end].tolist()], "insert", final, page, agreed)
 
 
-def _on_published(driver: StorageDriver, rank: int, log: PrefetchLog, agreed: int) -> None:
+def _on_published(driver: DriverView, rank: int, log: PrefetchLog, agreed: int) -> None:
     """0.5.10's agreed progress: the MIN over ranks of what ``terminate_prefetch`` returned,
     the one value its tree inserts by (its ack, for INV-21; inserts are judged by it)."""
     driver.log.acks[rank].append(ProgressAck(log.request_id, agreed, True))
 
 
-def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
+def _on_backup_ack(driver: DriverView, rank: int, op: Any) -> None:
     backup = driver.log.backups[rank].get(int(op.id))
     if backup is None:
         driver.log.stale.append(
@@ -209,7 +226,7 @@ def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
         chain.state = "stored" if pages == chain.pages else "partial" if pages else "none"
 
 
-def observe_calls(driver: StorageDriver, result: StepResult, calls: list[BackendCall]) -> None:
+def observe_calls(driver: DriverView, result: StepResult, calls: list[BackendCall]) -> None:
     rank, page = result.rank, driver.page
     if result.kind is StorageStepKind.HIT_QUERY:
         log = driver.log.prefetches[rank].get(result.request_id or "")
@@ -242,7 +259,7 @@ def observe_calls(driver: StorageDriver, result: StepResult, calls: list[Backend
         _observe_backup(driver, result, calls)
 
 
-def _observe_backup(driver: StorageDriver, result: StepResult, calls: list[BackendCall]) -> None:
+def _observe_backup(driver: DriverView, result: StepResult, calls: list[BackendCall]) -> None:
     rank, page = result.rank, driver.page
     backup = driver.log.backups[rank].get(-1 if result.op_id is None else int(result.op_id))
     if backup is None:
@@ -276,7 +293,7 @@ def _observe_backup(driver: StorageDriver, result: StepResult, calls: list[Backe
 
 # -- 0.5.10: what its hit and IO threads left on the operation -----------------------------------
 def observe_polled_step(
-    driver: StorageDriver, result: StepResult, released: list[torch.Tensor]
+    driver: DriverView, result: StepResult, released: list[torch.Tensor]
 ) -> None:
     """After a 0.5.10 hit or IO step: the operation's agreed hit (its bounce buffer, the pages
     the IO fills: ``host_indices`` cut to the hit), or the IO's end with the pages it gave

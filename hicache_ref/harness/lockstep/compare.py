@@ -129,7 +129,7 @@ def compare_lifecycles(session: Session, state: OracleState, where: str) -> None
 def compare_holdings(session: Session, state: OracleState, where: str) -> None:
     # Verify every node holds the oracle's device and host pages, from the tree's model of the
     # harness's own pools: the holder of every page is the oracle's (INV-05)
-    for held in session.tree.model().nodes:
+    for held in session.model().nodes:
         record = state.nodes[held.node_id]
         if frozenset(record.device_pages) != held.device_pages:
             fail(

@@ -18,27 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hicache_ref.harness.rules.evict import DROP, EVICT_DEVICE, EVICT_HOST
+from hicache_ref.harness.rules.forward import LAYER_END, PREFILL, STORE_LAYER
+from hicache_ref.harness.rules.load import DRAIN_LOAD, FORWARD_READ, LOAD, START_LOADING
+from hicache_ref.harness.rules.reset import NOOP, RESET
+from hicache_ref.harness.rules.streams import ADVANCE
+from hicache_ref.harness.rules.write import CANCEL, DRAIN_WRITE, RESERVE, SUBMIT_LAYER, WRITE
 from hicache_ref.harness.steps.programs import step
-from hicache_ref.harness.steps.rules import (
-    ADVANCE,
-    CANCEL,
-    DRAIN_LOAD,
-    DRAIN_WRITE,
-    DROP,
-    EVICT_DEVICE,
-    EVICT_HOST,
-    FORWARD_READ,
-    LAYER_END,
-    LOAD,
-    NOOP,
-    PREFILL,
-    RESERVE,
-    RESET,
-    START_LOADING,
-    STORE_LAYER,
-    SUBMIT_LAYER,
-    WRITE,
-)
 from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.oracle import ops as o

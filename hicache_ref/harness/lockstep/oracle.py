@@ -46,9 +46,9 @@ from hicache_ref.harness.lockstep.compare import (
     compare_state,
     unsupported_reason,
 )
+from hicache_ref.harness.rules import RULES
+from hicache_ref.harness.rules.record import UntranslatedRuleError
 from hicache_ref.harness.steps.outcome import Outcome
-from hicache_ref.harness.steps.rule_record import UntranslatedRuleError
-from hicache_ref.harness.steps.rules import RULES
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.world import COPY_POOL_TAG, COPY_RANK_TAG
 from hicache_ref.oracle import ops as o
@@ -205,7 +205,7 @@ class LockstepOracle:
         self._compare(where)
         compare_final_content(session, self.state, self.handles, where)
 
-    # -- what a rule's translation asks (``rule_record.OracleView``) -------------------------
+    # -- what a rule's translation asks (``rules/record.OracleView``) -------------------------
     def node_id(self, handle: int) -> int:
         node = self.session.tree.node(handle)
         if node is not None:

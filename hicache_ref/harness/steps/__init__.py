@@ -1,14 +1,13 @@
 """What a step is, how it is applied, and how a program of steps is kept and replayed.
 
-In the order a step goes through them:
+In the order a step goes through them (the rules themselves, one ``RuleRecord`` each, are the
+family modules of ``harness/rules/``):
 
-- ``rule_record.RuleRecord``: everything one rule is (family, ``why_not``, ``process``,
-  ``draw`` and its ``Param``s, the oracle translation, the CP-process schedule's weight, the
-  session's flags); ``rules`` and ``storage_rules``: every atomic record, defined once;
 - ``programs`` and ``storage_programs``: compound stories yielding atomic steps, shared by
-  the Hypothesis machine and the CP-process schedule;
+  the Hypothesis machine, the CP-process schedule and the vector walks;
 - ``session.Session``: applies a step (pins, preconditions, the rule, then every check of its
   phase) and returns an ``outcome.Outcome`` (the trace's text and typed facts);
-- ``trace``: versioned JSONL traces (a header, then one step per line);
+- ``trace``: versioned JSONL traces (a header, then one step per line; ``RuleName`` names every
+  rule);
 - ``replay``: a trace applied again without Hypothesis, and ddmin over its steps.
 """

@@ -5,7 +5,7 @@ schedule applies each step before asking for the next, so a program sees the wor
 steps made (a node it wrote is a candidate to evict once the ack drained). The Hypothesis machine
 turns every program with ``in_machine`` into a rule of the same name; the CP-process schedule
 draws programs by ``weight`` beside the atomic records. Steps name their rule through its record
-(``rules.WRITE``), never by spelling it.
+(``rules/write.WRITE``), never by spelling it.
 
 The stories, in the order data flows: ``new_request`` (a prefill, and compute) -> ``compute``
 (one layer of the forward batch or all) -> ``offload`` (write -> sync -> drain -> evict_device)
@@ -24,28 +24,30 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from hicache_ref.harness.steps.rule_record import PICK, Bools, IntLists, Ints, Param, RuleRecord
-from hicache_ref.harness.steps.rules import (
-    ADVANCE,
-    CANCEL,
+from hicache_ref.harness.rules.evict import EVICT_DEVICE
+from hicache_ref.harness.rules.forward import FORWARD_LAYER, PREFILL
+from hicache_ref.harness.rules.load import (
     DRAIN_ACKS,
     DRAIN_LOAD,
-    EVICT_DEVICE,
-    FORWARD_LAYER,
     FORWARD_READ,
     FORWARD_READ_BATCH,
     LOAD,
-    PREFILL,
-    RESERVE,
-    SCRIBBLE_FREE_HOST,
     START_LOADING,
-    START_WRITING,
-    SUBMIT_LAYER,
-    SYNCHRONIZE,
-    WRITE,
 )
+from hicache_ref.harness.rules.misuse import SCRIBBLE_FREE_HOST
+from hicache_ref.harness.rules.record import (
+    PICK,
+    Bools,
+    IntLists,
+    Ints,
+    Param,
+    RuleRecord,
+    StepContext,
+)
+from hicache_ref.harness.rules.streams import ADVANCE, SYNCHRONIZE
+from hicache_ref.harness.rules.write import CANCEL, RESERVE, START_WRITING, SUBMIT_LAYER, WRITE
 from hicache_ref.harness.steps.storage_programs import (
     STORAGE_ROUND_TRIP_PARAMS,
     STORAGE_STEPS_PARAMS,
@@ -56,10 +58,15 @@ from hicache_ref.harness.steps.storage_programs import (
 )
 from hicache_ref.harness.steps.trace import Step, StepArg
 
-if TYPE_CHECKING:
-    from hicache_ref.harness.steps.session import Session
-
 Steps = Iterator[Step]
+
+
+class ProgramContext(StepContext, Protocol):
+    """What a program sees of its case: what a rule sees, and whether a step may run now."""
+
+    def is_enabled(self, step: Step) -> bool: ...
+
+
 LOAD_PATH_SHARE_MIN = 0.20  # of applied steps, on the reference (tests/harness/test_rules.py)
 
 
@@ -70,19 +77,19 @@ class Program:
     name: str
     doc: str
     params: Mapping[str, Param]
-    offered: Callable[[Session], bool]
-    run: Callable[[Session, Mapping[str, Any]], Steps]
+    offered: Callable[[ProgramContext], bool]
+    run: Callable[[ProgramContext, Mapping[str, Any]], Steps]
     weight: int = 0  # the CP-process schedule's weight (0: not drawn there)
     in_machine: bool = True  # the Hypothesis machine has a rule for it
 
 
-def atomic_steps(record: RuleRecord) -> Callable[[Session, Mapping[str, Any]], Steps]:
+def atomic_steps(record: RuleRecord) -> Callable[[ProgramContext, Mapping[str, Any]], Steps]:
     """The one-step story of an atomic record with a draw: its step with the arguments its
     ``choose`` makes of the drawn values (none when they make nothing to do now)."""
     draw = record.draw
     assert draw is not None, f"rule {record.name} has no draw"
 
-    def run(session: Session, drawn: Mapping[str, Any]) -> Steps:
+    def run(session: ProgramContext, drawn: Mapping[str, Any]) -> Steps:
         args = draw.choose(session, drawn)
         if args is not None:
             yield Step(rule=record.name, args=args)
@@ -95,32 +102,32 @@ def step(record: RuleRecord, **args: StepArg) -> Step:
     return Step(rule=record.name, args=dict(args))
 
 
-def _has(session: Session, record: RuleRecord) -> bool:
+def _has(session: ProgramContext, record: RuleRecord) -> bool:
     return bool(session.candidates(record.name))
 
 
-def _pick(session: Session, record: RuleRecord, pick: int) -> int:
+def _pick(session: ProgramContext, record: RuleRecord, pick: int) -> int:
     candidates = session.candidates(record.name)
     return candidates[pick % len(candidates)]
 
 
-def _always(session: Session) -> bool:
+def _always(session: ProgramContext) -> bool:
     return True
 
 
-def _layer_kinds(session: Session) -> list[tuple[bool, int]]:
+def _layer_kinds(session: ProgramContext) -> list[tuple[bool, int]]:
     config = session.config
     return [(False, config.layer_num)] + [(True, config.draft_layer_num)] * config.has_draft
 
 
-def early_reserve_allowed(session: Session) -> bool:
+def early_reserve_allowed(session: ProgramContext) -> bool:
     """An early CP reservation inside a prefill needs every rank in this process (across
     processes the ranks could not agree on a reservation decided inside the step)."""
     return session.config.uses_cp and len(session.world.ranks) == session.config.num_ranks
 
 
 # -- the forward --------------------------------------------------------------------------------
-def run_prefill(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_prefill(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """A request's prefill; ``small`` keeps a CP node within one page per rank (zero-owned ranks
     are common); with ``compute_now`` the forward runs every layer."""
     config, tokens = session.config, int(p["tokens"])
@@ -132,14 +139,14 @@ def run_prefill(session: Session, p: Mapping[str, Any]) -> Steps:
         yield step(FORWARD_LAYER)
 
 
-def run_forward_layer(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_forward_layer(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     yield step(FORWARD_LAYER)
     while bool(p["all_layers"]) and session.tree.batch_layer > 0:
         yield step(FORWARD_LAYER)
 
 
 # -- write back ---------------------------------------------------------------------------------
-def run_offload(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_offload(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """write -> the host syncs the write stream -> drain -> evict_device."""
     node = _pick(session, WRITE, int(p["pick"]))
     yield step(WRITE, node=node)
@@ -149,11 +156,11 @@ def run_offload(session: Session, p: Mapping[str, Any]) -> Steps:
         yield step(EVICT_DEVICE, node=node)
 
 
-def _reservable(session: Session) -> list[int]:
+def _reservable(session: ProgramContext) -> list[int]:
     return session.tree.handles(lambda n: n.on_device and n.backup == "none")
 
 
-def run_reserve(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_reserve(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """An early CP reservation of an existing node; a stored layer 0 maybe submitted (a layer's
     D2H only after its KV store: the layer-end hook's order, INV-12)."""
     handles = _reservable(session)
@@ -163,7 +170,7 @@ def run_reserve(session: Session, p: Mapping[str, Any]) -> Steps:
         yield step(SUBMIT_LAYER, node=node, layer=0, draft=False)
 
 
-def run_cancel_and_reuse(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_cancel_and_reuse(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """Roll back a pending per-layer backup (its host slots are freed) -> the CPU scribbles
     every free host slot while copies are queued -> part of the write stream runs (a copy still
     writing a freed slot overwrites the scribble)."""
@@ -174,7 +181,7 @@ def run_cancel_and_reuse(session: Session, p: Mapping[str, Any]) -> Steps:
         yield step(ADVANCE, stream="write", n=int(p["run_ops"]))
 
 
-def run_drain_acks(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_drain_acks(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """The scheduler's per-step check: maybe flush queued writes, then drain both queues."""
     if bool(p["flush_writes"]):
         yield step(START_WRITING)
@@ -182,7 +189,9 @@ def run_drain_acks(session: Session, p: Mapping[str, Any]) -> Steps:
 
 
 # -- load back ----------------------------------------------------------------------------------
-def _load_some(session: Session, picks: list[int], start_each: bool = False) -> Iterator[Step]:
+def _load_some(
+    session: ProgramContext, picks: list[int], start_each: bool = False
+) -> Iterator[Step]:
     for pick in picks:
         if _has(session, LOAD):
             yield step(LOAD, node=_pick(session, LOAD, pick))
@@ -190,12 +199,12 @@ def _load_some(session: Session, picks: list[int], start_each: bool = False) -> 
                 yield step(START_LOADING)
 
 
-def _loaded_by(session: Session, steps: list[Step]) -> list[int]:
+def _loaded_by(session: ProgramContext, steps: list[Step]) -> list[int]:
     return [int(s.args["node"]) for s in steps if s.rule == LOAD.name]
 
 
 def _start_and_read(
-    session: Session, loaded: list[int], reads: int, run_ops: int, drain: bool
+    session: ProgramContext, loaded: list[int], reads: int, run_ops: int, drain: bool
 ) -> Steps:
     """start_loading -> reads of the loading nodes at once (they must wait on the per-layer
     events) -> part of the H2D and of the forward runs -> maybe drain."""
@@ -219,7 +228,7 @@ def _run_some(run_ops: int, drain: bool) -> Steps:
         yield step(DRAIN_LOAD)
 
 
-def run_reload(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_reload(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """Load up to three nodes -> one start_loading (their ops merged) -> reads while they load
     -> part of the H2D runs -> maybe drain."""
     loads: list[Step] = []
@@ -232,7 +241,7 @@ def run_reload(session: Session, p: Mapping[str, Any]) -> Steps:
     )
 
 
-def run_reload_staggered(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_reload_staggered(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """Up to three nodes, each loaded by its own start_loading (a producer slot each) -> reads
     of all of them in one batch (``forward_read_batch``: one wait that must cover every slot's
     layer event; one read per node without ``multi_consumer``) -> part of the H2D runs -> maybe
@@ -258,7 +267,7 @@ def run_reload_staggered(session: Session, p: Mapping[str, Any]) -> Steps:
     yield from _run_some(int(p["run_ops"]), bool(p["drain"]))
 
 
-def run_round_trip(session: Session, p: Mapping[str, Any]) -> Steps:
+def run_round_trip(session: ProgramContext, p: Mapping[str, Any]) -> Steps:
     """A device node goes to host and comes back, ``cycles`` times: (a new node's prefill and
     forward when none is ready) -> write -> sync -> drain -> (evict_device -> load ->
     start_loading -> reads while it loads -> part of the H2D -> sync -> drain_load) x cycles;

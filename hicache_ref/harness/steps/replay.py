@@ -2,7 +2,7 @@
 
 A replay runs on the device its header names (``device``: a ``cuda`` trace rebuilds the same
 spin schedule from its config seed and ``perturbation``), unless the caller picks another.
-Both go through ``Session.apply``, so a step means what its record in ``rules.py`` says; a
+Both go through ``Session.apply``, so a step means what its record in ``harness/rules/`` says; a
 skipped step keeps its record's reason (``ReplayResult.skipped``, ``render_skips``), which is
 also how the minimizer knows which steps it may drop at the end.
 """
@@ -90,7 +90,7 @@ def replay(
 
 
 def _result(session: Session, error: BaseException | None) -> ReplayResult:
-    """The replay's result, with the reason each skipped step's rule gave (``rules.py``)."""
+    """The replay's result, with the reason each skipped step's rule gave (its record's ``why_not``)."""
     skipped = MappingProxyType(dict(session.skip_reasons))
     return ReplayResult(len(session.outcomes), tuple(session.outcomes), error, skipped)
 

@@ -12,7 +12,7 @@ The checks live in ``invariants/registry.py``, one entry per invariant id, over 
 pools) and the tree's model of its nodes; the session only decides when each runs and counts the
 runs per id (``SessionStats.checks_by_id``), and a round whose evidence equals the last that passed
 is counted as reused, not run again (``step_checks_reused``). What each rule needs and does is its
-record in ``rules.py`` (``RULES``); a step whose rule is not enabled now (a node that is not a
+record in its family module (``harness/rules/``, ``RULES``); a step whose rule is not enabled now (a node that is not a
 candidate, a capability the implementation lacks, e.g. no ``per_layer_write``) is skipped with the
 record's reason (``skip_reasons``), so traces stay replayable. While the free slots hold the
 harness's poison (``scribble_free_host``, ``reset_in_flight``) every step also verifies it
@@ -28,17 +28,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hicache_ref.device.protocol import StreamT
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import (
-    ControllerLike,
     Implementation,
     RankLike,
     unsupported_reasons,
 )
+from hicache_ref.harness.driver.storage_driver import StorageDriver
 from hicache_ref.harness.driver.tree import TreeDriver
-from hicache_ref.harness.steps.outcome import SKIPPED, Outcome, done
-from hicache_ref.harness.steps.rules import RULES, STREAMS
+from hicache_ref.harness.rules import RULES, STREAMS
+from hicache_ref.harness.rules.forward import forward_layer, layer_end, store_layer
+from hicache_ref.harness.rules.load import start_loading
+from hicache_ref.harness.steps.outcome import SKIPPED, Outcome
 from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.world import WorldBuilder, build_world
@@ -50,7 +51,7 @@ from hicache_ref.invariants.registry import (
     STEP_IDS,
     CheckRunner,
 )
-from hicache_ref.invariants.snapshot import RankSnapshot
+from hicache_ref.invariants.snapshot import HarnessModel, RankSnapshot
 
 DRAIN_ROUNDS_MAX = 10_000
 __all__ = ["DRAIN_ROUNDS_MAX", "STREAMS", "Session", "SessionStats", "StepObserver"]
@@ -106,10 +107,9 @@ class Session:
         self.stats = SessionStats()
         self.checks = CheckRunner(self.stats.checks_by_id)  # the registry, counting per id
         self.tree: TreeDriver = TreeDriver(self.world, self.checks)
-        if config.uses_storage:  # the L3 side: storage peers, the shared L3, its checks
-            from hicache_ref.harness.driver.storage_driver import StorageDriver
-
-            self.tree.storage = StorageDriver(self.tree, implementation)
+        self.storage: StorageDriver | None = None  # the L3 side: peers, the shared L3, its checks
+        if config.uses_storage:
+            self.storage = StorageDriver(self.tree, implementation)
         self.steps: list[Step] = []
         self.outcomes: list[str] = []
         self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
@@ -199,61 +199,19 @@ class Session:
             observer.after_step(self, step, outcome)
         return outcome
 
-    def advance(self, stream: str, n: int) -> Outcome:
-        """Run ``n`` queued ops of one stream (on every rank for the copy streams)."""
-        device = self.world.device
-        agreed = f"{stream} ran some op(s)"  # how many is rank-local
-        if stream == "forward":  # and the caller's stream, when the forward has its own
-            forward_ran = sum(device.advance(s, n) for s in self._forward_side())
-            return done(f"forward ran {forward_ran} op(s)", agreed=agreed)
-        ran = [
-            device.advance(self._stream(rank.controller, stream), n) for rank in self.world.ranks
-        ]
-        return done(f"{stream} ran {ran} op(s)", agreed=agreed)
-
-    def advance_to_record(self, stream: str) -> Outcome:
-        """Run one stream (on every rank for the copy streams) up to and including its next
-        event record: the boundary where an ack or a layer becomes visible, with the ops behind
-        it still queued."""
-        device = self.world.device
-        agreed = f"{stream} ran to its next record"
-        if stream == "forward":
-            ran = device.advance_to_record(device.default_stream)
-            return done(f"forward ran {ran} op(s) to its next record", agreed=agreed)
-        counts = [
-            device.advance_to_record(self._stream(rank.controller, stream))
-            for rank in self.world.ranks
-        ]
-        return done(f"{stream} ran {counts} op(s) to its next record", agreed=agreed)
-
-    def synchronize(self, stream: str) -> Outcome:
-        """Host waits for a stream (what cancel_layer_write_state and a CPU read do)."""
-        if stream == "forward":
-            for forward in self._forward_side():
-                forward.synchronize()
-        else:
-            for rank in self.world.ranks:
-                self._stream(rank.controller, stream).synchronize()
-        return done(f"synchronized {stream}")
-
-    def _forward_side(self) -> list[StreamT]:
-        """The forward stream, and the default stream the tree calls the controller from when
-        the forward has its own (it holds only the controller's event records then)."""
-        forward, default = self.world.forward_stream, self.world.device.default_stream
-        return [forward] if forward is default else [forward, default]
-
-    @staticmethod
-    def _stream(controller: ControllerLike, stream: str) -> StreamT:
-        return controller.write_stream if stream == "write" else controller.load_stream
-
     # -- checks --------------------------------------------------------------------------------
     def snapshots(self, gate_ids: Iterable[int] | None = None) -> list[RankSnapshot]:
         """Every rank as plain data; the gate is asked about ``gate_ids`` (default: live nodes)."""
         ids = [n.node_id for n in self.tree.nodes.values()] if gate_ids is None else list(gate_ids)
         return [self._snapshot_rank(rank, ids) for rank in self.world.ranks]
 
+    def model(self) -> HarnessModel:
+        """The harness's model of every page: the tree's nodes, and the host pages the storage
+        driver holds (sources, bounce buffers)."""
+        return self.tree.model(self.storage.holdings() if self.storage is not None else ())
+
     def _run_checks(self, inv_ids: tuple[str, ...], snapshots: Sequence[RankSnapshot]) -> None:
-        self.checks.run_all(inv_ids, StateView(snapshots, self.tree.model()))
+        self.checks.run_all(inv_ids, StateView(snapshots, self.model()))
 
     def check_step_invariants(self, snapshots: Sequence[RankSnapshot] | None = None) -> None:
         """After every step: the registry's ``STEP_IDS`` (INV-02, INV-14, INV-10, INV-04,
@@ -264,7 +222,7 @@ class Session:
         steps (a synchronize with nothing queued, a drain with nothing done, a forward read)
         leave every rank and the tree's model as they were (``stats.step_checks_reused``)."""
         self.stats.invariant_checks += 1
-        view = StateView(self.snapshots() if snapshots is None else snapshots, self.tree.model())
+        view = StateView(self.snapshots() if snapshots is None else snapshots, self.model())
         if view == self._last_step_view:
             self.stats.step_checks_reused += 1
             return
@@ -284,18 +242,18 @@ class Session:
     def close(self) -> None:
         """The case is over: a storage tier that runs threads of its own stops them now
         (upstream's, ``adapters/sglang_storage.py``), not when the collector finds the world."""
-        if self.tree.storage is not None:
-            self.tree.storage.l3.close()
+        if self.storage is not None:
+            self.storage.l3.close()
 
     def finish(self) -> None:
         """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""
         self._last_snapshots = None
         t = self.tree
-        if t.storage is not None:  # every prefetch and backup ends, every storage check at rest
-            t.storage.settle()
+        if self.storage is not None:  # every prefetch and backup ends, every storage check at rest
+            self.storage.settle()
         # The forward finishes computing every node (early-reserved backups ack only then)
         while t.batch:
-            t.forward_layer()
+            forward_layer(t)
         # Nodes stored layer by layer (oracle traces): the forward finishes their layers too
         # (only nodes still on device: a stale pending state of a host-only node is a finding,
         # which the quiescence checks report, not layers to store)
@@ -303,16 +261,16 @@ class Session:
         for handle in pending:
             for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):
-                    t.store_layer(handle, layer, draft)
+                    store_layer(t, handle, layer, draft)
         if pending:
             for draft, layer_num in t.layer_kinds():
                 for layer in range(layer_num):
-                    t.layer_end(layer, draft)
+                    layer_end(t, layer, draft)
         if t.queued_loads:
             while self._undrained_loads() >= self.config.num_counters:
                 self.world.device.run_until_idle()
                 t.loading_check()
-            t.start_loading()
+            start_loading(t)
         for _ in range(DRAIN_ROUNDS_MAX):
             self.world.device.run_until_idle()
             t.writing_check()

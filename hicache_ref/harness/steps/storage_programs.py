@@ -6,16 +6,24 @@
   prefetch inserted (L3 -> host -> device: the tree's byte checks then read it);
 - ``run_storage_steps``: a few steps of whatever storage thread can run, with drains.
 
-Steps name their rules through the records (``storage_rules.py``, ``rules.py``).
+Steps name their rules through the records (``rules/storage.py``, ``rules/load.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hicache_ref.harness.steps.rule_record import PICK, Bools, Ints, OneOf, Param, RuleRecord
-from hicache_ref.harness.steps.storage_rules import (
+from hicache_ref.harness.rules.record import (
+    PICK,
+    Bools,
+    Ints,
+    OneOf,
+    Param,
+    RuleRecord,
+    StepContext,
+)
+from hicache_ref.harness.rules.storage import (
     ARMABLE_FAULTS,
     CHECK_PREFETCH,
     DETACH_STORAGE,
@@ -30,9 +38,6 @@ from hicache_ref.harness.steps.storage_rules import (
 )
 from hicache_ref.harness.steps.trace import Step, StepArg
 
-if TYPE_CHECKING:
-    from hicache_ref.harness.steps.session import Session
-
 BACKUP_STEPS_MAX = 8
 ENDS = ("none", "none", "none", "check", "check", "terminate", "detach")
 
@@ -41,17 +46,17 @@ def _step(record: RuleRecord, **args: StepArg) -> Step:
     return Step(rule=record.name, args=dict(args))
 
 
-def storage_attached(session: Session) -> bool:
+def storage_attached(session: StepContext) -> bool:
     d = driver(session)
     return d is not None and d.attached
 
 
-def storage_runnable(session: Session) -> bool:
+def storage_runnable(session: StepContext) -> bool:
     d = driver(session)
     return d is not None and d.attached and bool(d.runnable())
 
 
-def _steps(session: Session, count: int, pick: int) -> Iterator[Step]:
+def _steps(session: StepContext, count: int, pick: int) -> Iterator[Step]:
     d = driver(session)
     assert d is not None
     for i in range(count):
@@ -63,13 +68,13 @@ def _steps(session: Session, count: int, pick: int) -> Iterator[Step]:
             yield _step(DRAIN_PREFETCH_ACKS)
 
 
-def run_storage_steps(session: Session, p: Mapping[str, Any]) -> Iterator[Step]:
+def run_storage_steps(session: StepContext, p: Mapping[str, Any]) -> Iterator[Step]:
     yield from _steps(session, int(p["steps"]), int(p["pick"]))
     yield _step(DRAIN_PREFETCH_ACKS)
 
 
 def run_storage_round_trip(
-    session: Session, p: Mapping[str, Any], load_rule: RuleRecord, start_loading: RuleRecord
+    session: StepContext, p: Mapping[str, Any], load_rule: RuleRecord, start_loading: RuleRecord
 ) -> Iterator[Step]:
     d = driver(session)
     assert d is not None

@@ -71,21 +71,15 @@ def expected_rows_of_layers(
     return rows.reshape(layer_num, len(positions), *row_shape)
 
 
-_FLOAT_POSITIONS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-_FLOAT_POSITIONS_BOUND = 1024
+FLOAT_POSITIONS_MAX = 1024
 
 
+@functools.lru_cache(maxsize=FLOAT_POSITIONS_MAX)
 def _as_float_positions(positions: torch.Tensor) -> torch.Tensor:
     """``positions`` as ``HARNESS_DTYPE``, converted once per tensor (the harness's position
-    tensors are never written; the cache holds the tensor, so its id stays its own)."""
-    hit = _FLOAT_POSITIONS.get(id(positions))
-    if hit is not None and hit[0] is positions:
-        return hit[1]
-    converted = positions.to(HARNESS_DTYPE)
-    if len(_FLOAT_POSITIONS) >= _FLOAT_POSITIONS_BOUND:
-        _FLOAT_POSITIONS.clear()
-    _FLOAT_POSITIONS[id(positions)] = (positions, converted)
-    return converted
+    tensors are never written; a tensor hashes by identity and the cache holds it, so its
+    identity stays its own)."""
+    return positions.to(HARNESS_DTYPE)
 
 
 @functools.lru_cache(maxsize=64)

@@ -14,9 +14,11 @@ run (``copy_path="runs"``; no misuse probes, which would race the GPU's own prog
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
@@ -136,7 +138,24 @@ def physical_size_tokens(config: HarnessConfig) -> int:
     return (config.device_pages // config.cp_size + 1) * config.page_size
 
 
-_CONFORMS: dict[tuple[type, type, frozenset[str]], bool] = {}
+CONFORMS_CACHE_MAX = 256
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a runtime protocol check reads of an object: its class and its instance attribute
+    names (the object rides along to be asked, but is not part of the key)."""
+
+    kind: type
+    protocol: type
+    attributes: frozenset[str]
+    controller: weakref.ref[object] = field(compare=False, hash=False)
+    """Asked only while the caller holds it; weak, so the cache keeps no world alive."""
+
+
+@functools.lru_cache(maxsize=CONFORMS_CACHE_MAX)
+def _conforms(shape: _Shape) -> bool:
+    return isinstance(shape.controller(), shape.protocol)
 
 
 def conforms(controller: object, protocol: type) -> bool:
@@ -147,11 +166,12 @@ def conforms(controller: object, protocol: type) -> bool:
     kind = type(controller)
     if hasattr(kind, "__getattr__"):
         return isinstance(controller, protocol)
-    key = (kind, protocol, frozenset(getattr(controller, "__dict__", ())))
-    answer = _CONFORMS.get(key)
-    if answer is None:
-        answer = _CONFORMS[key] = isinstance(controller, protocol)
-    return answer
+    attributes = frozenset(getattr(controller, "__dict__", ()))
+    try:
+        held = weakref.ref(controller)
+    except TypeError:  # a class with __slots__ and no __weakref__: asked every time
+        return isinstance(controller, protocol)
+    return _conforms(_Shape(kind, protocol, attributes, held))
 
 
 def is_cp_controller(controller: object) -> TypeGuard[CpControllerLike]:

@@ -13,97 +13,115 @@ the first storage step turns it off for the rest of the case (counted, ``lockste
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from hicache_ref.controller.storage.records import STEP_KINDS, parse_step_kind
+from hicache_ref.harness.rules.record import (
+    PICK,
+    Args,
+    ArgType,
+    Bools,
+    Draw,
+    Ints,
+    OneOf,
+    RuleRecord,
+    StepContext,
+)
+from hicache_ref.harness.rules.reset import reset
 from hicache_ref.harness.steps.outcome import Outcome
-from hicache_ref.harness.steps.rule_record import PICK, Args, Bools, Draw, Ints, OneOf, RuleRecord
 from hicache_ref.harness.steps.trace import StepArg
 from hicache_ref.storage.fault_injection import FAULT_KINDS
 
 if TYPE_CHECKING:
     from hicache_ref.harness.driver.storage_driver import StorageDriver
-    from hicache_ref.harness.steps.session import Session
 
 FAMILY = "storage"
 STEP_NAMES = tuple(kind.value for kind in STEP_KINDS)
 ARMABLE_FAULTS = tuple(kind for kind in FAULT_KINDS if kind != "delay")
+STORAGE_STEPS_CAPABILITY = "storage:batch_steps"
+"""What a storage step does is the reference's thread granularity (one hit query, one page batch
+of IO, one progress ack, one backup op per step); an implementation whose threads do more or
+less per loop iteration replays no vector that steps them (``specs/vectors.md``)."""
 
 
-def driver(session: Session) -> StorageDriver | None:
-    return session.tree.storage
+REQUEST_ARG: Mapping[str, ArgType] = MappingProxyType({"request": "str"})
 
 
-def _attached(session: Session) -> StorageDriver | None:
-    d = driver(session)
+def driver(ctx: StepContext) -> StorageDriver | None:
+    return ctx.storage
+
+
+def _attached(ctx: StepContext) -> StorageDriver | None:
+    d = driver(ctx)
     return d if d is not None and d.attached else None
 
 
-def _needs_attached(session: Session, args: Args) -> str | None:
-    if driver(session) is None:
+def _needs_attached(ctx: StepContext, args: Args) -> str | None:
+    if driver(ctx) is None:
         return "the world has no storage tier (storage_ranks=0)"
-    return None if _attached(session) else "storage is detached (attach_storage first)"
+    return None if _attached(ctx) else "storage is detached (attach_storage first)"
 
 
-def _checked(session: Session, act: Callable[[StorageDriver], Outcome]) -> Outcome:
+def _checked(ctx: StepContext, act: Callable[[StorageDriver], Outcome]) -> Outcome:
     """Run one driver verb, then every storage check over what it left."""
-    d = driver(session)
+    d = driver(ctx)
     assert d is not None
     outcome = act(d)
     d.check()
     return outcome
 
 
-def process_write_storage(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.write_storage(int(args["pick"]), bool(args["new"])))
+def process_write_storage(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.write_storage(int(args["pick"]), bool(args["new"])))
 
 
-def process_prefetch(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.prefetch(int(args["pick"])))
+def process_prefetch(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.prefetch(int(args["pick"])))
 
 
-def process_drain_prefetch_acks(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.drain_prefetch())
+def process_drain_prefetch_acks(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.drain_prefetch())
 
 
-def process_drain_backup_acks(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.drain_backups())
+def process_drain_backup_acks(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.drain_backups())
 
 
-def process_detach_storage(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.detach())
+def process_detach_storage(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.detach())
 
 
-def process_attach_storage(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.attach())
+def process_attach_storage(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.attach())
 
 
-def process_check_prefetch(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.check_prefetch(str(args["request"])))
+def process_check_prefetch(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.check_prefetch(str(args["request"])))
 
 
-def process_terminate_prefetch(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.terminate(str(args["request"])))
+def process_terminate_prefetch(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.terminate(str(args["request"])))
 
 
 # -- write_storage ------------------------------------------------------------------------------
-def _choose_write(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
+def _choose_write(ctx: StepContext, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
     return {"pick": int(drawn["pick"]), "new": bool(drawn["new"])}
 
 
 # -- storage_step -------------------------------------------------------------------------------
-def _rule_storage_step(session: Session, args: Args) -> str | None:
-    why = _needs_attached(session, args)
+def _rule_storage_step(ctx: StepContext, args: Args) -> str | None:
+    why = _needs_attached(ctx, args)
     if why is not None:
         return why
-    d = _attached(session)
+    d = _attached(ctx)
     assert d is not None
     kind = parse_step_kind(str(args.get("kind", "")))
     return None if kind in d.runnable() else f"no {kind.value} step is runnable on any rank"
 
 
-def _choose_step(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg] | None:
-    d = _attached(session)
+def _choose_step(ctx: StepContext, drawn: Mapping[str, Any]) -> dict[str, StepArg] | None:
+    d = _attached(ctx)
     runnable = d.runnable() if d is not None else []
     if not runnable:
         return None
@@ -112,98 +130,98 @@ def _choose_step(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepAr
     return {"kind": kind.value}
 
 
-def process_storage_step(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.run_step(parse_step_kind(str(args["kind"]))))
+def process_storage_step(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.run_step(parse_step_kind(str(args["kind"]))))
 
 
 # -- prefetches ---------------------------------------------------------------------------------
-def _rule_prefetch(session: Session, args: Args) -> str | None:
-    why = _needs_attached(session, args)
-    if why is None and not _attached(session).prefetch_candidates():  # type: ignore[union-attr]
+def _rule_prefetch(ctx: StepContext, args: Args) -> str | None:
+    why = _needs_attached(ctx, args)
+    if why is None and not _attached(ctx).prefetch_candidates():  # type: ignore[union-attr]
         why = "no chain in L3 to prefetch"
     return why
 
 
-def _rule_ongoing(session: Session, args: Args) -> str | None:
-    d = driver(session)
+def _rule_ongoing(ctx: StepContext, args: Args) -> str | None:
+    d = driver(ctx)
     if d is None:
         return "the world has no storage tier (storage_ranks=0)"
     rid = str(args.get("request", ""))
     return None if rid in d.ongoing() else f"prefetch {rid!r} is not ongoing on every rank"
 
 
-def _choose_ongoing(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg] | None:
-    d = driver(session)
+def _choose_ongoing(ctx: StepContext, drawn: Mapping[str, Any]) -> dict[str, StepArg] | None:
+    d = driver(ctx)
     ongoing = d.ongoing() if d is not None else []
     return {"request": ongoing[int(drawn["pick"]) % len(ongoing)]} if ongoing else None
 
 
-def _offered_ongoing(session: Session) -> bool:
-    d = driver(session)
+def _offered_ongoing(ctx: StepContext) -> bool:
+    d = driver(ctx)
     return d is not None and bool(d.ongoing())
 
 
 # -- the rest -----------------------------------------------------------------------------------
-def _rule_inject(session: Session, args: Args) -> str | None:
-    why = _needs_attached(session, args)
+def _rule_inject(ctx: StepContext, args: Args) -> str | None:
+    why = _needs_attached(ctx, args)
     if why is None and args.get("fault") not in ARMABLE_FAULTS:
         why = f"inject_fault needs a fault in {ARMABLE_FAULTS}"
     return why
 
 
-def process_inject_fault(session: Session, args: Args) -> Outcome:
-    d = driver(session)
+def process_inject_fault(ctx: StepContext, args: Args) -> Outcome:
+    d = driver(ctx)
     assert d is not None
     return d.inject_fault(str(args["fault"]), int(args["rank"]), int(args["pages"]))
 
 
-def _rule_attach(session: Session, args: Args) -> str | None:
-    d = driver(session)
+def _rule_attach(ctx: StepContext, args: Args) -> str | None:
+    d = driver(ctx)
     if d is None:
         return "the world has no storage tier (storage_ranks=0)"
     return "storage is attached already" if d.attached else None
 
 
-def _rule_reset(session: Session, args: Args) -> str | None:
-    why = _needs_attached(session, args)
-    if why is None and not _work_in_flight(session):
+def _rule_reset(ctx: StepContext, args: Args) -> str | None:
+    why = _needs_attached(ctx, args)
+    if why is None and not _work_in_flight(ctx):
         why = "no storage work is in flight (use reset)"
     return why
 
 
-def _work_in_flight(session: Session) -> bool:
+def _work_in_flight(ctx: StepContext) -> bool:
     """A step, a prefetch, or an entry of a control queue (a release, an ack) is pending."""
-    d = _attached(session)
+    d = _attached(ctx)
     return d is not None and bool(d.runnable() or d.ongoing() or not d.control_empty())
 
 
-def process_reset_storage_in_flight(session: Session, args: Args) -> Outcome:
-    outcome = session.tree.reset()
-    d = driver(session)
+def process_reset_storage_in_flight(ctx: StepContext, args: Args) -> Outcome:
+    outcome = reset(ctx.tree, ctx.storage)
+    d = driver(ctx)
     assert d is not None
     d.check()
     return outcome
 
 
-def _offered(session: Session) -> bool:
-    return _attached(session) is not None
+def _offered(ctx: StepContext) -> bool:
+    return _attached(ctx) is not None
 
 
 # -- clear_storage ------------------------------------------------------------------------------
-def _rule_clear(session: Session, args: Args) -> str | None:
-    why = _needs_attached(session, args)
-    if why is None and _work_in_flight(session):
+def _rule_clear(ctx: StepContext, args: Args) -> str | None:
+    why = _needs_attached(ctx, args)
+    if why is None and _work_in_flight(ctx):
         why = "storage work is in flight (clear_storage runs at rest: drain it first)"
     if why is None:
-        why = driver(session).why_not_clear()  # type: ignore[union-attr]
+        why = driver(ctx).why_not_clear()  # type: ignore[union-attr]
     return why
 
 
-def process_clear_storage(session: Session, args: Args) -> Outcome:
-    return _checked(session, lambda d: d.clear(int(args["rank"])))
+def process_clear_storage(ctx: StepContext, args: Args) -> Outcome:
+    return _checked(ctx, lambda d: d.clear(int(args["rank"])))
 
 
-def _no_args(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
+def _no_args(ctx: StepContext, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
     return {}
 
 
@@ -215,6 +233,8 @@ WRITE_STORAGE = RuleRecord(
     process_write_storage,
     draw=Draw({"pick": PICK, "new": Bools()}, _choose_write, _offered),
     refusable=True,
+    args=MappingProxyType({"pick": "int", "new": "bool"}),
+    walk=4.0,
 )
 STORAGE_STEP = RuleRecord(
     "storage_step",
@@ -227,6 +247,9 @@ STORAGE_STEP = RuleRecord(
         _choose_step,
         lambda s: bool(_attached(s) and _attached(s).runnable()),  # type: ignore[union-attr]
     ),
+    args=MappingProxyType({"kind": "str"}),
+    walk=6.0,
+    requires=lambda ctx, args: frozenset({STORAGE_STEPS_CAPABILITY}),  # its answer pins the step
 )
 PREFETCH = RuleRecord(
     "prefetch",
@@ -240,6 +263,8 @@ PREFETCH = RuleRecord(
         lambda s: bool(_attached(s) and _attached(s).prefetch_candidates()),  # type: ignore[union-attr]
     ),
     refusable=True,
+    args=MappingProxyType({"pick": "int"}),
+    walk=4.0,
 )
 CHECK_PREFETCH = RuleRecord(
     "check_prefetch",
@@ -248,6 +273,7 @@ CHECK_PREFETCH = RuleRecord(
     _rule_ongoing,
     process_check_prefetch,
     draw=Draw({"pick": PICK}, _choose_ongoing, _offered_ongoing),
+    args=REQUEST_ARG,
 )
 TERMINATE_PREFETCH = RuleRecord(
     "terminate_prefetch",
@@ -256,6 +282,7 @@ TERMINATE_PREFETCH = RuleRecord(
     _rule_ongoing,
     process_terminate_prefetch,
     draw=Draw({"pick": PICK}, _choose_ongoing, _offered_ongoing),
+    args=REQUEST_ARG,
 )
 DRAIN_PREFETCH_ACKS = RuleRecord(
     "drain_prefetch_acks",
@@ -264,6 +291,7 @@ DRAIN_PREFETCH_ACKS = RuleRecord(
     lambda s, a: None if driver(s) is not None else "the world has no storage tier",
     process_drain_prefetch_acks,
     draw=Draw({}, _no_args, lambda s: driver(s) is not None),
+    walk=2.0,
 )
 DRAIN_BACKUP_ACKS = RuleRecord(
     "drain_backup_acks",
@@ -272,6 +300,7 @@ DRAIN_BACKUP_ACKS = RuleRecord(
     lambda s, a: None if driver(s) is not None else "the world has no storage tier",
     process_drain_backup_acks,
     draw=Draw({}, _no_args, lambda s: driver(s) is not None),
+    walk=2.0,
 )
 INJECT_FAULT = RuleRecord(
     "inject_fault",
@@ -286,6 +315,7 @@ INJECT_FAULT = RuleRecord(
         _offered,
         in_machine=False,  # the machine arms faults through storage_round_trip
     ),
+    args=MappingProxyType({"fault": "str", "rank": "int", "pages": "int"}),
 )
 DETACH_STORAGE = RuleRecord(
     "detach_storage",
@@ -314,6 +344,8 @@ CLEAR_STORAGE = RuleRecord(
         lambda s, d: {"rank": int(d["rank"])},
         lambda s: _rule_clear(s, {}) is None,
     ),
+    args=MappingProxyType({"rank": "int"}),
+    walk=0.0,  # left to its story: a walk that clears at rest only empties L3 before prefetches
 )
 RESET_STORAGE_IN_FLIGHT = RuleRecord(
     "reset_storage_in_flight",
@@ -324,9 +356,10 @@ RESET_STORAGE_IN_FLIGHT = RuleRecord(
     draw=Draw({}, _no_args, _work_in_flight),
     feeds_first=True,
     resets=True,
+    walk=0.5,
 )
 
-STORAGE_RECORDS: tuple[RuleRecord, ...] = (
+RECORDS: tuple[RuleRecord, ...] = (
     WRITE_STORAGE,
     STORAGE_STEP,
     PREFETCH,

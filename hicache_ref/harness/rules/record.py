@@ -1,11 +1,15 @@
-"""The shape of a harness rule record, and the pieces many records share.
+"""The shape of a harness rule record, what a rule may see of its case, and the shared pieces.
 
-``Param`` (one drawn argument: a Hypothesis strategy for the machine, a seeded sample for the
-CP-process schedule) -> ``Draw`` (a rule's params, how they become step arguments, when drawing
-makes sense) -> ``RuleRecord`` (one atomic rule: family, weight, ``why_not``, ``process``,
-``candidates``, ``draw``, the oracle translation and the session checks around it) -> the shared
-helpers: a node argument, a layer in range, a pick among candidates, whether copies are queued.
-The records themselves are in ``rules.py``, the compound programs in ``programs.py``.
+``StepContext`` (what a rule reads and drives of the case it is applied to: the config, the
+world, the tree driver, the storage driver, the capabilities, the candidates; ``Session`` is
+one) -> ``Param`` (one drawn argument: a Hypothesis strategy for the machine, a seeded sample
+for the CP-process schedule and the vector walks) -> ``Draw`` (a rule's params, how they become
+step arguments, when drawing makes sense) -> ``RuleRecord`` (one atomic rule: family,
+``why_not``, ``process``, ``candidates``, ``draw``, the oracle translation, the session checks
+around it, and what the vectors need: its argument types, what it reads of the streams'
+progress, its walk weight) -> the shared helpers: a node argument, a layer in range, a pick
+among candidates, whether copies are queued. The records themselves are in the family modules
+(``forward.py`` ... ``storage.py``), every one by name in ``table.RULES``.
 """
 
 from __future__ import annotations
@@ -13,22 +17,48 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from hypothesis import strategies as st
 
 from hicache_ref.harness.steps.outcome import Outcome
 from hicache_ref.harness.steps.trace import RuleName, StepArg
+from hicache_ref.oracle.config import Pool
 
 if TYPE_CHECKING:
-    from hicache_ref.harness.steps.session import Session
+    from hicache_ref.harness.driver.storage_driver import StorageDriver
+    from hicache_ref.harness.driver.tree import TreeDriver
+    from hicache_ref.harness.world.config import HarnessConfig
+    from hicache_ref.harness.world.world import World
     from hicache_ref.oracle import ops as o
 
 Args = Mapping[str, StepArg]
 STREAMS = ("forward", "write", "load")
 MULTI_CONSUMER = "multi_consumer"
 RESET_DRAINS = "reset_drains"
+
+
+# -- what a rule sees of its case ---------------------------------------------------------------
+class StepContext(Protocol):
+    """What a rule may read and drive of the case it is applied to (``Session`` is one).
+
+    Rules never import the session: they see its world, its tree driver (the radix cache's
+    side), its storage driver (the L3 side of a storage world, else None), the capabilities the
+    implementation declared, and the candidates of a rule (cached per step)."""
+
+    @property
+    def config(self) -> HarnessConfig: ...
+    @property
+    def world(self) -> World: ...
+    @property
+    def tree(self) -> TreeDriver: ...
+    @property
+    def storage(self) -> StorageDriver | None: ...
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+    def candidates(self, rule: str) -> list[int]: ...
 
 
 # -- drawn arguments ----------------------------------------------------------------------------
@@ -135,7 +165,7 @@ PICK = Ints(0, 63)
 
 
 def sample_params(params: Mapping[str, Param], rng: random.Random) -> dict[str, Any]:
-    """Every param drawn from a seeded generator (the CP-process schedule)."""
+    """Every param drawn from a seeded generator (the CP-process schedule, the vector walks)."""
     return {name: param.sample(rng) for name, param in params.items()}
 
 
@@ -144,9 +174,9 @@ class Draw:
     """How a schedule draws a rule's arguments (the machine and the CP-process schedule)."""
 
     params: Mapping[str, Param]
-    choose: Callable[[Session, Mapping[str, Any]], dict[str, StepArg] | None]
+    choose: Callable[[StepContext, Mapping[str, Any]], dict[str, StepArg] | None]
     """The step's arguments from the drawn values (None: nothing to do with them now)."""
-    offered: Callable[[Session], bool]
+    offered: Callable[[StepContext], bool]
     """The precondition: whether drawing this rule can make sense now."""
     in_machine: bool = True
     """The Hypothesis machine draws the rule atomically (False: it reaches it only through
@@ -186,6 +216,41 @@ def no_oracle_ops(view: OracleView, args: Args, outcome: Outcome) -> Sequence[o.
     return ()
 
 
+# -- what the vectors read of a rule ------------------------------------------------------------
+ArgType = Literal["int", "bool", "str", "stream", "handles"]
+"""The type of a step argument (a trace's arguments are checked against it: bad input)."""
+Queue = Literal["write", "load"]
+Returned = Literal["nothing", "new_node", "device_pages", "host_slots"]
+"""What the implementation hands back when it applies a step: a prefill's new node (its pages,
+maybe an early reservation's host slots), a load's device pages, a backup's host slots."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a rule reads of how far the streams got (``vectors/settle.py`` keeps a vector's
+    answer the same on every conforming implementation)."""
+
+    drains: tuple[Queue, ...] = ()
+    """The ack queues whose finished prefix it drains (its answer depends on finished acks)."""
+    in_flight: tuple[Queue, ...] = ()
+    """It is enabled only while a copy of one of these queues is still queued."""
+    synchronizes: bool = False
+    """The host waits for the stream its ``stream`` argument names."""
+
+    @property
+    def reads(self) -> Literal["nothing", "acks", "in_flight"]:
+        return "acks" if self.drains else "in_flight" if self.in_flight else "nothing"
+
+
+READS_NOTHING = Completion()
+BOTH_QUEUES: tuple[Queue, ...] = ("write", "load")
+Sample = Callable[[StepContext, random.Random], "dict[str, StepArg] | None"]
+
+
+def no_requirements(ctx: StepContext, args: Args) -> frozenset[str]:
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class RuleRecord:
     """One atomic rule: everything the machine, the session, lockstep and the CP-process
@@ -194,9 +259,9 @@ class RuleRecord:
     name: RuleName
     family: str  # the campaign report's family (``campaign.RULE_FAMILIES`` is derived)
     doc: str
-    why_not: Callable[[Session, Args], str | None]
-    process: Callable[[Session, Args], Outcome]
-    candidates: Callable[[Session], list[int]] | None = None
+    why_not: Callable[[StepContext, Args], str | None]
+    process: Callable[[StepContext, Args], Outcome]
+    candidates: Callable[[StepContext], list[int]] | None = None
     draw: Draw | None = None
     oracle: Translate = untranslated
     """Which oracle ops the applied step is (``lockstep.py``)."""
@@ -207,11 +272,26 @@ class RuleRecord:
     """How often the CP-process schedule draws it (0: never; ``distributed/schedule.py``)."""
     reserves: bool = False
     """It reserves host slots on every CP rank at once (the ranks agree that it fits first)."""
-    pins: Callable[[Session, Args], Args] | None = None
+    pins: Callable[[StepContext, Args], Args] | None = None
     """Arguments the session fixes when the step is applied (a prefill names its node)."""
     refusable: bool = False  # a refused outcome must change nothing (INV-17)
     probe: bool = False  # a misuse probe: needs ``guards``; the snapshot must not change
     resets: bool = False  # RESET_CHECKS (INV-18) run after it; the node ids restart
+    # what a trace and a vector need to know of it
+    args: Mapping[str, ArgType] = field(default_factory=lambda: MappingProxyType({}))
+    """The step arguments it reads, with their types (``cli_inputs.STEP_ARGUMENTS`` is the
+    union over every rule: a trace whose argument has the wrong type is bad input)."""
+    completion: Completion = READS_NOTHING
+    """What it reads of the streams' progress (``vectors/settle.py``)."""
+    walk: float = 1.0
+    """How often a seeded vector walk picks it among the enabled rules (0: never; oracle
+    traces and stories apply it; ``vectors/walks.py``)."""
+    sample: Sample | None = None
+    """A walk's arguments for a rule that has no ``draw`` (a prefill, a noop)."""
+    returns: Returned = "nothing"
+    """What the implementation hands back when it applies the step (``vectors/observe.py``)."""
+    requires: Callable[[StepContext, Args], frozenset[str]] = no_requirements
+    """Capabilities a vector that applies the step needs beyond those its config implies."""
 
 
 # -- shared pieces ------------------------------------------------------------------------------
@@ -219,37 +299,37 @@ def node_arg(args: Args) -> int:
     return int(args.get("node", -1))
 
 
-def layer_limit(session: Session, draft: bool) -> int:
-    return session.config.draft_layer_num if draft else session.config.layer_num
+def layer_limit(ctx: StepContext, draft: bool) -> int:
+    return ctx.config.draft_layer_num if draft else ctx.config.layer_num
 
 
-def undrained_loads(session: Session) -> int:
-    return len(session.world.ranks[0].controller.ack_load_queue)
+def undrained_loads(ctx: StepContext) -> int:
+    return len(ctx.world.ranks[0].controller.ack_load_queue)
 
 
-def device_busy(session: Session) -> bool:
-    return not session.world.device.is_idle()
+def device_busy(ctx: StepContext) -> bool:
+    return not ctx.world.device.is_idle()
 
 
-def copies_queued(session: Session) -> bool:
+def copies_queued(ctx: StepContext) -> bool:
     """Whether a write or load stream of some rank still has work queued."""
     return any(
         not stream.query()
-        for rank in session.world.ranks
+        for rank in ctx.world.ranks
         for stream in (rank.controller.write_stream, rank.controller.load_stream)
     )
 
 
-def pick_candidate(session: Session, rule: str, pick: int) -> int:
-    candidates = session.candidates(rule)
+def pick_candidate(ctx: StepContext, rule: str, pick: int) -> int:
+    candidates = ctx.candidates(rule)
     return candidates[pick % len(candidates)]
 
 
-def candidate_rule(rule: str, what: str) -> Callable[[Session, Args], str | None]:
+def candidate_rule(rule: str, what: str) -> Callable[[StepContext, Args], str | None]:
     """``why_not`` of a rule that acts on one node among its candidates."""
 
-    def why_not(session: Session, args: Args) -> str | None:
-        if node_arg(args) not in session.candidates(rule):
+    def why_not(ctx: StepContext, args: Args) -> str | None:
+        if node_arg(args) not in ctx.candidates(rule):
             return f"node {node_arg(args)} is not {what}"
         return None
 
@@ -265,23 +345,23 @@ def pick_draw(rule: str) -> Draw:
     )
 
 
-def always(session: Session, args: Args) -> str | None:
+def always(ctx: StepContext, args: Args) -> str | None:
     return None
 
 
-def no_args(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
+def no_args(ctx: StepContext, drawn: Mapping[str, Any]) -> dict[str, StepArg]:
     return {}
 
 
-def needs_per_layer_write(session: Session) -> str | None:
-    if not session.world.per_layer_write:
+def needs_per_layer_write(ctx: StepContext) -> str | None:
+    if not ctx.world.per_layer_write:
         return "early reservations and layer-end-driven writes need per_layer_write"
     return None
 
 
-def layer_in_range(session: Session, args: Args, stored: int | None = None) -> str | None:
+def layer_in_range(ctx: StepContext, args: Args, stored: int | None = None) -> str | None:
     draft = bool(args.get("draft", False))
-    limit = layer_limit(session, draft)
+    limit = layer_limit(ctx, draft)
     if stored is not None:
         limit = min(limit, stored)
     layer = int(args.get("layer", -1))
@@ -295,3 +375,28 @@ def parse_handles(args: Args) -> list[int] | None:
         return [int(part) for part in str(args.get("nodes", "")).split(",") if part.strip()]
     except ValueError:
         return None
+
+
+def pool_arg(args: Args) -> Pool:
+    return "draft" if bool(args["draft"]) else "target"
+
+
+def offered_always(ctx: StepContext) -> bool:
+    return True
+
+
+def draw_only_outside_machine(draw: Draw) -> Draw:
+    """A draw the CP-process schedule uses; the Hypothesis machine reaches the rule through
+    compound programs only (``steps/programs.py``)."""
+    return Draw(draw.params, draw.choose, draw.offered, in_machine=False)
+
+
+def oracle_drains(write: bool, load: bool) -> Translate:
+    """The oracle ops of a drain of the write and/or the load acks."""
+    return lambda view, args, outcome: view.drain_ops(write, load)
+
+
+NODE_ARG: Mapping[str, ArgType] = MappingProxyType({"node": "int"})
+LAYER_ARGS: Mapping[str, ArgType] = MappingProxyType({"layer": "int", "draft": "bool"})
+NODE_LAYER_ARGS: Mapping[str, ArgType] = MappingProxyType({**NODE_ARG, **LAYER_ARGS})
+STREAM_ARG: Mapping[str, ArgType] = MappingProxyType({"stream": "stream"})
