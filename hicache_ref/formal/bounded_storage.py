@@ -36,13 +36,13 @@ from hicache_ref.oracle.storage import (
     StorageConfig,
     StorageOp,
     StorageState,
-    all_storage_ops,
     check_storage_invariants,
     initial_storage_state,
     make_storage_variant,
     storage_step,
-    why_storage_disabled,
 )
+from hicache_ref.oracle.storage.hit_query import collective_rule
+from hicache_ref.oracle.storage.step import successor_ops, thread_ops
 
 Actor = tuple[object, ...]
 """Who moves in an op: ``(rank, thread)``, ``("collective", group)`` or ``("tree",)``."""
@@ -62,12 +62,8 @@ def _can_run(state: StorageState, actor: Actor) -> bool:
     if actor == TREE:
         return False  # the tree and the faults are the test's driver: never preempted
     if actor[0] == "collective":
-        return why_storage_disabled(state, Collective(str(actor[1]))) is None
-    rank, thread = int(str(actor[0])), int(str(actor[1]))
-    return why_storage_disabled(state, Advance(rank, thread)) is None or any(
-        why_storage_disabled(state, Advance(rank, thread, outcome)) is None
-        for outcome in ("defer", "raise", "fail")
-    )
+        return collective_rule(state, Collective(str(actor[1]))) is None
+    return bool(thread_ops(state, int(str(actor[0])), int(str(actor[1]))))
 
 
 @dataclass(frozen=True)
@@ -127,7 +123,6 @@ def explore_storage(
     """Breadth-first to ``max_depth`` ops under the preemption bound; stops at the first
     violating state. ``on_level(depth, frontier, states)`` reports each finished level."""
     began = time.perf_counter()
-    universe = all_storage_ops(config)
     root = start if start is not None else initial_storage_state(config)
     root_key: Key = (root, TREE)
     parents: dict[Key, tuple[Key, StorageOp] | None] = {root_key: None}
@@ -145,9 +140,7 @@ def explore_storage(
             state, last = key
             used = spent[key]
             last_runs = bounded and _can_run(state, last)
-            for op in universe:
-                if why_storage_disabled(state, op) is not None:
-                    continue
+            for op in successor_ops(state):
                 actor = actor_of(op)
                 cost = used + (1 if last_runs and actor != last else 0)
                 if bounded and cost > preemptions:  # type: ignore[operator]

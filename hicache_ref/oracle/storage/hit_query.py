@@ -39,7 +39,9 @@ def advance_hit_query(state: StorageState, op: Advance) -> StorageState:
     if thread.point == "idle":
         prefetch = rank_state.prefetch_queue[0]
         rank_state = evolve(rank_state, prefetch_queue=rank_state.prefetch_queue[1:])
-        if rank_state.prefetches[prefetch].terminated:  # a terminated prefetch hits nothing
+        view = rank_state.prefetches[prefetch]
+        if view.terminated:  # a terminated prefetch hits nothing
+            rank_state = with_prefetch(rank_state, prefetch, evolve(view, hit_local=0))
             moved = Thread(point="reduce", op=prefetch, final=True, epoch=thread.epoch)
         else:
             moved = Thread(point="exists", op=prefetch, epoch=thread.epoch)
@@ -69,7 +71,9 @@ def _batch_exists(state: StorageState, op: Advance, thread: Thread) -> StorageSt
     rank_state = state.ranks[op.rank]
     pages = config.ops[thread.op].pages
     start, end = compute_batch_range(thread.batch, config.batch_pages, pages)
-    if op.outcome == "raise":
+    if op.outcome == "raise":  # the query failed: a miss on this rank
+        view = rank_state.prefetches[thread.op]
+        rank_state = with_prefetch(rank_state, thread.op, evolve(view, hit_local=0))
         moved = evolve(thread, point="reduce", value=0, final=True)
         return with_rank(state, op.rank, with_thread(rank_state, HIT_QUERY, moved))
     present = tuple(tag != ABSENT for tag in rank_state.l3)

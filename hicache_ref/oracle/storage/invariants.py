@@ -13,9 +13,9 @@ thread stuck in a collective (INV-20) is final.
 from __future__ import annotations
 
 from hicache_ref.oracle.state import Violation
+from hicache_ref.oracle.storage.hit_query import collective_rule
 from hicache_ref.oracle.storage.keys import compute_hit_endpoint
 from hicache_ref.oracle.storage.ops import (
-    Advance,
     Collective,
     DrainAcks,
     DrainBackupAcks,
@@ -23,7 +23,7 @@ from hicache_ref.oracle.storage.ops import (
     DrainReleases,
 )
 from hicache_ref.oracle.storage.state import ABSENT, GROUPS, THREADS, StorageState
-from hicache_ref.oracle.storage.step import why_storage_disabled
+from hicache_ref.oracle.storage.step import thread_ops, why_storage_disabled
 
 _DRAINS = (DrainHits(), DrainAcks(), DrainBackupAcks(), DrainReleases())
 
@@ -37,13 +37,13 @@ def check_storage_invariants(state: StorageState) -> list[Violation]:
 
 
 def storage_quiescent(state: StorageState) -> bool:
-    """No storage thread can move (no ``Advance`` or ``Collective`` enabled) and every control
-    queue is drained on some rank (nothing the tree could take)."""
+    """No storage thread can move (no ``Advance`` or ``Collective`` enabled) and nothing waits
+    for the tree (no drain enabled)."""
     for rank in range(len(state.ranks)):
         for thread in range(len(THREADS)):
-            if why_storage_disabled(state, Advance(rank, thread)) is None:
+            if thread_ops(state, rank, thread):
                 return False
-    if any(why_storage_disabled(state, Collective(g)) is None for g in GROUPS):
+    if any(collective_rule(state, Collective(g)) is None for g in GROUPS):
         return False
     return all(why_storage_disabled(state, drain) is not None for drain in _DRAINS)
 

@@ -286,3 +286,75 @@ def enabled_storage_ops(
 ) -> tuple[StorageOp, ...]:
     """The ops of ``universe`` enabled in ``state``."""
     return tuple(op for op in universe if why_storage_disabled(state, op) is None)
+
+
+def thread_ops(state: StorageState, rank: int, thread: int) -> list[StorageOp]:
+    """The ``Advance`` ops of one thread enabled in ``state`` (what ``all_storage_ops`` holds
+    and ``why_storage_disabled`` admits), built from the thread's point, without a search."""
+    if not state.attached:
+        return []
+    rank_state = state.ranks[rank]
+    record = rank_state.threads[thread]
+    point = record.point
+    if point in ("dead", "reduce"):
+        return []
+    if point == "idle":
+        return [Advance(rank, thread)] if getattr(rank_state, _INPUT[thread]) else []
+    ops: list[StorageOp] = [Advance(rank, thread)]
+    outcomes = CALL_OUTCOMES.get((thread, point))
+    if outcomes is None or state.faults_left <= 0:
+        return ops
+    for outcome in outcomes[1:]:
+        if outcome == "defer" and record.pending:
+            continue
+        if outcome == "hole":
+            width = min(_batch_len(state, rank_state, record), state.config.batch_pages)
+            ops += [Advance(rank, thread, "hole", i) for i in range(width)]
+        else:
+            ops.append(Advance(rank, thread, outcome))
+    return ops
+
+
+def successor_ops(state: StorageState) -> list[StorageOp]:
+    """Every op of ``all_storage_ops(state.config)`` enabled in ``state``, built directly (the
+    exhaustive checker's hot path; a test holds it equal to filtering the universe)."""
+    config = state.config
+    first = state.ranks[0]
+    ops: list[StorageOp] = []
+    if state.attached:
+        for index, spec in enumerate(config.ops):
+            if spec.kind == "prefetch" and not first.prefetches[index].issued:
+                ops.append(Prefetch(index))
+            elif spec.kind == "backup" and not first.backups[index].issued:
+                ops.append(WriteStorage(index))
+    for drain, queue in _DRAINS:
+        if tree.drain_count(state, queue):
+            ops.append(drain)
+    if config.terminations:
+        for index, spec in enumerate(config.ops):
+            if spec.kind == "prefetch" and all(r.prefetches[index].current for r in state.ranks):
+                ops.append(Terminate(index))
+    for rank in range(config.ranks):
+        for thread in range(len(THREADS)):
+            ops += thread_ops(state, rank, thread)
+    ops += [Collective(g) for g in GROUPS if collective_rule(state, Collective(g)) is None]
+    if state.faults_left > 0:
+        for rank, rank_state in enumerate(state.ranks):
+            ops += [LosePage(rank, p) for p, tag in enumerate(rank_state.l3) if tag != ABSENT]
+    if state.resets_left > 0:
+        ops.append(Reset())
+    for other in _EPOCH_OPS[: 2 if config.detach else 0] + (
+        tuple(Clear(r) for r in range(config.ranks)) if config.clear else ()
+    ):
+        if why_storage_disabled(state, other) is None:
+            ops.append(other)
+    return ops
+
+
+_DRAINS: tuple[tuple[StorageOp, str], ...] = (
+    (DrainHits(), "hit_queue"),
+    (DrainAcks(), "ack_queue"),
+    (DrainBackupAcks(), "backup_acks"),
+    (DrainReleases(), "release_queue"),
+)
+_EPOCH_OPS: tuple[StorageOp, ...] = (Detach(), Attach())
