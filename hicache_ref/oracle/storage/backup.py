@@ -69,8 +69,9 @@ def _batch_set(state: StorageState, op: Advance, thread: Thread) -> StorageState
     if op.outcome == "ok":
         tag = GOOD if view.source_held else BAD
         l3 = rank_state.l3
+        keys = config.op_keys(thread.op)
         for page in range(start, end):
-            l3 = replace_at(l3, page, tag)
+            l3 = replace_at(l3, keys[page], tag)
         # the ghost ``stored`` is the prefix the backend holds from page 0 on (INV-26)
         stored = view.stored + (end - start) if view.stored == start else view.stored
         rank_state = evolve(rank_state, l3=l3)

@@ -23,17 +23,21 @@ from hicache_ref.errors import HiCacheInputError, UnknownOptionError
 
 OpKind = Literal["prefetch", "backup"]
 
+KEYS_MAX = 1 << 16
+"""Bound on the key universe of a world given by ``key_parents`` (a harness's, grown per op)."""
+
 OUTCOMES = ("ok", "hole", "raise", "defer", "fail")
 """Per-call outcomes a backend point may draw (``Advance.outcome``); see ``ops.Advance``."""
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One operation a case may issue once per epoch: a prefetch or a backup of the chain's first
-    ``pages`` pages."""
+    """One operation a case may issue once per epoch: a prefetch or a backup of ``pages`` pages,
+    the keys ``keys`` (key ids of the world; ``()``: the chain's first ``pages`` keys)."""
 
     kind: OpKind
     pages: int
+    keys: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ class StorageConfig:
     """One small world of the storage tier.
 
     ``ranks`` TP ranks (each with its own namespace and four threads), a chain of ``pages``
-    pages, ``batch_pages`` pages per backend call (``STORAGE_BATCH_SIZE``), the operations
+    pages (or, in a world that ``grows``, ``pages`` keys where key ``k`` follows key
+    ``key_parents[k]`` in its chain, -1 at a chain's head: a harness's many chains, added with
+    its ops by ``universe``), ``batch_pages`` pages per backend call (``STORAGE_BATCH_SIZE``), the operations
     ``ops`` (each issued at most once per epoch), ``preloaded[r]`` leading pages already in rank
     ``r``'s L3, at most ``max_faults`` non-ok call outcomes and lost pages in all, at most
     ``max_resets`` resets; ``terminations``, ``detach`` and ``clear`` admit those tree ops.
@@ -122,6 +128,8 @@ class StorageConfig:
 
     ranks: int = 1
     pages: int = 2
+    key_parents: tuple[int, ...] = ()
+    grows: bool = False
     batch_pages: int = 1
     ops: tuple[OpSpec, ...] = (OpSpec("prefetch", 2),)
     preloaded: tuple[int, ...] = ()
@@ -134,15 +142,26 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         # Verify the world is one the model can hold (positive sizes, ops within the chain)
-        if not 1 <= self.ranks <= 4 or not 1 <= self.pages <= 8 or self.batch_pages < 1:
+        limit, least = (KEYS_MAX, 0) if self.grows else (8, 1)
+        if not 1 <= self.ranks <= 4 or not least <= self.pages <= limit or self.batch_pages < 1:
             raise HiCacheInputError(
-                f"ranks={self.ranks} must be in [1, 4], pages={self.pages} in [1, 8], "
+                f"ranks={self.ranks} must be in [1, 4], pages={self.pages} in [1, {limit}], "
                 f"batch_pages={self.batch_pages} >= 1"
             )
-        if not self.ops or any(not 1 <= op.pages <= self.pages for op in self.ops):
+        if self.grows and len(self.key_parents) != self.pages:
+            raise HiCacheInputError(
+                f"key_parents has {len(self.key_parents)} entries; need one per key ({self.pages})"
+            )
+        if (not self.ops and not self.grows) or any(
+            not 1 <= op.pages <= self.pages for op in self.ops
+        ):
             raise HiCacheInputError(
                 f"ops {self.ops} must be at least one, each of 1..pages={self.pages} pages"
             )
+        if any(
+            op.keys and (len(op.keys) != op.pages or max(op.keys) >= self.pages) for op in self.ops
+        ):
+            raise HiCacheInputError(f"ops {self.ops}: each op's keys are its pages' key ids")
         if any(op.kind not in ("prefetch", "backup") for op in self.ops):
             raise HiCacheInputError(f"op kinds must be 'prefetch' or 'backup': {self.ops}")
         if self.preloaded and (
@@ -157,6 +176,15 @@ class StorageConfig:
 
     def preloaded_pages(self, rank: int) -> int:
         return self.preloaded[rank] if self.preloaded else 0
+
+    def op_keys(self, op: int) -> tuple[int, ...]:
+        """The key id of every page of op ``op``, in page order."""
+        spec = self.ops[op]
+        return spec.keys or tuple(range(spec.pages))
+
+    def parent_key(self, key: int) -> int:
+        """The key before ``key`` in its chain (-1: the chain's head)."""
+        return self.key_parents[key] if self.grows else key - 1
 
     def describe(self) -> str:
         """One line naming the world, for CLI output and failure messages."""

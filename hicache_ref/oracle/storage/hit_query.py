@@ -76,7 +76,7 @@ def _batch_exists(state: StorageState, op: Advance, thread: Thread) -> StorageSt
         rank_state = with_prefetch(rank_state, thread.op, evolve(view, hit_local=0))
         moved = evolve(thread, point="reduce", value=0, final=True)
         return with_rank(state, op.rank, with_thread(rank_state, HIT_QUERY, moved))
-    present = tuple(tag != ABSENT for tag in rank_state.l3)
+    present = tuple(rank_state.l3[key] != ABSENT for key in config.op_keys(thread.op))
     if op.outcome == "hole":
         present = tuple(p and i != start + op.index for i, p in enumerate(present))
     run = compute_leading_run(present, start, end)

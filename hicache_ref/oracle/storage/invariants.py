@@ -108,14 +108,15 @@ def judge_prefix_closed(state: StorageState) -> list[Violation]:
     """INV-31: every page L3 holds follows a held page (or one an injected fault lost)."""
     found = []
     for rank, rank_state in enumerate(state.ranks):
-        for page in range(1, len(rank_state.l3)):
-            held = rank_state.l3[page] != ABSENT
-            before = rank_state.l3[page - 1] != ABSENT or (rank, page - 1) in state.lost
-            if held and not before:
+        for key, tag in enumerate(rank_state.l3):
+            parent = state.config.parent_key(key)
+            if tag == ABSENT or parent < 0:
+                continue
+            if rank_state.l3[parent] == ABSENT and (rank, parent) not in state.lost:
                 found.append(
                     Violation(
                         "INV-31",
-                        f"rank {rank}'s L3 holds page {page} of the chain without page {page - 1}",
+                        f"rank {rank}'s L3 holds key {key} of a chain without key {parent} before it",
                     )
                 )
     return found

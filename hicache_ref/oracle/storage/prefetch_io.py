@@ -97,6 +97,7 @@ def _batch_get(
         moved = evolve(thread, pending=True)
         return with_rank(state, op.rank, with_thread(rank_state, IO, moved))
     start, end = compute_batch_range(thread.batch, state.config.batch_pages, len(view.bounce))
+    keys = state.config.op_keys(thread.op)
     if op.outcome == "raise":
         view = _hole_at(view, start)
         if variant.io_raise_skips_final_ack:  # the exception escapes the loop: the thread dies
@@ -106,7 +107,8 @@ def _batch_get(
         returned: tuple[bool, ...] = (False,) * (end - start)
     else:
         returned = tuple(
-            rank_state.l3[p] != ABSENT and not (op.outcome == "hole" and p == start + op.index)
+            rank_state.l3[keys[p]] != ABSENT
+            and not (op.outcome == "hole" and p == start + op.index)
             for p in range(start, end)
         )
     count = 0
@@ -120,7 +122,7 @@ def _batch_get(
             break
         if view.terminated:
             break  # the page's bytes are not set once the op is terminated
-        tag = rank_state.l3[page]
+        tag = rank_state.l3[keys[page]]
         # Verify L3 gave back the bytes written under the key (INV-30)
         if tag == BAD:
             state = with_storage_fault(

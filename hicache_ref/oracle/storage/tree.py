@@ -206,9 +206,12 @@ def _check_backup_ack(
             f"rank {rank}: backup op {op} acked {value} pages; the backend holds a prefix of "
             f"{view.stored}",
         )
+    keys = state.config.op_keys(op)
     for page in range(value):
-        if rank_state.l3[page] != GOOD and (rank, page) not in state.lost:
-            what = "nothing" if rank_state.l3[page] == ABSENT else "other bytes"
+        key = keys[page] if page < len(keys) else -1
+        tag = rank_state.l3[key] if key >= 0 else ABSENT
+        if tag != GOOD and (rank, key) not in state.lost:
+            what = "nothing" if tag == ABSENT else "other bytes"
             state = with_storage_fault(
                 state,
                 "INV-26",
