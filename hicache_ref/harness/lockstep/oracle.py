@@ -75,6 +75,9 @@ def attach_lockstep(session: Session) -> LockstepOracle | None:
     """
     if not lockstep_enabled():
         return None
+    from hicache_ref.harness.lockstep.storage import attach_storage_lockstep
+
+    attach_storage_lockstep(session)  # the storage oracle follows the L3 verbs (storage.py)
     oracle = LockstepOracle(session)
     session.stats.lockstep["cases"] += 1
     if oracle.off_reason is None:

@@ -79,6 +79,13 @@ def _batch_set(state: StorageState, op: Advance, thread: Thread) -> StorageState
         value = thread.value + (end - start)
         go_on = more
     else:  # a refused or raising batch ends the backup (planted: a refused one is skipped)
+        if op.outcome == "fail" and op.index:  # a partial batch: its first pages landed
+            tag = GOOD if view.source_held else BAD
+            keys = config.op_keys(thread.op)
+            l3 = rank_state.l3
+            for page in range(start, start + op.index):
+                l3 = replace_at(l3, keys[page], tag)
+            rank_state = evolve(rank_state, l3=l3)
         value = thread.value
         go_on = more and op.outcome == "fail" and config.variant.backup_skips_failed_batch
     if go_on:

@@ -30,7 +30,14 @@ class WriteStorage:
 @dataclass(frozen=True)
 class DrainHits:
     """The tree drains ``prefetch_hit_queue`` (MIN length over ranks): each hit is revoked on
-    every rank or given a bounce buffer of exactly the hit on every rank (``prefetch_buffer``)."""
+    every rank or given a bounce buffer of exactly the hit on every rank (``prefetch_buffer``).
+
+    ``no_room`` (a harness's drain) names the ops whose buffer some rank's host pool could not
+    hold: revoked like a miss. The exhaustive checker leaves it empty (host room is the tree's
+    business, not the protocol's).
+    """
+
+    no_room: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,8 @@ class Advance:
     ``outcome`` is drawn at a backend call: ``ok``; ``hole`` (page ``index`` of the batch is
     reported missing: a short read is a hole at the batch's last page); ``raise`` (the call
     raises); ``defer`` (the call is issued and returns at the thread's next ``Advance``, other
-    threads running meanwhile); ``fail`` (``batch_set`` returns False). Every outcome but
+    threads running meanwhile); ``fail`` (``batch_set`` returns False, its first ``index``
+    pages landed all the same: a partial batch). Every outcome but
     ``ok`` spends one of the world's ``max_faults``.
     """
 

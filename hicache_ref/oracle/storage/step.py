@@ -81,7 +81,7 @@ def why_storage_disabled(state: StorageState, op: StorageOp) -> str | None:
         return _rule_op(state, op)
     if isinstance(op, DrainHits | DrainAcks | DrainBackupAcks | DrainReleases):
         queue = {
-            DrainHits: "hit_queue",
+            DrainHits: "hit_queue",  # (no_room names ops; any is legal)
             DrainAcks: "ack_queue",
             DrainBackupAcks: "backup_acks",
             DrainReleases: "release_queue",
@@ -140,10 +140,14 @@ def _rule_advance(state: StorageState, op: Advance) -> str | None:
     if op.outcome != "ok":
         if state.faults_left <= 0:
             return f"the world's max_faults={config.max_faults} are spent"
-        if op.outcome == "hole" and not 0 <= op.index < _batch_len(state, rank_state, thread):
-            return f"hole index {op.index} is outside the batch"
+        if op.outcome in ("hole", "fail") and not (
+            0 <= op.index < _batch_len(state, rank_state, thread)
+        ):
+            return f"{op.outcome} index {op.index} is outside the batch"
+        if op.outcome not in ("hole", "fail") and op.index:
+            return "only a hole or a failed write names an index"
     elif op.index:
-        return "only a hole names an index"
+        return "only a hole or a failed write names an index"
     return None
 
 
@@ -207,7 +211,7 @@ def _apply(state: StorageState, op: StorageOp) -> StorageState:
     if isinstance(op, Terminate):
         return tree.terminate(state, op.op)
     if isinstance(op, DrainHits):
-        return tree.drain_hits(state)
+        return tree.drain_hits(state, op.no_room)
     if isinstance(op, DrainAcks):
         return tree.drain_acks(state)
     if isinstance(op, DrainBackupAcks):
@@ -267,7 +271,7 @@ def all_storage_ops(config: StorageConfig) -> tuple[StorageOp, ...]:
                 if kind != thread:
                     continue
                 for outcome in outcomes[1:]:
-                    indices = range(config.batch_pages) if outcome == "hole" else range(1)
+                    indices = range(config.batch_pages) if outcome in ("hole", "fail") else range(1)
                     ops += [Advance(rank, thread, outcome, i) for i in indices]
     ops += [Collective(group) for group in GROUPS]
     if config.max_faults:
@@ -307,9 +311,9 @@ def thread_ops(state: StorageState, rank: int, thread: int) -> list[StorageOp]:
     for outcome in outcomes[1:]:
         if outcome == "defer" and record.pending:
             continue
-        if outcome == "hole":
+        if outcome in ("hole", "fail"):
             width = min(_batch_len(state, rank_state, record), state.config.batch_pages)
-            ops += [Advance(rank, thread, "hole", i) for i in range(width)]
+            ops += [Advance(rank, thread, outcome, i) for i in range(width)]
         else:
             ops.append(Advance(rank, thread, outcome))
     return ops

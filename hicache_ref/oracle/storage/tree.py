@@ -59,13 +59,14 @@ def drain_count(state: StorageState, queue: str) -> int:
     return min(len(getattr(rank_state, queue)) for rank_state in state.ranks)
 
 
-def drain_hits(state: StorageState) -> StorageState:
+def drain_hits(state: StorageState, no_room: tuple[int, ...] = ()) -> StorageState:
     """Revoke each drained hit on every rank, or start its transfer on every rank."""
     for _ in range(drain_count(state, "hit_queue")):
         taken = [rank_state.hit_queue[0] for rank_state in state.ranks]
         ranks = [evolve(r, hit_queue=r.hit_queue[1:]) for r in state.ranks]
         views = [r.prefetches[op] for r, op in zip(ranks, taken, strict=True)]
         start = all(v.current and not v.terminated and v.hit >= 1 for v in views)
+        start = start and not set(taken) & set(no_room)
         for rank, (rank_state, op, view) in enumerate(zip(ranks, taken, views, strict=True)):
             if start:
                 view = evolve(view, bounce=(ABSENT,) * view.hit, owner=(IO_OWNED,) * view.hit)
