@@ -26,6 +26,7 @@ every rank shares), a tier of another protocol (0.5.10's), a thread executor.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
     from hicache_ref.harness.driver.storage_driver import StorageDriver
     from hicache_ref.harness.steps.session import Session
 
+STORAGE_LOCKSTEP_ENV = "HICACHE_STORAGE_LOCKSTEP"
+"""``0`` leaves the storage oracle out where lockstep is on (to measure what it costs)."""
+
 VERBS = (
     "write_storage",
     "prefetch",
@@ -101,6 +105,8 @@ def attach_storage_lockstep(session: Session) -> StorageLockstep | None:
     None without a storage world or when the profile turns lockstep off."""
     driver = session.tree.storage
     if driver is None or not lockstep_enabled():
+        return None
+    if os.environ.get(STORAGE_LOCKSTEP_ENV, "1") in ("", "0", "false", "off"):
         return None
     follower = StorageLockstep(session, driver)
     stats = session.stats.lockstep
@@ -236,6 +242,7 @@ class StorageLockstep:
             self._apply(Reset(), name)
             self._forget_epoch()
         if self._depth == 0 or name == "run_step":
+            self._judge(name)
             compare_after_verb(self, name)
 
     def _no_room(self, current: set[str]) -> tuple[int, ...]:
@@ -452,6 +459,11 @@ class StorageLockstep:
                 f"the implementation did what the oracle refuses ({exc})",
             ) from None
         self.trace.append(op)
+        if self.state.faults:  # a step broke a rule: report it at the op that did
+            self._judge(what)
+
+    def _judge(self, what: str) -> None:
+        """The oracle's own verdict on what it was fed (once per verb, and at a fault)."""
         found = check_storage_invariants(self.state)
         if found:
             first = found[0]
