@@ -98,6 +98,8 @@ THREAD_OF = {
     StorageStepKind.BACKUP: BACKUP,
 }
 GROUP_OF = {HIT_QUERY: "hits", SYNC: "completion"}
+_EXTRA_CALL_ID = {"exists": "INV-29", "get": "INV-19", "set": "INV-31"}
+"""The id a backend call the oracle did not make is reported under, by call kind."""
 
 
 def attach_storage_lockstep(session: Session) -> StorageLockstep | None:
@@ -144,12 +146,14 @@ class StorageLockstep:
         self.verbs = 0  # verbs compared
         self.steps = 0  # storage steps compared
         self.keys: dict[Prefix, int] = {}
+        self.prefixes: list[Prefix] = []  # key id -> its token prefix
         self.prefetch_ops: dict[str, int] = {}  # request id -> oracle op, this epoch
         self.backup_ops: list[dict[int, int]] = [{} for _ in range(driver.n)]
         self.key_names: list[dict[str, int]] = [{} for _ in range(driver.n)]
         self.collectives = {"hits": 0, "completion": 0}
         self._calls: list[list[BackendCall]] = [[] for _ in range(driver.n)]
         self._results: dict[int, StepResult] = {}
+        self._verdicts_seen: list[dict[str, int]] = [{} for _ in range(driver.n)]
         self._lock = threading.Lock()
         self._depth = 0
         if self.off_reason is None:
@@ -205,6 +209,11 @@ class StorageLockstep:
             return [set(logs) for logs in self.driver.log.backups]
         if name == "prefetch":
             return set(self.driver.log.prefetches[0])
+        if name == "check_prefetch":
+            self._verdicts_seen = [
+                {rid: len(log.verdicts) for rid, log in logs.items()}
+                for logs in self.driver.log.prefetches
+            ]
         if name in ("check_prefetch", "terminate"):
             return {rid for rid, op in self.prefetch_ops.items() if self._current(op)}
         if name == "drain_prefetch":
@@ -222,6 +231,8 @@ class StorageLockstep:
         elif name == "prefetch":
             self._after_prefetch(before)
         elif name in ("check_prefetch", "terminate"):
+            if name == "check_prefetch":
+                self._compare_verdicts()
             self._after_terminations(before)
         elif name == "run_step":
             self._after_step(args[0])
@@ -274,6 +285,7 @@ class StorageLockstep:
         self.state, key = add_key(self.state, parent)
         self.start, _ = add_key(self.start, parent)
         self.keys[prefix] = key
+        self.prefixes.append(prefix)
         return key
 
     def _new_op(self, kind: str, keys: tuple[int, ...]) -> int:
@@ -303,6 +315,24 @@ class StorageLockstep:
     def _current(self, op: int) -> bool:
         return all(r.prefetches[op].current for r in self.state.ranks)
 
+    def _compare_verdicts(self) -> None:
+        """Each completion verdict the tier gave (``is_prefetch_complete``) against the
+        oracle's: complete once the hit was drained into a buffer and every page published."""
+        for rank, logs in enumerate(self.driver.log.prefetches):
+            for rid, log in logs.items():
+                op = self.prefetch_ops.get(rid)
+                seen = self._verdicts_seen[rank].get(rid, 0)
+                if op is None or len(log.verdicts) <= seen:
+                    continue
+                view = self.state.ranks[rank].prefetches[op]
+                want = bool(view.bounce) and view.published >= len(view.bounce)
+                got = log.verdicts[-1].claimed_complete
+                if want != got:
+                    raise self.divergence(
+                        "INV-22", "check_prefetch", f"rank {rank} is_prefetch_complete("
+                        f"{rid!r}): oracle {want}, implementation {got}",
+                    )  # fmt: skip
+
     def _after_terminations(self, before: set[str]) -> None:
         """A prefetch the tree retired by terminating it (``terminate`` or the policy)."""
         for rid in sorted(before):
@@ -320,6 +350,13 @@ class StorageLockstep:
         calls = [list(c) for c in self._calls]
         for rank in sorted(results):
             self._run_body(rank, thread, calls[rank])
+            if calls[rank]:
+                extra = calls[rank][0]
+                raise self.divergence(
+                    _EXTRA_CALL_ID[extra.kind], f"{kind.value} step", f"rank {rank} backend "
+                    f"calls: oracle none more, implementation batch_{extra.kind} of "
+                    f"{len(extra.keys)} keys (after a miss, a failed batch or a termination)",
+                )  # fmt: skip
         group = GROUP_OF.get(thread)
         if group is not None and any(
             self.state.ranks[r].threads[thread].point == "reduce" for r in results
@@ -394,6 +431,7 @@ class StorageLockstep:
         if call is None:
             return Advance(rank, IO, "raise")
         self._learn(rank, call.keys, keys)
+        self._check_bytes(rank, call, keys)
         l3 = self.state.ranks[rank].l3
         for i, key in enumerate(keys):
             got = i < len(call.digests) and call.digests[i] is not None
@@ -413,6 +451,7 @@ class StorageLockstep:
         record = self.state.ranks[rank].threads[BACKUP]
         keys = self._batch_keys(record.op, record.batch, self.state.config.ops[record.op].pages)
         self._learn(rank, call.keys, keys)
+        self._check_bytes(rank, call, keys)
         if call.ok:
             return Advance(rank, BACKUP)
         landed = 0  # a refused batch may still have stored its first pages (the store says)
@@ -428,8 +467,27 @@ class StorageLockstep:
         return bool(store is not None and store.exists(name))
 
     def _learn(self, rank: int, names: tuple[str, ...], keys: tuple[int, ...]) -> None:
+        """Which backend key names which prefix: one key per prefix and one prefix per key."""
         for name, key in zip(names, keys, strict=False):
-            self.key_names[rank][name] = key
+            known = self.key_names[rank].setdefault(name, key)
+            if known != key:
+                raise self.divergence(
+                    "INV-27", f"rank {rank} backend call", f"key {name[:16]} names the prefix "
+                    f"of oracle key {key}; it named oracle key {known} before (a key commits "
+                    "to its whole prefix)",
+                )  # fmt: skip
+
+    def _check_bytes(self, rank: int, call: BackendCall, keys: tuple[int, ...]) -> None:
+        """Each page a call wrote or read back holds the bytes the harness's content oracle
+        made for its prefix on this rank (what the oracle's GOOD tag stands for, INV-30)."""
+        expected = self.driver.log.expected
+        for i, digest in enumerate(call.digests[: len(keys)]):
+            want = expected.get((rank, self.prefixes[keys[i]]))
+            if digest is not None and want is not None and digest != want:
+                raise self.divergence(
+                    "INV-30", f"rank {rank} batch_{call.kind}", f"bytes of page {i} of the "
+                    f"batch: oracle {want[:12]} (its key's), implementation {digest[:12]}",
+                )  # fmt: skip
 
     def _drop_lost(self, rank: int, calls: list[BackendCall]) -> None:
         """Pages a write reported stored that the store does not hold (an injected
