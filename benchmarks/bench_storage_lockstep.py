@@ -14,55 +14,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 import statistics
 import time
 
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.lockstep.storage import attach_storage_lockstep
-from hicache_ref.harness.steps.rules import RULES as RULES_BY_NAME
-from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step
-from hicache_ref.harness.world.config import HarnessConfig
-from hicache_ref.storage.fault_injection import FAULT_KINDS
+from hicache_ref.harness.lockstep.storage_walk import run_walk, walk_session
 
 STEPS_PER_CASE = 80
-RULES = (
-    ("storage_step",) * 10 + ("write_storage", "prefetch") * 3
-    + ("drain_prefetch_acks", "drain_backup_acks") * 2
-    + ("terminate_prefetch", "check_prefetch", "inject_fault", "reset_storage_in_flight",
-       "detach_storage", "attach_storage", "clear_storage")
-)  # fmt: skip
-"""The rules a case draws from, weighted (storage steps first)."""
-
-
-def _step(session: Session, rng: random.Random) -> Step:
-    for _ in range(16):  # a rule its discipline allows now, mostly
-        step = _draw(session, rng)
-        if RULES_BY_NAME[step.rule].why_not(session, step.args) is None:
-            return step
-    return step
-
-
-def _draw(session: Session, rng: random.Random) -> Step:
-    rule = rng.choice(RULES)
-    driver = session.tree.storage
-    assert driver is not None
-    args: dict[str, object] = {}
-    if rule in ("write_storage", "prefetch"):
-        args = {"pick": rng.randrange(64)} | ({"new": rng.random() < 0.5} if rule[0] == "w" else {})
-    elif rule == "storage_step":
-        runnable = driver.runnable() if driver.attached else []
-        args = {"kind": rng.choice(runnable).value if runnable else "io"}
-    elif rule in ("terminate_prefetch", "check_prefetch"):
-        ongoing = driver.ongoing()
-        args = {"request": rng.choice(ongoing) if ongoing else "q?"}
-    elif rule == "inject_fault":
-        kinds = [k for k in FAULT_KINDS if k != "delay"]
-        args = {"fault": rng.choice(kinds), "rank": rng.randrange(4), "pages": 1}
-    elif rule == "clear_storage":
-        args = {"rank": rng.randrange(4)}
-    return Step(rule=rule, args=args)  # type: ignore[arg-type]
 
 
 def run_cases(cases: int, follow: bool) -> tuple[int, int, float]:
@@ -70,20 +29,10 @@ def run_cases(cases: int, follow: bool) -> tuple[int, int, float]:
     steps = compared = 0
     began = time.process_time()
     for seed in range(cases):
-        rng = random.Random(seed)
-        config = HarnessConfig(
-            host_pages=24,
-            storage_ranks=(1, 2, 4)[seed % 3],
-            storage_batch_pages=1 + seed % 2,
-            storage_faults=True,
-            seed=seed,
-        )
-        session = Session(config, ReferenceImplementation(), "reference")
+        session = walk_session(ReferenceImplementation(), "reference", seed)
         follower = attach_storage_lockstep(session) if follow else None
-        for _ in range(STEPS_PER_CASE):
-            session.apply(_step(session, rng))
-            steps += 1
-        session.finish()
+        run_walk(session, seed, STEPS_PER_CASE)
+        steps += STEPS_PER_CASE
         compared += follower.steps if follower is not None else 0
     return steps, compared, time.process_time() - began
 
