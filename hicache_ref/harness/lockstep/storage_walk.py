@@ -14,11 +14,11 @@ import random
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.steps.rules import RULES as RULES_BY_NAME
 from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.steps.trace import RuleName, Step, StepArg
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.storage.fault_injection import FAULT_KINDS
 
-WALK_RULES = (
+WALK_RULES: tuple[RuleName, ...] = (
     ("storage_step",) * 10 + ("write_storage", "prefetch") * 3
     + ("drain_prefetch_acks", "drain_backup_acks") * 2
     + ("terminate_prefetch", "check_prefetch", "inject_fault", "reset_storage_in_flight",
