@@ -5,7 +5,8 @@ From ``initial_storage_state`` (or a given state), ``explore_storage`` applies e
 of the world's universe (``oracle.storage.all_storage_ops``: each thread's next schedule point
 with each outcome its backend call may draw, the collectives, the tree's calls, lost pages, a
 reset) and runs ``check_storage_invariants`` on every new state. States are hashed (one visit
-per state, or per state and running thread under a preemption bound), and breadth-first order
+per state, or per state and running thread under a preemption bound; ranks that start alike are
+renamed into one representative, ``canonical_key``), and breadth-first order
 makes the first violation a shortest one: ``explore_storage`` returns it as a concrete op trace
 that replays with ``oracle.storage.run_storage_ops``.
 
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hicache_ref.oracle.state import Violation
+from hicache_ref.oracle.state import Violation, evolve
 from hicache_ref.oracle.storage import (
     Advance,
     Collective,
@@ -39,6 +40,7 @@ from hicache_ref.oracle.storage import (
     check_storage_invariants,
     initial_storage_state,
     make_storage_variant,
+    run_storage_ops,
     storage_step,
 )
 from hicache_ref.oracle.storage.hit_query import collective_rule
@@ -111,20 +113,52 @@ class StorageBoundedResult:
 Key = tuple[StorageState, Actor]
 
 
+def rank_symmetric(config: StorageConfig) -> bool:
+    """Whether the ranks start alike, so renaming them maps reachable states onto each other
+    (every rule treats ranks alike: collectives and drains take the MIN, the rest is per rank)."""
+    return config.ranks > 1 and len(set(config.preloaded or (0,))) == 1
+
+
+def canonical_key(state: StorageState, actor: Actor) -> Key:
+    """One representative per class of states equal up to renaming ranks: the ranks sorted (by
+    hash, so equal rank states tie and any order of them is the same state), the lost pages and
+    the running thread renamed alike. Only states without faults are stored (the search stops at
+    the first), so fault messages naming ranks never need renaming."""
+    order = sorted(range(len(state.ranks)), key=lambda r: hash(state.ranks[r]))
+    if order == list(range(len(state.ranks))):
+        return state, actor
+    new_of = {old: new for new, old in enumerate(order)}
+    renamed = evolve(
+        state,
+        ranks=tuple(state.ranks[old] for old in order),
+        lost=tuple(sorted((new_of[r], page) for r, page in state.lost)),
+    )
+    if actor != TREE and actor[0] != "collective":
+        actor = (new_of[int(str(actor[0]))], actor[1])
+    return renamed, actor
+
+
 def explore_storage(
     config: StorageConfig,
     max_depth: int,
     *,
     preemptions: int | None = None,
+    symmetry: bool = True,
     start: StorageState | None = None,
     max_states: int | None = None,
     on_level: Callable[[int, int, int], None] | None = None,
 ) -> StorageBoundedResult:
     """Breadth-first to ``max_depth`` ops under the preemption bound; stops at the first
-    violating state. ``on_level(depth, frontier, states)`` reports each finished level."""
+    violating state. ``on_level(depth, frontier, states)`` reports each finished level; with
+    ``symmetry`` (and ranks that start alike) states equal up to renaming ranks are one."""
     began = time.perf_counter()
     root = start if start is not None else initial_storage_state(config)
-    root_key: Key = (root, TREE)
+    reduce = symmetry and rank_symmetric(config)
+
+    def key_of(state: StorageState, actor: Actor) -> Key:
+        return canonical_key(state, actor) if reduce else (state, actor)
+
+    root_key: Key = key_of(root, TREE)
     parents: dict[Key, tuple[Key, StorageOp] | None] = {root_key: None}
     spent: dict[Key, int] = {root_key: 0}
     bounded = preemptions is not None
@@ -147,7 +181,14 @@ def explore_storage(
                     continue
                 successor, _ = storage_step(state, op)
                 transitions += 1
-                child: Key = (successor, actor if bounded else TREE)
+                if successor.faults:  # a violation: report it on the concrete path
+                    found = tuple(check_storage_invariants(successor))
+                    trace = _concrete_trace(root, (*_trace(parents, key), op), key_of, bounded)
+                    return _result(
+                        config, preemptions, parents, transitions, depth + 1, began, False,
+                        found, trace,
+                    )  # fmt: skip
+                child: Key = key_of(successor, actor if bounded else TREE)
                 if child in spent and spent[child] <= cost:
                     continue
                 fresh = child not in spent
@@ -156,7 +197,9 @@ def explore_storage(
                     parents[child] = (key, op)
                     violations = tuple(check_storage_invariants(successor))
                     if violations:
-                        trace = _trace(parents, child)
+                        path = _trace(parents, child)
+                        trace = _concrete_trace(root, path, key_of, bounded)
+                        violations = tuple(check_storage_invariants(run_storage_ops(root, trace)))
                         return _result(
                             config, preemptions, parents, transitions, depth + 1, began, False,
                             violations, trace,
@@ -171,6 +214,36 @@ def explore_storage(
         if on_level is not None:
             on_level(depth, len(frontier), len(parents))
     return _result(config, preemptions, parents, transitions, depth, began, not frontier, (), ())
+
+
+def _concrete_trace(
+    root: StorageState,
+    path: tuple[StorageOp, ...],
+    key_of: Callable[[StorageState, Actor], Key],
+    bounded: bool,
+) -> tuple[StorageOp, ...]:
+    """Re-walk a path of ops recorded on representatives from the concrete ``root``: at each
+    step the op whose successor is in the same class as the recorded one (ranks renamed)."""
+
+    def class_of(state: StorageState, actor: Actor) -> tuple[Key, tuple[str, ...]]:
+        # fault messages name ranks: a class compares the ids of its faults only
+        ids = tuple(sorted(v.inv_id for v in state.faults))
+        return key_of(evolve(state, faults=()), actor if bounded else TREE), ids
+
+    state, actor = root, TREE
+    concrete: list[StorageOp] = []
+    for recorded in path:
+        goal_state, _ = storage_step(key_of(state, actor)[0], recorded)
+        goal = class_of(goal_state, actor_of(recorded))
+        for op in successor_ops(state):
+            successor, _ = storage_step(state, op)
+            if class_of(successor, actor_of(op)) == goal:
+                concrete.append(op)
+                state, actor = successor, actor_of(op)
+                break
+        else:
+            raise AssertionError(f"no concrete op follows {concrete} to the recorded class")
+    return tuple(concrete)
 
 
 def _trace(parents: dict[Key, tuple[Key, StorageOp] | None], key: Key) -> tuple[StorageOp, ...]:
@@ -256,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-depth", type=int, default=20)
     parser.add_argument("--preemptions", type=int, default=None, help="CHESS bound (none: all)")
     parser.add_argument("--max-states", type=int, default=None)
+    parser.add_argument("--no-symmetry", action="store_true", help="keep rank-renamed states")
     parser.add_argument("--variant", action="append", default=[], help="planted bug flag")
     parser.add_argument("--progress", action="store_true", help="one line per level on stderr")
     args = parser.parse_args(argv)
@@ -272,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config,
         args.max_depth,
         preemptions=args.preemptions,
+        symmetry=not args.no_symmetry,
         max_states=args.max_states,
         on_level=report if args.progress else None,
     )

@@ -102,6 +102,17 @@ def test_two_ranks_are_clean_to_a_depth_and_a_preemption_bound() -> None:
     assert result.ok and result.complete, result.summary()
 
 
+def test_renaming_ranks_keeps_the_verdict_with_fewer_states() -> None:
+    config = StorageConfig(ranks=2, pages=2, ops=(OpSpec("prefetch", 2),), preloaded=(2, 2))
+    reduced = explore_storage(config, max_depth=200, preemptions=0)
+    full = explore_storage(config, max_depth=200, preemptions=0, symmetry=False)
+    assert reduced.ok and full.ok and reduced.complete and full.complete
+    assert reduced.states < full.states
+    planted = _world("progress_not_reduced", **BUG_WORLDS["progress_not_reduced"])
+    found = explore_storage(planted, max_depth=40, symmetry=False)
+    assert len(found.trace) == SHORTEST["progress_not_reduced"]
+
+
 def test_a_preemption_bound_explores_fewer_states_and_finds_depth_one_bugs() -> None:
     config = _world("io_ignores_termination", **BUG_WORLDS["io_ignores_termination"])
     unbounded = explore_storage(_world(None, **BUG_WORLDS["io_ignores_termination"]), 200)
