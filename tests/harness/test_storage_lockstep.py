@@ -15,6 +15,7 @@ from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.driver.storage_driver import StorageDriver
 from hicache_ref.harness.lockstep.storage import (
     STORAGE_LOCKSTEP_ENV,
+    VERBS,
     StorageLockstep,
     attach_storage_lockstep,
 )
@@ -113,6 +114,11 @@ def test_an_mla_world_is_not_followed_and_says_why() -> None:
     assert follower is not None and follower.off_reason is not None
     assert "MLA" in follower.off_reason
     assert session.stats.lockstep[f"storage off: {follower.off_reason}"] == 1
+
+
+def test_every_verb_the_lockstep_wraps_is_a_storage_driver_verb() -> None:
+    # a verb renamed or gone would leave the oracle blind to it: it must be named here too
+    assert all(callable(getattr(StorageDriver, name, None)) for name in VERBS)
 
 
 def test_the_storage_oracle_can_be_left_out(monkeypatch: pytest.MonkeyPatch) -> None:

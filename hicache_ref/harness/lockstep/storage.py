@@ -122,6 +122,9 @@ def unsupported_storage_reason(driver: StorageDriver) -> str | None:
     """Why the storage oracle cannot follow this world, or None."""
     from hicache_ref.controller.storage.tier import StorageTier
 
+    missing = [name for name in VERBS if not callable(getattr(driver, name, None))]
+    if missing:
+        return f"the storage driver has no verb {missing[0]} (update lockstep/storage.py VERBS)"
     if driver.mla:
         return "an MLA world (one namespace every rank shares)"
     if driver.polled is not None or not all(isinstance(t, StorageTier) for t in driver.l3.tiers):
