@@ -120,21 +120,23 @@ def rank_symmetric(config: StorageConfig) -> bool:
 
 
 def canonical_key(state: StorageState, actor: Actor) -> Key:
-    """One representative per class of states equal up to renaming ranks: the ranks sorted (by
-    hash, so equal rank states tie and any order of them is the same state), the lost pages and
-    the running thread renamed alike. Only states without faults are stored (the search stops at
+    """One representative per class of states equal up to renaming ranks: the ranks sorted
+    (field by field, so the representative is the same in every process), the lost pages and
+    the running thread renamed alike (a thread of one of several equal ranks: the first's). Only states without faults are stored (the search stops at
     the first), so fault messages naming ranks never need renaming."""
-    order = sorted(range(len(state.ranks)), key=lambda r: hash(state.ranks[r]))
-    if order == list(range(len(state.ranks))):
-        return state, actor
+    ranks = state.ranks
+    order = sorted(range(len(ranks)), key=ranks.__getitem__)  # records order field by field
     new_of = {old: new for new, old in enumerate(order)}
+    if actor != TREE and actor[0] != "collective":  # among equal ranks, the first one runs
+        rank = int(str(actor[0]))
+        actor = (min(new_of[r] for r in range(len(ranks)) if ranks[r] == ranks[rank]), actor[1])
+    if order == list(range(len(ranks))):
+        return state, actor
     renamed = evolve(
         state,
         ranks=tuple(state.ranks[old] for old in order),
         lost=tuple(sorted((new_of[r], page) for r, page in state.lost)),
     )
-    if actor != TREE and actor[0] != "collective":
-        actor = (new_of[int(str(actor[0]))], actor[1])
     return renamed, actor
 
 

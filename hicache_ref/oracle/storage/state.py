@@ -40,7 +40,7 @@ FINAL = -1
 """The value of a final (``completed_req``) ack in a sync or ack queue entry."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Thread:
     """One storage thread of one rank: the point it is parked at, and its locals.
 
@@ -65,7 +65,7 @@ class Thread:
     epoch: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class PrefetchView:
     """One prefetch on one rank.
 
@@ -91,7 +91,7 @@ class PrefetchView:
     final_drained: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class BackupView:
     """One backup on one rank: the source's host lock, what the backend accepted, its acks."""
 
@@ -106,7 +106,7 @@ AckEntry = tuple[int, int]
 """``(op, value)``: a queue entry naming an operation and a page count (``FINAL``: final ack)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class RankState:
     """One rank: its threads, its L3 namespace, its views of every operation, its queues
     (SGLang's names; ``release_queue`` is ``host_mem_release_queue``, entries ``(op, page)``)."""
