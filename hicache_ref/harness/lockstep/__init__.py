@@ -7,6 +7,6 @@
 - ``from_oracle``: an oracle op trace (the bounded model checker's) as harness steps;
 - ``storage`` -> ``storage.StorageLockstep``: every storage verb (a tree call, or one storage
   step on every rank with its backend calls) fed to the storage oracle (``oracle/storage``);
-  ``storage_compare``: what it compares; ``storage_walk``: seeded storage walks for its tests
+  ``storage_steps``: one storage step as oracle ops; ``storage_compare``: what it compares; ``storage_walk``: seeded storage walks for its tests
   and benchmark.
 """

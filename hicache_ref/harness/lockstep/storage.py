@@ -6,10 +6,9 @@ implementation whose tiers are ``StorageTier``: the reference and its mutants). 
 storage driver's verbs on the instance (``VERBS``: also the calls the driver makes of itself, as
 ``detach`` and ``settle`` do), tees each rank's recording backend (``take``) and listens to each
 tier's ``step_observer``; so it sees, in order, every tree call and every storage step with the
-backend calls the step made. Each becomes oracle ops at whole-step granularity (a hit query step
-is ``Advance`` from ``prefetch_queue.get`` through its ``batch_exists`` calls, the ``hits``
-collective once every rank is in it, and the publish); each backend call's outcome (a hole, a
-raise, a refused write, a dropped page) is read from what the backend answered.
+backend calls the step made. Each becomes oracle ops at whole-step granularity: a tree call here,
+a storage step in ``storage_steps.follow_step`` (each call's outcome, a hole, a raise, a refused
+write, a dropped page, read from what the backend answered).
 
 After every verb it compares (``storage_compare``): the oracle's own verdict
 (``check_storage_invariants``); each step's result on every rank (the published hit INV-29, the
@@ -31,28 +30,22 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.controller.storage.records import StepResult
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.campaigns.profiles import lockstep_enabled
-from hicache_ref.harness.lockstep.storage_compare import compare_after_verb, compare_step
+from hicache_ref.harness.lockstep.storage_compare import compare_after_verb
+from hicache_ref.harness.lockstep.storage_steps import follow_step
 from hicache_ref.harness.world.recording_storage import BackendCall
 from hicache_ref.invariants.storage_snapshot import Prefix
 from hicache_ref.oracle.step import OpNotEnabledError
 from hicache_ref.oracle.storage import (
-    BACKUP,
-    HIT_QUERY,
-    IO,
-    SYNC,
-    Advance,
     Attach,
     Clear,
-    Collective,
     Detach,
     DrainAcks,
     DrainBackupAcks,
     DrainHits,
     DrainReleases,
-    LosePage,
     Prefetch,
     Reset,
     StorageOp,
@@ -64,8 +57,6 @@ from hicache_ref.oracle.storage import (
     storage_step,
     why_storage_disabled,
 )
-from hicache_ref.oracle.storage.keys import compute_batch_range
-from hicache_ref.oracle.storage.state import ABSENT
 from hicache_ref.oracle.storage.universe import add_key, add_op, growing_config
 
 if TYPE_CHECKING:
@@ -90,16 +81,6 @@ VERBS = (
     "on_reset",
 )
 """The storage driver's verbs the lockstep wraps (each translated after it returns)."""
-
-THREAD_OF = {
-    StorageStepKind.HIT_QUERY: HIT_QUERY,
-    StorageStepKind.IO: IO,
-    StorageStepKind.SYNC: SYNC,
-    StorageStepKind.BACKUP: BACKUP,
-}
-GROUP_OF = {HIT_QUERY: "hits", SYNC: "completion"}
-_EXTRA_CALL_ID = {"exists": "INV-29", "get": "INV-19", "set": "INV-31"}
-"""The id a backend call the oracle did not make is reported under, by call kind."""
 
 
 def attach_storage_lockstep(session: Session) -> StorageLockstep | None:
@@ -238,7 +219,7 @@ class StorageLockstep:
                 self._compare_verdicts()
             self._after_terminations(before)
         elif name == "run_step":
-            self._after_step(args[0])
+            follow_step(self, args[0])
         elif name == "drain_prefetch":
             self._apply_if_enabled(DrainHits(self._no_room(before)))
             self._apply_if_enabled(DrainAcks())
@@ -345,166 +326,6 @@ class StorageLockstep:
                 if any(log is not None and log.terminated_at is not None for log in logs):
                     self._apply(Terminate(self.prefetch_ops[rid]), "terminate_prefetch")
 
-    # -- one storage step ------------------------------------------------------------------------
-    def _after_step(self, kind: StorageStepKind) -> None:
-        with self._lock:
-            results = dict(self._results)
-        thread = THREAD_OF[kind]
-        calls = [list(c) for c in self._calls]
-        for rank in sorted(results):
-            self._run_body(rank, thread, calls[rank])
-            if calls[rank]:
-                extra = calls[rank][0]
-                raise self.divergence(
-                    _EXTRA_CALL_ID[extra.kind], f"{kind.value} step", f"rank {rank} backend "
-                    f"calls: oracle none more, implementation batch_{extra.kind} of "
-                    f"{len(extra.keys)} keys (after a miss, a failed batch or a termination)",
-                )  # fmt: skip
-        group = GROUP_OF.get(thread)
-        if group is not None and any(
-            self.state.ranks[r].threads[thread].point == "reduce" for r in results
-        ):
-            self._apply(Collective(group), f"{kind.value} step")
-            self.collectives[group] += 1
-            for rank in sorted(results):
-                if self.state.ranks[rank].threads[thread].point == "publish":
-                    self._apply(Advance(rank, thread), f"{kind.value} step")
-        for rank in sorted(results):
-            self._drop_lost(rank, self._calls[rank])
-        self.steps += 1
-        self.session.stats.lockstep["storage_steps_in_lockstep"] += 1
-        compare_step(self, kind, results)
-
-    def _run_body(self, rank: int, thread: int, calls: list[BackendCall]) -> None:
-        """Advance one rank's thread through one loop body, each call's outcome from ``calls``:
-        up to the collective (hit query, progress sync) or to its end."""
-        what = f"rank {rank} {('hit_query', 'io', 'sync', 'backup')[thread]} step"
-
-        def point() -> str:
-            return self.state.ranks[rank].threads[thread].point
-
-        if thread != IO or point() == "idle":
-            self._apply(Advance(rank, thread), what)  # the get on its input queue
-        if thread == HIT_QUERY:
-            while point() == "exists":
-                record = self.state.ranks[rank].threads[thread]
-                self._apply(self._exists_outcome(rank, record, calls), what)
-        elif thread == IO:
-            self._apply(Advance(rank, IO), what)  # the termination check
-            if point() == "get":
-                record = self.state.ranks[rank].threads[thread]
-                self._apply(self._get_outcome(rank, record, calls), what)
-            self._apply(Advance(rank, IO), what)  # the progress ack
-            if point() == "final":
-                self._apply(Advance(rank, IO), what)
-        elif thread == SYNC:
-            if point() == "publish":  # a final ack: no collective
-                self._apply(Advance(rank, SYNC), what)
-        else:
-            while point() == "set":
-                self._apply(self._set_outcome(rank, calls), what)
-            if point() == "ack":
-                self._apply(Advance(rank, BACKUP), what)
-
-    def _batch_keys(self, op: int, batch: int, pages: int) -> tuple[int, ...]:
-        start, end = compute_batch_range(batch, self.state.config.batch_pages, pages)
-        return self.state.config.op_keys(op)[start:end]
-
-    def _exists_outcome(self, rank: int, record: Any, calls: list[BackendCall]) -> Advance:
-        keys = self._batch_keys(record.op, record.batch, self.state.config.ops[record.op].pages)
-        call = _next_call(calls, "exists")
-        if call is None or call.raised:
-            return Advance(rank, HIT_QUERY, "raise")
-        self._learn(rank, call.keys, keys)
-        l3 = self.state.ranks[rank].l3
-        run = next((i for i, k in enumerate(keys) if l3[k] == ABSENT), len(keys))
-        if call.answer > run:
-            raise self.divergence(
-                "INV-30", f"rank {rank} batch_exists", f"pages present: oracle {run}, "
-                f"implementation's backend {call.answer}",
-            )  # fmt: skip
-        if call.answer < run:
-            return Advance(rank, HIT_QUERY, "hole", call.answer)
-        return Advance(rank, HIT_QUERY)
-
-    def _get_outcome(self, rank: int, record: Any, calls: list[BackendCall]) -> Advance:
-        view = self.state.ranks[rank].prefetches[record.op]
-        keys = self._batch_keys(record.op, record.batch, len(view.bounce))
-        call = _next_call(calls, "get")
-        if call is None:
-            return Advance(rank, IO, "raise")
-        self._learn(rank, call.keys, keys)
-        self._check_bytes(rank, call, keys)
-        l3 = self.state.ranks[rank].l3
-        for i, key in enumerate(keys):
-            got = i < len(call.digests) and call.digests[i] is not None
-            if got and l3[key] == ABSENT:
-                raise self.divergence(
-                    "INV-30", f"rank {rank} batch_get", f"page {i} of the batch read back: "
-                    "oracle absent (never written), implementation's backend returned bytes",
-                )  # fmt: skip
-            if l3[key] != ABSENT and not got:
-                return Advance(rank, IO, "hole", i)
-        return Advance(rank, IO)
-
-    def _set_outcome(self, rank: int, calls: list[BackendCall]) -> Advance:
-        call = _next_call(calls, "set")
-        if call is None:
-            return Advance(rank, BACKUP, "raise")
-        record = self.state.ranks[rank].threads[BACKUP]
-        keys = self._batch_keys(record.op, record.batch, self.state.config.ops[record.op].pages)
-        self._learn(rank, call.keys, keys)
-        self._check_bytes(rank, call, keys)
-        if call.ok:
-            return Advance(rank, BACKUP)
-        landed = 0  # a refused batch may still have stored its first pages (the store says)
-        while landed < len(call.keys) - 1 and self._store_has(rank, call.keys[landed]):
-            landed += 1
-        return Advance(rank, BACKUP, "fail", landed)
-
-    def _store_has(self, rank: int, name: str) -> bool:
-        """Whether the harness's own store (under the fault wrapper) holds ``name``."""
-        storage_rank = self.driver.l3.ranks[rank]
-        faults, recording = storage_rank.faults, storage_rank.recording
-        store = faults.inner if faults is not None else getattr(recording, "inner", None)
-        return bool(store is not None and store.exists(name))
-
-    def _learn(self, rank: int, names: tuple[str, ...], keys: tuple[int, ...]) -> None:
-        """Which backend key names which prefix: one key per prefix and one prefix per key."""
-        for name, key in zip(names, keys, strict=False):
-            known = self.key_names[rank].setdefault(name, key)
-            if known != key:
-                raise self.divergence(
-                    "INV-27", f"rank {rank} backend call", f"key {name[:16]} names the prefix "
-                    f"of oracle key {key}; it named oracle key {known} before (a key commits "
-                    "to its whole prefix)",
-                )  # fmt: skip
-
-    def _check_bytes(self, rank: int, call: BackendCall, keys: tuple[int, ...]) -> None:
-        """Each page a call wrote or read back holds the bytes the harness's content oracle
-        made for its prefix on this rank (what the oracle's GOOD tag stands for, INV-30)."""
-        expected = self.driver.log.expected
-        for i, digest in enumerate(call.digests[: len(keys)]):
-            want = expected.get((rank, self.prefixes[keys[i]]))
-            if digest is not None and want is not None and digest != want:
-                raise self.divergence(
-                    "INV-30", f"rank {rank} batch_{call.kind}", f"bytes of page {i} of the "
-                    f"batch: oracle {want[:12]} (its key's), implementation {digest[:12]}",
-                )  # fmt: skip
-
-    def _drop_lost(self, rank: int, calls: list[BackendCall]) -> None:
-        """Pages a write reported stored that the store does not hold (an injected
-        ``set_drop``): lost to a fault, as the oracle's ``LosePage``."""
-        for call in calls:
-            if call.kind != "set" or not call.ok:
-                continue
-            for name in call.keys:
-                key = self.key_names[rank].get(name)
-                if key is None or self.state.ranks[rank].l3[key] == ABSENT:
-                    continue
-                if not self._store_has(rank, name):
-                    self._apply(LosePage(rank, key), f"rank {rank} backend dropped a page")
-
     # -- stepping the oracle ---------------------------------------------------------------------
     def _apply_if_enabled(self, op: StorageOp) -> None:
         if why_storage_disabled(self.state, op) is None:
@@ -541,11 +362,3 @@ class StorageLockstep:
             f"storage lockstep divergence at verb {self.verbs} ({what}): {detail} (oracle "
             f"trace: {len(self.trace)} ops)",
         )
-
-
-def _next_call(calls: list[BackendCall], kind: str) -> BackendCall | None:
-    for index, call in enumerate(calls):
-        if call.kind == kind:
-            del calls[index]
-            return call
-    return None
