@@ -41,6 +41,7 @@ BUG_WORLDS: dict[str, dict[str, object]] = {
         "preloaded": (1, 1),
         "clear": True,
     },
+    "detach_with_work_in_flight": {"ops": ONE_PAGE, "pages": 1, "preloaded": (1,), "detach": True},
 }
 
 SHORTEST: dict[str, int] = {
@@ -55,6 +56,7 @@ SHORTEST: dict[str, int] = {
     "backup_skips_failed_batch": 4,
     "reset_keeps_release_queue": 18,
     "clear_wipes_every_namespace": 1,
+    "detach_with_work_in_flight": 2,
 }
 """The length of each planted bug's shortest trace in its world (breadth-first: minimal)."""
 

@@ -72,6 +72,9 @@ class StorageVariant:
     """``reset`` keeps ``host_mem_release_queue`` (INV-24, sglang#26009)."""
     clear_wipes_every_namespace: bool = False
     """A rank's ``clear`` removes every rank's pages (INV-28, sglang#32693)."""
+    detach_with_work_in_flight: bool = False
+    """``detach`` stops the threads while operations are queued or mid-way (INV-24,
+    sglang#20746)."""
 
     def enabled_flags(self) -> tuple[str, ...]:
         """The names of the flags that are set, in declaration order."""
@@ -90,6 +93,7 @@ PLANTED_STORAGE_BUGS: dict[str, str] = {
     "backup_skips_failed_batch": "INV-31",
     "reset_keeps_release_queue": "INV-24",
     "clear_wipes_every_namespace": "INV-28",
+    "detach_with_work_in_flight": "INV-24",
 }
 """Each planted bug and the invariant id whose check must report it."""
 
@@ -123,7 +127,7 @@ class StorageConfig:
     its ops by ``universe``), ``batch_pages`` pages per backend call (``STORAGE_BATCH_SIZE``), the operations
     ``ops`` (each issued at most once per epoch), ``preloaded[r]`` leading pages already in rank
     ``r``'s L3, at most ``max_faults`` non-ok call outcomes and lost pages in all, at most
-    ``max_resets`` resets; ``terminations``, ``detach`` and ``clear`` admit those tree ops.
+    ``max_resets`` new epochs (resets and re-attaches); ``terminations``, ``detach`` and ``clear`` admit those tree ops.
     """
 
     ranks: int = 1

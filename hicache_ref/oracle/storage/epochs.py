@@ -42,8 +42,20 @@ def reset(state: StorageState) -> StorageState:
 
 
 def detach(state: StorageState) -> StorageState:
-    """Every thread is stopped; what waits on the control queues stays for the tree."""
-    return evolve(state, attached=False)
+    """Every live prefetch is marked terminated (``terminate_live_prefetches``: a hit still
+    waiting for the tree is then revoked) and every thread stopped; what waits on the control
+    queues stays for the tree."""
+    ranks = tuple(
+        evolve(
+            r,
+            prefetches=tuple(
+                evolve(v, terminated=True) if v.issued and not v.terminated else v
+                for v in r.prefetches
+            ),
+        )
+        for r in state.ranks
+    )
+    return evolve(state, ranks=ranks, attached=False)
 
 
 def attach(state: StorageState) -> StorageState:
@@ -52,7 +64,14 @@ def attach(state: StorageState) -> StorageState:
     ranks = tuple(
         fresh_rank(state.config, rank, epoch, old.l3) for rank, old in enumerate(state.ranks)
     )
-    return evolve(state, ranks=ranks, epoch=epoch, attached=True, fresh_epoch=True)
+    return evolve(
+        state,
+        ranks=ranks,
+        epoch=epoch,
+        attached=True,
+        fresh_epoch=True,
+        resets_left=state.resets_left - 1,
+    )
 
 
 def clear(state: StorageState, rank: int) -> StorageState:

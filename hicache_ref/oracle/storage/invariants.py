@@ -138,6 +138,24 @@ def judge_reset_clean(state: StorageState) -> list[Violation]:
     return found
 
 
+def judge_detach_clean(state: StorageState) -> list[Violation]:
+    """INV-24: after a detach no thread is mid-operation and no operation waits for one."""
+    if state.attached:
+        return []
+    found = []
+    for rank, rank_state in enumerate(state.ranks):
+        busy = [THREADS[i] for i, t in enumerate(rank_state.threads) if t.point != "idle"]
+        if busy or not rank_state.thread_queues_empty():
+            found.append(
+                Violation(
+                    "INV-24",
+                    f"rank {rank} detached with threads {busy} mid-operation or operations "
+                    "queued (detach lets every operation reach its final ack first)",
+                )
+            )
+    return found
+
+
 def judge_quiescent_acks(state: StorageState) -> list[Violation]:
     """INV-25 / INV-20 at quiescence: every started prefetch drained one final ack, every
     backup one ack, and no thread waits in a collective its peers never join."""
@@ -181,5 +199,6 @@ _JUDGES = (
     judge_hit_endpoint,
     judge_prefix_closed,
     judge_reset_clean,
+    judge_detach_clean,
     judge_quiescent_acks,
 )

@@ -107,7 +107,8 @@ class Reset:
 
 @dataclass(frozen=True)
 class Detach:
-    """``detach_storage_backend`` on every rank, once every operation reached its final ack."""
+    """``detach_storage_backend`` on every rank, once every operation reached its final ack:
+    live prefetches are marked terminated, the threads stop."""
 
 
 @dataclass(frozen=True)

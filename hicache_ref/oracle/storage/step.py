@@ -177,10 +177,14 @@ def _rule_epoch(state: StorageState, op: StorageOp) -> str | None:
     if isinstance(op, Detach):
         if not config.detach or not state.attached:
             return "detach needs an attached world that draws detaches"
-        return None if _at_rest(state) else "detach waits until every op reached its final ack"
+        if _at_rest(state) or config.variant.detach_with_work_in_flight:
+            return None
+        return "detach waits until every op reached its final ack"
     if isinstance(op, Attach):
         if not config.detach or state.attached:
             return "attach follows a detach"
+        if state.resets_left <= 0:
+            return f"max_resets={config.max_resets} (new epochs: resets and attaches) are spent"
         return None if settled else "attach needs the last detach's acks and releases drained"
     assert isinstance(op, Clear), op
     if not config.clear or not state.attached or not 0 <= op.rank < config.ranks:
