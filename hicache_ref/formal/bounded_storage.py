@@ -24,6 +24,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -353,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_level=report if args.progress else None,
     )
     print(result.summary())
+    if not result.ok:  # the search is deterministic: the same command finds the same trace
+        replay = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        print(f"replay: python -m hicache_ref.formal.bounded_storage {replay}")
     return 0 if result.ok else 1
 
 

@@ -135,6 +135,9 @@ def test_cli_reports_the_bound_and_the_counts_and_fails_on_a_violation(
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "INV-25 violated" in out and "shortest trace:" in out and "outcome='raise'" in out
+    replay = out.splitlines()[-1]
+    assert replay.startswith("replay: python -m hicache_ref.formal.bounded_storage --pages 1")
+    assert main(replay.split()[4:]) == 1 and capsys.readouterr().out.splitlines()[-1] == replay
 
 
 def test_cli_refuses_a_world_it_cannot_hold_with_one_line(
