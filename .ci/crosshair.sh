@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CrossHair over every contract-bearing pure module of the oracle and over pools/page_math.py,
+# CrossHair over every contract-bearing pure module of the oracle (the storage oracle's keys.py
+# too) and over pools/page_math.py,
 # then diffbehavior between the reference page helpers and their fast variants.
 #
 #   .ci/crosshair.sh                 # CI gate: must print nothing but the summary lines
@@ -23,6 +24,7 @@ TARGETS=(
   hicache_ref/oracle/slots.py:1
   hicache_ref/oracle/write_path.py:1
   hicache_ref/oracle/contracts.py:3
+  hicache_ref/oracle/storage/keys.py:3
   hicache_ref/formal/optimized.py:1
   hicache_ref/pools/page_math.py:1
 )

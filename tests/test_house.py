@@ -39,6 +39,10 @@ KNOWN_CIRCLES: dict[str, str] = {
     "hicache_ref.controller.storage.prefetch_sync": "interleavings engineer",
     "hicache_ref.controller.storage.steps": "interleavings engineer",
     "hicache_ref.controller.storage.tier": "interleavings engineer",
+    # the storage lockstep's step translation and comparisons read its follower back (type-only)
+    "hicache_ref.harness.lockstep.storage": "formal engineer (a Protocol of the follower)",
+    "hicache_ref.harness.lockstep.storage_compare": "formal engineer (the same)",
+    "hicache_ref.harness.lockstep.storage_steps": "formal engineer (the same)",
     # upstream's storage adapter and its stubs
     "hicache_ref.harness.adapters.sglang_storage": "interleavings engineer",
     "hicache_ref.harness.adapters.sglang_stubs": "interleavings engineer",
@@ -95,8 +99,9 @@ STORIES = frozenset(
     }
 )
 """Vector stories apply rules by name, scene by scene, as tests do: a new rule needs none."""
-OTHER_MEANINGS = frozenset({"stream", "queue", "queue_name", "kind"})
-"""Names whose comparison with a word means a stream or a queue, not a rule."""
+OTHER_MEANINGS = frozenset({"stream", "queue", "queue_name", "kind", "verb"})
+"""Names whose comparison with a word (or a keyword argument so named) means a stream, a queue,
+an op's kind or a storage driver's method, not a rule."""
 
 
 def rule_name_literals(path: Path, names: set[str]) -> set[str]:
@@ -107,13 +112,16 @@ def rule_name_literals(path: Path, names: set[str]) -> set[str]:
     other: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
-            other.update(id(kw.value) for kw in node.keywords if kw.arg == "stream")
+            other.update(id(kw.value) for kw in node.keywords if kw.arg in OTHER_MEANINGS)
             if isinstance(node.func, ast.Name) and node.func.id in ("done", "refused", "Outcome"):
                 other.update(id(arg) for arg in node.args)
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(isinstance(side, ast.Name) and side.id in OTHER_MEANINGS for side in sides):
                 other.update(id(side) for side in sides)
+                other.update(  # verb in ("check_prefetch", "terminate")
+                    id(e) for side in sides if isinstance(side, ast.Tuple) for e in side.elts
+                )
         elif isinstance(node, ast.Dict):
             other.update(
                 id(value)

@@ -84,7 +84,7 @@ def get_mutants() -> list[dict[str, Any]]:
 
 
 def get_rules() -> list[dict[str, Any]]:
-    from hicache_ref.harness.steps.rules import RULES
+    from hicache_ref.harness.rules import RULES
 
     return [
         {"rule": name, "family": record.family}

@@ -118,6 +118,9 @@ class CampaignReport:
     lockstep_cases: int = 0
     """Cases the pure oracle followed step by step (``harness/lockstep/oracle.py``)."""
     lockstep_steps: int = 0
+    storage_lockstep_cases: int = 0
+    """Cases the storage oracle followed verb by verb (``harness/lockstep/storage.py``)."""
+    storage_lockstep_steps: int = 0
     auto_copy_paths: Counter[str] = field(default_factory=Counter)
     """What ``copy_path="auto"`` would take in each case's world on this device."""
     seed_stride: int = 1
@@ -158,6 +161,10 @@ class CampaignReport:
             if isinstance(observer, LockstepOracle) and observer.off_reason is None:
                 self.lockstep_cases += 1
                 self.lockstep_steps += observer.steps
+        storage_steps = getattr(session.stats, "lockstep", {}).get("storage_steps_in_lockstep", 0)
+        if storage_steps:
+            self.storage_lockstep_cases += 1
+            self.storage_lockstep_steps += storage_steps
         self.steps += session.stats.steps
         self.skipped_steps += session.stats.skipped
         self.invariant_checks += session.stats.invariant_checks
@@ -261,7 +268,12 @@ class CampaignReport:
             "failures": self.failures,
             "repeats": dict(sorted(self.repeats.items())),
             "known_hits": dict(sorted(self.known_hits.items())),
-            "lockstep": {"cases": self.lockstep_cases, "steps": self.lockstep_steps},
+            "lockstep": {
+                "cases": self.lockstep_cases,
+                "steps": self.lockstep_steps,
+                "storage_cases": self.storage_lockstep_cases,
+                "storage_steps": self.storage_lockstep_steps,
+            },
             "auto_copy_paths": dict(sorted(self.auto_copy_paths.items())),
             "timeline": self.timeline,
             "behaviours": self.behaviours.as_json(),

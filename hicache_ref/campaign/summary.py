@@ -45,7 +45,13 @@ def render_summary(
     lines += [
         f"  lockstep oracle: {report.lockstep_cases} of {report.cases} cases, "
         f"{report.lockstep_steps} steps compared"
-        + ("" if report.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)"),
+        + ("" if report.lockstep_cases else " (off: profile, HICACHE_LOCKSTEP or device)")
+        + (
+            f"; storage oracle: {report.storage_lockstep_cases} cases, "
+            f"{report.storage_lockstep_steps} storage steps compared"
+            if report.storage_lockstep_cases
+            else ""
+        ),
     ]
     lines += _render_storage(report)
     if report.checks_by_id:

@@ -30,6 +30,8 @@ _SUMMED = (
     "invariant_checks",
     "lockstep_cases",
     "lockstep_steps",
+    "storage_lockstep_cases",
+    "storage_lockstep_steps",
 )
 
 
@@ -173,6 +175,8 @@ def _from_json(data: dict[str, Any], where: str) -> CampaignReport:
     lockstep = data.get("lockstep", {})
     report.lockstep_cases = int(lockstep.get("cases", 0))
     report.lockstep_steps = int(lockstep.get("steps", 0))
+    report.storage_lockstep_cases = int(lockstep.get("storage_cases", 0))
+    report.storage_lockstep_steps = int(lockstep.get("storage_steps", 0))
     report.seed_stride = int(data.get("seed_stride", 1))
     report.worker = data.get("worker", 0)
     report.workers = int(data.get("workers", 1))

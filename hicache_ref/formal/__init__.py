@@ -4,6 +4,10 @@
   (``canonical``), every invariant in every reachable state; returns the shortest violating
   trace as an op tuple that replays with ``oracle.run_ops``. CLI: ``python -m
   hicache_ref.formal.bounded --nodes 2 --layers 2 --pages 2 --cp 2 --draft 1 --max-depth 9``.
+- ``bounded_storage.explore_storage(config, max_depth, preemptions=k)``: the same over the
+  storage oracle (``oracle/storage``): every interleaving of the storage threads' schedule
+  points, the tree and the faults, under a CHESS preemption bound. CLI: ``python -m
+  hicache_ref.formal.bounded_storage --ranks 2 --ops 2 --pages 2 --max-depth 80 --preemptions 1``.
 - CrossHair checks the ``pre:``/``post:`` contracts of the oracle's pure functions and of
   ``pools/page_math.py`` (``.ci/crosshair.sh``, ``tests/formal/test_crosshair.py``).
 

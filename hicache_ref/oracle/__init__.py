@@ -33,7 +33,8 @@ harness tree's looser schedule; ``harness/lockstep/oracle.py`` steps the oracle 
 ``check_invariants(state)`` returns every ``Violation`` (INV-02..18 where expressible);
 ``ProtocolVariant`` flags plant one bug each (``PLANTED_BUGS``).
 Query functions (``get_*``) answer what a harness compares: slot owners and their in-flight
-users, predicted and expected tags, ack rows, lifecycles and locks.
+users, predicted and expected tags, ack rows, lifecycles and locks. The L3 storage tier has an
+oracle of its own, one schedule point at a time: ``hicache_ref.oracle.storage``.
 """
 
 from hicache_ref.oracle.config import (

@@ -27,6 +27,7 @@ TARGETS = [
     ("hicache_ref/oracle/slots.py", 1),
     ("hicache_ref/oracle/write_path.py", 1),
     ("hicache_ref/oracle/contracts.py", 3),
+    ("hicache_ref/oracle/storage/keys.py", 3),
     ("hicache_ref/formal/optimized.py", 1),
     ("hicache_ref/pools/page_math.py", 1),
 ]
@@ -54,7 +55,7 @@ def _crosshair(*args: str) -> tuple[int, list[str]]:
 def test_every_contract_bearing_module_is_a_target() -> None:
     with_contracts = {
         str(path.relative_to(ROOT))
-        for folder in ("hicache_ref/oracle", "hicache_ref/formal")
+        for folder in ("hicache_ref/oracle", "hicache_ref/oracle/storage", "hicache_ref/formal")
         for path in (ROOT / folder).glob("*.py")
         if re.search(r"^\s+post: ", path.read_text(), re.MULTILINE)
     }
@@ -88,6 +89,14 @@ def test_planted_off_by_one_helpers_are_caught() -> None:
     assert code == 1
     assert "false when calling compute_padded_len_planted(" in out
     assert "false when calling compute_drainable_prefix_planted(" in out
+
+
+def test_a_planted_run_that_counts_past_a_hole_is_caught() -> None:
+    code, lines = _crosshair(
+        "check", "--per_condition_timeout=2", "tests/formal/planted/leading_run_past_hole.py"
+    )
+    out = "\n".join(lines)
+    assert code == 1 and "false when calling compute_leading_run_planted(" in out, out
 
 
 @pytest.mark.parametrize(("reference", "fast"), FAST_TWINS, ids=["page_owner", "padded_len"])

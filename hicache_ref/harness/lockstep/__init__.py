@@ -4,5 +4,9 @@
   oracle ops (its record's translation) and what the device executed are fed to the oracle;
 - ``compare``: the oracle's state against the implementation's (ack rows, lifecycles, producer
   slots, pages; content at quiescence), a divergence named by the id of what diverged;
-- ``from_oracle``: an oracle op trace (the bounded model checker's) as harness steps.
+- ``from_oracle``: an oracle op trace (the bounded model checker's) as harness steps;
+- ``storage`` -> ``storage.StorageLockstep``: every storage verb (a tree call, or one storage
+  step on every rank with its backend calls) fed to the storage oracle (``oracle/storage``);
+  ``storage_steps``: one storage step as oracle ops; ``storage_compare``: what it compares; ``storage_walk``: seeded storage walks for its tests
+  and benchmark.
 """

@@ -77,6 +77,11 @@ def attach_lockstep(session: Session, enabled: bool | None = None) -> LockstepOr
     """
     if not (lockstep_enabled() if enabled is None else enabled):
         return None
+    from hicache_ref.harness.lockstep.storage import attach_storage_lockstep
+
+    attach_storage_lockstep(
+        session, enabled=True
+    )  # the storage oracle follows the L3 verbs (storage.py)
     oracle = LockstepOracle(session)
     session.stats.lockstep["cases"] += 1
     if oracle.off_reason is None:
