@@ -244,6 +244,9 @@ def check_inv_05_slot_conservation(evidence: Evidence) -> None:
         if snap.draft_host_pages is not None:
             draft = {n.handle: n.draft_host_pages[position] for n in nodes}
             check_pages_owned_once(snap.draft_host_pages, draft, f"rank {r} draft host pool")
+        if snap.side_device_pages is not None:
+            side = {n.handle: n.side_device_pages for n in nodes}
+            check_pages_owned_once(snap.side_device_pages, side, f"rank {r} side device allocator")
 
 
 @registered("INV-06", Rows)

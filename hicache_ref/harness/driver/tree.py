@@ -177,10 +177,12 @@ class TreeDriver:
                 self.check_device_bytes(node, "INV-09", "load ack drained")
         return done(f"drained {len(rows)} load ack(s)")
 
-    def _rows_backing_up(self, rank: int) -> dict[int, set[int]]:
-        """The device rows each node being backed up holds on ``rank`` (the store watch)."""
+    def _rows_backing_up(self, rank: int, pool: str) -> dict[int, set[int]]:
+        """The device rows of ``pool`` (``target`` or ``draft``) each node being backed up
+        holds on ``rank`` (the store watch)."""
+        draft = pool == "draft"
         return {
-            n.handle: set(self.geometry.placement(rank, n)[1].tolist())
+            n.handle: set(self.geometry.placement(rank, n, draft)[1].tolist())
             for n in self.nodes.values()
             if n.backup == "in_flight" and n.value is not None
         }
