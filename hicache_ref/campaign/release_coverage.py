@@ -15,7 +15,7 @@ files, never from a finding's absence):
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,7 +85,7 @@ def drove(report: CampaignReport) -> list[str]:
         if kind != "none" and world["cases"]
     ]
     for feature, off, label in (("storage", "none", "storage"), ("forward", "default", "fences")):
-        counts = report.features.get(feature, {})
+        counts: Mapping[str, int] = report.features.get(feature, {})
         share = sum(c for value, c in counts.items() if value != off) / report.cases
         if share:
             parts.append(f"{label} {share:.0%}")

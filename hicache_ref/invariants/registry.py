@@ -461,9 +461,7 @@ def check_inv_36_pool_own_indices(evidence: Evidence) -> None:
     if not isinstance(evidence, PoolIndices):
         raise _other("INV-36", evidence)
     pages = {value // evidence.page_size for value in to_ints(evidence.indices)}
-    check_pool_indices_own(
-        evidence.pool, pages, evidence.allocated, evidence.others, evidence.what
-    )
+    check_pool_indices_own(evidence.pool, pages, evidence.allocated, evidence.others, evidence.what)
 
 
 CHECKERS = collect([globals(), vars(checks_storage_prefetch), vars(checks_storage_l3)])

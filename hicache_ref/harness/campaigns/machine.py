@@ -42,12 +42,12 @@ from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import (
     LEGAL_LAYOUTS,
     MHA_ONLY_LAYOUTS,
+    SIDE_POOL_GROUPS,
     AllocPolicy,
     CopyPath,
     HarnessConfig,
     IoBackend,
     Layout,
-    SIDE_POOL_GROUPS,
     PoolGroup,
     PoolKind,
 )

@@ -56,6 +56,7 @@ def write_backup(tree: TreeDriver, handle: int) -> Outcome:
         return reserve_cp(tree, node, catch_up=True)
     rank = tree.world.ranks[0]
     side_host = None
+    host: object
     if rank.sides is not None:  # the side pool named beside the anchor (its own rows)
         assert node.side_value is not None
         both = rank.sides.write(node.value, node.node_id, node.side_value)
