@@ -74,10 +74,9 @@ class RankSnapshot:
             if self.draft_host_pages is None
             else sorted(self.draft_host_pages),
             "pending layer writes": sorted(self.pending_layer_writes),
-            "side device pages": None
-            if self.side_device_pages is None
-            else sorted(self.side_device_pages),
         }
+        if self.side_device_pages is not None:  # an independent side pool's own allocator
+            parts["side device pages"] = sorted(self.side_device_pages)
         return {name: value for name, value in parts.items() if name not in exclude}
 
 

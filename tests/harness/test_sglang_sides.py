@@ -113,6 +113,7 @@ def test_the_gate_draws_side_pools_on_0_5_23_and_finds_nothing_new(
     worlds = report["worlds"]["pool group"]  # what the pass covered, by share of cases
     assert worlds["swa"]["cases"] > 0 and 0 < worlds["swa"]["share"] < 1, worlds
     assert "swa " in stdout and "independent SWA side pool" in stdout
+    assert report["checks_by_id"].get("INV-36", 0) > 0  # reached here, not by the reference
 
 
 @pytest.mark.parametrize("bug", BUGS_0523_SIDES, ids=lambda bug: bug.NAME)

@@ -138,9 +138,9 @@ class TreeDriver:
         return any(node.node_id in c.pending_layer_writes for c in self.per_layer_controllers())
 
     def check_group_indices(
-        self, node: Node, kind: str, anchor: torch.Tensor, side: torch.Tensor
+        self, node: Node, kind: str, anchor: torch.Tensor, side: torch.Tensor, what: str
     ) -> None:
-        """What a write (``kind="host"``) or load (``"device"``) in an independent side-pool
+        """What a backup (``kind="host"``) or load (``"device"``) in an independent side-pool
         world handed the node, each pool's from its own allocator and no other node's (INV-36):
         judged against the harness's pools and the tree's other nodes, never the controller."""
         rank, page = self.world.ranks[0], self.config.page_size
@@ -157,7 +157,6 @@ class TreeDriver:
                 ("anchor device", anchor, rank.allocator.allocated_page_ids(), "value"),
                 ("side device", side, rank.side_allocator.allocated_page_ids(), "side_value"),
             )
-        what = f"{'write' if kind == 'host' else 'load'} of node {node.handle}"
         for pool, indices, allocated, field in pools:
             held = frozenset(p for n in others for p in _held_pages(n, field, page))
             evidence = PoolIndices(pool, indices, page, frozenset(allocated), held, what)

@@ -108,7 +108,7 @@ def _load_with_sides(tree: TreeDriver, node: Node) -> Outcome:
     both = rank.sides.load(host, node.node_id, side_host)
     if both is None:
         return refused("device full")
-    tree.check_group_indices(node, "device", *both)  # INV-36
+    tree.check_group_indices(node, "device", *both, f"load of node {node.handle}")  # INV-36
     node.value, node.side_value = both
     node.loading = True
     tree.ongoing_load[node.node_id] = node.handle
