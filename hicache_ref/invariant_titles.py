@@ -46,6 +46,7 @@ INVARIANT_TITLES: dict[str, str] = {
     "INV-29": "hit-endpoint",
     "INV-30": "l3-bytes",
     "INV-31": "l3-prefix-closed",
+    "INV-36": "pool-own-indices",
 }
 _ID_LINE = re.compile(r"^(INV-\d\d) ([a-z0-9-]+):")
 

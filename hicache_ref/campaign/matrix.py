@@ -12,6 +12,11 @@ the gate on it for the budget with the written-up findings baselined (``--known`
 - ``NEW INV-xx`` with its replay line: a failure no written-up finding explains;
 - ``refused: <reason>``: the release could not be gated (its one-line setup error).
 
+Each row also says what its gate drove (``drove``: the pool-group worlds, storage and fences by
+share of cases) and, below the table, what the release has that no world drove, with the reason
+(``not driven``; ``release_coverage.py``): a finding that disappears where its code was not
+driven is not a fix.
+
 When the set of findings changes between two consecutive releases that ran, the row names what
 appeared (``+F21``) and what disappeared (``-F8``), so a fix or a regression shows where it
 landed. The matrix passes (exit 0) only when every release passed its gate.
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hicache_ref.campaign.release_coverage import drove, not_driven
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
 
@@ -47,6 +53,8 @@ class ReleaseRow:
     refused: str = ""
     appeared: list[str] = field(default_factory=list)
     disappeared: list[str] = field(default_factory=list)
+    drove: list[str] = field(default_factory=list)
+    not_driven: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -82,6 +90,8 @@ class ReleaseRow:
             "refused": self.refused or None,
             "appeared": self.appeared,
             "disappeared": self.disappeared,
+            "drove": self.drove,
+            "not_driven": {part: reason for part, reason in self.not_driven},
         }
 
 
@@ -119,7 +129,9 @@ def gate_release(
     row = ReleaseRow(release)
     try:
         tree = fetch_release_tree(release, "--matrix")
-        row.shape = SglangImplementation(tree).shape.label
+        implementation = SglangImplementation(tree)
+        row.shape = implementation.shape.label
+        row.not_driven = not_driven(tree, implementation.capabilities)
         checked_implementation(MATRIX_IMPL, str(tree))  # the contract's preflight
         report = run_campaign(
             MATRIX_IMPL,
@@ -137,6 +149,7 @@ def gate_release(
         row.refused = " ".join(str(exc).split())
         return row
     row.cases, row.steps, row.seconds = report.cases, report.steps, report.seconds
+    row.drove = drove(report)
     row.known_hits = dict(report.known_hits)
     row.new_failures = [
         {"invariant": f["invariant"], "error": f["error"], "trace": f["trace"]}
@@ -147,14 +160,20 @@ def gate_release(
 
 def render_matrix(rows: Sequence[ReleaseRow]) -> str:
     """The table: release, shape, cases, result, and what changed since the previous release."""
-    header = ("release", "shape", "cases", "result", "changes")
-    body = [(r.release, r.shape, str(r.cases), r.result(), r.changes()) for r in rows]
+    header = ("release", "shape", "cases", "drove", "result", "changes")
+    body = [
+        (r.release, r.shape, str(r.cases), ", ".join(r.drove) or "-", r.result(), r.changes())
+        for r in rows
+    ]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in [header, *body]
     ]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    for row in rows:
+        for part, reason in row.not_driven:
+            lines.append(f"{row.release}: not driven: {part}: {reason}")
     for row in rows:
         for failure in row.new_failures:
             if failure["trace"]:

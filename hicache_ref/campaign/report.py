@@ -48,6 +48,16 @@ FEATURES = (
 )
 
 
+POOL_GROUP_WORLDS: dict[str, str] = {
+    "none": "the pools handed to the controller themselves",
+    "anchor": "a HostPoolGroup of the KV anchor alone",
+    "packed": "packed MTP drafts in the anchor's host pool",
+    "sidecar": "a draft sidecar riding on the KV indices",
+    "swa": "an independent SWA side pool: own rows, own host slots, own transfer layers",
+}
+"""What each ``pool_group`` world drives, as a report names it beside its share of cases."""
+
+
 def get_rule_family(rule: str) -> str:
     """The family a machine rule belongs to (``probe_*`` rules are misuse, unknown ones other)."""
     record = RULES.get(rule)
@@ -225,6 +235,20 @@ class CampaignReport:
             counts[get_rule_family(rule)] += count
         return counts
 
+    def world_shares(self) -> dict[str, dict[str, Any]]:
+        """The pool-group worlds drawn: each kind's cases, share of cases and what it drives
+        (every kind listed, drawn or not, so a pass that drew none of one says so)."""
+        counts = self.features.get("pool group", Counter())
+        total = sum(counts.values())
+        return {
+            kind: {
+                "cases": counts.get(kind, 0),
+                "share": round(counts.get(kind, 0) / total, 4) if total else 0.0,
+                "drives": drives,
+            }
+            for kind, drives in POOL_GROUP_WORLDS.items()
+        }
+
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
         return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
@@ -260,6 +284,7 @@ class CampaignReport:
                 for family, share in self.family_shares().items()
             },
             "features": {name: dict(sorted(c.items())) for name, c in self.features.items()},
+            "worlds": {"pool group": self.world_shares()},
             "distinct_configs": len(self.configs),
             "configs": {
                 config: {"cases": count, "first_s": self.config_first_s.get(config)}

@@ -39,6 +39,7 @@ def render_summary(
         + ", ".join(f"{f} {s:.0%}" for f, s in report.family_shares().items()),
         "  configs: " + "; ".join(_render_feature(n, c) for n, c in report.features.items()),
     ]
+    lines += _render_worlds(report)
     if report.auto_copy_paths:  # what copy_path="auto" would pick in each case's world here
         picks = " ".join(f"{k}={v}" for k, v in sorted(report.auto_copy_paths.items()))
         lines.append(f"  copy_path auto takes here (cases): {picks}")
@@ -76,6 +77,18 @@ def render_verdict(report: CampaignReport, prog: str = "hicache-fuzz") -> str:
         return f"{prog}: FAILED: {new} new failure(s), each with its replay line above"
     known = " new" if report.known_hits else ""
     return f"{prog}: passed: no{known} failure in {report.cases} cases ({report.seconds:.0f}s)"
+
+
+def _render_worlds(report: CampaignReport) -> list[str]:
+    """The pool-group worlds drawn with their shares of cases, every kind named (a kind never
+    drawn reads 0%: that pass did not cover it)."""
+    if not report.cases:
+        return []
+    worlds = [
+        f"{kind} {world['share']:.0%} ({world['drives']})"
+        for kind, world in report.world_shares().items()
+    ]
+    return wrap_items("  pool-group worlds (share of cases): ", worlds)
 
 
 def _named(report: CampaignReport) -> str:

@@ -131,3 +131,33 @@ def check_unchanged(
                 f"after {_brief(after)} (a failed operation must leave the pools exactly as "
                 "they were)",
             )
+
+
+def check_pool_indices_own(
+    pool: str,
+    pages: Collection[int],
+    allocated: Collection[int],
+    others: Collection[int],
+    what: str,
+) -> None:
+    """Raise INV-36 unless every page of indices ``pool`` handed a node is allocated by that
+    pool's own allocator and held by no other node (rows or slots from another pool's
+    allocator or indices are free in this one, or another node's)."""
+    allocated_set, others_set = set(allocated), set(others)
+    # Verify each page was handed out by this pool's own allocator
+    foreign = sorted(set(pages) - allocated_set)
+    if foreign:
+        raise InvariantViolation(
+            "INV-36",
+            f"{what}: {pool} pages {shorten(foreign)} are free in the {pool} pool's own "
+            "allocator: they came from another pool's allocator or indices (each pool of a "
+            "group allocates its rows and slots from its own allocator)",
+        )
+    # Verify no page is another node's
+    shared = sorted(set(pages) & others_set)
+    if shared:
+        raise InvariantViolation(
+            "INV-36",
+            f"{what}: {pool} pages {shorten(shared)} are held by another node in that pool "
+            "(a side transfer took another pool's or another node's indices)",
+        )

@@ -18,6 +18,8 @@ produces it:
 - ``Rows``: bytes read back from a pool against the bytes the content oracle predicts (at a
   drain, at a forward read, at rest, in a poisoned free slot);
 - ``BackupRead``: a D2H copy that read device rows, and whether each held a stored layer;
+- ``PoolIndices``: rows or slots one pool of a group handed a node (an independent side pool's
+  or the anchor's), with what that pool's own allocator reports and what other nodes hold;
 - ``StorageSnapshot`` (``storage_snapshot.py``): the storage tier of every rank after a storage
   step, with the harness's own model of what L3 holds.
 
@@ -140,6 +142,20 @@ class BackupRead:
     unstored: Sequence[int] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True)
+class PoolIndices:
+    """Indices a write or load handed one node in one pool of a pool group: ``allocated`` are
+    the pages that pool's own allocator (the harness's) reports allocated now, ``others`` the
+    pages the tree's other nodes hold in that pool."""
+
+    pool: str  # "anchor host", "side host", "anchor device", "side device"
+    indices: torch.Tensor
+    page_size: int
+    allocated: frozenset[int]
+    others: frozenset[int]
+    what: str
+
+
 Evidence = (
     StateView
     | Refusal
@@ -151,6 +167,7 @@ Evidence = (
     | SlotReuse
     | Rows
     | BackupRead
+    | PoolIndices
     | StorageSnapshot
 )
 

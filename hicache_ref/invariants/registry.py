@@ -43,7 +43,7 @@ import torch
 
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants import checks_storage_l3, checks_storage_prefetch
-from hicache_ref.invariants._convert import shorten
+from hicache_ref.invariants._convert import shorten, to_ints
 from hicache_ref.invariants.checker import collect, phase_ids, registered
 from hicache_ref.invariants.checks_acks import (
     check_ack_queues_empty,
@@ -62,6 +62,7 @@ from hicache_ref.invariants.checks_layout import (
 from hicache_ref.invariants.checks_ownership import (
     check_no_device_free_in_flight,
     check_pages_owned_once,
+    check_pool_indices_own,
     check_unchanged,
 )
 from hicache_ref.invariants.checks_storage_l3 import (
@@ -91,6 +92,7 @@ from hicache_ref.invariants.evidence import (
     DrainedAck,
     Evidence,
     OwnerReplay,
+    PoolIndices,
     RankValues,
     Refusal,
     ReturnedIndices,
@@ -244,6 +246,9 @@ def check_inv_05_slot_conservation(evidence: Evidence) -> None:
         if snap.draft_host_pages is not None:
             draft = {n.handle: n.draft_host_pages[position] for n in nodes}
             check_pages_owned_once(snap.draft_host_pages, draft, f"rank {r} draft host pool")
+        if snap.side_device_pages is not None:
+            side = {n.handle: n.side_device_pages for n in nodes}
+            check_pages_owned_once(snap.side_device_pages, side, f"rank {r} side device allocator")
 
 
 @registered("INV-06", Rows)
@@ -446,6 +451,17 @@ def check_inv_18_reset_clean(evidence: Evidence) -> None:
                 gate,
                 ids,
             )
+
+
+# -- INV-36: pool groups ------------------------------------------------------------------------
+@registered("INV-36", PoolIndices)
+def check_inv_36_pool_own_indices(evidence: Evidence) -> None:
+    """INV-36: rows and slots a pool of a group handed a node come from that pool's own
+    allocator and are no other node's."""
+    if not isinstance(evidence, PoolIndices):
+        raise _other("INV-36", evidence)
+    pages = {value // evidence.page_size for value in to_ints(evidence.indices)}
+    check_pool_indices_own(evidence.pool, pages, evidence.allocated, evidence.others, evidence.what)
 
 
 CHECKERS = collect([globals(), vars(checks_storage_prefetch), vars(checks_storage_l3)])

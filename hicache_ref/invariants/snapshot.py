@@ -39,6 +39,8 @@ class RankSnapshot:
     consumer_indices: tuple[int, ...] = ()
     gate_answers: tuple[tuple[int, bool], ...] | None = None
     """``node_has_undrained_write_ack(id)`` for the model's node ids; None without a gate."""
+    side_device_pages: frozenset[int] | None = None
+    """Pages an independent side pool's own device allocator reports allocated (None: none)."""
 
     # cached: several checks read the rows of one snapshot per step (callers never mutate them)
     @cached_property
@@ -57,6 +59,7 @@ class RankSnapshot:
             and ("device pages" in exclude or self.device_pages == other.device_pages)
             and self.host_pages == other.host_pages
             and self.draft_host_pages == other.draft_host_pages
+            and self.side_device_pages == other.side_device_pages
             and self.pending_layer_writes == other.pending_layer_writes
         )
 
@@ -72,6 +75,8 @@ class RankSnapshot:
             else sorted(self.draft_host_pages),
             "pending layer writes": sorted(self.pending_layer_writes),
         }
+        if self.side_device_pages is not None:  # an independent side pool's own allocator
+            parts["side device pages"] = sorted(self.side_device_pages)
         return {name: value for name, value in parts.items() if name not in exclude}
 
 
@@ -83,10 +88,11 @@ class NodeHoldings:
     node_id: int
     device_pages: frozenset[int]  # logical pages, identical on every rank
     host_pages: tuple[frozenset[int], ...]  # per rank
-    draft_host_pages: tuple[frozenset[int], ...]  # per rank (CP draft host pool only)
+    draft_host_pages: tuple[frozenset[int], ...]  # per rank (CP draft or side host pool only)
     backup: str  # none | in_flight | done
     layers_stored: int = 0  # layers of the forward the tree has stored (target and draft alike)
     busy: str = ""  # why its device pages must stay allocated now ("": nothing in flight)
+    side_device_pages: frozenset[int] = frozenset()  # its rows' pages in a side pool's allocator
 
 
 @dataclass(frozen=True)

@@ -429,3 +429,101 @@ BUGS_0523_STORAGE_KEYS: tuple[type[PlantedBug], ...] = (
 )
 """Planted in 0.5.23's key, namespace and hit paths (INV-27 .. INV-29); appended below."""
 BUGS_0523_STORAGE += BUGS_0523_STORAGE_KEYS
+
+
+# -- 0.5.23's independent side pools (issue 27): caught in pool_group="swa" worlds -------------
+GROUP = "sglang/srt/mem_cache/pool_host/group.py"
+HYBRID = "sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py"
+
+
+class SideSlotsFromTheAnchor(PlantedBug):
+    NAME = "side_slots_from_the_anchor"
+    TARGET = GROUP
+    BUG_CLASS = "side pool allocators"
+    DESCRIPTION = (
+        "resolve_host_transfers allocates a side pool's host slots from the anchor's pool, so "
+        "the SWA slots a node records are KV slots"
+    )
+    OLD = "                pool=transfer.name,\n"
+    NEW = "                pool=None,  # BUG: the anchor's allocator\n"
+    INVARIANTS = ("INV-36", "INV-05")
+
+
+class SideReleaseFreesTheAnchor(PlantedBug):
+    NAME = "side_release_frees_the_anchor"
+    TARGET = GROUP
+    BUG_CLASS = "side pool allocators"
+    DESCRIPTION = "HostPoolGroup.free ignores the pool it is given and frees the anchor's slots"
+    OLD = "        return self.get_entry(pool).host_pool.free(indices)\n"
+    NEW = "        return self.get_entry(None).host_pool.free(indices)  # BUG: pool ignored\n"
+    INVARIANTS = ("INV-05", "INV-07", "INV-36")
+
+
+class SideShortfallKeepsAnchorSlots(PlantedBug):
+    NAME = "side_shortfall_keeps_anchor_slots"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool rollback"
+    DESCRIPTION = (
+        "a write refused because the side host pool is short keeps the anchor's host slots "
+        "(allocate_host_transfers no longer rolls them back)"
+    )
+    OLD = "        if pool_transfers is None and extra_pools:\n            self.mem_pool_host.free(host_indices)\n"
+    NEW = "        if pool_transfers is None and extra_pools:\n            pass  # BUG: anchor slots kept\n"
+    INVARIANTS = ("INV-17", "INV-05")
+
+
+class SideDeviceShortfallKeepsKvRows(PlantedBug):
+    NAME = "side_device_shortfall_keeps_kv_rows"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool rollback"
+    DESCRIPTION = (
+        "a load refused because the side pool's device allocator is short keeps the KV rows "
+        "it already allocated"
+    )
+    OLD = "                full_allocator.free(device_indices)\n            return None\n"
+    NEW = "                pass  # BUG: KV rows kept\n            return None\n"
+    INVARIANTS = ("INV-17", "INV-05")
+
+
+class SideLayersByTheAnchorsMapper(PlantedBug):
+    NAME = "side_layers_by_the_anchors_mapper"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool layer mapping"
+    DESCRIPTION = (
+        "every L2 transfer maps transfer layer ids with the anchor's layer_mapper, so a side "
+        "pool's layers load at the anchor's ids (or not at all where the anchor has none)"
+    )
+    OLD = "                    layer_mapper=entry.layer_mapper,\n"
+    NEW = "                    layer_mapper=anchor.layer_mapper,  # BUG: the anchor's mapping\n"
+    INVARIANTS = ("INV-11", "INV-09", "INV-06")
+
+
+class SideMovedWithAnchorSlots(PlantedBug):
+    NAME = "side_moved_with_anchor_slots"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool indices"
+    DESCRIPTION = (
+        "move_hybrid_indices hands a side transfer the anchor's host slots, so its copies "
+        "land in (or read from) slots of the wrong pool's numbering"
+    )
+    OLD = (
+        "                        self.mem_pool_host.entry_map[transfer.name].host_pool,\n"
+        "                        transfer.host_indices,\n"
+    )
+    NEW = (
+        "                        self.mem_pool_host.entry_map[transfer.name].host_pool,\n"
+        "                        operation.host_indices,  # BUG: the anchor's slots\n"
+    )
+    INVARIANTS = ("INV-09", "INV-06", "INV-11", "INV-07")
+
+
+BUGS_0523_SIDES: tuple[type[PlantedBug], ...] = (
+    SideSlotsFromTheAnchor,
+    SideReleaseFreesTheAnchor,
+    SideShortfallKeepsAnchorSlots,
+    SideDeviceShortfallKeepsKvRows,
+    SideLayersByTheAnchorsMapper,
+    SideMovedWithAnchorSlots,
+)
+"""Planted in 0.5.23's side-pool code (``HostPoolGroup``, ``HybridCacheController``): caught
+once the gate draws independent side pools (``pool_group="swa"``)."""

@@ -18,6 +18,7 @@ from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.evidence import (
     BackupRead,
     DrainedAck,
+    PoolIndices,
     RankValues,
     Refusal,
     ReturnedIndices,
@@ -331,3 +332,23 @@ def test_bytes_read_back_are_judged_under_the_id_of_the_moment(inv_id: str) -> N
     actual[1, 2] = 0.0
     text = check(inv_id, Rows(actual, expected, "node 0 layer 1"))
     assert text.startswith("node 0 layer 1") and "row 1" in text
+
+
+def test_inv36_side_slots_free_in_their_own_pool_are_caught() -> None:
+    # a write handed node 3 side host slots 8..11 (page 2 of 4); the side pool's own allocator
+    # has only page 1 out: the slots came from the anchor's allocator
+    slots = torch.arange(8, 12)
+    REGISTERED["INV-36"](
+        PoolIndices("side host", slots, 4, frozenset({1, 2}), frozenset(), "write of node 3")
+    )
+    text = check(
+        "INV-36", PoolIndices("side host", slots, 4, frozenset({1}), frozenset(), "write of node 3")
+    )
+    assert "write of node 3: side host pages [2] are free in the side host pool's own" in text
+
+
+def test_inv36_side_rows_another_node_holds_are_caught() -> None:
+    # a load handed node 5 side rows on page 3, which node 1 still holds in the side pool
+    rows = torch.arange(12, 16)
+    evidence = PoolIndices("side device", rows, 4, frozenset({1, 3}), frozenset({3}), "load")
+    assert "side device pages [3] are held by another node" in check("INV-36", evidence)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.campaign.matrix import ReleaseRow, mark_transitions, render_matrix
+from hicache_ref.campaign.release_coverage import not_driven
 from hicache_ref.cli import EXIT_USAGE, main
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters import sglang_releases
@@ -141,6 +142,21 @@ def test_the_table_names_a_finding_where_it_appears_and_where_it_goes() -> None:
     assert table.endswith("matrix: FAILED: 2 of 4 release(s) passed their gate")
 
 
+def test_a_release_part_no_world_drives_is_named_with_its_reason(tmp_path: Path) -> None:
+    mem = tmp_path / "sglang/srt/mem_cache"
+    (mem / "pool_host").mkdir(parents=True)
+    (mem / "buffer_mode").mkdir()
+    (mem / "hicache_storage.py").write_text("")
+    (mem / "pool_host" / "group.py").write_text("class HostPoolGroup: ...\n")
+    parts = dict(not_driven(tmp_path, {"storage"}))
+    assert set(parts) == {"side pools", "buffer mode"}  # storage is driven here
+    assert "issue 27" in parts["buffer mode"]
+    assert "side pools" not in dict(not_driven(tmp_path, {"storage", "pool_group:swa"}))
+    row = ReleaseRow("0.5.99", "x", 3, drove=["group swa 12%"], not_driven=list(parts.items()))
+    table = render_matrix([row])
+    assert "group swa 12%" in table and "0.5.99: not driven: buffer mode: " in table
+
+
 # -- the command line -------------------------------------------------------------------------
 def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -161,6 +177,11 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     assert [row["release"] for row in rows] == list(ENGINE_RELEASES)
     assert [row["shape"].split("+")[0] for row in rows] == ["streams", "l2-v1", "l2-v2"]
     assert all(row["cases"] > 0 and row["refused"] is None for row in rows), out
+    # what each release has that no world drove is named with its reason, never left silent
+    assert "buffer mode" in rows[2]["not_driven"] and "storage" not in rows[2]["not_driven"]
+    assert "side pools" not in rows[2]["not_driven"]  # 0.5.23 draws pool_group="swa"
+    assert "storage" in rows[1]["not_driven"]  # 0.5.19: its tree lacks the storage hash
+    assert "0.5.23: not driven: buffer mode: " in out
 
 
 @pytest.mark.parametrize(

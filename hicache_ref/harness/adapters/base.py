@@ -69,10 +69,13 @@ CAPABILITIES = frozenset(
     }
 )
 
-GROUP_CAPABILITIES = frozenset({"pool_group", "pool_group:packed", "pool_group:sidecar"})
+GROUP_CAPABILITIES = frozenset(
+    {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa"}
+)
 """Upstream-only, so not in ``CAPABILITIES`` (which the reference and its mutants have): the host
 pools arrive as a ``HostPoolGroup`` (0.5.19+'s ``HybridCacheController``); ``:packed`` /
-``:sidecar`` carry the draft pool in it. The reference takes its pools and its draft pair
+``:sidecar`` carry the draft pool in it, ``:swa`` as an independent side pool (its own rows
+and slots: the controller has ``side_pools``, a ``SidePoolsLike``). The reference takes its pools and its draft pair
 directly; the harness checks a grouped draft with the same byte model as a draft pair."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
@@ -245,6 +248,31 @@ class BuildRequest:
     storage_collectives: object | None = None
     """This rank's handle on the storage world's rank group (``controller/storage/
     collectives.RankCollectives``) when the config has a storage tier; None otherwise."""
+    side_allocator: PagedTokenToKVPoolAllocator | None = None
+    """An independent side pool's own device allocator over ``draft_device_pool``
+    (``config.has_side_pools``; ``harness/world/side_pools.py``)."""
+
+
+@runtime_checkable
+class SidePoolsLike(Protocol):
+    """The tree's calls that name an independent side pool (``config.has_side_pools``), on the
+    controller as ``side_pools``: what upstream's hybrid radix cache passes as ``extra_pools``.
+
+    ``write`` backs up a node's anchor rows and its side rows (the side pool's own device
+    rows, which the tree allocated) and returns (anchor host slots, side host slots), or None
+    when either host pool is short (nothing held then); ``load`` loads a node's anchor host
+    slots and side host slots into fresh rows of each pool's own allocator and returns (anchor
+    rows, side rows), or None (nothing held); ``evict_host`` releases the side host slots (the
+    anchor's go through the controller's ``evict_host``). The side rows are freed through the
+    side allocator, as the tree frees an SWA segment."""
+
+    def write(
+        self, device_indices: torch.Tensor, node_id: int, side_device: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+    def load(
+        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+    def evict_host(self, side_host: torch.Tensor) -> None: ...
 
 
 class Implementation(Protocol):
@@ -396,7 +424,12 @@ def snapshot_rank(rank: RankLike, gate_ids: Iterable[int] = ()) -> RankSnapshot:
     else:
         gate = None
     counter = controller.layer_done_counter
-    draft_pool = rank.draft_host_pool if rank.cp_layout is not None else None
+    side_allocator = getattr(rank, "side_allocator", None)  # an independent side pool's
+    separate = rank.cp_layout is not None or side_allocator is not None
+    draft_pool = rank.draft_host_pool if separate else None
+    side_pages = None
+    if side_allocator is not None:
+        side_pages = frozenset(side_allocator.allocated_page_ids())
     return RankSnapshot(
         rank=rank.rank,
         write_acks=_ack_rows(controller.ack_write_queue),
@@ -409,4 +442,5 @@ def snapshot_rank(rank: RankLike, gate_ids: Iterable[int] = ()) -> RankSnapshot:
         producer_index=int(getattr(counter, "producer_index", -1)),
         consumer_indices=tuple(map(int, getattr(counter, "consumer_indices", ()))),
         gate_answers=gate,
+        side_device_pages=side_pages,
     )

@@ -17,7 +17,13 @@ does for a KV-only stack):
 - ``sidecar``: the draft pool as the ``DRAFT`` side entry whose transfers ride on the KV
   indices (``PoolTransfer(indices_from_pool=KV)``, upstream's ``DRAFT_SWA`` pattern); the tree
   names it on every ``write`` and ``load`` (as upstream's radix cache builds ``extra_pools``),
-  and transfer ids span ``max(L, draft layers)`` with holes where a pool has no layer.
+  and transfer ids span ``max(L, draft layers)`` with holes where a pool has no layer;
+- ``swa``: the draft pool as an independent ``SWA`` side entry: its own device rows
+  (``device_alloc_fn`` / ``device_free_fn``: the world's side allocator), its own host slots
+  (its host pool's allocator, resolved by ``HostPoolGroup.resolve_host_transfers``), its
+  layers between the anchor's in the transfer ids (``world/side_pools.SideLayout``: the
+  anchor's ``layer_mapper`` is None there). The tree names it through ``side_pools``
+  (``sglang_sides.py``), and each device pool waits by its layers' transfer ids.
 
 After construction the assembler's wiring: the controller's layer counter on the KV device
 pool (and on a sidecar's, whose reads wait on their own transfer ids); a packed draft's reads
@@ -36,6 +42,8 @@ from typing import Any
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import BuildRequest
 from hicache_ref.harness.adapters.sglang_shapes import AfterTargetForward, L2HostPoolShim
+from hicache_ref.harness.adapters.sglang_sides import SglangSidePools
+from hicache_ref.harness.world.side_pools import MappedCounter, side_layout
 
 
 class DraftLayerView:
@@ -145,6 +153,30 @@ def build_group_controller(
                 packed_draft_device_pools=tuple(DraftLayerView(draft_device, d) for d in depths),
             )
         )
+    elif config.has_side_pools:
+        layout = side_layout(config)
+        transfer_layers = layout.total
+        entries.append(
+            PoolEntry(
+                name=PoolName.KV,
+                host_pool=GroupHostPoolShim(request.host_pool),
+                device_pool=device_pool,
+                layer_mapper=layout.mapper(side=False),
+                is_primary_index_anchor=True,
+            )
+        )
+        side_allocator = request.side_allocator
+        assert draft_device is not None and draft_host is not None and side_allocator is not None
+        entries.append(
+            PoolEntry(
+                name=PoolName.SWA,
+                host_pool=GroupHostPoolShim(draft_host),
+                device_pool=draft_device,
+                layer_mapper=layout.mapper(side=True),
+                device_alloc_fn=side_allocator.alloc,
+                device_free_fn=side_allocator.free,
+            )
+        )
     else:
         if config.pool_group == "sidecar":
             transfer_layers = max(target_layers, draft_layers)
@@ -184,6 +216,13 @@ def build_group_controller(
         **{bound: transfer_layers},
     )
     counter = controller.layer_done_counter
+    if config.has_side_pools:  # each pool's forward waits by its layers' transfer ids
+        assert draft_device is not None
+        layout = side_layout(config)
+        device_pool.register_layer_transfer_counter(MappedCounter(counter, layout, side=False))
+        draft_device.register_layer_transfer_counter(MappedCounter(counter, layout, side=True))
+        controller.side_pools = SglangSidePools(controller, PoolTransfer, PoolName)
+        return controller
     device_pool.register_layer_transfer_counter(counter)  # the assembler re-registers it
     if config.pool_group == "packed":
         assert draft_device is not None

@@ -42,6 +42,7 @@ from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import (
     LEGAL_LAYOUTS,
     MHA_ONLY_LAYOUTS,
+    SIDE_POOL_GROUPS,
     AllocPolicy,
     CopyPath,
     HarnessConfig,
@@ -157,6 +158,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     groups = _pool_groups(capabilities, cp_size, max(0, draft_layer_num))
     fields["forward_stream"] = not cp_size and _fenced(capabilities) and bool(fields["seed"] & 1)
     fields["pool_group"] = draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0]
+    fields.update(_side_pool_fields(draw, capabilities, fields["pool_group"]))
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
@@ -176,6 +178,23 @@ def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) 
         return ["none", "anchor"]
     grouped: list[PoolGroup] = ["packed", "sidecar"]
     return ["none", *(g for g in grouped if f"pool_group:{g}" in capabilities)]
+
+
+def _side_pool_fields(
+    draw: st.DrawFn, capabilities: frozenset[str], group: PoolGroup
+) -> dict[str, Any]:
+    """Half the anchor-only worlds gain an independent side pool (``pool_group="swa"``): its
+    layers, its own device pages and host pages, often scarce (drawn after every other field,
+    so no other world's draws move). A side-pool world has no storage tier (not driven yet)."""
+    if group != "anchor" or "pool_group:swa" not in capabilities or not draw(_BOOLS):
+        return {}
+    return {
+        "pool_group": SIDE_POOL_GROUPS[0],
+        "draft_layer_num": draw(integers_once(1, 3)),
+        "side_device_pages": draw(integers_once(2, 24)),
+        "draft_host_pages": draw(integers_once(1, 24)),
+        "storage_ranks": 0,
+    }
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from hicache_ref.harness.world.content import describe_row, expected_rows, expec
 from hicache_ref.harness.world.world import World
 from hicache_ref.invariants.evidence import Rows
 from hicache_ref.invariants.registry import CheckRunner
-from hicache_ref.pools.allocator import pages_to_token_locs
+from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator, pages_to_token_locs
 from hicache_ref.pools.host_pool import HostKVCache
 
 SCRIBBLE_ROW_VALUE: dict[str, float] = {"host": 0.75, "device": 0.625}
@@ -142,8 +142,8 @@ class ByteChecks:
         assert node.value is not None
         g = self.geometry
         for rank_index in range(g.num_ranks):
-            _, locs = g.placement(rank_index, node)
             for draft, layer_num in g.layer_kinds():
+                _, locs = g.placement(rank_index, node, draft)
                 pool, _ = g.pools(rank_index, draft)
                 for layer in range(min(layer_num, node.layers_stored)):
                     for c, buf in enumerate(pool.layer_buffers(layer)):
@@ -219,23 +219,30 @@ class FreeSlotWatch:
 
     # -- which pages are free (the harness's own pools) ----------------------------------------
     def _free_pages(self, rank: int, pool: str, draft: bool) -> set[int]:
-        r = self.world.ranks[rank]
         if pool == "device":
-            return set(r.allocator.free_page_ids())
+            return set(self._allocator(rank, draft).free_page_ids())
         host = self._host_pool(rank, draft)
         return set(range(host.num_pages)) - host.allocated_pages()
 
+    def _allocator(self, rank: int, draft: bool) -> PagedTokenToKVPoolAllocator:
+        """The allocator of a pool's device rows: an independent side pool has its own."""
+        r = self.world.ranks[rank]
+        if draft and r.side_allocator is not None:
+            return r.side_allocator
+        return r.allocator
+
     def _host_pool(self, rank: int, draft: bool) -> HostKVCache:
         r = self.world.ranks[rank]
-        if draft and self.world.config.uses_cp:
+        config = self.world.config
+        if draft and (config.uses_cp or config.has_side_pools):
             assert r.draft_host_pool is not None
             return r.draft_host_pool  # outside CP the draft host copy mirrors the target slots
         return r.host_pool
 
     def _still_free(self, watched: _Watched) -> set[int]:
-        r = self.world.ranks[watched.rank]
         if watched.pool == "device":
-            return {p for p in watched.pages if r.allocator.is_page_free(p)}
+            allocator = self._allocator(watched.rank, watched.draft)
+            return {p for p in watched.pages if allocator.is_page_free(p)}
         host = self._host_pool(watched.rank, watched.draft)
         return {p for p in watched.pages if host.is_page_free(p)}
 

@@ -45,6 +45,14 @@ class Node:
     # recorded by the harness at write time, from its own CP layout (never the metadata's):
     page_owners: list[int] = field(default_factory=list)  # owner rank of each padded page
     owned_positions: list[torch.Tensor] = field(default_factory=list)  # per rank, padded span
+    # an independent side pool (``config.has_side_pools``): the node's rows there, chosen by
+    # the tree from the side allocator (or, on a load, by the controller from it), and the host
+    # slots the controller resolved for them, per rank
+    side_value: torch.Tensor | None = None
+    side_host: list[torch.Tensor | None] = field(default_factory=list)
+    side_placement: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(
+        default=None, repr=False
+    )  # (side_value it was computed from, positions, rows on the pools' device)
     loading: bool = False
     producer_id: int | None = None
     pending_reads: int = 0
@@ -104,19 +112,29 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
         draft_of = [meta.draft_host_indices if meta else None for meta in metas]
     else:
         host_of = list(node.host_value)
-        draft_of = []
+        draft_of = list(node.side_host)  # an independent side pool's own slots, else none
     busy = compute_busy(node)
-    key = (node.value, node.backup, node.layers_stored, busy, *host_of, *draft_of)
+    side = node.side_value
+    key = (node.value, side, node.backup, node.layers_stored, busy, *host_of, *draft_of)
     if node.holdings is not None and _is_same_key(node.holdings_key, key):
         return node.holdings
     device = pages_covered(node.value, page) if node.value is not None else frozenset()
     host = tuple(pages_covered(t, page) if t is not None else frozenset() for t in host_of)
-    if uses_cp:
+    if draft_of:
         draft = tuple(pages_covered(t, page) if t is not None else frozenset() for t in draft_of)
     else:
         draft = tuple(frozenset() for _ in range(num_ranks))
+    side_pages = pages_covered(side, page) if side is not None else frozenset()
     node.holdings = NodeHoldings(
-        node.handle, node.node_id, device, host, draft, node.backup, node.layers_stored, busy
+        node.handle,
+        node.node_id,
+        device,
+        host,
+        draft,
+        node.backup,
+        node.layers_stored,
+        busy,
+        side_pages,
     )
     node.holdings_key = key
     return node.holdings

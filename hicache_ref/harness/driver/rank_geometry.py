@@ -84,12 +84,17 @@ class RankGeometry:
             return torch.tensor(owned, dtype=torch.int64)
         return torch.arange(node.logical_len)[layout.owned_by_this_rank(visible)]
 
-    def placement(self, rank: int, node: Node) -> tuple[torch.Tensor, torch.Tensor]:
-        """(owned positions, physical locs) of the node's device copy on ``rank``.
+    def placement(
+        self, rank: int, node: Node, draft: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owned positions, physical locs) of the node's device copy on ``rank`` (of its
+        draft copy: the same locs, except in an independent side pool: its own rows).
 
         Computed from the harness's own layout once per ``node.value`` (a node's device locs
         never change in place; ``load_back`` replaces the tensor), not once per store or read.
         """
+        if draft and self.config.has_side_pools:
+            return self.side_placement(node)
         value = node.value
         assert value is not None
         if node.placement_of is not value:
@@ -118,6 +123,22 @@ class RankGeometry:
             hit = (positions, locs)
             node.placement[rank] = hit
         return hit
+
+    def side_placement(self, node: Node) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions, rows) of the node in the independent side pool (no CP: every position),
+        once per ``node.side_value`` (replaced, never changed, by a load)."""
+        value = node.side_value
+        assert value is not None, f"node {node.handle} holds no side pool rows"
+        cached = node.side_placement
+        if cached is not None and cached[0] is value:
+            return cached[1], cached[2]
+        locs = value[: node.logical_len]
+        target = self.world.device.device
+        if locs.device != target:  # uploaded once per value, as ``placement`` does
+            locs = self.uploads.upload(locs, target)
+        positions = torch.arange(node.logical_len)
+        node.side_placement = (value, positions, locs)
+        return positions, locs
 
     def physical(self, rank: int, locs: torch.Tensor) -> torch.Tensor:
         layout = self.world.ranks[rank].cp_layout
@@ -164,7 +185,9 @@ class RankGeometry:
         are the implementation's, and their number must match (INV-13).
         """
         if not self.config.uses_cp:
-            host = node.host_value[rank_index]  # draft copies reuse the target slots
+            # draft copies reuse the target slots; an independent side pool has its own
+            side = draft and self.config.has_side_pools
+            host = node.side_host[rank_index] if side else node.host_value[rank_index]
             assert host is not None
             return torch.arange(node.logical_len), host
         owned = node.owned_positions[rank_index]

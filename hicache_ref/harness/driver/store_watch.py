@@ -39,10 +39,10 @@ class StoreWatch:
         self,
         world: World,
         checks: CheckRunner,
-        backing_up: Callable[[int], Mapping[int, set[int]]],
+        backing_up: Callable[[int, str], Mapping[int, set[int]]],
     ) -> None:
         self.checks = checks
-        self.backing_up = backing_up  # rank -> {handle: device rows} of nodes being backed up
+        self.backing_up = backing_up  # (rank, pool) -> {handle: device rows} being backed up
         self.unstored: dict[RowKey, set[int]] = {}
         self.active = isinstance(world.device, SimDevice)
         if isinstance(world.device, SimDevice):
@@ -84,7 +84,7 @@ class StoreWatch:
             nodes: list[int] = []
             if rows:
                 read = rows.intersection(locs)
-                for handle, held in self.backing_up(rank).items() if read else ():
+                for handle, held in self.backing_up(rank, pool).items() if read else ():
                     if read & held:
                         nodes.append(handle)
                         unread.extend(sorted(read & held))

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from itertools import islice
 
+import torch
+
 from hicache_ref.harness.adapters.base import (
     AckQueue,
     ControllerLike,
@@ -35,16 +37,32 @@ from hicache_ref.harness.adapters.base import (
     PerLayerWriteLike,
 )
 from hicache_ref.harness.driver.byte_checks import ByteChecks, DeferredReads, FreeSlotWatch
-from hicache_ref.harness.driver.node_model import Node, compute_holdings, handle_of
+from hicache_ref.harness.driver.node_model import (
+    Node,
+    compute_holdings,
+    handle_of,
+    pages_covered,
+)
 from hicache_ref.harness.driver.rank_geometry import RankGeometry
 from hicache_ref.harness.driver.store_watch import StoreWatch
 from hicache_ref.harness.steps.outcome import Outcome, done
 from hicache_ref.harness.world.world import World
-from hicache_ref.invariants.evidence import DrainedAck, RankValues
+from hicache_ref.invariants.evidence import DrainedAck, PoolIndices, RankValues
 from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.snapshot import HarnessModel, NodeHoldings
 
 __all__ = ["Node", "TreeDriver", "handle_of"]
+
+
+def _held_pages(node: Node, field: str, page: int) -> frozenset[int]:
+    """The pages a node holds through one of its fields (a tensor, or one per rank)."""
+    value = getattr(node, field)
+    tensors = value if isinstance(value, list) else [value]
+    held: set[int] = set()
+    for tensor in tensors:
+        if tensor is not None:
+            held |= pages_covered(tensor, page)
+    return frozenset(held)
 
 
 class TreeDriver:
@@ -119,6 +137,31 @@ class TreeDriver:
         node = self.nodes[handle]
         return any(node.node_id in c.pending_layer_writes for c in self.per_layer_controllers())
 
+    def check_group_indices(
+        self, node: Node, kind: str, anchor: torch.Tensor, side: torch.Tensor, what: str
+    ) -> None:
+        """What a backup (``kind="host"``) or load (``"device"``) in an independent side-pool
+        world handed the node, each pool's from its own allocator and no other node's (INV-36):
+        judged against the harness's pools and the tree's other nodes, never the controller."""
+        rank, page = self.world.ranks[0], self.config.page_size
+        others = [n for n in self.nodes.values() if n.handle != node.handle]
+        if kind == "host":
+            assert rank.draft_host_pool is not None
+            pools = (
+                ("anchor host", anchor, rank.host_pool.allocated_pages(), "host_value"),
+                ("side host", side, rank.draft_host_pool.allocated_pages(), "side_host"),
+            )
+        else:
+            assert rank.side_allocator is not None
+            pools = (
+                ("anchor device", anchor, rank.allocator.allocated_page_ids(), "value"),
+                ("side device", side, rank.side_allocator.allocated_page_ids(), "side_value"),
+            )
+        for pool, indices, allocated, field in pools:
+            held = frozenset(p for n in others for p in _held_pages(n, field, page))
+            evidence = PoolIndices(pool, indices, page, frozenset(allocated), held, what)
+            self.checks.run("INV-36", evidence)
+
     # -- ack drains ----------------------------------------------------------------------------
     @staticmethod
     def _queue(controller: ControllerLike, queue_name: str) -> AckQueue:
@@ -177,10 +220,12 @@ class TreeDriver:
                 self.check_device_bytes(node, "INV-09", "load ack drained")
         return done(f"drained {len(rows)} load ack(s)")
 
-    def _rows_backing_up(self, rank: int) -> dict[int, set[int]]:
-        """The device rows each node being backed up holds on ``rank`` (the store watch)."""
+    def _rows_backing_up(self, rank: int, pool: str) -> dict[int, set[int]]:
+        """The device rows of ``pool`` (``target`` or ``draft``) each node being backed up
+        holds on ``rank`` (the store watch)."""
+        draft = pool == "draft"
         return {
-            n.handle: set(self.geometry.placement(rank, n)[1].tolist())
+            n.handle: set(self.geometry.placement(rank, n, draft)[1].tolist())
             for n in self.nodes.values()
             if n.backup == "in_flight" and n.value is not None
         }

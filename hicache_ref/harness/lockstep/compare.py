@@ -55,6 +55,8 @@ def unsupported_reason(session: Session) -> str | None:
         return "not a SimDevice: lockstep needs the device's execution log"
     if len(session.world.ranks) != session.config.num_ranks:
         return "a rank session (one process per CP rank): the oracle steps every rank at once"
+    if session.config.has_side_pools:
+        return "an independent side pool (pool_group='swa'): the oracle has no side pools"
     return None
 
 

@@ -40,8 +40,17 @@ def evict_device(tree: TreeDriver, handle: int) -> Outcome:
     for controller in tree.controllers():
         controller.evict_device(node.value)
     _poison_freed_pages(tree, node)
+    _free_side_rows(tree, node)
     node.value, node.placement_of = None, None
     return done(f"evict_device node {handle}")
+
+
+def _free_side_rows(tree: TreeDriver, node: Node) -> None:
+    """An independent side pool's rows go back to its own allocator (``free_swa_segment``)."""
+    allocator = tree.world.ranks[0].side_allocator
+    if allocator is not None and node.side_value is not None:
+        allocator.free(node.side_value)
+        node.side_value = None
 
 
 def _poison_freed_pages(tree: TreeDriver, node: Node) -> None:
@@ -49,7 +58,12 @@ def _poison_freed_pages(tree: TreeDriver, node: Node) -> None:
     fills them with poison, so a load whose read runs before its copy cannot pass by
     finding the bytes the same node left behind (a reload often gets its old pages back)."""
     assert node.value is not None
-    geometry, stores = tree.geometry, tree.stores
+    if tree.config.has_side_pools:  # each pool's own rows
+        for rank in range(len(tree.world.ranks)):
+            for draft, layer_num in tree.geometry.layer_kinds():
+                _poison_rows(tree, node, rank, draft, layer_num)
+        return
+    geometry = tree.geometry
     for rank in range(len(tree.world.ranks)):
         _, locs = geometry.placement(rank, node)
         buffers = [
@@ -58,26 +72,41 @@ def _poison_freed_pages(tree: TreeDriver, node: Node) -> None:
             for layer in range(layer_num)
             for buf in geometry.pools(rank, draft)[0].layer_buffers(layer)
         ]
-
         pools = [("draft" if d else "target", n) for d, n in geometry.layer_kinds()]
+        _launch_poison(tree, node, rank, buffers, locs, pools)
 
-        def poison(
-            buffers: list[torch.Tensor] = buffers,
-            locs: torch.Tensor = locs,
-            rank: int = rank,
-            pools: list[tuple[str, int]] = pools,
-        ) -> None:
-            for buf in buffers:
-                # index_fill_, not ``buf[locs] = value``: a Python scalar assigned through an
-                # index is uploaded first, and that pageable upload makes the host wait for
-                # the forward stream (measured on an H200: 101 ms behind a 100 ms spin;
-                # benchmarks/host_waits.py), draining the stores a load must race
-                buf.index_fill_(0, locs, FREED_ROW_VALUE)
-            if stores.active:  # the simulator only: never a host sync on a GPU
-                stores.poisoned(rank, pools, locs.tolist())
 
-        with tree.on_forward():
-            tree.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
+def _poison_rows(tree: TreeDriver, node: Node, rank: int, draft: bool, layer_num: int) -> None:
+    """The poison of one pool's rows of the node (an independent side pool's are its own)."""
+    _, locs = tree.geometry.placement(rank, node, draft)
+    pool = tree.geometry.pools(rank, draft)[0]
+    buffers = [buf for layer in range(layer_num) for buf in pool.layer_buffers(layer)]
+    _launch_poison(tree, node, rank, buffers, locs, [("draft" if draft else "target", layer_num)])
+
+
+def _launch_poison(
+    tree: TreeDriver,
+    node: Node,
+    rank: int,
+    buffers: list[torch.Tensor],
+    locs: torch.Tensor,
+    pools: list[tuple[str, int]],
+) -> None:
+    """Queue the poison of ``locs`` in ``buffers`` on the forward stream."""
+    stores = tree.stores
+
+    def poison() -> None:
+        for buf in buffers:
+            # index_fill_, not ``buf[locs] = value``: a Python scalar assigned through an
+            # index is uploaded first, and that pageable upload makes the host wait for
+            # the forward stream (measured on an H200: 101 ms behind a 100 ms spin;
+            # benchmarks/host_waits.py), draining the stores a load must race
+            buf.index_fill_(0, locs, FREED_ROW_VALUE)
+        if stores.active:  # the simulator only: never a host sync on a GPU
+            stores.poisoned(rank, pools, locs.tolist())
+
+    with tree.on_forward():
+        tree.world.device.launch(poison, label=f"reuse n{node.handle}", kind="kernel")
 
 
 def process_evict_device(ctx: StepContext, args: Args) -> Outcome:
@@ -116,6 +145,7 @@ def drop(tree: TreeDriver, handle: int) -> Outcome:
     for controller in tree.controllers():
         controller.evict_device(node.value)
     _poison_freed_pages(tree, node)
+    _free_side_rows(tree, node)
     return done(f"drop node {handle}")
 
 
@@ -157,7 +187,11 @@ def evict_host_copies(tree: TreeDriver, node: Node, ranks: tuple[int, ...]) -> N
         else:
             host = node.host_value[rank_index]
             assert host is not None
-            tree.world.ranks[rank_index].controller.evict_host(host)
+            rank = tree.world.ranks[rank_index]
+            rank.controller.evict_host(host)
+            side_host = node.side_host[rank_index] if node.side_host else None
+            if rank.sides is not None and side_host is not None:
+                rank.sides.evict_host(side_host)  # the side pool's own slots
 
 
 def process_evict_host(ctx: StepContext, args: Args) -> Outcome:

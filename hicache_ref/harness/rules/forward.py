@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from types import MappingProxyType
 
+import torch
+
 from hicache_ref.harness.driver.node_model import FORWARD_META, ForwardKernel, Node
 from hicache_ref.harness.driver.tree import TreeDriver
 from hicache_ref.harness.rules.record import (
@@ -67,6 +69,12 @@ def prefill(
             if a is not None:
                 rank.allocator.free(a)
         return refused("device full")
+    side = _alloc_side_rows(tree, padded_len)
+    if side is False:
+        for a, rank in zip(allocs, world.ranks, strict=True):
+            assert a is not None
+            rank.allocator.free(a)
+        return refused("side pool device full")
     first = allocs[0]
     assert first is not None
     if len(allocs) > 1:
@@ -80,6 +88,9 @@ def prefill(
         value=first[:logical_len].clone(),
     )
     tree.next_node_id += 1
+    if isinstance(side, torch.Tensor):
+        node.side_value = side[:logical_len].clone()
+        node.side_host = [None] * len(world.ranks)
     node.host_value = [None] * len(world.ranks)
     node.cp_meta = [None] * len(world.ranks)
     tree.nodes[handle] = node
@@ -94,6 +105,16 @@ def prefill(
             agreed=f"{text}; {early.shared}",
         )
     return done(text)
+
+
+def _alloc_side_rows(tree: TreeDriver, padded_len: int) -> torch.Tensor | bool:
+    """A new node's rows in an independent side pool, from its own allocator (what the SWA
+    allocator hands a request beside its KV); True: no side pool, False: it is full."""
+    allocator = tree.world.ranks[0].side_allocator
+    if allocator is None:
+        return True
+    rows = allocator.alloc(padded_len)
+    return False if rows is None else rows
 
 
 def process_prefill(ctx: StepContext, args: Args) -> Outcome:
@@ -181,7 +202,7 @@ def forward_layer(tree: TreeDriver) -> Outcome:
 def _enqueue_store(tree: TreeDriver, rank: int, node: Node, draft: bool, layer: int) -> None:
     assert node.value is not None
     pool, _ = tree.geometry.pools(rank, draft)
-    _, locs = tree.geometry.placement(rank, node)
+    _, locs = tree.geometry.placement(rank, node, draft)
     buffers = pool.layer_buffers(layer)
     payload = [
         tree.bytes.staged_rows(rank, node, (draft, layer, c), buf) for c, buf in enumerate(buffers)

@@ -77,6 +77,8 @@ def load_back(tree: TreeDriver, handle: int) -> Outcome:
         for rank_index, cp in enumerate(tree.cp_controllers()):
             view = CpNodeView(node.node_id, node.logical_len, tree.geometry.meta(node, rank_index))
             results.append(cp.load_cp([view], node_id=node.node_id))
+    elif tree.config.has_side_pools:
+        return _load_with_sides(tree, node)
     else:
         for rank_index, controller in enumerate(tree.controllers()):
             host = node.host_value[rank_index]
@@ -95,6 +97,24 @@ def load_back(tree: TreeDriver, handle: int) -> Outcome:
     tree.ongoing_load[node.node_id] = handle
     tree.queued_loads.append(handle)
     return done(f"load node {handle} -> {allocations[0].numel()} locs")
+
+
+def _load_with_sides(tree: TreeDriver, node: Node) -> Outcome:
+    """A node loaded into fresh rows of the anchor and of its independent side pool (one rank:
+    side pools are drawn without CP); the side rows are the ones the controller allocated."""
+    rank = tree.world.ranks[0]
+    host, side_host = node.host_value[0], node.side_host[0]
+    assert rank.sides is not None and host is not None and side_host is not None
+    both = rank.sides.load(host, node.node_id, side_host)
+    if both is None:
+        return refused("device full")
+    tree.check_group_indices(node, "device", *both, f"load of node {node.handle}")  # INV-36
+    node.value, node.side_value = both
+    node.loading = True
+    tree.ongoing_load[node.node_id] = node.handle
+    tree.queued_loads.append(node.handle)
+    rows = both[1].numel()
+    return done(f"load node {node.handle} -> {both[0].numel()} locs, side {rows} rows")
 
 
 def process_load(ctx: StepContext, args: Args) -> Outcome:
@@ -199,7 +219,7 @@ def _launch_read(tree: TreeDriver, rank_index: int, node: Node, layer: int, draf
     """Queue a read of one layer of the node on the forward stream; it checks the bytes
     (on a GPU once the read has run: ``DeferredReads``)."""
     pool, _ = tree.geometry.pools(rank_index, draft)
-    _, locs = tree.geometry.placement(rank_index, node)
+    _, locs = tree.geometry.placement(rank_index, node, draft)
     buffers = pool.layer_buffers(layer)
     expected = [
         tree.bytes.device_rows(rank_index, node, draft, layer, c, tuple(buf.shape[1:]))

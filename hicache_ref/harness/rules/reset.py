@@ -44,6 +44,8 @@ def reset_world(tree: TreeDriver, storage: StorageDriver | None) -> None:
         rank.allocator.clear()
         if rank.draft_host_pool is not None:
             rank.draft_host_pool.clear()
+        if rank.side_allocator is not None:
+            rank.side_allocator.clear()
     tree.nodes.clear()
     tree.ongoing_write.clear()
     tree.ongoing_load.clear()

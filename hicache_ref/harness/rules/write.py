@@ -54,15 +54,32 @@ def write_backup(tree: TreeDriver, handle: int) -> Outcome:
     assert node.value is not None and node.backup == "none"
     if tree.config.uses_cp:
         return reserve_cp(tree, node, catch_up=True)
-    host = tree.world.ranks[0].controller.write(node.value, node_id=node.node_id)
+    rank = tree.world.ranks[0]
+    side_host = None
+    host: object
+    if rank.sides is not None:  # the side pool named beside the anchor (its own rows)
+        assert node.side_value is not None
+        both = rank.sides.write(node.value, node.node_id, node.side_value)
+        if both is None:
+            return refused("host full")
+        host, side_host = both
+        tree.check_group_indices(node, "host", host, side_host, f"write of node {handle}")  # INV-36
+    else:
+        host = rank.controller.write(node.value, node_id=node.node_id)
     if host is None:
         return refused("host full")
     assert isinstance(host, torch.Tensor), "a non-CP write returns host indices or None"
     page = tree.config.page_size
     tree.checks.run("INV-01", ReturnedIndices(host, page, f"write of node {handle}"))
     node.host_value[0] = host
+    text = f"write node {handle} -> host {host.numel()} slots"
+    if side_host is not None:
+        what = f"write of node {handle} (side pool)"
+        tree.checks.run("INV-01", ReturnedIndices(side_host, page, what))
+        node.side_host[0] = side_host
+        text += f", side host {side_host.numel()} slots"
     _start_backup(tree, node)
-    return done(f"write node {handle} -> host {host.numel()} slots")
+    return done(text)
 
 
 def reserve_cp(tree: TreeDriver, node: Node, *, catch_up: bool) -> Outcome:

@@ -18,7 +18,9 @@ CopyPath = Literal["gather", "runs", "batch", "triton"]
 StorageBackendName = Literal["memory", "file", "upstream_file"]
 StoragePolicy = Literal["best_effort", "wait_complete", "timeout"]
 STORAGE_RANKS_MAX = 4
-PoolGroup = Literal["none", "anchor", "packed", "sidecar"]
+PoolGroup = Literal["none", "anchor", "packed", "sidecar", "swa"]
+SIDE_POOL_GROUPS = ("swa",)
+"""Pool groups whose side pool has its own device rows and host slots (an independent pool)."""
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "direct": ("layer_first", "page_first_direct", "layer_page_first"),
@@ -47,7 +49,8 @@ class HarnessConfig(BaseModel):
     alloc_policy: AllocPolicy = "fifo"
     draft_alloc_policy: AllocPolicy = "fifo"
     draft_host_pages: int = 0
-    """Draft host pool size under CP (0: same as host_pages). Non-CP drafts reuse target slots."""
+    """Draft host pool size under CP (0: same as host_pages). Non-CP drafts reuse target slots,
+    except an independent side pool (``pool_group="swa"``), whose host pool this sizes."""
     num_counters: int = 5
     settle_records: bool = False
     """Event records and satisfied waits complete on reaching their stream's head (GPU-like)."""
@@ -65,7 +68,14 @@ class HarnessConfig(BaseModel):
     ``anchor`` (the KV pool alone), ``packed`` (the draft pool packed as MTP draft layers of
     the KV host pool: ``layer_mapper``, ``is_draft``), ``sidecar`` (the draft pool as a side
     pool whose transfers ride on the KV indices: a ``PoolTransfer`` with
-    ``indices_from_pool=KV``). Capability ``pool_group`` (``:packed``, ``:sidecar``); no CP."""
+    ``indices_from_pool=KV``), ``swa`` (the draft pool as an independent SWA side pool: its own
+    device rows from its own allocator, its own host slots from its own host pool, its layers
+    interleaved with the KV layers in the transfer ids, so the anchor has no mapping for them;
+    ``harness/world/side_pools.py``). Capability ``pool_group`` (``:packed``, ``:sidecar``,
+    ``:swa``); no CP."""
+    side_device_pages: int = 0
+    """Device pages of an independent side pool's own allocator (``pool_group="swa"``; its host
+    pages are ``draft_host_pages``)."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
@@ -103,10 +113,17 @@ class HarnessConfig(BaseModel):
             raise ValueError("CP shared KV needs pool_kind='nsa' (the controller requires NSA)")
         if self.pool_group != "none" and self.cp_size >= 1:
             raise ValueError(f"pool_group={self.pool_group!r} is drawn without CP (cp_size=0)")
-        if self.pool_group in ("packed", "sidecar") and not self.has_draft:
+        if self.pool_group in ("packed", "sidecar", *SIDE_POOL_GROUPS) and not self.has_draft:
             raise ValueError(
                 f"pool_group={self.pool_group!r} carries a draft pool: draft_layer_num >= 1"
             )
+        if self.has_side_pools and (self.side_device_pages < 1 or self.draft_host_pages < 1):
+            raise ValueError(
+                f"pool_group={self.pool_group!r} is an independent side pool: it needs "
+                "side_device_pages >= 1 and draft_host_pages >= 1 (its own rows and slots)"
+            )
+        if self.side_device_pages and not self.has_side_pools:
+            raise ValueError("side_device_pages is the device size of pool_group='swa' only")
         if self.pool_group == "anchor" and self.has_draft:
             raise ValueError("pool_group='anchor' has no draft pool; use 'packed' or 'sidecar'")
         if self.forward_stream and self.cp_size >= 1:
@@ -138,6 +155,11 @@ class HarnessConfig(BaseModel):
         return self.draft_layer_num > 0
 
     @property
+    def has_side_pools(self) -> bool:
+        """The draft pool is an independent side pool (its own rows, slots and allocators)."""
+        return self.pool_group in SIDE_POOL_GROUPS
+
+    @property
     def uses_storage(self) -> bool:
         return self.storage_ranks >= 1
 
@@ -151,6 +173,8 @@ class HarnessConfig(BaseModel):
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""
+        if self.has_side_pools:
+            runs += f" side={self.side_device_pages}p/{self.draft_host_pages}hp"
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

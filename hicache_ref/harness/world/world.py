@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 from hicache_ref.device.perturb import DEFAULT_PERTURBATION, Perturbation
 from hicache_ref.device.protocol import DeviceModule, StreamT
 from hicache_ref.device.sim import SimDevice
-from hicache_ref.errors import UnknownOptionError
+from hicache_ref.errors import HiCacheSetupError, UnknownOptionError
 from hicache_ref.harness.adapters.base import (
     BuildRequest,
     ControllerLike,
@@ -32,11 +32,13 @@ from hicache_ref.harness.adapters.base import (
     Implementation,
     PerLayerWriteLike,
     RankLike,
+    SidePoolsLike,
     UndrainedGateLike,
     check_declared_capabilities,
 )
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.content import HARNESS_DTYPE
+from hicache_ref.harness.world.side_pools import build_side_allocator
 from hicache_ref.invariants.snapshot import RankSnapshot
 from hicache_ref.pools.triton_copy import is_triton_available
 
@@ -65,6 +67,10 @@ class Rank:
     cp: CpControllerLike | None = None  # the controller, when the world uses CP
     per_layer: PerLayerWriteLike | None = None  # the controller, with per_layer_write
     gate: UndrainedGateLike | None = None  # the controller, if it has the undrained-ack gate
+    side_allocator: PagedTokenToKVPoolAllocator | None = None
+    """An independent side pool's own device allocator (``config.has_side_pools``)."""
+    sides: SidePoolsLike | None = None
+    """The controller's side-pool calls (its ``side_pools``; ``config.has_side_pools``)."""
 
 
 class HarnessDevice(DeviceModule, Protocol):
@@ -274,12 +280,17 @@ def build_world(
             copy_path=config.copy_path,
             device_module=copy_launcher(device, rank, "target"),
         )
-        draft_device_pool = draft_host_pool = None
+        draft_device_pool = draft_host_pool = side_allocator = None
         if config.has_draft:
+            draft_tokens = physical_size_tokens(config)
+            if config.has_side_pools:  # rows of its own, from its own allocator
+                draft_tokens = config.side_device_pages * page
             draft_device_pool = make_device_pool(
-                config, config.draft_layer_num, physical_size_tokens(config), device
+                config, config.draft_layer_num, draft_tokens, device
             )
-            draft_pages = config.draft_host_pages if config.uses_cp else 0
+            if config.has_side_pools:
+                side_allocator = build_side_allocator(config, draft_device_pool, device)
+            draft_pages = config.draft_host_pages if config.uses_cp or config.has_side_pools else 0
             draft_host_pool = make_host_pool(
                 draft_device_pool,
                 layout=config.layout,
@@ -299,8 +310,10 @@ def build_world(
             draft_device_pool=draft_device_pool,
             draft_host_pool=draft_host_pool,
             storage_collectives=None if storage_group is None else storage_group.view(rank),
+            side_allocator=side_allocator,
         )
         controller = implementation.build_controller(request)
+        sides = _side_pools(controller, config, implementation.name)
         capabilities = check_declared_capabilities(
             implementation.capabilities, type(controller), implementation.name
         )
@@ -321,9 +334,25 @@ def build_world(
                 cp,
                 per_layer,
                 controller if has_undrained_gate(controller) else None,
+                side_allocator,
+                sides,
             )
         )
     return World(config, device, ranks, capabilities, storage_group, forward)
+
+
+def _side_pools(controller: object, config: HarnessConfig, name: str) -> SidePoolsLike | None:
+    """The controller's side-pool calls in a world with an independent side pool."""
+    if not config.has_side_pools:
+        return None
+    sides = getattr(controller, "side_pools", None)
+    if not isinstance(sides, SidePoolsLike):
+        raise HiCacheSetupError(
+            f"{name}: pool_group={config.pool_group!r} needs the controller's side_pools "
+            "(write, load and evict_host naming the side pool; adapters/base.SidePoolsLike); "
+            "declare capability pool_group:swa only where it has them"
+        )
+    return sides
 
 
 # -- the device kind of the worlds built in a context ------------------------------------------

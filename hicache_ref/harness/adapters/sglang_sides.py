@@ -1,0 +1,69 @@
+"""The tree half of an independent side pool, as upstream's hybrid radix cache drives it.
+
+Upstream's unified radix cache (0.5.19+, ``unified_cache/components/swa.py``) names a side pool
+in every transfer by a ``PoolTransfer`` of that pool, never riding on the KV indices:
+
+- backup (``BACKUP_HOST``): ``PoolTransfer(name=SWA, device_indices=<the node's SWA rows>)``
+  beside the KV rows; the controller resolves its host slots from the SWA host pool
+  (``HostPoolGroup.resolve_host_transfers``, all or nothing with the anchor's) and writes them
+  into that transfer, which the tree then keeps as the node's SWA host value;
+- load (``LOAD_BACK``): ``PoolTransfer(name=SWA, host_indices=<the node's SWA host slots>)``;
+  the controller allocates the SWA device rows through the entry's ``device_alloc_fn``
+  (``_resolve_device_transfers``, rolled back with the KV rows when short), and the tree reads
+  them off the transfer;
+- host eviction (``free_host_values``): the SWA host slots go back to their own pool
+  (``HostPoolGroup.free(..., pool=SWA)``); device eviction frees the SWA rows through the
+  allocator (``free_swa_segment``), which the harness's tree does itself.
+
+``SglangSidePools`` is that protocol over one controller (the harness's ``SidePoolsLike``).
+What the tree records comes from the transfers the controller filled in; every byte is then
+checked at those rows and slots against the content oracle, and the slots against the
+harness's own pools' allocators (INV-05, INV-36).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class SglangSidePools:
+    """The ``SWA`` pool named in every write, load and host release of one controller."""
+
+    def __init__(self, controller: Any, pool_transfer: Any, names: Any) -> None:
+        self._controller = controller
+        self._transfer = pool_transfer
+        self._names = names
+
+    def write(
+        self, device_indices: torch.Tensor, node_id: int, side_device: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        transfer = self._transfer(name=self._names.SWA, device_indices=side_device)
+        host = self._controller.write(device_indices, None, node_id, extra_pools=[transfer])
+        if host is None:
+            return None
+        return host, _resolved(transfer.host_indices, "host_indices", "write")
+
+    def load(
+        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        transfer = self._transfer(name=self._names.SWA, host_indices=side_host)
+        device = self._controller.load(host_indices, None, node_id, extra_pools=[transfer])
+        if device is None:
+            return None
+        return device, _resolved(transfer.device_indices, "device_indices", "load")
+
+    def evict_host(self, side_host: torch.Tensor) -> None:
+        self._controller.mem_pool_host.free(side_host, pool=self._names.SWA)
+
+
+def _resolved(indices: Any, field: str, verb: str) -> torch.Tensor:
+    """A side transfer's indices the controller must have filled in by now."""
+    if not isinstance(indices, torch.Tensor):
+        # the radix cache asserts the same before it commits the node's side value
+        raise AssertionError(
+            f"a {verb} that returned indices left the SWA transfer's {field} unresolved "
+            f"({indices!r}); HostPoolGroup resolves every named side pool or none"
+        )
+    return indices

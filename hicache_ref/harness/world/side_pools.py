@@ -1,0 +1,108 @@
+"""An independent side pool: the SWA entry of a ``HostPoolGroup`` with rows and slots of its own.
+
+Upstream 0.5.19+'s hybrid models (sliding-window attention beside full attention, Mamba
+state beside KV) cache each pool in its own host pool: a side pool's device rows come from its
+own allocator (``device_alloc_fn``), its host slots from its own host pool's allocator
+(``HostPoolGroup.resolve_host_transfers``), and its layers sit between the anchor's in the
+transfer ids, where the anchor's ``layer_mapper`` says None. In ``pool_group="swa"`` worlds the
+harness's draft pool is that side pool (``HarnessConfig.has_side_pools``), in the order a world
+uses what is here:
+
+- ``SideLayout``: which transfer layer ids are the anchor's (KV) and which the side pool's,
+  interleaved (side, KV, side, KV, ...), and the mappers of each (None in the other's ids);
+- ``build_side_allocator``: the side pool's own device allocator over the draft device pool;
+- ``MappedCounter``: a pool's layer counter as its forward waits on it, by the transfer id
+  of the pool's local layer (upstream's pools wait by model layer id, which the transfer ids
+  are).
+
+What a node holds in the side pool (its own device rows, its own host slots) is the tree's
+model (``Node.side_value``, ``Node.side_host``), never what the controller says of itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hicache_ref.harness.world.config import HarnessConfig
+
+if TYPE_CHECKING:
+    from hicache_ref.device.protocol import DeviceModule
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+    from hicache_ref.pools.device_pool import KVCache
+
+SIDE_SEED_OFFSET = 3
+"""The side allocator's seed: the config seed plus this (the host pools take +1 and +2)."""
+
+
+@dataclass(frozen=True)
+class SideLayout:
+    """The transfer layer ids of the anchor's and the side pool's layers (disjoint, together
+    ``0 .. total - 1``)."""
+
+    kv_ids: tuple[int, ...]
+    side_ids: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return len(self.kv_ids) + len(self.side_ids)
+
+    def mapper(self, side: bool) -> Callable[[int], int | None]:
+        """Transfer layer id -> the pool's own layer (None where the other pool's layer is)."""
+        local = {tid: i for i, tid in enumerate(self.side_ids if side else self.kv_ids)}
+        return local.get
+
+    def transfer_id(self, side: bool, layer: int) -> int:
+        """The transfer id of a pool's local layer (what its forward waits on)."""
+        return (self.side_ids if side else self.kv_ids)[layer]
+
+
+def side_layout(config: HarnessConfig) -> SideLayout:
+    """Side and KV layers alternate, a side layer first (a window layer before each global
+    one, as the hybrid SWA models interleave them), then whatever one pool has left."""
+    kv, side = config.layer_num, config.draft_layer_num
+    kv_ids: list[int] = []
+    side_ids: list[int] = []
+    tid = 0
+    for i in range(max(kv, side)):
+        if i < side:
+            side_ids.append(tid)
+            tid += 1
+        if i < kv:
+            kv_ids.append(tid)
+            tid += 1
+    return SideLayout(tuple(kv_ids), tuple(side_ids))
+
+
+class MappedCounter:
+    """A layer counter as one pool's forward waits on it: local layer -> its transfer id."""
+
+    def __init__(self, counter: Any, layout: SideLayout, side: bool) -> None:
+        self._counter = counter
+        self._layout = layout
+        self._side = side
+
+    def wait_until(self, threshold: int) -> None:
+        self._counter.wait_until(self._layout.transfer_id(self._side, threshold))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._counter, name)
+
+
+def build_side_allocator(
+    config: HarnessConfig, side_device_pool: KVCache, device: DeviceModule
+) -> PagedTokenToKVPoolAllocator:
+    """The side pool's own device allocator (pages ``1 .. side_device_pages``)."""
+    from hicache_ref.harness.world.content import HARNESS_DTYPE
+    from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
+
+    return PagedTokenToKVPoolAllocator(
+        config.side_device_pages * config.page_size,
+        config.page_size,
+        HARNESS_DTYPE,
+        device.device,
+        side_device_pool,
+        alloc_policy=config.draft_alloc_policy,
+        seed=config.seed + SIDE_SEED_OFFSET,
+    )
