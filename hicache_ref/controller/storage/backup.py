@@ -24,7 +24,7 @@ from hicache_ref.storage.operations import StorageOperation
 from hicache_ref.storage.pages import get_page_head
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import StepTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -34,7 +34,7 @@ class Backup:
 
     kind = StorageStepKind.BACKUP
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: StepTier) -> None:
         self.tier = tier
 
     def has_work(self) -> bool:

@@ -22,7 +22,7 @@ from hicache_ref.controller.storage.records import STEP_KINDS, THREAD_NAMES, Sto
 from hicache_ref.errors import InvariantViolation
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import ExecutorTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -48,7 +48,7 @@ class ManualExecutor:
 
     name = "manual"
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: ExecutorTier) -> None:
         self.tier = tier
 
     def start(self, epoch: int) -> None:
@@ -66,7 +66,7 @@ class ThreadExecutor:
 
     name = "thread"
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: ExecutorTier) -> None:
         self.tier = tier
         self._threads: list[threading.Thread] = []
         self._stop_event = threading.Event()
@@ -128,7 +128,7 @@ class ThreadExecutor:
         return [thread.name for thread in self._threads if thread.is_alive()]
 
 
-def make_executor(name: str, tier: StorageTier) -> StorageExecutor:
+def make_executor(name: str, tier: ExecutorTier) -> StorageExecutor:
     from hicache_ref.errors import UnknownOptionError
 
     if name == "thread":

@@ -27,7 +27,7 @@ from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation
 from hicache_ref.storage.pages import get_page_head, require_page_aligned
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import StepTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -48,7 +48,7 @@ class PrefetchIO:
 
     kind = StorageStepKind.IO
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: StepTier) -> None:
         self.tier = tier
         self.current: Transfer | None = None
 

@@ -17,19 +17,13 @@ from hicache_ref.errors import HiCacheInputError, InvariantViolation
 from hicache_ref.storage.queues import BoundedQueue
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.backup import Backup
-    from hicache_ref.controller.storage.hit_query import HitQuery
-    from hicache_ref.controller.storage.prefetch_io import PrefetchIO
-    from hicache_ref.controller.storage.prefetch_sync import PrefetchSync
-    from hicache_ref.controller.storage.tier import StorageTier
-
-    StepComponent = HitQuery | PrefetchIO | PrefetchSync | Backup
+    from hicache_ref.controller.storage.ports import RunnerTier, StepComponent
 
 
 class StepRunner:
     """Dispatch from a step kind to its component, for one tier."""
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: RunnerTier) -> None:
         self.tier = tier
         self.thread_errors: list[BaseException] = []
         self._errors_lock = threading.Lock()
