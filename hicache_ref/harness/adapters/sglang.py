@@ -296,6 +296,7 @@ class SglangImplementation(ImplementationBase):
                 write_policy="write_through",
                 io_backend=request.config.io_backend,
                 collectives=request.storage_collectives,
+                schedule_points=request.config.storage_points,
             )
         else:
             controller = module.HiCacheController(
@@ -350,6 +351,7 @@ class SeedImplementation(SglangImplementation):
                 write_policy="write_through",
                 io_backend=request.config.io_backend,
                 collectives=request.storage_collectives,
+                schedule_points=request.config.storage_points,
                 **kwargs,
             )
         controller = module.HiCacheController(

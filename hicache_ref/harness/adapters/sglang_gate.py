@@ -40,9 +40,12 @@ class ServedQueue(queue.Queue[Any]):
         """A put from a gated thread is a schedule point (``points.PUT``) before the item is
         visible, in a world with points; any other put passes at once."""
         thread = threading.current_thread()
-        if isinstance(thread, GatedThread) and thread.gate is not None and thread.gate.points:
-            schedule_point(PUT, thread.gate.queue_names.get(id(self), "queue"))
+        gate = thread.gate if isinstance(thread, GatedThread) else None
+        if gate is not None and gate.points:
+            schedule_point(PUT, gate.queue_names.get(id(self), "queue"))
         super().put(item, block, timeout)
+        if gate is not None:
+            gate.note_put(thread, item)  # type: ignore[arg-type]
 
 
 class GateStopEvent(threading.Event):

@@ -45,6 +45,7 @@ from hicache_ref.harness.adapters.sglang_gate import (
 )
 from hicache_ref.harness.adapters.sglang_hashes import page_keys_function
 from hicache_ref.harness.adapters.sglang_world import TpHandle, attaching, harness_torch
+from hicache_ref.harness.schedule.points import ALL_REDUCE, WAIT, Grant, Point
 
 THREAD_FUNCS: dict[StorageStepKind, str] = {
     StorageStepKind.HIT_QUERY: "prefetch_thread_func",
@@ -95,7 +96,8 @@ class _Executor:
 
 
 class UpstreamTier:
-    """``controller.storage`` for the storage driver: upstream's threads, served step by step."""
+    """``controller.storage`` for the storage driver: upstream's threads, served step by step
+    (with schedule points, point by point: ``position``, ``hold``, ``run_step(kind, grant)``)."""
 
     executor = _Executor()
 
@@ -109,6 +111,16 @@ class UpstreamTier:
         self.epoch = 0
         self.live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.queues = types.SimpleNamespace(sizes=self.queue_sizes)
+        self.hold: set[StorageStepKind] = set()  # kinds whose thread waits at a collective
+        self.next_grant = Grant()  # what the driver hands the next run_step (drawn outcome)
+        self._current: dict[StorageStepKind, Any] = {}  # the item each loop body took
+
+    def name_queues(self) -> None:
+        """The gate names each control queue by its attribute (a point's detail in the trace)."""
+        for name in CONTROL_QUEUES:
+            q = getattr(self._controller, name, None)
+            if q is not None:
+                self.gate.queue_names[id(q)] = name
 
     @property
     def rank(self) -> int:
@@ -129,7 +141,15 @@ class UpstreamTier:
         q = getattr(self._controller, SOURCE_QUEUES[kind], None)
         return q if isinstance(q, ServedQueue) else None
 
+    def position(self, kind: StorageStepKind) -> tuple[GatedThread, Point] | None:
+        """Where the ``kind`` thread parks (mid-body first, else its wait), or None."""
+        at = self.gate.positions(THREAD_FUNCS[kind])
+        return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
+
     def has_work(self, kind: StorageStepKind) -> bool:
+        at = self.position(kind) if self.gate.points else None
+        if at is not None and at[1].kind != WAIT:
+            return True
         q = self._source(kind)
         return (
             self.enable_storage
@@ -141,19 +161,31 @@ class UpstreamTier:
     def has_any_work(self) -> bool:
         return any(self.has_work(kind) for kind in SOURCE_QUEUES)
 
-    def run_step(self, kind: StorageStepKind) -> StepResult:
-        """One iteration of upstream's ``kind`` thread, on the item at the head of its queue."""
-        q = self._source(kind)
-        if q is None or not self.has_work(kind):
+    def run_step(self, kind: StorageStepKind, grant: Grant | None = None) -> StepResult:
+        """One iteration of upstream's ``kind`` thread, on the item at the head of its queue;
+        with schedule points, its run to its next point (the iteration's result once it ended,
+        else an idle one)."""
+        at = self.position(kind) if self.gate.points else None
+        if at is not None and at[1].kind != WAIT:
+            if kind in self.hold and at[1].kind == ALL_REDUCE:
+                return StepResult(kind, self.rank, self.epoch)  # a peer is not there yet
+            self.gate.resume(at[0], grant or self.next_grant, kind.value, self.rank)
+        else:
+            q = self._source(kind)
+            if q is None or not self.has_work(kind):
+                return StepResult(kind, self.rank, self.epoch)
+            self._current[kind] = q.queue[0]
+            self.gate.puts.pop(THREAD_FUNCS[kind], None)
+            self.gate.serve(q, kind.value, self.rank)
+        at = self.position(kind) if self.gate.points else None
+        if at is not None and at[1].kind != WAIT:
+            return StepResult(kind, self.rank, self.epoch)  # parked inside its loop body
+        item = self._current.pop(kind, None)
+        if item is None:
             return StepResult(kind, self.rank, self.epoch)
-        item = q.queue[0]
-        out = getattr(self._controller, "prefetch_sync_queue", None)
-        out = out if kind is StorageStepKind.IO else None
-        before = len(out.queue) if out is not None else 0
-        self.gate.serve(q, kind.value, self.rank)
         if self.protocol == PROTOCOL_POLL and kind is not StorageStepKind.BACKUP:
             return self._polled_result(kind, item)
-        return self._result(kind, item, out, before)
+        return self._result(kind, item, self.gate.puts.pop(THREAD_FUNCS[kind], []))
 
     def _polled_result(self, kind: StorageStepKind, item: Any) -> StepResult:
         """0.5.10: the hit thread leaves the agreed hit in ``hash_value`` (empty when it
@@ -169,7 +201,7 @@ class UpstreamTier:
         q = getattr(self._controller, "host_mem_release_queue", None)
         return [] if q is None else [t for t in list(q.queue) if t is not None]
 
-    def _result(self, kind: StorageStepKind, item: Any, out: Any, before: int) -> StepResult:
+    def _result(self, kind: StorageStepKind, item: Any, acks: list[Any]) -> StepResult:
         rank, epoch = self.rank, self.epoch
         if kind is StorageStepKind.SYNC:
             operation = item.operation
@@ -180,9 +212,8 @@ class UpstreamTier:
         request_id = getattr(item, "request_id", None)
         if kind is StorageStepKind.HIT_QUERY:
             tokens = int(item.storage_hit_count)
-        elif kind is StorageStepKind.IO:
-            acks = list(out.queue)[before:] if out is not None else []
-            tokens = max((int(a.completed_tokens or 0) for a in acks), default=0)
+        elif kind is StorageStepKind.IO:  # the acks its puts carried (the sync may take them)
+            tokens = max((int(getattr(a, "completed_tokens", 0) or 0) for a in acks), default=0)
         else:
             tokens = int(item.completed_tokens)
         return StepResult(
@@ -245,8 +276,16 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
     class HarnessStorageController(base):  # type: ignore[misc]
         """Upstream's controller; only the tree-facing shapes are added (see the module doc)."""
 
-        def __init__(self, *args: Any, collectives: Any = None, **kwargs: Any) -> None:
-            self._harness_gate = StepGate(lambda: bool(self.storage_stop_event.is_set()))
+        def __init__(
+            self,
+            *args: Any,
+            collectives: Any = None,
+            schedule_points: bool = False,
+            **kwargs: Any,
+        ) -> None:
+            self._harness_gate = StepGate(
+                lambda: bool(self.storage_stop_event.is_set()), points=schedule_points
+            )
             self._harness_collectives = collectives or SingleRank()
             self._harness_tp = TpHandle(self._harness_collectives, SyncGroup("tp"))
             super().__init__(*args, **kwargs)
@@ -271,26 +310,31 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             module.__dict__["STORAGE_BATCH_SIZE"] = int(pages)
 
         def attach_storage_backend(self, *args: Any, **kwargs: Any) -> None:
+            self.storage.epoch += 1
+            self._harness_gate.epoch = self.storage.epoch  # the threads about to start
+            self.storage.name_queues()
             with attaching(module, self._harness_tp, tree):
                 super().attach_storage_backend(*args, **kwargs)
+            self.storage.name_queues()
             self._harness_gate.settle()
-            self.storage.epoch += 1
 
         def reset(self) -> None:
             group = getattr(self._harness_collectives, "group", None)
             if group is not None and getattr(self, "enable_storage", False):
                 group.interrupt()  # a thread draining its queue on stop waits for no peer
+            self.storage.epoch += 1
+            self._harness_gate.epoch = self.storage.epoch  # the threads reset() starts
             try:
                 super().reset()
             finally:
                 if group is not None and getattr(self, "enable_storage", False):
                     group.resume()
+            self.storage.name_queues()
             self._harness_gate.settle()  # the new epoch's threads, each at its queue
             backend = getattr(self, "storage_backend", None)
             take = getattr(backend, "take", None)
             if callable(take):
                 take()  # what the stopping threads did is no step's
-            self.storage.epoch += 1
 
         def prefetch(self, request_id: str, *args: Any) -> Any:
             """0.5.23: ``(rid, tokens, last_hash, prefix_keys)``; 0.5.10: ``(rid,

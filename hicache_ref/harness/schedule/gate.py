@@ -111,6 +111,7 @@ class StepGate:
         self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
         self.grants: list[GrantRecord] = []
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
+        self.puts: dict[str, list[Any]] = {}  # function -> what its current loop body put
 
     # -- the thread's side -------------------------------------------------------------------------
     def park(self, source: Any, thread: GatedThread, timeout: float | None) -> Any:
@@ -125,6 +126,11 @@ class StepGate:
         # stopping: take what is queued (a wake-up sentinel, or work upstream drains on stop),
         # else Empty at once, as its get would after its timeout (the thread then sees the stop)
         return queue.Queue.get(source, False)
+
+    def park_wait(self, thread: GatedThread, name: str) -> bool:
+        """A loop's wait for work that is not a served queue (the reference's executor): wait
+        for a grant; False when stopping (the loop then sees its stop)."""
+        return self._wait(thread, Point(WAIT, name)) is not None
 
     def park_point(self, thread: GatedThread, kind: str, detail: str) -> Grant:
         """A schedule point inside a loop body (only in a world with points): wait for a grant;
@@ -151,6 +157,11 @@ class StepGate:
             thread.epoch = self.epoch
             self.threads.append(thread)
             self._cond.notify_all()
+
+    def note_put(self, thread: GatedThread, item: Any) -> None:
+        """What ``thread``'s loop body put on a control queue (its iteration's result)."""
+        with self._cond:
+            self.puts.setdefault(thread.function, []).append(item)
 
     def record_error(self, thread: GatedThread, exc: BaseException) -> None:
         with self._cond:

@@ -84,3 +84,17 @@ def schedule_point(kind: str, detail: str = "") -> Grant:
         return Grant()
     grant: Grant = park(kind, detail)
     return grant
+
+
+THREAD_KINDS: dict[str, str] = {
+    "prefetch_thread_func": "hit_query",
+    "prefetch_io_aux_func": "io",
+    "prefetch_sync_thread_func": "sync",
+    "backup_thread_func": "backup",
+    "hit_query": "hit_query",
+    "io": "io",
+    "sync": "sync",
+    "backup": "backup",
+}
+"""A gated thread's function (upstream's thread function, or the reference's step kind) -> the
+storage step kind it runs (``StorageStepKind`` values)."""

@@ -61,6 +61,7 @@ from hicache_ref.harness.steps.rule_record import (
     pick_draw,
     undrained_loads,
 )
+from hicache_ref.harness.steps.schedule_rules import SCHEDULE_RECORDS
 from hicache_ref.harness.steps.storage_rules import STORAGE_RECORDS
 from hicache_ref.harness.steps.trace import StepArg
 from hicache_ref.oracle import ops as o
@@ -870,6 +871,7 @@ _RECORDS: tuple[RuleRecord, ...] = (
     RESET_IN_FLIGHT,
     NOOP,
     *STORAGE_RECORDS,  # the storage family (storage_rules.py)
+    *SCHEDULE_RECORDS,  # the schedule family (schedule_rules.py)
 )
 
 RULES: Mapping[str, RuleRecord] = MappingProxyType({r.name: r for r in _RECORDS})

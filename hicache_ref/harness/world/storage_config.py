@@ -1,4 +1,4 @@
-"""How a case draws its storage world: ranks, backend, faults, batch size and stop policy.
+"""How a case draws its storage world: ranks, backend, faults, batch size, stop policy, points.
 
 Only an implementation with the ``storage`` capability gets one (about half of its cases);
 the fields go into ``HarnessConfig``, so a trace header carries them and a replay rebuilds the
@@ -34,6 +34,7 @@ _BACKENDS = {
 _FAULTS = st.booleans()
 _BATCH_PAGES = st.sampled_from([1, 2, 4])
 _POLICIES = st.sampled_from(["best_effort", "wait_complete", "timeout"])
+_POINTS = st.booleans()
 
 
 @st.composite
@@ -50,6 +51,7 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
         "storage_faults": draw(_FAULTS),
         "storage_batch_pages": draw(_BATCH_PAGES),
         "storage_policy": draw(_POLICIES),
+        "storage_points": draw(_POINTS),
     }
 
 
