@@ -1,7 +1,8 @@
 """The storage tier's checkers by invariant id: ``STORAGE_CHECKS``.
 
 One checker per id (``check_inv_NN_<slug>``), each judging a ``StorageSnapshot``; the prefetch
-half lives in ``checks_storage_prefetch.py``, the backup and L3 half in ``checks_storage_l3.py``.
+half lives in ``checks_storage_prefetch.py``, the backup and L3 half in ``checks_storage_l3.py``,
+the windows inside a thread's loop body (INV-32 .. INV-35) in ``checks_storage_windows.py``.
 The registry (``registry.REGISTERED``) holds them beside the others; the harness's storage
 driver hands each ``STORAGE_IDS`` a snapshot after each storage step and at quiescence.
 """
@@ -28,6 +29,12 @@ from hicache_ref.invariants.checks_storage_prefetch import (
     check_inv_24_storage_epochs,
     check_inv_29_hit_endpoint,
 )
+from hicache_ref.invariants.checks_storage_windows import (
+    check_inv_32_acked_pages_readable,
+    check_inv_33_no_read_after_termination,
+    check_inv_34_no_progress_past_a_hole,
+    check_inv_35_no_old_epoch_thread,
+)
 from hicache_ref.invariants.evidence import Evidence
 
 StorageCheck = Callable[[Evidence], None]
@@ -47,6 +54,10 @@ STORAGE_CHECKS: Mapping[str, StorageCheck] = MappingProxyType(
         "INV-29": check_inv_29_hit_endpoint,
         "INV-30": check_inv_30_l3_bytes,
         "INV-31": check_inv_31_prefix_closed,
+        "INV-32": check_inv_32_acked_pages_readable,
+        "INV-33": check_inv_33_no_read_after_termination,
+        "INV-34": check_inv_34_no_progress_past_a_hole,
+        "INV-35": check_inv_35_no_old_epoch_thread,
     }
 )
 STORAGE_IDS = tuple(STORAGE_CHECKS)

@@ -19,7 +19,7 @@ The phases, in the order a case meets them:
 - ``RESET_IDS`` after ``reset``: nothing queued, pending or claimed (INV-18);
 - ``QUIESCENCE_IDS`` once every ack drained: no ack left (INV-16), every page free or owned
   once (INV-05), no per-layer write outliving its backup (INV-15);
-- ``STORAGE_IDS`` (INV-19 .. INV-31) after each storage step, each reset and at quiescence, over
+- ``STORAGE_IDS`` (INV-19 .. INV-35) after each storage step, each reset and at quiescence, over
   the storage tier's snapshot (``checks_storage*.py``).
 
 A checker is a pure function of its evidence: the session and the storage driver do not hand
@@ -445,7 +445,7 @@ REGISTERED: Mapping[str, Checker] = MappingProxyType(
         "INV-16": check_inv_16_acked_once,
         "INV-17": check_inv_17_refusal_changes_nothing,
         "INV-18": check_inv_18_reset_clean,
-        **STORAGE_CHECKS,  # INV-19 .. INV-31: the storage tier's, each over a StorageSnapshot
+        **STORAGE_CHECKS,  # INV-19 .. INV-35: the storage tier's, each over a StorageSnapshot
     }
 )
 """Every invariant id the harness checks, and its one checker."""

@@ -240,8 +240,10 @@ class FaultInjectingStorage(HiCacheStorage):
             or self._hits("get_fail", "fail_rate", key, attempt)
         ):
             kind = "get_fail"
-        elif self._take_key("short_read", key) or self._take_armed("short_read") or self._hits(
-            "short_read", "short_read_rate", key, attempt
+        elif (
+            self._take_key("short_read", key)
+            or self._take_armed("short_read")
+            or self._hits("short_read", "short_read_rate", key, attempt)
         ):
             kind = "short_read"
         if kind is not None:

@@ -43,6 +43,7 @@ from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, Stora
 from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.driver.storage_tree_0510 import PollStorageTree, PollTreeRank
+from hicache_ref.harness.driver.storage_windows import stale_grants
 from hicache_ref.harness.schedule.points import Grant
 from hicache_ref.harness.steps.outcome import Outcome, done, refused
 from hicache_ref.harness.world.recording_storage import BackendCall
@@ -100,6 +101,7 @@ class StorageDriver:
         self.gates_upstream = bool(getattr(implementation, "source_tree", ""))
         # schedule points: a step runs one thread kind to its next point (``storage_points.py``)
         self.points = PointSchedule(self.n) if self.config.storage_points else None
+        self.steps_run = 0  # the storage step clock (INV-33 orders reads after termination)
 
     def _tree_rank(self, cls: type[StorageTreeRank], rank: Any) -> Any:
         return cls(
@@ -238,6 +240,7 @@ class StorageDriver:
     def run_step(self, kind: StorageStepKind, grant: Grant | None = None, rank: int = 0) -> Outcome:
         from hicache_ref.harness.driver.storage_events import observe_polled_step
 
+        self.steps_run += 1
         if self.points is not None:
             return run_to_next_point(self, self.points, kind, grant or Grant(), rank)
 
@@ -501,6 +504,7 @@ class StorageDriver:
             quiescent=quiescent,
             just_reset=self.flags.pop("just_reset", False),
             detached=self.flags.pop("detached", False),
+            stale_grants=stale_grants(self.l3.tiers),
         )
         return snapshot
 

@@ -16,6 +16,11 @@ import torch
 
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.harness.driver.storage_log import PrefetchLog
+from hicache_ref.harness.driver.storage_windows import (
+    note_termination,
+    observe_reads,
+    read_acked_pages,
+)
 from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
 from hicache_ref.invariants.storage_snapshot import (
     BouncePageEvent,
@@ -113,6 +118,7 @@ def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str
         _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]), agreed)
     elif kind == "terminate" and log is not None:
         log.terminated_at = int(data["completed"])
+        note_termination(driver, rank, log.request_id)
     elif kind == "retire" and log is not None:
         log.retired = True
     elif kind == "verdict" and log is not None:
@@ -191,6 +197,7 @@ def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
         return
     backup.acks += 1
     backup.acked_tokens = int(op.completed_tokens)
+    read_acked_pages(driver, rank, op, backup.acked_tokens // driver.page)  # INV-32
     source = driver.sources[rank].pop(int(op.id), None)
     if source is not None:
         driver.l3.ranks[rank].host_pool.free(source)
@@ -209,7 +216,13 @@ def _on_backup_ack(driver: StorageDriver, rank: int, op: Any) -> None:
         chain.state = "stored" if pages == chain.pages else "partial" if pages else "none"
 
 
-def observe_calls(driver: StorageDriver, result: StepResult, calls: list[BackendCall]) -> None:
+def observe_calls(
+    driver: StorageDriver,
+    result: StepResult,
+    calls: list[BackendCall],
+    steps: list[int] | None = None,
+) -> None:
+    """One loop body's calls; ``steps``: the step each ran in (default: this one)."""
     rank, page = result.rank, driver.page
     if result.kind is StorageStepKind.HIT_QUERY:
         log = driver.log.prefetches[rank].get(result.request_id or "")
@@ -234,6 +247,8 @@ def observe_calls(driver: StorageDriver, result: StepResult, calls: list[Backend
         failed = any(c.raised for c in calls if c.kind == "exists")
         log.local_hit_tokens = 0 if failed else run * page
     elif result.kind is StorageStepKind.IO:
+        ran_in = steps if steps is not None else [driver.steps_run] * len(calls)
+        observe_reads(driver, rank, result.request_id, calls, ran_in)  # INV-33, INV-34
         for call in (c for c in calls if c.kind == "get"):
             for key, digest in zip(call.keys, call.digests, strict=True):
                 if digest is not None:

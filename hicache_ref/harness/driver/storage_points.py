@@ -43,7 +43,9 @@ class PointSchedule:
     """One case's point-level bookkeeping over every rank's tier."""
 
     def __init__(self, ranks: int) -> None:
-        self.pending: list[dict[StorageStepKind, list[BackendCall]]] = [{} for _ in range(ranks)]
+        self.pending: list[dict[StorageStepKind, list[tuple[BackendCall, int]]]] = [
+            {} for _ in range(ranks)
+        ]
         self.body_start: dict[tuple[int, StorageStepKind], int] = {}
 
     # -- who may move --------------------------------------------------------------------------
@@ -91,15 +93,16 @@ class PointSchedule:
             f = face(tier)
             f.hold, f.next_grant = set(), Grant()
 
-    def gather(self, rank: int, calls: list[BackendCall]) -> None:
-        """File a rank's new calls under the kind of the thread that made them."""
+    def gather(self, rank: int, calls: list[BackendCall], step: int) -> None:
+        """File a rank's new calls (run in ``step``) under the kind of the thread that made them."""
         for call in calls:
             kind = StorageStepKind(THREAD_KINDS.get(call.thread, "backup"))
-            self.pending[rank].setdefault(kind, []).append(call)
+            self.pending[rank].setdefault(kind, []).append((call, step))
 
-    def body_calls(self, result: StepResult) -> list[BackendCall]:
-        """The calls of the loop body that just ended on ``result``'s rank."""
-        return self.pending[result.rank].pop(result.kind, [])
+    def body_calls(self, result: StepResult) -> tuple[list[BackendCall], list[int]]:
+        """The calls of the loop body that just ended on ``result``'s rank, and their steps."""
+        got = self.pending[result.rank].pop(result.kind, [])
+        return [c for c, _ in got], [s for _, s in got]
 
     def released_since_body_start(self, tier: Any, result: StepResult) -> list[Any]:
         start = self.body_start.pop((result.rank, result.kind), 0)
@@ -128,13 +131,17 @@ def run_to_next_point(
     finally:
         points.after_step(tiers)
         for r in driver.l3.ranks:
-            points.gather(r.rank, r.recording.take() if r.recording is not None else [])
+            calls = r.recording.take() if r.recording is not None else []
+            points.gather(r.rank, calls, driver.steps_run)
+            if r.faults is not None:  # a page dropped mid-body is lost now, not at its end
+                driver.log.lost.update((r.rank, key) for key in r.faults.dropped_keys)
     polled = driver.polled is not None and kind is not StorageStepKind.BACKUP
     ended = []
     for result in results:
         if result.ran:
             ended.append(result.rank)
-            observe_calls(driver, result, points.body_calls(result))
+            calls, steps = points.body_calls(result)
+            observe_calls(driver, result, calls, steps)
             if polled:
                 released = points.released_since_body_start(tiers[result.rank], result)
                 observe_polled_step(driver, result, released)

@@ -111,8 +111,10 @@ class GatedExecutor(ThreadExecutor):
 
     # -- the harness's handles (through StepRunner.has_work / run_manual) ---------------------
     def position(self, kind: StorageStepKind) -> tuple[GatedThread, Point] | None:
+        """Where the ``kind`` thread parks: one parked inside its step first (of any epoch:
+        a thread a reset left behind is granted, and INV-35 names it), else the newest."""
         at = self.gate.positions(kind.value)
-        return at[0] if at else None
+        return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
 
     def has_work(self, kind: StorageStepKind) -> bool:
         at = self.position(kind)
