@@ -49,7 +49,7 @@ class Backup:
         try:
             if not tier.backup_skip:
                 self.page_backup_or_log(operation)
-        finally:
+        finally:  # after the write: every page the ack counts is in L3 (INV-32)
             tier.queues.ack_backup_queue.put(operation)
         return tier.result(
             self.kind, operation, tokens=operation.completed_tokens, acked=True, final=True

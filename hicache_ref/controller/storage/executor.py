@@ -116,7 +116,8 @@ class ThreadExecutor:
                     return
 
     def stop(self) -> None:
-        """Stop and join this epoch's threads; raise if one survives the bound."""
+        """Stop and join this epoch's threads; raise if one survives the bound (no thread of
+        this epoch, parked anywhere, runs in the next: INV-24, INV-35)."""
         self._stop_event.set()
         self.tier.queues.wake_all()
         for thread in self._threads:

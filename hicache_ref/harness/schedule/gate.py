@@ -15,7 +15,7 @@ them:
 - ``StepGate``: ``park`` / ``park_point`` (the thread's side), ``serve`` / ``resume`` (the
   harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
   ``grants``: the harness's own record of every grant (which thread, of which epoch, at which
-  point), which the window checks read (INV-36).
+  point), which the window checks read (INV-35).
 """
 
 from __future__ import annotations
