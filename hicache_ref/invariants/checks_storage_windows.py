@@ -25,7 +25,9 @@ from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
 
 IN_FLIGHT_READS = 1
 """Reads of a terminated prefetch that may still run: the one whose thread was parked at its
-call when the tree terminated it (its termination check had already passed)."""
+call when the tree terminated it (its termination check had already passed), or the first read
+of a transfer that had not read yet (an IO that looks at termination after each batch, as
+0.5.10's does, sees it only then)."""
 
 
 # -- INV-32 ---------------------------------------------------------------------------------------

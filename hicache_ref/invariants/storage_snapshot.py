@@ -196,7 +196,8 @@ class LateRead:
     rank: int
     request_id: str
     keys: tuple[str, ...]
-    in_flight: bool = False  # the IO was parked at this read's call when the tree terminated
+    in_flight: bool = False  # one read could still run: the IO was parked at its call when the
+    # tree terminated, or had not read the prefetch yet (it looks after a batch, 0.5.10)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class ServedQueue(queue.Queue[Any]):
         visible, in a world with points; any other put passes at once."""
         thread = threading.current_thread()
         gate = thread.gate if isinstance(thread, GatedThread) else None
-        if gate is not None and gate.points:
+        if gate is not None and gate.points and id(self) not in gate.unpointed:
             schedule_point(PUT, gate.queue_names.get(id(self), "queue"))
         super().put(item, block, timeout)
         if gate is not None:

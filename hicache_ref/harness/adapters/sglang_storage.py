@@ -114,13 +114,19 @@ class UpstreamTier:
         self.hold: set[StorageStepKind] = set()  # kinds whose thread waits at a collective
         self.next_grant = Grant()  # what the driver hands the next run_step (drawn outcome)
         self._current: dict[StorageStepKind, Any] = {}  # the item each loop body took
+        self.body_puts: dict[StorageStepKind, list[Any]] = {}  # what the last body put
 
     def name_queues(self) -> None:
-        """The gate names each control queue by its attribute (a point's detail in the trace)."""
+        """The gate names each control queue by its attribute (a point's detail in the trace).
+        0.5.10's threads put their releases on ``host_mem_release_queue`` as the last act of a
+        loop body, and its tree half (``storage_tree_0510``) learns the operation is done only
+        with the body's end: those puts are no schedule point (one grant does both)."""
         for name in CONTROL_QUEUES:
             q = getattr(self._controller, name, None)
             if q is not None:
                 self.gate.queue_names[id(q)] = name
+                if self.protocol == PROTOCOL_POLL and name == "host_mem_release_queue":
+                    self.gate.unpointed.add(id(q))
 
     @property
     def rank(self) -> int:
@@ -183,9 +189,10 @@ class UpstreamTier:
         item = self._current.pop(kind, None)
         if item is None:
             return StepResult(kind, self.rank, self.epoch)
+        self.body_puts[kind] = self.gate.puts.pop(THREAD_FUNCS[kind], [])
         if self.protocol == PROTOCOL_POLL and kind is not StorageStepKind.BACKUP:
             return self._polled_result(kind, item)
-        return self._result(kind, item, self.gate.puts.pop(THREAD_FUNCS[kind], []))
+        return self._result(kind, item, self.body_puts[kind])
 
     def _polled_result(self, kind: StorageStepKind, item: Any) -> StepResult:
         """0.5.10: the hit thread leaves the agreed hit in ``hash_value`` (empty when it

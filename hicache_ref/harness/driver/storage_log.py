@@ -144,7 +144,8 @@ class StorageLog:
     late_reads: list[LateRead] = field(default_factory=list)
     holes: list[ReadHole] = field(default_factory=list)
     terminated_step: dict[tuple[int, str], int] = field(default_factory=dict)
-    in_flight: set[tuple[int, str]] = field(default_factory=set)  # a read parked at termination
+    in_flight: set[tuple[int, str]] = field(default_factory=set)  # one read may still run
+    read_started: set[tuple[int, str]] = field(default_factory=set)  # the IO read its pages
 
     def __post_init__(self) -> None:
         self.forget_epoch([0] * self.ranks)
@@ -156,7 +157,7 @@ class StorageLog:
         self.acks = [[] for _ in range(self.ranks)]
         self.collective_base = list(collective_base)
         self.acked_reads, self.late_reads, self.holes = [], [], []
-        self.terminated_step, self.in_flight = {}, set()
+        self.terminated_step, self.in_flight, self.read_started = {}, set(), set()
 
     def use_key(self, use: KeyUse) -> None:
         if len(self.key_uses) >= LOG_RECORDS_MAX:

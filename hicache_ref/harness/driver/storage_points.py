@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from hicache_ref.controller.storage.lockstep import run_lockstep
 from hicache_ref.controller.storage.records import STEP_KINDS, StepResult, StorageStepKind
-from hicache_ref.harness.schedule.points import ALL_REDUCE, THREAD_KINDS, WAIT, Grant, Point
+from hicache_ref.harness.schedule.points import ALL_REDUCE, THREAD_KINDS, Grant, Point
 from hicache_ref.harness.steps.outcome import Outcome, done
 from hicache_ref.harness.world.recording_storage import BackendCall
 
@@ -46,7 +48,6 @@ class PointSchedule:
         self.pending: list[dict[StorageStepKind, list[tuple[BackendCall, int]]]] = [
             {} for _ in range(ranks)
         ]
-        self.body_start: dict[tuple[int, StorageStepKind], int] = {}
 
     # -- who may move --------------------------------------------------------------------------
     def holds(self, tiers: Sequence[Any], kind: StorageStepKind) -> list[bool]:
@@ -84,9 +85,6 @@ class PointSchedule:
             f = face(tier)
             f.hold = {kind} if held[r] else set()
             f.next_grant = grant if r == rank % len(tiers) else Grant()
-            at = position(tier, kind)
-            if at is not None and at.kind == WAIT:
-                self.body_start[(r, kind)] = len(getattr(tier, "release_queue_items", list)())
 
     def after_step(self, tiers: Sequence[Any]) -> None:
         for tier in tiers:
@@ -104,9 +102,10 @@ class PointSchedule:
         got = self.pending[result.rank].pop(result.kind, [])
         return [c for c, _ in got], [s for _, s in got]
 
-    def released_since_body_start(self, tier: Any, result: StepResult) -> list[Any]:
-        start = self.body_start.pop((result.rank, result.kind), 0)
-        return list(tier.release_queue_items())[start:]
+    def released_by_body(self, tier: Any, result: StepResult) -> list[Any]:
+        """The pages the body's own thread put on ``host_mem_release_queue`` (0.5.10's threads
+        release there; the tree may add its own releases while the body runs)."""
+        return [p for p in tier.body_puts.get(result.kind, []) if isinstance(p, torch.Tensor)]
 
     def forget_bodies(self, ranks: Sequence[Any]) -> None:
         """After a reset: the bodies the stop ran to their end belong to no step."""
@@ -114,7 +113,6 @@ class PointSchedule:
             if rank.recording is not None:
                 rank.recording.take()
         self.pending = [{} for _ in self.pending]
-        self.body_start.clear()
 
 
 def run_to_next_point(
@@ -123,6 +121,7 @@ def run_to_next_point(
     """Run every rank's ``kind`` thread to its next point (``grant`` on rank ``rank``, ``ok``
     elsewhere); observe each loop body that ended, with all of its calls."""
     from hicache_ref.harness.driver.storage_events import observe_calls, observe_polled_step
+    from hicache_ref.harness.driver.storage_windows import mark_reads
 
     tiers = driver.l3.tiers
     points.before_step(tiers, kind, grant, rank)
@@ -133,6 +132,7 @@ def run_to_next_point(
         for r in driver.l3.ranks:
             calls = r.recording.take() if r.recording is not None else []
             points.gather(r.rank, calls, driver.steps_run)
+            mark_reads(driver, r.rank, calls)  # before a later termination (INV-33)
             if r.faults is not None:  # a page dropped mid-body is lost now, not at its end
                 driver.log.lost.update((r.rank, key) for key in r.faults.dropped_keys)
     polled = driver.polled is not None and kind is not StorageStepKind.BACKUP
@@ -143,7 +143,7 @@ def run_to_next_point(
             calls, steps = points.body_calls(result)
             observe_calls(driver, result, calls, steps)
             if polled:
-                released = points.released_since_body_start(tiers[result.rank], result)
+                released = points.released_by_body(tiers[result.rank], result)
                 observe_polled_step(driver, result, released)
     at = [position(t, kind) for t in tiers]
     where = ", ".join("gone" if p is None else p.describe() for p in at)

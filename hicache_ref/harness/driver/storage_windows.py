@@ -27,18 +27,33 @@ if TYPE_CHECKING:
 
 
 def note_termination(driver: StorageDriver, rank: int, request_id: str) -> None:
-    """The step clock now, and whether the rank's IO thread is parked at a read's call (that
-    read is in flight: its termination check already passed)."""
+    """The step clock now, and whether one read may still run: the rank's IO thread is parked
+    at a read's call (its termination check already passed), or the IO has not read this
+    prefetch yet (an IO that looks after each batch, 0.5.10's, sees it only after one)."""
     key = (rank, request_id)
     if key in driver.log.terminated_step:
         return
     driver.log.terminated_step[key] = driver.steps_run
-    if driver.points is not None:
+    if key not in driver.log.read_started:
+        driver.log.in_flight.add(key)
+    elif driver.points is not None:
         from hicache_ref.harness.driver.storage_points import position
 
         at = position(driver.l3.tiers[rank], StorageStepKind.IO)
         if at is not None and at.kind == BATCH_GET:
             driver.log.in_flight.add(key)
+
+
+def mark_reads(driver: StorageDriver, rank: int, calls: Sequence[BackendCall]) -> None:
+    """The prefetches of ``rank`` whose pages a read touched (by the chain's keys), as the
+    calls run (under points a body's calls are observed only when it ends)."""
+    for call in calls:
+        if call.kind != "get":
+            continue
+        for log in driver.log.prefetches[rank].values():
+            chain = driver.chains.get(log.chain_uid)
+            if chain is not None and set(call.keys) & set(chain.keys):
+                driver.log.read_started.add((rank, log.request_id))
 
 
 def observe_reads(
@@ -52,6 +67,7 @@ def observe_reads(
     log = driver.log.prefetches[rank].get(request_id or "")
     if log is None:
         return
+    mark_reads(driver, rank, calls)
     terminated = driver.log.terminated_step.get((rank, log.request_id))
     chain = driver.chains.get(log.chain_uid)
     keys = list(chain.keys) if chain is not None else []
@@ -59,13 +75,13 @@ def observe_reads(
         if call.kind != "get":
             continue
         if terminated is not None and step > terminated:
-            key = (rank, log.request_id)
-            in_flight = key in driver.log.in_flight
-            driver.log.in_flight.discard(key)  # one read was in flight, and only the first
+            op_key = (rank, log.request_id)
+            in_flight = op_key in driver.log.in_flight
+            driver.log.in_flight.discard(op_key)  # one read may still run, and only the first
             driver.log.late_reads.append(LateRead(rank, log.request_id, call.keys, in_flight))
-        for key, digest in zip(call.keys, call.digests, strict=True):
-            if digest is None and key in keys:
-                driver.log.holes.append(ReadHole(rank, log.request_id, keys.index(key)))
+        for page_key, digest in zip(call.keys, call.digests, strict=True):
+            if digest is None and page_key in keys:
+                driver.log.holes.append(ReadHole(rank, log.request_id, keys.index(page_key)))
                 break
 
 

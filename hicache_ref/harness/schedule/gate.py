@@ -111,6 +111,7 @@ class StepGate:
         self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
         self.grants: list[GrantRecord] = []
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
+        self.unpointed: set[int] = set()  # id(queue) whose puts are no schedule point
         self.puts: dict[str, list[Any]] = {}  # function -> what its current loop body put
 
     # -- the thread's side -------------------------------------------------------------------------
