@@ -152,6 +152,10 @@ class UpstreamTier:
         at = self.gate.positions(THREAD_FUNCS[kind])
         return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
 
+    def current_request(self, kind: StorageStepKind) -> str | None:
+        """The request of the item the ``kind`` thread's body took (the harness served it)."""
+        return getattr(self._current.get(kind), "request_id", None)
+
     def has_work(self, kind: StorageStepKind) -> bool:
         at = self.position(kind) if self.gate.points else None
         if at is not None and at[1].kind != WAIT:

@@ -132,7 +132,9 @@ def run_to_next_point(
         for r in driver.l3.ranks:
             calls = r.recording.take() if r.recording is not None else []
             points.gather(r.rank, calls, driver.steps_run)
-            mark_reads(driver, r.rank, calls)  # before a later termination (INV-33)
+            io = [c for c in calls if THREAD_KINDS.get(c.thread) == StorageStepKind.IO.value]
+            current = face(tiers[r.rank]).current_request(StorageStepKind.IO)
+            mark_reads(driver, r.rank, current, io)  # before a later termination (INV-33)
             if r.faults is not None:  # a page dropped mid-body is lost now, not at its end
                 driver.log.lost.update((r.rank, key) for key in r.faults.dropped_keys)
     polled = driver.polled is not None and kind is not StorageStepKind.BACKUP

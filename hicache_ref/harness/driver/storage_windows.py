@@ -44,16 +44,13 @@ def note_termination(driver: StorageDriver, rank: int, request_id: str) -> None:
             driver.log.in_flight.add(key)
 
 
-def mark_reads(driver: StorageDriver, rank: int, calls: Sequence[BackendCall]) -> None:
-    """The prefetches of ``rank`` whose pages a read touched (by the chain's keys), as the
-    calls run (under points a body's calls are observed only when it ends)."""
-    for call in calls:
-        if call.kind != "get":
-            continue
-        for log in driver.log.prefetches[rank].values():
-            chain = driver.chains.get(log.chain_uid)
-            if chain is not None and set(call.keys) & set(chain.keys):
-                driver.log.read_started.add((rank, log.request_id))
+def mark_reads(
+    driver: StorageDriver, rank: int, request_id: str | None, calls: Sequence[BackendCall]
+) -> None:
+    """``request_id``'s IO read its pages on ``rank`` (if one of ``calls`` is a read), as the
+    calls run: under points a body's calls are observed only when it ends."""
+    if request_id is not None and any(call.kind == "get" for call in calls):
+        driver.log.read_started.add((rank, request_id))
 
 
 def observe_reads(
@@ -67,7 +64,7 @@ def observe_reads(
     log = driver.log.prefetches[rank].get(request_id or "")
     if log is None:
         return
-    mark_reads(driver, rank, calls)
+    mark_reads(driver, rank, log.request_id, calls)
     terminated = driver.log.terminated_step.get((rank, log.request_id))
     chain = driver.chains.get(log.chain_uid)
     keys = list(chain.keys) if chain is not None else []

@@ -116,6 +116,11 @@ class GatedExecutor(ThreadExecutor):
         at = self.gate.positions(kind.value)
         return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
 
+    def current_request(self, kind: StorageStepKind) -> str | None:
+        """The prefetch the IO step works on (the reference's transfer in progress)."""
+        transfer = self._tier.prefetch_io.current if kind is StorageStepKind.IO else None
+        return None if transfer is None else str(transfer.operation.request_id)
+
     def has_work(self, kind: StorageStepKind) -> bool:
         at = self.position(kind)
         if at is None:
