@@ -7,6 +7,8 @@ Its map, in the order one case flows through it:
   mutants, upstream SGLang and the seed fork read from a tree, upstream's storage backend);
 - ``world``: the simulated world of one case (``HarnessConfig``, pools, allocators, devices,
   the storage world and its recording backends) and the content oracle's bytes;
+- ``schedule``: schedule points: storage threads parked at every backend call, collective and
+  control-queue put, granted one at a time with a drawn outcome per backend call;
 - ``steps``: the rule table (``rules``: one ``RuleRecord`` per trace step, ``programs``: the
   compound stories), ``Session`` (a step's preconditions, the rule, then every check), traces
   and their replay;

@@ -4,7 +4,8 @@ In the order a step goes through them:
 
 - ``rule_record.RuleRecord``: everything one rule is (family, ``why_not``, ``process``,
   ``draw`` and its ``Param``s, the oracle translation, the CP-process schedule's weight, the
-  session's flags); ``rules`` and ``storage_rules``: every atomic record, defined once;
+  session's flags); ``rules``, ``storage_rules`` and ``schedule_rules`` (a parked storage
+  thread granted with a drawn backend outcome): every atomic record, defined once;
 - ``programs`` and ``storage_programs``: compound stories yielding atomic steps, shared by
   the Hypothesis machine and the CP-process schedule;
 - ``session.Session``: applies a step (pins, preconditions, the rule, then every check of its
