@@ -136,7 +136,12 @@ def on_storage_event(driver: StorageDriver, rank: int, kind: str, data: dict[str
         for each in logs.values():
             owned = [s for s in freed if s in each.owned_slots]
             if owned:
-                _give_back(each, owned, "free", each.final_acks > 0, driver.page)
+                # 0.5.10's terminate_prefetch freezes completed_tokens (increment refuses after
+                # it) and every page below it was set before it was counted: the tree owns
+                # [0:terminated_at) from then on, before the IO's body ends (schedule points)
+                frozen = each.terminated_at if driver.polled is not None else None
+                published = max(each.published_tokens, frozen or 0) if frozen else None
+                _give_back(each, owned, "free", each.final_acks > 0, driver.page, published)
                 driver.check()  # before the pool frees them: an IO may still write (INV-23)
     elif kind == "backup_ack":
         _on_backup_ack(driver, rank, data["operation"])
