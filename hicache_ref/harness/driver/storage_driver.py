@@ -100,7 +100,9 @@ class StorageDriver:
         # upstream's own code is under test (the gate): upstream's backend clear is drawn too
         self.gates_upstream = bool(getattr(implementation, "source_tree", ""))
         # schedule points: a step runs one thread kind to its next point (``storage_points.py``)
-        self.points = PointSchedule(self.n) if self.config.storage_points else None
+        self.points = (
+            PointSchedule(self.n, self.config.seed) if self.config.storage_points else None
+        )
         self.steps_run = 0  # the storage step clock (INV-33 orders reads after termination)
 
     def _tree_rank(self, cls: type[StorageTreeRank], rank: Any) -> Any:

@@ -23,6 +23,7 @@ import torch
 
 from hicache_ref.controller.storage.lockstep import run_lockstep
 from hicache_ref.controller.storage.records import STEP_KINDS, StepResult, StorageStepKind
+from hicache_ref.harness.schedule.pct import campaign_bias
 from hicache_ref.harness.schedule.points import ALL_REDUCE, THREAD_KINDS, Grant, Point
 from hicache_ref.harness.steps.outcome import Outcome, done
 from hicache_ref.harness.world.recording_storage import BackendCall
@@ -44,7 +45,8 @@ def position(tier: Any, kind: StorageStepKind) -> Point | None:
 class PointSchedule:
     """One case's point-level bookkeeping over every rank's tier."""
 
-    def __init__(self, ranks: int) -> None:
+    def __init__(self, ranks: int, seed: int = 0) -> None:
+        self.bias = campaign_bias(seed, [kind.value for kind in STEP_KINDS])  # PCT (campaign)
         self.pending: list[dict[StorageStepKind, list[tuple[BackendCall, int]]]] = [
             {} for _ in range(ranks)
         ]
@@ -64,6 +66,12 @@ class PointSchedule:
 
     def runnable(self, tiers: Sequence[Any]) -> list[StorageStepKind]:
         return [kind for kind in STEP_KINDS if self.movable(tiers, kind)]
+
+    def choose(self, runnable: Sequence[str], pick: int) -> str:
+        """Which thread kind runs next: PCT's under the campaign profile, else ``pick``'s."""
+        if self.bias is not None:
+            return self.bias.pick(runnable)
+        return str(runnable[pick % len(runnable)])
 
     def stuck_at_collective(self, tiers: Sequence[Any]) -> str | None:
         for kind in STEP_KINDS:

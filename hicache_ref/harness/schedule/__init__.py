@@ -9,7 +9,8 @@ In the order a grant flows:
   ``grants`` as the harness's record);
 - ``outcomes``: a backend point's outcome applied through the world's fault layer, and a
   deferred call's return point;
-- ``reference``: the reference tier's face (``GatedExecutor``: its four threads on the gate).
+- ``reference``: the reference tier's face (``GatedExecutor``: its four threads on the gate);
+- ``pct``: the ``campaign`` profile's PCT-style bias over which thread runs next.
 
 Upstream's face is ``harness/adapters/sglang_gate.py`` (served queues) with
 ``sglang_storage.UpstreamTier``; the rules that draw grants are

@@ -9,8 +9,9 @@ failure's minimal trace reads as the interleaving: "backup: batch_set (raise @0 
 put ack_backup_queue; drain_backup_acks; ...". Each step is an ordinary trace step, replayed
 without Hypothesis and shrunk by the minimizer like any other.
 
-Draws: the thread is uniform over those that can move (``pick``); the ``campaign`` profile's
-PCT-style bias (a few priority changes per case) is not built yet (issue 32).
+Draws: the thread is uniform over those that can move (``pick``); under the ``campaign``
+profile a PCT-style bias picks it (``harness/schedule/pct.py``: random priorities per case, a
+few priority changes).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def _choose(session: Session, drawn: Mapping[str, Any]) -> dict[str, StepArg] | 
         return None
     d = _driver(session)
     assert d is not None
+    assert d.points is not None
     return {
-        "thread": kinds[int(drawn["pick"]) % len(kinds)],
+        "thread": d.points.choose(kinds, int(drawn["pick"])),
         "outcome": str(drawn["outcome"]),
         "rank": int(drawn["rank"]) % d.n,
         "at": int(drawn["at"]),
