@@ -268,6 +268,10 @@ STEP_ARGUMENTS: dict[str, str] = {
     "request": "str",
     "kind": "str",
     "fault": "str",
+    # the schedule rule's (``harness/steps/schedule_rules.py``)
+    "thread": "str",
+    "outcome": "str",
+    "at": "int",
 }
 """The type of every step argument the rules read (``harness/steps/rules.py``): a wrong one is a bad
 trace, never a controller failure (tests/test_cli.py keeps this table complete)."""

@@ -85,6 +85,8 @@ CLASSIFIED_NOTHING = frozenset(
         "attach_storage",
         "clear_storage",
         "reset_storage_in_flight",
+        # a schedule point's grant: one storage thread to its next point, never a device stream
+        "schedule_point",
     }
 )
 QUEUES = ("write", "load")

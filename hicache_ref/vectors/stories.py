@@ -443,6 +443,7 @@ def _inv18_in_flight(r: Recorder) -> None:
     node_of(r, 4)
 
 
-# the bug-class and regression scenes, then the storage tier's (INV-19 .. INV-31)
+# the bug-class and regression scenes, then the storage tier's (INV-19 .. INV-35)
 import hicache_ref.vectors.stories_regressions  # noqa: E402
-import hicache_ref.vectors.stories_storage  # noqa: E402, F401
+import hicache_ref.vectors.stories_storage  # noqa: E402
+import hicache_ref.vectors.stories_windows  # noqa: E402, F401

@@ -59,7 +59,7 @@ class GatedThread(threading.Thread):
         self, *args: Any, gate: StepGate | None = None, function: str = "", **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        target = kwargs.get("target")
+        target = getattr(self, "_target", None)  # threading.Thread keeps its target there
         owner = getattr(target, "__self__", None)
         self.gate: StepGate | None = gate or getattr(owner, "_harness_gate", None)
         self.function = function or str(getattr(target, "__name__", ""))
