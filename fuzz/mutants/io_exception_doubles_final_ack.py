@@ -4,7 +4,9 @@ Re-creates the class of sglang#9971 / #36882 (an exception inside the loop body 
 acks): the handler of a failed read "finishes" the prefetch at once, and the ``finally`` after
 the last batch finishes it again, so the tree drains two final acks (and may release the bounce
 tail while the IO still owns it). Must be caught by INV-25 (exactly one final ack per prefetch,
-whatever raised where); schedule points draw the exception per call.
+whatever raised where); schedule points draw the exception per call. With two ranks the extra
+final ack of the rank that raised shifts its sync thread's reductions against its peer's: INV-21
+or INV-20 fires first.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import PrefetchOperation
 
 NAME = "io_exception_doubles_final_ack"
-INVARIANTS = ("INV-25", "INV-23", "INV-19")
+INVARIANTS = ("INV-25", "INV-23", "INV-19", "INV-21", "INV-20")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "sglang#9971, #36882 (class)"

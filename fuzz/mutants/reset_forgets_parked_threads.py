@@ -42,5 +42,5 @@ def implementation() -> MutantImplementation:
         Controller,
         NAME,
         capabilities=CAPABILITIES - {"cp"},
-        refine_config=storage_focus(storage_ranks=2, storage_points=True, storage_batch_pages=1),
+        refine_config=storage_focus(storage_ranks=1, storage_points=True, storage_batch_pages=1),
     )

@@ -92,7 +92,7 @@ def _inv34(r: Recorder) -> None:
     "story-inv35-reset-joins-a-thread-parked-mid-body",
     "INV-35",
     "a reset while the backup thread is parked at a batch_set: no old thread runs again",
-    **POINTS_WORLD,
+    **{**POINTS_WORLD, "storage_ranks": 1},
 )
 def _inv35(r: Recorder) -> None:
     r.apply("write_storage", {"pick": 1, "new": True}, note="a chain of two pages to back up")
