@@ -79,6 +79,9 @@ class GatedThread(threading.Thread):
         except BaseException as exc:  # kept for the step that ran this iteration
             if self.gate is not None:
                 self.gate.record_error(self, exc)
+        finally:
+            if self.gate is not None:
+                self.gate.exited(self)  # a grant waiting for this thread sees it end at once
 
     def join(self, timeout: float | None = None) -> None:
         """Joined by its stopper: only now does the parked thread see the stop."""
@@ -107,6 +110,7 @@ class StepGate:
         self._granted: dict[GatedThread, Grant] = {}
         self._errors: dict[GatedThread, BaseException] = {}
         self._released: set[GatedThread] = set()  # joined by upstream while stopping
+        self._exited: set[GatedThread] = set()  # left run(): no grant waits for them
         self._closing = False
         self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
         self.grants: list[GrantRecord] = []
@@ -163,6 +167,12 @@ class StepGate:
         """What ``thread``'s loop body put on a control queue (its iteration's result)."""
         with self._cond:
             self.puts.setdefault(thread.function, []).append(item)
+
+    def exited(self, thread: GatedThread) -> None:
+        """``thread`` is leaving ``run``: a grant waiting for it to park again stops waiting."""
+        with self._cond:
+            self._exited.add(thread)
+            self._cond.notify_all()
 
     def record_error(self, thread: GatedThread, exc: BaseException) -> None:
         with self._cond:
@@ -222,6 +232,7 @@ class StepGate:
         with self._cond:
             self.threads = [t for t in self.threads if t.is_alive()]
             self._released = {t for t in self._released if t.is_alive()}
+            self._exited = {t for t in self._exited if t.is_alive()}
 
     def serve(self, source: Any, what: str, rank: int = 0) -> None:
         """Grant one item of ``source`` to the thread parked on it; return once that thread
@@ -252,6 +263,7 @@ class StepGate:
                 lambda: (
                     (thread not in self._granted and thread in self._parked)
                     or not thread.is_alive()
+                    or thread in self._exited
                     or thread in self._errors
                 ),
                 timeout=STEP_TIMEOUT_S,
