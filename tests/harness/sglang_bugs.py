@@ -260,7 +260,8 @@ class PrefetchIoStopsAcking(PlantedBug):
         "                if hit_pages != len(batch_hashes):\n"
         "                    break  # BUG: no ack for this and later batches on this rank\n"
     )
-    INVARIANTS = ("INV-20", "INV-25")
+    INVARIANTS = ("INV-20", "INV-25", "INV-21")  # INV-21: under schedule points the tree drains
+    # the acks the ranks did publish, and they differ before a collective is missed
 
 
 # -- 0.5.23's storage tier: prefetch progress, verdicts, bounce ownership, reset (INV-21..24) -----
@@ -499,8 +500,8 @@ class IoExceptionDoublesFinalAck(PlantedBug):
         "completed_req=True, operation=operation))  # BUG\n"
         "                # Check termination\n"
     )
-    INVARIANTS = ("INV-25", "INV-23", "INV-19", "INV-20")  # INV-20: one rank raised, and its
-    # sync thread publishes the extra final ack where a peer reduces progress
+    INVARIANTS = ("INV-25", "INV-23", "INV-19", "INV-20", "INV-21")  # INV-20/21: one rank
+    # raised, and its sync thread publishes the extra final ack where a peer reduces progress
 
 
 class ResetLeavesBackupThread(PlantedBug):
