@@ -42,8 +42,8 @@ class BoundedQueue(Generic[T]):
     def put(self, item: T) -> None:
         """Append ``item``; raise ``StorageQueueOverflow`` if the queue is at its bound. From a
         gated storage thread of a harness world with schedule points, the put is a point the
-        thread parks at first (``harness/schedule/points.py``: its ``schedule_point``)."""
-        park = getattr(threading.current_thread(), "schedule_point", None)
+        thread parks at first (``harness/schedule/points.py``: its ``park_at_point``)."""
+        park = getattr(threading.current_thread(), "park_at_point", None)
         if park is not None:
             park("put", self.name)
         with self._cond:

@@ -164,8 +164,8 @@ class RankGroup:
     def all_reduce(self, rank: int, tensor: torch.Tensor, op: object, group: SyncGroup) -> None:
         """Rank ``rank``'s part of one reduction; writes the result into ``tensor``. A gated
         storage thread of a harness world with schedule points parks first (its
-        ``schedule_point``; the harness grants a collective on every rank at once)."""
-        park = getattr(threading.current_thread(), "schedule_point", None)
+        ``park_at_point``; the harness grants a collective on every rank at once)."""
+        park = getattr(threading.current_thread(), "park_at_point", None)
         if park is not None:
             park("all_reduce", group.name)
         reduce_op = as_reduce_op(op)

@@ -10,7 +10,7 @@ point to the next, and the same grants give the same run on any host. In the ord
 them:
 
 - ``GatedThread``: a thread that knows its gate (``gate=``, or its target's owner's
-  ``_harness_gate``: upstream's controller); it parks through ``schedule_point``, keeps its
+  ``_harness_gate``: upstream's controller); it parks through ``park_at_point``, keeps its
   exception for the grant that ran it, and sees a stop only once it is joined;
 - ``StepGate``: ``park`` / ``park_point`` (the thread's side), ``serve`` / ``resume`` (the
   harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
@@ -89,7 +89,7 @@ class GatedThread(threading.Thread):
             self.gate.release(self)
         super().join(timeout)
 
-    def schedule_point(self, kind: str, detail: str = "") -> Grant:
+    def park_at_point(self, kind: str, detail: str = "") -> Grant:
         """Park here until granted (``points.schedule_point``); a gate without points, or no
         gate, lets the thread pass."""
         if self.gate is None:

@@ -74,12 +74,12 @@ class Grant:
 
 def schedule_point(kind: str, detail: str = "") -> Grant:
     """Park the calling thread at a point if it is a gated storage thread of a world with
-    points (it has ``schedule_point``); any other thread (the tree's) passes at once. Code
+    points (it has ``park_at_point``); any other thread (the tree's) passes at once. Code
     that must not import the harness (the reference's queues and rank group) does the same
     ``getattr`` itself."""
     import threading
 
-    park = getattr(threading.current_thread(), "schedule_point", None)
+    park = getattr(threading.current_thread(), "park_at_point", None)
     if park is None:
         return Grant()
     grant: Grant = park(kind, detail)
