@@ -46,6 +46,10 @@ INVARIANT_TITLES: dict[str, str] = {
     "INV-29": "hit-endpoint",
     "INV-30": "l3-bytes",
     "INV-31": "l3-prefix-closed",
+    "INV-32": "acked-pages-readable",
+    "INV-33": "no-read-after-termination",
+    "INV-34": "no-progress-past-a-hole",
+    "INV-35": "no-old-epoch-thread",
     "INV-36": "pool-own-indices",
 }
 _ID_LINE = re.compile(r"^(INV-\d\d) ([a-z0-9-]+):")

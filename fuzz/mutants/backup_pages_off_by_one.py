@@ -3,7 +3,8 @@
 Re-creates the class of "a get right after a put reads wrong data" (Mooncake) and bug class 21
 (a page read back in the wrong format or position): what L3 returns under a key is not what was
 written for it. Must be caught by INV-30 (every page read back holds the bytes the oracle expects
-for its key). The focus draws batches of two pages.
+for its key), or by INV-32 when the tree drains the backup's ack before any read (the pages the
+ack counts read back from L3 with other bytes). The focus draws batches of two pages.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.pages import get_page_head
 
 NAME = "backup_pages_off_by_one"
-INVARIANTS = ("INV-30",)
+INVARIANTS = ("INV-30", "INV-32")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "Mooncake get-after-put wrong data; bug class 21"

@@ -4,8 +4,9 @@ Re-creates sglang#8901 (``completed_tokens`` raised before ``set_from_flat_data_
 the bytes, and a ``None`` page not handled): a page is counted before, here without, its bytes
 landing in the bounce buffer. Must be caught by INV-19 (published progress counts only pages
 whose bytes have landed): the storage driver compares the host bytes of every published page
-with its oracle when the progress ack is applied. The focus turns background faults on, so a
-read fails often.
+with its oracle when the progress ack is applied; or by INV-34 (no progress past a hole) when
+the page whose read failed is the first of the prefetch. The focus turns background faults on,
+so a read fails often.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hicache_ref.storage.operations import PrefetchOperation
 from hicache_ref.storage.pages import get_page_head
 
 NAME = "increment_before_page_data"
-INVARIANTS = ("INV-19",)
+INVARIANTS = ("INV-19", "INV-34")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "sglang#8901; bug class 13"

@@ -38,6 +38,7 @@ from hicache_ref.controller.operations import (
 )
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.controller.storage.collectives import Collectives
+from hicache_ref.controller.storage.executor import ExecutorFactory
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.controller.storage_facade import StorageFacade
 from hicache_ref.device.protocol import DeviceModule, StreamT
@@ -84,7 +85,7 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, ControllerStat
         *,
         device_module: DeviceModule | None = None,
         num_counters: int = 5,
-        storage_executor: str = "thread",
+        storage_executor: str | ExecutorFactory = "thread",
         storage_collectives: Collectives | None = None,
     ) -> None:
         from hicache_ref.pools.device_pool import NSATokenToKVPool

@@ -10,9 +10,11 @@ Its map, in the order one case flows through it:
 - ``driver``: the tree's state (``tree.TreeDriver``: SGLang's radix cache around the
   controller, its ack drains; ``storage_driver``: the L3 side, which extends the tree), and
   what they check as they go (byte checks, the free-slot and store watches);
+- ``schedule``: schedule points: storage threads parked at every backend call, collective and
+  control-queue put, granted one at a time with a drawn outcome per backend call;
 - ``rules``: one module per rule family (forward, write, load, evict, streams, misuse, reset,
-  storage), each rule's precondition, verb, oracle translation and ``RuleRecord`` together;
-  they see the case through ``rules.record.StepContext``, never the session itself;
+  storage, schedule), each rule's precondition, verb, oracle translation and ``RuleRecord``
+  together; they see the case through ``rules.record.StepContext``, never the session itself;
 - ``steps``: the compound stories (``programs``), ``Session`` (a step's preconditions, the
   rule, then every check), traces and their replay;
 - ``lockstep``: the pure oracle stepped beside every applied step, and oracle traces

@@ -23,7 +23,7 @@ The phases, in the order a case meets them (each checker's phase keyword orders 
 - ``RESET_IDS`` after ``reset``: nothing queued, pending or claimed (INV-18);
 - ``QUIESCENCE_IDS`` once every ack drained: no ack left (INV-16), every page free or owned
   once (INV-05), no per-layer write outliving its backup (INV-15);
-- ``STORAGE_IDS`` (INV-19 .. INV-31) after each storage step, each reset and at quiescence, over
+- ``STORAGE_IDS`` (INV-19 .. INV-35) after each storage step, each reset and at quiescence, over
   the storage tier's snapshot (``checks_storage*.py``).
 
 A checker is a pure function of its evidence: the session and the storage driver do not hand
@@ -42,7 +42,11 @@ from types import MappingProxyType, TracebackType
 import torch
 
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.invariants import checks_storage_l3, checks_storage_prefetch
+from hicache_ref.invariants import (
+    checks_storage_l3,
+    checks_storage_prefetch,
+    checks_storage_windows,
+)
 from hicache_ref.invariants._convert import shorten, to_ints
 from hicache_ref.invariants.checker import collect, phase_ids, registered
 from hicache_ref.invariants.checks_acks import (
@@ -464,7 +468,14 @@ def check_inv_36_pool_own_indices(evidence: Evidence) -> None:
     check_pool_indices_own(evidence.pool, pages, evidence.allocated, evidence.others, evidence.what)
 
 
-CHECKERS = collect([globals(), vars(checks_storage_prefetch), vars(checks_storage_l3)])
+CHECKERS = collect(
+    [
+        globals(),
+        vars(checks_storage_prefetch),
+        vars(checks_storage_l3),
+        vars(checks_storage_windows),
+    ]
+)
 """Every registered checker (``checker.registered``), in id order: the one home of each id."""
 REGISTERED: Mapping[str, Checker] = MappingProxyType({c.inv_id: c.check for c in CHECKERS})
 """Every invariant id the harness checks, and its one checker."""

@@ -177,6 +177,60 @@ class StaleAct:
 
 
 @dataclass(frozen=True)
+class AckedPageRead:
+    """INV-32: a page an acked backup counts, read back from L3 when the tree drained the ack."""
+
+    rank: int
+    op_id: int
+    content_key: str
+    digest: str | None  # what the store returned (None: nothing)
+    expected: str | None  # the oracle's digest of the page's prefix on this rank
+    lost: bool  # dropped or evicted by an injected fault the harness knows of
+
+
+@dataclass(frozen=True)
+class LateRead:
+    """INV-33: a backend read of a prefetch's pages that ran after the tree's
+    ``terminate_prefetch`` for it returned (the harness's step clock)."""
+
+    rank: int
+    request_id: str
+    keys: tuple[str, ...]
+    in_flight: bool = False  # one read could still run: the IO was parked at its call when the
+    # tree terminated, or had not read the prefetch yet (it looks after a batch, 0.5.10)
+
+
+@dataclass(frozen=True)
+class ReadHole:
+    """INV-34: the first page of a prefetch whose read came back with nothing (a hole)."""
+
+    rank: int
+    request_id: str
+    page: int
+
+
+@dataclass(frozen=True)
+class StaleGrant:
+    """INV-35: a grant the harness gave a parked storage thread started in an earlier epoch."""
+
+    rank: int
+    thread: str
+    thread_epoch: int
+    epoch: int
+    point: str
+
+
+@dataclass(frozen=True)
+class WindowEvidence:
+    """What the harness recorded about the windows inside a storage thread's loop body."""
+
+    acked_reads: tuple[AckedPageRead, ...] = ()
+    late_reads: tuple[LateRead, ...] = ()
+    holes: tuple[ReadHole, ...] = ()
+    stale_grants: tuple[StaleGrant, ...] = ()
+
+
+@dataclass(frozen=True)
 class StorageSnapshot:
     """Every rank's storage state, the harness's records and its L3 model, at one moment."""
 
@@ -194,3 +248,4 @@ class StorageSnapshot:
     quiescent: bool = False  # every storage queue drained and no step runnable
     just_reset: bool = False  # taken right after a reset (INV-24)
     detached: bool = False  # taken right after a detach (INV-24)
+    windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35

@@ -20,7 +20,9 @@ What can be injected, per page, in the order a page meets them:
 Pages are chosen by key (``str``) or by ordinal (``int``: the n-th page get, or n-th page set,
 this wrapper has seen, counting from 0), at random with the ``*_rate`` arguments, or one-shot:
 ``arm(kind, pages)`` makes the next ``pages`` page operations that kind can hit fail with it (a
-state machine's ``inject_fault`` step).
+state machine's ``inject_fault`` step); ``arm_key(kind, key)`` makes the next operation on one
+key fail with it, and ``evict(key)`` makes the page absent from now on for every read and query
+through this wrapper (a schedule point's drawn outcome, ``harness/schedule/outcomes.py``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ class FaultInjectingStorage(HiCacheStorage):
         self.fault_counts: dict[FaultKind, int] = dict.fromkeys(FAULT_KINDS, 0)
         self.dropped_keys: set[str] = set()
         self._armed: dict[FaultKind, int] = {}
+        self._armed_keys: set[tuple[FaultKind, str]] = set()
+        self.evicted: set[str] = set()
 
     def replay_line(self) -> str:
         """One line that rebuilds this wrapper's fault plan around the same inner backend."""
@@ -159,6 +163,23 @@ class FaultInjectingStorage(HiCacheStorage):
             raise HiCacheInputError(f"arm({kind!r}) needs pages >= 1, got {pages}")
         with self._lock:
             self._armed[kind] = self._armed.get(kind, 0) + pages
+
+    def arm_key(self, kind: FaultKind, key: str) -> None:
+        """The next page operation on ``key`` that ``kind`` applies to fails with it."""
+        with self._lock:
+            self._armed_keys.add((kind, key))
+
+    def evict(self, key: str) -> None:
+        """``key``'s page is gone from now on: queries miss it, reads return nothing."""
+        with self._lock:
+            self.evicted.add(key)
+
+    def _take_key(self, kind: FaultKind, key: str) -> bool:
+        with self._lock:
+            if (kind, key) in self._armed_keys:
+                self._armed_keys.discard((kind, key))
+                return True
+            return False
 
     def _take_armed(self, kind: FaultKind) -> bool:
         with self._lock:
@@ -198,7 +219,11 @@ class FaultInjectingStorage(HiCacheStorage):
         if self.delay_s_max and self._hits("delay", "delay_rate", f"{op}:{key}", attempt):
             self._record("delay", key, ordinal)
             time.sleep(self.delay_s_max * self._draw("delay-length", key, attempt))
-        if self._take_armed("raise") or self._hits("raise", "raise_rate", f"{op}:{key}", attempt):
+        if (
+            self._take_key("raise", key)
+            or self._take_armed("raise")
+            or self._hits("raise", "raise_rate", f"{op}:{key}", attempt)
+        ):
             self._record("raise", key, ordinal)
             raise InjectedBackendError(f"injected: the storage backend failed on {op}({key!r})")
 
@@ -209,12 +234,16 @@ class FaultInjectingStorage(HiCacheStorage):
         if (
             key in self._get_fail_keys
             or ordinal in self._get_fail_ordinals
+            or key in self.evicted
+            or self._take_key("get_fail", key)
             or self._take_armed("get_fail")
             or self._hits("get_fail", "fail_rate", key, attempt)
         ):
             kind = "get_fail"
-        elif self._take_armed("short_read") or self._hits(
-            "short_read", "short_read_rate", key, attempt
+        elif (
+            self._take_key("short_read", key)
+            or self._take_armed("short_read")
+            or self._hits("short_read", "short_read_rate", key, attempt)
         ):
             kind = "short_read"
         if kind is not None:
@@ -228,6 +257,7 @@ class FaultInjectingStorage(HiCacheStorage):
         if (
             key in self._set_fail_keys
             or ordinal in self._set_fail_ordinals
+            or self._take_key("set_fail", key)
             or self._take_armed("set_fail")
             or self._hits("set_fail", "fail_rate", key, attempt)
         ):
@@ -295,10 +325,14 @@ class FaultInjectingStorage(HiCacheStorage):
             with self._lock:
                 self.dropped_keys.add(key)
             return True
-        return self.inner.set(key, value, target_location, target_sizes)
+        stored = self.inner.set(key, value, target_location, target_sizes)
+        if stored:
+            with self._lock:
+                self.evicted.discard(key)  # written again: present from now on
+        return stored
 
     def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
+        return key not in self.evicted and self.inner.exists(key)
 
     def batch_exists(
         self, keys: Sequence[str], extra_info: HiCacheStorageExtraInfo | None = None
@@ -306,12 +340,14 @@ class FaultInjectingStorage(HiCacheStorage):
         for i, key in enumerate(keys):
             ordinal, attempt = self._next("exists", key)
             self._before_call("exists", key, ordinal, attempt)
-            if self._take_armed("exists_miss") or self._hits(
-                "exists_miss", "miss_rate", key, attempt
+            if (
+                self._take_key("exists_miss", key)
+                or self._take_armed("exists_miss")
+                or self._hits("exists_miss", "miss_rate", key, attempt)
             ):
                 self._record("exists_miss", key, ordinal)
                 return i
-            if not self.inner.exists(key):
+            if key in self.evicted or not self.inner.exists(key):
                 return i
         return len(keys)
 

@@ -40,7 +40,12 @@ class BoundedQueue(Generic[T]):
         self._wakeups = 0
 
     def put(self, item: T) -> None:
-        """Append ``item``; raise ``StorageQueueOverflow`` if the queue is at its bound."""
+        """Append ``item``; raise ``StorageQueueOverflow`` if the queue is at its bound. From a
+        gated storage thread of a harness world with schedule points, the put is a point the
+        thread parks at first (``harness/schedule/points.py``: its ``park_at_point``)."""
+        park = getattr(threading.current_thread(), "park_at_point", None)
+        if park is not None:
+            park("put", self.name)
         with self._cond:
             # Verify the bound: beyond it the consumer has stopped draining
             if len(self._items) >= self.capacity:

@@ -260,7 +260,8 @@ class PrefetchIoStopsAcking(PlantedBug):
         "                if hit_pages != len(batch_hashes):\n"
         "                    break  # BUG: no ack for this and later batches on this rank\n"
     )
-    INVARIANTS = ("INV-20", "INV-25")
+    INVARIANTS = ("INV-20", "INV-25", "INV-21")  # INV-21: under schedule points the tree drains
+    # the acks the ranks did publish, and they differ before a collective is missed
 
 
 # -- 0.5.23's storage tier: prefetch progress, verdicts, bounce ownership, reset (INV-21..24) -----
@@ -527,3 +528,98 @@ BUGS_0523_SIDES: tuple[type[PlantedBug], ...] = (
 )
 """Planted in 0.5.23's side-pool code (``HostPoolGroup``, ``HybridCacheController``): caught
 once the gate draws independent side pools (``pool_group="swa"``)."""
+
+
+# -- 0.5.23's storage threads inside one loop body (issue 32): caught under schedule points -------
+class BackupAcksBeforeWrite(PlantedBug):
+    NAME = "backup_acks_before_write"
+    BUG_CLASS = "storage windows"
+    DESCRIPTION = (
+        "the backup thread puts its ack before it writes the pages, so the tree drains it and "
+        "frees the source pages while the write has not run (sglang#39701's window)"
+    )
+    OLD = (
+        "                if not self.backup_skip:\n"
+        "                    self._page_backup_or_log(operation)\n"
+        "                self.ack_backup_queue.put(operation)\n"
+    )
+    NEW = (
+        "                self.ack_backup_queue.put(operation)  # BUG: acked before the write\n"
+        "                if not self.backup_skip:\n"
+        "                    self._page_backup_or_log(operation)\n"
+    )
+    INVARIANTS = ("INV-26", "INV-32")  # INV-26: drained before the body ended, nothing stored
+
+
+class IoIgnoresTermination(PlantedBug):
+    NAME = "io_ignores_termination"
+    BUG_CLASS = "storage windows"
+    DESCRIPTION = (
+        "the IO loop never looks at termination between batches, so an aborted prefetch goes "
+        "on reading into the bounce buffer the tree settled (sglang#16747, #31296)"
+    )
+    OLD = "            if all_success and operation.is_terminated():\n                all_success = False\n"
+    NEW = "            if False:  # BUG: termination is never looked at\n                all_success = False\n"
+    INVARIANTS = ("INV-33",)
+
+
+class IoCountsPastHole(PlantedBug):
+    NAME = "io_counts_past_hole"
+    BUG_CLASS = "storage windows"
+    DESCRIPTION = (
+        "the generic page get goes on past a page that did not come back and counts the pages "
+        "after it (LMCache #2966's class)"
+    )
+    OLD = (
+        "                )\n"
+        "                break\n"
+        "            if operation.is_terminated():\n"
+        "                break\n"
+    )
+    NEW = OLD.replace(
+        "                )\n                break\n",
+        "                )\n                continue  # BUG\n",
+        1,
+    )
+    INVARIANTS = ("INV-34", "INV-19")  # INV-19: the counted page's bytes never landed
+
+
+class IoExceptionDoublesFinalAck(PlantedBug):
+    NAME = "io_exception_doubles_final_ack"
+    BUG_CLASS = "storage windows"
+    DESCRIPTION = (
+        "a backend exception inside the IO loop also sends the final ack from its handler, so "
+        "the prefetch gets two (the finally sends the other; sglang#9971's class)"
+    )
+    OLD = "                    hit_pages = 0\n                # Check termination\n"
+    NEW = (
+        "                    hit_pages = 0\n"
+        "                    self.prefetch_sync_queue.put(PrefetchAck(rid=operation.request_id, "
+        "completed_req=True, operation=operation))  # BUG\n"
+        "                # Check termination\n"
+    )
+    INVARIANTS = ("INV-25", "INV-23", "INV-19", "INV-20", "INV-21")  # INV-20/21: one rank
+    # raised, and its sync thread publishes the extra final ack where a peer reduces progress
+
+
+class ResetLeavesBackupThread(PlantedBug):
+    NAME = "reset_leaves_backup_thread"
+    BUG_CLASS = "storage windows"
+    DESCRIPTION = (
+        "reset() stops but never joins the backup thread, so one parked inside its loop body "
+        "runs again in the next epoch (sglang#36882's class)"
+    )
+    OLD = '        if hasattr(self, "backup_thread"):\n            threads.append(self.backup_thread)\n'
+    NEW = '        if hasattr(self, "backup_thread"):\n            pass  # BUG: never joined\n'
+    INVARIANTS = ("INV-35", "INV-24")
+
+
+BUGS_0523_WINDOWS: tuple[type[PlantedBug], ...] = (
+    BackupAcksBeforeWrite,
+    IoIgnoresTermination,
+    IoCountsPastHole,
+    IoExceptionDoublesFinalAck,
+    ResetLeavesBackupThread,
+)
+"""Planted inside one loop body of 0.5.23's storage threads: caught once the gate draws schedule
+points (``storage_points``), each window class of issue 32."""

@@ -6,7 +6,12 @@ import inspect
 import re
 from pathlib import Path
 
-from hicache_ref.invariants import checks_storage_l3, checks_storage_prefetch, registry
+from hicache_ref.invariants import (
+    checks_storage_l3,
+    checks_storage_prefetch,
+    checks_storage_windows,
+    registry,
+)
 from hicache_ref.invariants.registry import REGISTERED
 
 IDS_FILE = Path(__file__).resolve().parents[2] / "specs" / "invariant_ids.txt"
@@ -30,7 +35,7 @@ def test_every_checker_cites_the_invariant_it_is_registered_for() -> None:
 
 
 def test_every_check_inv_function_is_registered() -> None:
-    modules = [registry, checks_storage_l3, checks_storage_prefetch]
+    modules = [registry, checks_storage_l3, checks_storage_prefetch, checks_storage_windows]
     public = {
         name
         for module in modules

@@ -20,7 +20,9 @@ Its map, in the order a prefetch and a backup flow through it (SGLang 0.5.23's p
   fails on any asymmetry or deadlock);
 - ``executor``: ``ThreadExecutor`` (four threads per epoch) and ``ManualExecutor``;
   ``lockstep``: one step on every rank of a group at once, and a reset or detach of all ranks;
-- ``records``: ``StorageStepKind`` and ``StepResult``; ``config``: what the backend is told.
+- ``records``: ``StorageStepKind`` and ``StepResult``; ``config``: what the backend is told;
+- ``ports``: the narrow views of the tier each step, the runner, the executors and a detach
+  take (so none of them imports ``tier.py``).
 """
 
 from hicache_ref.controller.storage.collectives import (

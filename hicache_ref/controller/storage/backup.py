@@ -24,7 +24,7 @@ from hicache_ref.storage.operations import StorageOperation
 from hicache_ref.storage.pages import get_page_head
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import StepTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -34,7 +34,7 @@ class Backup:
 
     kind = StorageStepKind.BACKUP
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: StepTier) -> None:
         self.tier = tier
 
     def has_work(self) -> bool:
@@ -49,7 +49,7 @@ class Backup:
         try:
             if not tier.backup_skip:
                 self.page_backup_or_log(operation)
-        finally:
+        finally:  # after the write: every page the ack counts is in L3 (INV-32)
             tier.queues.ack_backup_queue.put(operation)
         return tier.result(
             self.kind, operation, tokens=operation.completed_tokens, acked=True, final=True

@@ -162,7 +162,12 @@ class RankGroup:
 
     # -- all_reduce --------------------------------------------------------------------------------
     def all_reduce(self, rank: int, tensor: torch.Tensor, op: object, group: SyncGroup) -> None:
-        """Rank ``rank``'s part of one reduction; writes the result into ``tensor``."""
+        """Rank ``rank``'s part of one reduction; writes the result into ``tensor``. A gated
+        storage thread of a harness world with schedule points parks first (its
+        ``park_at_point``; the harness grants a collective on every rank at once)."""
+        park = getattr(threading.current_thread(), "park_at_point", None)
+        if park is not None:
+            park("all_reduce", group.name)
         reduce_op = as_reduce_op(op)
         values = tuple(int(v) for v in tensor.reshape(-1).tolist())
         deadline = time.monotonic() + self.timeout_s

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from hicache_ref.controller.storage.collectives import StorageInterrupted
@@ -22,7 +23,7 @@ from hicache_ref.controller.storage.records import STEP_KINDS, THREAD_NAMES, Sto
 from hicache_ref.errors import InvariantViolation
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import ExecutorTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -48,7 +49,7 @@ class ManualExecutor:
 
     name = "manual"
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: ExecutorTier) -> None:
         self.tier = tier
 
     def start(self, epoch: int) -> None:
@@ -66,7 +67,7 @@ class ThreadExecutor:
 
     name = "thread"
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: ExecutorTier) -> None:
         self.tier = tier
         self._threads: list[threading.Thread] = []
         self._stop_event = threading.Event()
@@ -80,18 +81,20 @@ class ThreadExecutor:
                 "(stop and join every thread before starting new ones)",
             )
         self._stop_event = threading.Event()
-        rank = self.tier.collectives.rank
-        self._threads = [
-            threading.Thread(
-                target=self.run_loop,
-                args=(kind, epoch, self._stop_event),
-                name=f"{THREAD_NAMES[kind]}-r{rank}-e{epoch}",
-                daemon=True,
-            )
-            for kind in STEP_KINDS
-        ]
+        self._threads = [self.make_thread(kind, epoch, self._stop_event) for kind in STEP_KINDS]
         for thread in self._threads:
             thread.start()
+
+    def make_thread(
+        self, kind: StorageStepKind, epoch: int, stop: threading.Event
+    ) -> threading.Thread:
+        """The ``kind`` thread of ``epoch`` (a harness's executor makes threads it can park)."""
+        return threading.Thread(
+            target=self.run_loop,
+            args=(kind, epoch, stop),
+            name=f"{THREAD_NAMES[kind]}-r{self.tier.collectives.rank}-e{epoch}",
+            daemon=True,
+        )
 
     def run_loop(self, kind: StorageStepKind, epoch: int, stop: threading.Event) -> None:
         """One storage thread: run ``kind`` steps of ``epoch`` until stopped."""
@@ -113,7 +116,8 @@ class ThreadExecutor:
                     return
 
     def stop(self) -> None:
-        """Stop and join this epoch's threads; raise if one survives the bound."""
+        """Stop and join this epoch's threads; raise if one survives the bound (no thread of
+        this epoch, parked anywhere, runs in the next: INV-24, INV-35)."""
         self._stop_event.set()
         self.tier.queues.wake_all()
         for thread in self._threads:
@@ -128,9 +132,16 @@ class ThreadExecutor:
         return [thread.name for thread in self._threads if thread.is_alive()]
 
 
-def make_executor(name: str, tier: StorageTier) -> StorageExecutor:
+ExecutorFactory = Callable[["ExecutorTier"], "StorageExecutor"]
+"""An executor built for a tier by its caller (the harness's gated executor)."""
+
+
+def make_executor(name: str | ExecutorFactory, tier: ExecutorTier) -> StorageExecutor:
+    """A named executor, or the one a factory builds for ``tier`` (the harness's gated one)."""
     from hicache_ref.errors import UnknownOptionError
 
+    if callable(name):
+        return name(tier)
     if name == "thread":
         return ThreadExecutor(tier)
     if name == "manual":

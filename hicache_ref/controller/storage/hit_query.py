@@ -22,7 +22,7 @@ from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import PrefetchOperation
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import StepTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -32,7 +32,7 @@ class HitQuery:
 
     kind = StorageStepKind.HIT_QUERY
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: StepTier) -> None:
         self.tier = tier
 
     def has_work(self) -> bool:

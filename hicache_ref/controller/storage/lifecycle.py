@@ -12,13 +12,13 @@ from hicache_ref.errors import HiCacheInputError
 from hicache_ref.storage.backend import HiCacheStorage
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import DetachTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 IDLE_POLL_S = 0.002
 
 
-def finish_pending_work(tier: StorageTier) -> None:
+def finish_pending_work(tier: DetachTier) -> None:
     """Run (manual) or wait for (threads) every queued step, so each op reaches its final ack
     (INV-24: detach leaves no operation in flight)."""
     if tier.executor.name == "thread":

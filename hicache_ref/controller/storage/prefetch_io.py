@@ -27,7 +27,7 @@ from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation
 from hicache_ref.storage.pages import get_page_head, require_page_aligned
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import StepTier
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -48,7 +48,7 @@ class PrefetchIO:
 
     kind = StorageStepKind.IO
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: StepTier) -> None:
         self.tier = tier
         self.current: Transfer | None = None
 
@@ -115,7 +115,7 @@ class PrefetchIO:
         batch_hashes = operation.hash_value[
             transfer.next_page : transfer.next_page + tier.storage_batch_size
         ]
-        if transfer.all_success and operation.is_terminated():
+        if transfer.all_success and operation.is_terminated():  # before every read (INV-33)
             transfer.all_success = False
         if transfer.all_success and batch_hashes:
             host_indices = operation.host_indices
@@ -184,7 +184,7 @@ class PrefetchIO:
         count = 0
         for i, key in enumerate(hash_values):
             data = page_data[i] if i < len(page_data) else None
-            if data is None:
+            if data is None:  # a hole: nothing after it is counted (INV-34)
                 logger.info("prefetch %s: page %s not retrieved", operation.request_id, key)
                 break
             if operation.is_terminated():

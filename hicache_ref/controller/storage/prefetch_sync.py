@@ -19,7 +19,7 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.operations import PrefetchAck
 
 if TYPE_CHECKING:
-    from hicache_ref.controller.storage.tier import StorageTier
+    from hicache_ref.controller.storage.ports import StepTier
 
 
 class PrefetchSync:
@@ -27,7 +27,7 @@ class PrefetchSync:
 
     kind = StorageStepKind.SYNC
 
-    def __init__(self, tier: StorageTier) -> None:
+    def __init__(self, tier: StepTier) -> None:
         self.tier = tier
 
     def has_work(self) -> bool:

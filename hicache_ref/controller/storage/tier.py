@@ -31,6 +31,7 @@ from hicache_ref.controller.storage.config import (
     generate_storage_config,
 )
 from hicache_ref.controller.storage.executor import (
+    ExecutorFactory,
     StorageExecutor,
     make_executor,
 )
@@ -71,7 +72,7 @@ class StorageTier:
         mem_pool_device: object,
         page_size: int,
         *,
-        executor: str = "thread",
+        executor: str | ExecutorFactory = "thread",
         collectives: Collectives | None = None,
         pp_rank: int = 0,
         pp_size: int = 1,
@@ -90,8 +91,8 @@ class StorageTier:
         self.pp_rank, self.pp_size = pp_rank, pp_size
         self.enable_storage_metrics = enable_storage_metrics
         self.uses_cp_hicache = uses_cp_hicache
-        self.executor_name = executor
         self.executor: StorageExecutor = make_executor(executor, self)
+        self.executor_name = executor if isinstance(executor, str) else self.executor.name
         self.enable_storage = False
         self.storage_backend: HiCacheStorage | None = None
         self.storage_backend_type: str | None = None

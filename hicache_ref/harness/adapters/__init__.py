@@ -1,4 +1,27 @@
-"""Implementations under test, behind one seam (``base.Implementation``)."""
+"""Implementations under test, behind one seam (``base.Implementation``).
+
+The seam, and how an implementation is found:
+
+- ``base``: ``Implementation`` (capabilities, ``build``), ``ControllerLike``, the per-rank
+  snapshot the checks read; ``contract``: the hooks an adapter must and may define;
+- ``registry``: implementations by name (``reference``, mutants, ``sglang``, ``seed``);
+- ``reference``: this project's controller; ``mutant``: it with one seeded bug from
+  ``fuzz/mutants/``; ``unfenced``: fences that do not fence (the stream-order mutants).
+
+The gate on upstream's own code, in the order a gate uses the modules:
+
+1. ``sglang_releases`` / ``sglang_tree``: which release, and its unpacked tree;
+2. ``sglang_stubs``: the tree as the ``sglang`` package, the controller's other imports stubbed
+   (``sglang_hashes``: the tree's page-key hash functions without its kernels);
+3. ``sglang``: ``SglangImplementation``, the controller file executed once per world;
+   ``sglang_shapes``: the shims per release shape; ``sglang_group``: 0.5.19+'s hybrid
+   controller over a ``HostPoolGroup``;
+4. in a storage world, ``sglang_storage``: upstream's controller subclassed for the storage
+   driver (``storage_controller_class``, ``UpstreamTier``), whose threads park at the thread
+   gate (``sglang_gate``: served queues, gated threads, ``StepGate``) under the storage world's
+   process group, attach and backend factory (``sglang_world``); ``upstream_storage``:
+   upstream's own file backend behind this project's interface.
+"""
 
 from hicache_ref.harness.adapters.base import (
     CAPABILITIES,

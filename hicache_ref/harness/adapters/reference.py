@@ -8,6 +8,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
 from hicache_ref.harness.adapters.contract import ImplementationBase
+from hicache_ref.harness.schedule.reference import gated_executor
 
 
 class ReferenceImplementation(ImplementationBase):
@@ -29,6 +30,8 @@ class ReferenceImplementation(ImplementationBase):
             draft_mem_pool_device=request.draft_device_pool,
             device_module=request.device_module,
             num_counters=request.config.num_counters,
-            storage_executor="manual",  # the harness steps the storage threads' loop bodies
+            # the harness steps the storage threads' loop bodies, or (schedule points) grants
+            # the tier's own gated threads one point at a time
+            storage_executor=gated_executor() if request.config.storage_points else "manual",
             storage_collectives=cast(Collectives | None, request.storage_collectives),
         )

@@ -50,6 +50,7 @@ from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.harness.adapters.base import CAPABILITIES, GROUP_CAPABILITIES, BuildRequest
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.sglang_group import build_group_controller
+from hicache_ref.harness.adapters.sglang_hashes import tree_hash_functions
 from hicache_ref.harness.adapters.sglang_shapes import (
     L2AllocatorShim,
     detect_shape,
@@ -61,10 +62,9 @@ from hicache_ref.harness.adapters.sglang_storage import (
     build_storage_controller,
     has_ack_protocol,
     supports_storage,
-    tree_hash_functions,
 )
 from hicache_ref.harness.adapters.sglang_stubs import (
-    CURRENT_DEVICE,
+    device_module_for,
     install_group_stubs,
     install_stubs,
 )
@@ -147,13 +147,10 @@ class ControllerSource:
         if self._last is not None and self._last[0] is device:
             return self._last[1]
         install_stubs(self.tree)
-        CURRENT_DEVICE[0] = device
         modules: dict[str, types.ModuleType] = {}
-        try:
+        with device_module_for(device):
             for name, path, code in self.codes:
                 modules[name] = _exec_module(name, path, code)
-        finally:
-            CURRENT_DEVICE[0] = None
         check_controller_module(modules[CONTROLLER_MODULE], self.path)
         self._last = (device, modules)
         return modules
@@ -334,6 +331,7 @@ class SglangImplementation(ImplementationBase):
                 write_policy="write_through",
                 io_backend=request.config.io_backend,
                 collectives=request.storage_collectives,
+                schedule_points=request.config.storage_points,
             )
         else:
             controller = module.HiCacheController(
@@ -388,6 +386,7 @@ class SeedImplementation(SglangImplementation):
                 write_policy="write_through",
                 io_backend=request.config.io_backend,
                 collectives=request.storage_collectives,
+                schedule_points=request.config.storage_points,
                 **kwargs,
             )
         controller = module.HiCacheController(

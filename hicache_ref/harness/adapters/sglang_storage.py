@@ -1,4 +1,4 @@
-"""Upstream's own storage threads, one loop iteration at a time, under the harness's storage world.
+"""Upstream's storage controller under the harness: the class factory and its tier's face.
 
 0.5.10's controller has three storage threads (``prefetch_thread_func`` starts
 ``prefetch_io_aux_func`` itself; no sync thread, no PrefetchAck: ``ACK_PROTOCOL_FUNC``), and its
@@ -7,68 +7,46 @@ protocol (``driver/storage_tree_0510.py``; ``UpstreamTier.protocol``). SGLang 0.
 controller runs its L3 tier on four threads (``prefetch_thread_func``,
 ``prefetch_io_aux_func``, ``prefetch_sync_thread_func``, ``backup_thread_func``), each a loop
 whose body starts with a blocking ``get`` on its queue. The gate runs those real functions on
-real threads, but every such ``get`` is *served* by the harness (``StepGate``): a thread parks
-at its ``get`` until the machine's ``storage_step`` grants it one item, runs one loop body of
-upstream's code, and parks again at its next ``get``. So a step is exactly one iteration of
-upstream's loop, and the machine draws the interleaving of the four threads, as it does for the
-reference's manual executor. Nothing of upstream's logic is rewritten here; what this module adds,
-in the order a case meets it:
+real threads whose ``get``s the harness serves (``sglang_gate.py``), under the storage world's
+process group (``sglang_world.py``). Nothing of upstream's logic is rewritten here; this module
+adds, in the order a case meets them:
 
-- ``ServedQueue`` / ``GatedThread``: the module's ``Queue`` and ``threading.Thread`` (a thread's
-  exception is kept for the step that ran it, so an ``InvariantViolation`` raised in upstream's
-  collective reaches the machine; a parked thread sees a stop only once upstream joins it, so a
-  thread its stopper forgets sleeps through the stop, as with an unlucky ``get(timeout=1)``);
-- ``harness_torch``: the module's ``torch``, whose ``distributed`` serves upstream's
-  ``get_world_size`` / ``all_reduce`` / ``destroy_process_group`` on ``tp_group`` handles
-  (``TpHandle``) backed by the storage world's ``RankGroup``, which records every collective per
-  rank and fails on any asymmetry (INV-20); ``create_custom_parallel_group`` (upstream's gloo
-  sync groups) and ``get_parallel`` (the rank's TP coordinates for its storage config) answer
-  per rank while that rank attaches;
 - ``storage_controller_class``: upstream's ``HiCacheController`` subclassed with the shapes the
   harness's tree half calls (``storage`` for the lockstep driver, keys for ``write_storage``
   computed with the tree's hash functions as upstream's radix cache does, ``is_prefetch_complete``
   as 0.5.23's radix cache decides it, ``alloc_prefetch_host_buffers`` where 0.5.20 - 0.5.21's
   radix cache allocates the bounce buffer itself, ``prefetch`` in either release's signature,
-  ``clear_storage_backend`` as the clear endpoint runs it);
+  ``clear_storage_backend`` as the clear endpoint runs it); the module's ``Queue``,
+  ``threading`` and ``torch`` become the served queue, the gated thread and the harness's
+  process group;
 - ``UpstreamTier``: what the storage driver reads as ``controller.storage``.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import hashlib
 import logging
 import queue
 import threading
 import types
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hicache_ref.controller.storage.collectives import (
-    PREFETCH_COMPLETION,
-    PREFETCH_HITS,
-    RankCollectives,
-    SingleRank,
-    StorageInterrupted,
-    SyncGroup,
-)
+from hicache_ref.controller.storage.collectives import SingleRank, SyncGroup
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
-from hicache_ref.errors import HiCacheSetupError, InvariantViolation
+from hicache_ref.harness.adapters.sglang_gate import (
+    GatedThread,
+    GateStopEvent,
+    ServedQueue,
+    StepGate,
+)
+from hicache_ref.harness.adapters.sglang_hashes import page_keys_function
+from hicache_ref.harness.adapters.sglang_world import TpHandle, attaching, harness_torch
+from hicache_ref.harness.schedule.points import ALL_REDUCE, WAIT, Grant, Point
 
-STEP_TIMEOUT_S = 20.0
-"""How long a served step may run (a collective's own timeout, 5 s, fires well before)."""
-PARK_TIMEOUT_S = 10.0
-"""How long a step waits for its thread to reach its ``get`` (right after attach or reset)."""
-PARK_POLL_S = 1.0
-"""A parked thread re-checks its stop this often even unwoken (a grant or a stop wakes it)."""
-SYNC_GROUP_NAMES = (PREFETCH_HITS, PREFETCH_COMPLETION)
-"""0.5.23's attach creates the hit-query groups, then the completion groups, in that order."""
 THREAD_FUNCS: dict[StorageStepKind, str] = {
     StorageStepKind.HIT_QUERY: "prefetch_thread_func",
     StorageStepKind.IO: "prefetch_io_aux_func",
@@ -100,13 +78,6 @@ Without it (0.5.10) the tree allocates the whole prefetch up front, reads ``comp
 off the operation and reduces it itself (``PROTOCOL_POLL``, ``driver/storage_tree_0510.py``)."""
 PROTOCOL_ACK = "ack"
 PROTOCOL_POLL = "poll"
-TP_COORDINATES = (
-    "get_tensor_model_parallel_rank",
-    "get_tensor_model_parallel_world_size",
-    "get_attention_tp_rank",
-    "get_attention_tp_size",
-)
-"""What 0.5.10's storage config reads for the rank (0.5.16+ read ``get_parallel()``)."""
 
 
 def supports_storage(module: types.ModuleType) -> bool:
@@ -119,459 +90,14 @@ def has_ack_protocol(cls: type[Any]) -> bool:
     return callable(getattr(cls, ACK_PROTOCOL_FUNC, None))
 
 
-# -- served queues and gated threads --------------------------------------------------------------
-class GatedThread(threading.Thread):
-    """A storage thread of upstream's controller: its ``get``s are served by its gate."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        target = kwargs.get("target")
-        owner = getattr(target, "__self__", None)
-        self.gate: StepGate | None = getattr(owner, "_harness_gate", None)
-        self.function = str(getattr(target, "__name__", ""))
-
-    def start(self) -> None:
-        """Started, then known to its gate: a thread created but not started yet is not alive,
-        and one upstream starts from another storage thread (0.5.10's IO thread) registers
-        under the gate's lock, so ``forget_dead`` never drops it."""
-        super().start()
-        if self.gate is not None:
-            self.gate.register(self)
-
-    def run(self) -> None:
-        try:
-            super().run()
-        except BaseException as exc:  # kept for the step that ran this iteration
-            if self.gate is not None:
-                self.gate.record_error(self, exc)
-
-    def join(self, timeout: float | None = None) -> None:
-        """Upstream joins a thread it stopped: only now does the parked thread see the stop."""
-        if self.gate is not None:
-            self.gate.release(self)
-        super().join(timeout)
-
-
-class ServedQueue(queue.Queue[Any]):
-    """``queue.Queue`` whose blocking ``get`` from a gated storage thread waits for the harness."""
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        thread = threading.current_thread()
-        if not isinstance(thread, GatedThread) or thread.gate is None or not block:
-            return super().get(block, timeout)
-        return thread.gate.park(self, thread, timeout)
-
-
-class StepGate:
-    """Where one controller's storage threads park, and the harness grants one iteration."""
-
-    def __init__(self, stop_event: Callable[[], bool]) -> None:
-        self._stopping = stop_event
-        self._cond = threading.Condition()
-        self.threads: list[GatedThread] = []
-        self._parked: dict[GatedThread, ServedQueue] = {}
-        self._granted: set[GatedThread] = set()
-        self._errors: dict[GatedThread, BaseException] = {}
-        self._released: set[GatedThread] = set()  # joined by upstream while stopping
-        self._closing = False
-        self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
-
-    def park(self, source: ServedQueue, thread: GatedThread, timeout: float | None) -> Any:
-        """Wait for a grant. A stop ends the wait only for a thread upstream joins (or when the
-        world goes): upstream's ``get(timeout=1)`` poll is taken as not firing within the stop,
-        so a thread its stopper never joins sleeps through it, the schedule that exposes a
-        missing join (F23); every thread a stopper joins sees the stop at once, as before."""
-        with self._cond:
-            self._parked[thread] = source
-            self._cond.notify_all()
-            while thread not in self._granted:
-                if self._stopping() and (thread in self._released or self._closing):
-                    self._parked.pop(thread, None)
-                    self._cond.notify_all()
-                    break
-                self._cond.wait(PARK_POLL_S)  # woken by a grant or a stop (GateStopEvent)
-            else:
-                self._granted.discard(thread)
-                self._parked.pop(thread, None)
-                return source.get_nowait()
-        # stopping: take what is queued (a wake-up sentinel, or work upstream drains on stop),
-        # else Empty at once, as its get would after its timeout (the thread then sees the stop)
-        return queue.Queue.get(source, False)
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-    def register(self, thread: GatedThread) -> None:
-        with self._cond:
-            self.threads.append(thread)
-            self._cond.notify_all()
-
-    def release(self, thread: GatedThread) -> None:
-        """``thread`` is being joined: once stopped, it leaves its park."""
-        with self._cond:
-            self._released.add(thread)
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        """The world is gone: every parked thread sees the stop (no step follows)."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-
-    def record_error(self, thread: GatedThread, exc: BaseException) -> None:
-        with self._cond:
-            self._errors[thread] = exc
-            self._cond.notify_all()
-
-    def serves(self, function: str) -> bool:
-        """Whether a live thread runs upstream's ``function`` (its queue can still be served)."""
-        with self._cond:
-            return any(t.function == function and t.is_alive() for t in self.threads)
-
-    def settle(self) -> None:
-        """Wait until every live thread upstream started waits at its queue (or exited): a
-        thread that starts another (0.5.10's prefetch thread starts its IO thread) registers it
-        before it parks, so the next step meets every thread at its ``get``, whatever the host's
-        load. Without it a reset right after attach raced the IO thread's start: started after
-        the stop, it exited at once instead of parking, and F23 replayed one time in three."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: all(t in self._parked or not t.is_alive() for t in self.threads),
-                timeout=PARK_TIMEOUT_S,
-            )
-
-    def alive(self) -> list[str]:
-        with self._cond:
-            return [t.name for t in self.threads if t.is_alive()]
-
-    def forget_dead(self) -> None:
-        with self._cond:
-            self.threads = [t for t in self.threads if t.is_alive()]
-            self._released = {t for t in self._released if t.is_alive()}
-
-    def serve(self, source: ServedQueue, what: str, rank: int = 0) -> None:
-        """Grant one item of ``source`` to the thread parked on it; return once that thread
-        finished the loop body (parked again, or exited). Its exception, if any, is raised."""
-        with self._cond:
-            thread = self._wait_parked(source, what)
-            self._granted.add(thread)
-            self._cond.notify_all()
-            ended = self._cond.wait_for(
-                lambda: (
-                    (thread not in self._granted and thread in self._parked)
-                    or not thread.is_alive()
-                    or thread in self._errors
-                ),
-                timeout=STEP_TIMEOUT_S,
-            )
-            error = self._errors.pop(thread, None)
-            state = (
-                f"{thread.name}: alive={thread.is_alive()} granted={thread in self._granted} "
-                f"parked={thread in self._parked}"
-            )
-        if isinstance(error, InvariantViolation):
-            raise error  # a harness check inside the iteration (the rank group's collectives)
-        if error is not None and not isinstance(error, StorageInterrupted):
-            # upstream's thread died of it, as it would in production: nothing serves its queue
-            # again (has_work), so the op it held and every one queued after it never acks
-            self.deaths.append(f"{thread.function}: {type(error).__name__}: {error}")
-            raise InvariantViolation(
-                "INV-25",
-                f"rank {rank}: upstream's {thread.function} died of {type(error).__name__} "
-                f"({error}) in one {what} iteration; nothing serves its queue again, so its "
-                "operation and every one queued after it are never acked (exactly one ack per "
-                "operation, whatever the backend does; sglang#38427)",
-            )
-        # Verify the iteration ended: a thread stuck inside upstream's loop body is a hang
-        if not ended:
-            raise InvariantViolation(
-                "INV-20",
-                f"upstream's {what} thread did not finish one loop iteration within "
-                f"{STEP_TIMEOUT_S:g} s (a wait inside its loop body that no rank answers; {state})",
-            )
-
-    def _wait_parked(self, source: ServedQueue, what: str) -> GatedThread:
-        def parked() -> GatedThread | None:
-            return next((t for t, q in self._parked.items() if q is source), None)
-
-        self._cond.wait_for(lambda: parked() is not None, timeout=PARK_TIMEOUT_S)
-        thread = parked()
-        if thread is None:
-            raise HiCacheSetupError(
-                f"no upstream {what} thread waits on its queue (it exited or never started); "
-                "the gate can only step a live storage thread"
-            )
-        return thread
-
-
-class GateStopEvent(threading.Event):
-    """Upstream's ``storage_stop_event``: setting it also wakes every parked thread at once."""
-
-    def __init__(self, gate: StepGate) -> None:
-        super().__init__()
-        self._gate = weakref.ref(gate)
-
-    def set(self) -> None:
-        super().set()
-        gate = self._gate()
-        if gate is not None:
-            gate.wake()
-
-
-# -- the harness process group ------------------------------------------------------------------
-class TpHandle:
-    """What upstream holds as ``tp_group`` (and as each gloo sync group): one rank's view of the
-    storage world's ``RankGroup``, under one group name."""
-
-    def __init__(self, collectives: RankCollectives | SingleRank, name: SyncGroup) -> None:
-        self.collectives = collectives
-        self.name = name
-
-    def sync_group(self, name: SyncGroup) -> TpHandle:
-        return TpHandle(self.collectives, name)
-
-
-class _HarnessDistributed:
-    """``torch.distributed`` as upstream's controller calls it, on ``TpHandle`` groups."""
-
-    ReduceOp = torch.distributed.ReduceOp
-    ProcessGroup = object
-
-    @staticmethod
-    def _handle(group: object, what: str) -> TpHandle:
-        if not isinstance(group, TpHandle):
-            raise HiCacheSetupError(
-                f"upstream called torch.distributed.{what} on {group!r}, not a harness group"
-            )
-        return group
-
-    def get_world_size(self, group: object = None) -> int:
-        return int(self._handle(group, "get_world_size").collectives.world_size)
-
-    def get_rank(self, group: object = None) -> int:
-        return int(self._handle(group, "get_rank").collectives.rank)
-
-    def get_process_group_ranks(self, group: object) -> list[int]:
-        return list(range(self.get_world_size(group)))
-
-    def all_reduce(self, tensor: torch.Tensor, op: object = None, group: object = None) -> None:
-        handle = self._handle(group, "all_reduce")
-        handle.collectives.all_reduce(tensor, op if op is not None else "sum", handle.name)
-
-    def destroy_process_group(self, group: object = None) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch.distributed, name)
-
-
-class _HarnessTorch:
-    """The controller module's ``torch``: the real one, but ``distributed`` is the harness's."""
-
-    distributed = _HarnessDistributed()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-
-harness_torch = _HarnessTorch()
-
-_ATTACHING: list[TpHandle | None] = [None]
-"""The rank attaching now (the world attaches its ranks one after another, on one thread)."""
-_CREATED: list[int] = [0]
-
-
-def create_custom_parallel_group(group_ranks: Sequence[int], backend: str = "gloo") -> TpHandle:
-    """Upstream's gloo sync group of the rank attaching now: its view under the group's name."""
-    handle = _ATTACHING[0]
-    if handle is None:
-        raise HiCacheSetupError("the gate runs TP 1: a custom parallel group was asked for")
-    name = SYNC_GROUP_NAMES[_CREATED[0] % len(SYNC_GROUP_NAMES)]
-    _CREATED[0] += 1
-    return handle.sync_group(name)
-
-
-def _rank_parallel(handle: TpHandle) -> types.SimpleNamespace:
-    rank, size = int(handle.collectives.rank), int(handle.collectives.world_size)
-    return types.SimpleNamespace(
-        tp_rank=rank,
-        tp_size=size,
-        pp_rank=0,
-        pp_size=1,
-        attn_tp_rank=rank,
-        attn_tp_size=size,
-        attn_dp_rank=0,
-        attn_dp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        attn_dcp_rank=0,
-        attn_dcp_size=1,
-    )
-
-
-@contextmanager
-def attaching(module: types.ModuleType, handle: TpHandle, tree: Path) -> Iterator[None]:
-    """While ``handle``'s rank attaches: its sync groups and TP coordinates answer for it, and
-    ``import sglang...`` resolves against its own tree again (a storage world running
-    upstream's file backend from another release installs that release's modules)."""
-    from hicache_ref.harness.adapters.sglang_stubs import install_stubs
-
-    install_stubs(tree)
-    coordinates = _rank_parallel(handle)
-    answers: dict[str, Callable[[], Any]] = {
-        "get_parallel": lambda: coordinates,
-        "get_tensor_model_parallel_rank": lambda: coordinates.tp_rank,
-        "get_tensor_model_parallel_world_size": lambda: coordinates.tp_size,
-        "get_attention_tp_rank": lambda: coordinates.attn_tp_rank,
-        "get_attention_tp_size": lambda: coordinates.attn_tp_size,
-    }
-    saved = {name: module.__dict__[name] for name in answers if name in module.__dict__}
-    _ATTACHING[0], _CREATED[0] = handle, 0
-    install_storage_factory()  # again: loading upstream's file backend remakes the package
-    module.__dict__.update({name: answers[name] for name in saved})
-    try:
-        yield
-    finally:
-        module.__dict__.update(saved)
-        _ATTACHING[0] = None
-
-
-# -- the tree's hash functions ----------------------------------------------------------------
-UTILS_RELPATH = Path("sglang/srt/mem_cache/utils.py")
-HASH_FUNCTIONS = ("get_hash_str", "storage_namespace_seed", "get_storage_hash_str")
-
-
-def _python_native_hash(
-    token_ids: Any, prior_digest: bytes | None, page_size: int | None = None
-) -> str | list[str]:
-    """What the tree's C++ ``get_native_hash`` computes for plain token lists: SHA-256 over the
-    prior digest and each token as 4 little-endian bytes, one digest per page when
-    ``page_size`` is given, each chained from the last (the gate builds no C++ extension)."""
-    tokens = [int(t) for t in token_ids]
-
-    def digest(chunk: Sequence[int], prior: bytes | None) -> bytes:
-        hasher = hashlib.sha256()
-        if prior:
-            hasher.update(prior)
-        for t in chunk:
-            hasher.update(t.to_bytes(4, "little", signed=False))
-        return hasher.digest()
-
-    if page_size is None:
-        return digest(tokens, prior_digest).hex()
-    keys: list[str] = []
-    prior = prior_digest
-    for start in range(0, len(tokens) - len(tokens) % page_size, page_size):
-        prior = digest(tokens[start : start + page_size], prior)
-        keys.append(prior.hex())
-    return keys
-
-
-@functools.cache
-def tree_hash_functions(tree: Path) -> dict[str, Any]:
-    """The tree's own ``get_hash_str`` / ``get_storage_hash_str`` (read from its ``utils.py``,
-    which imports kernels the gate does not load), over the Python stand-in for its native hash."""
-    path = tree / UTILS_RELPATH
-    if not path.is_file():
-        raise HiCacheSetupError(f"the sglang tree lacks {path}; gate a complete unpacked tree")
-    parsed = ast.parse(path.read_text(), str(path))
-    wanted: list[ast.stmt] = [
-        n for n in parsed.body if isinstance(n, ast.FunctionDef) and n.name in HASH_FUNCTIONS
-    ]
-    if len(wanted) != len(HASH_FUNCTIONS):
-        raise HiCacheSetupError(f"{path} lacks one of {HASH_FUNCTIONS}; its storage is not driven")
-    namespace: dict[str, Any] = {"get_native_hash": _python_native_hash, "hashlib": hashlib}
-    exec("from __future__ import annotations\nfrom typing import *\n", namespace)
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)
-    return {name: namespace[name] for name in HASH_FUNCTIONS}
-
-
-def _page_keys_function(tree: Path) -> Callable[[list[Any], str | None, int], list[str]]:
-    """The keys of a node's pages as the tree's radix cache computes them: 0.5.20+'s
-    ``get_storage_hash_str`` over all pages, or 0.5.10's ``get_hash_str`` chained page by page
-    (``hicache_storage.py``, loaded by the stubs)."""
-    import sys
-
-    try:
-        storage_hash = tree_hash_functions(tree)["get_storage_hash_str"]
-    except HiCacheSetupError:
-        storage_hash = None
-    if storage_hash is not None:
-        return lambda tokens, prior, page: list(storage_hash(tokens, prior, page_size=page))
-    get_hash_str = sys.modules["sglang.srt.mem_cache.hicache_storage"].__dict__["get_hash_str"]
-
-    def chained(tokens: list[Any], prior: str | None, page: int) -> list[str]:
-        keys: list[str] = []
-        for start in range(0, len(tokens) - len(tokens) % page, page):
-            prior = str(get_hash_str(tokens[start : start + page], prior))
-            keys.append(prior)
-        return keys
-
-    return chained
-
-
-# -- the backend factory upstream's attach imports -----------------------------------------------
-class _UpstreamFacingBackend:
-    """This project's backend (the world's recording layer) as upstream's attach calls it:
-    0.5.23 also calls ``on_host_pools_registered()``, which our interface does not have."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def on_host_pools_registered(self) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class UpstreamFacingFactory:
-    """``sglang.srt.mem_cache.storage.StorageBackendFactory``: this project's factory, handed
-    upstream's ``HiCacheStorageConfig`` as ours (the fields both have)."""
-
-    @staticmethod
-    def create_backend(name: str, config: Any, mem_pool_host: Any = None) -> Any:
-        import dataclasses
-
-        from hicache_ref.storage.backend import HiCacheStorageConfig
-        from hicache_ref.storage.factory import StorageBackendFactory
-
-        ours = {f.name for f in dataclasses.fields(HiCacheStorageConfig)}
-        values = {k: v for k, v in vars(config).items() if k in ours}
-        values["extra_config"] = dict(values.get("extra_config") or {})
-        backend = StorageBackendFactory.create_backend(
-            name, HiCacheStorageConfig(**values), mem_pool_host
-        )
-        return _UpstreamFacingBackend(backend)
-
-
-def install_storage_factory() -> None:
-    """What upstream's attach imports: the backend factory, and the pool class its storage
-    config tests the device pool against."""
-    import sys
-
-    name = "sglang.srt.mem_cache.storage"
-    module = sys.modules.get(name)
-    if module is None:
-        module = types.ModuleType(name)
-        module.__path__ = []
-        sys.modules[name] = module
-    module.__dict__["StorageBackendFactory"] = UpstreamFacingFactory
-    pools = "sglang.srt.mem_cache.deepseek_v4_memory_pool"  # imported by the storage config
-    if pools not in sys.modules:  # its kernels are not loaded; the gate's pools are none of it
-        stub = types.ModuleType(pools)
-        stub.__dict__["DeepSeekV4TokenToKVPool"] = type("DeepSeekV4TokenToKVPool", (), {})
-        sys.modules[pools] = stub
-
-
 # -- the controller, and its tier as the driver reads it --------------------------------------------
 class _Executor:
     name = "manual"  # the harness serves every step (lockstep.detach_ranks runs them)
 
 
 class UpstreamTier:
-    """``controller.storage`` for the storage driver: upstream's threads, served step by step."""
+    """``controller.storage`` for the storage driver: upstream's threads, served step by step
+    (with schedule points, point by point: ``position``, ``hold``, ``run_step(kind, grant)``)."""
 
     executor = _Executor()
 
@@ -585,6 +111,22 @@ class UpstreamTier:
         self.epoch = 0
         self.live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.queues = types.SimpleNamespace(sizes=self.queue_sizes)
+        self.hold: set[StorageStepKind] = set()  # kinds whose thread waits at a collective
+        self.next_grant = Grant()  # what the driver hands the next run_step (drawn outcome)
+        self._current: dict[StorageStepKind, Any] = {}  # the item each loop body took
+        self.body_puts: dict[StorageStepKind, list[Any]] = {}  # what the last body put
+
+    def name_queues(self) -> None:
+        """The gate names each control queue by its attribute (a point's detail in the trace).
+        0.5.10's threads put their releases on ``host_mem_release_queue`` as the last act of a
+        loop body, and its tree half (``storage_tree_0510``) learns the operation is done only
+        with the body's end: those puts are no schedule point (one grant does both)."""
+        for name in CONTROL_QUEUES:
+            q = getattr(self._controller, name, None)
+            if q is not None:
+                self.gate.queue_names[id(q)] = name
+                if self.protocol == PROTOCOL_POLL and name == "host_mem_release_queue":
+                    self.gate.unpointed.add(id(q))
 
     @property
     def rank(self) -> int:
@@ -605,7 +147,19 @@ class UpstreamTier:
         q = getattr(self._controller, SOURCE_QUEUES[kind], None)
         return q if isinstance(q, ServedQueue) else None
 
+    def position(self, kind: StorageStepKind) -> tuple[GatedThread, Point] | None:
+        """Where the ``kind`` thread parks (mid-body first, else its wait), or None."""
+        at = self.gate.positions(THREAD_FUNCS[kind])
+        return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
+
+    def current_request(self, kind: StorageStepKind) -> str | None:
+        """The request of the item the ``kind`` thread's body took (the harness served it)."""
+        return getattr(self._current.get(kind), "request_id", None)
+
     def has_work(self, kind: StorageStepKind) -> bool:
+        at = self.position(kind) if self.gate.points else None
+        if at is not None and at[1].kind != WAIT:
+            return True
         q = self._source(kind)
         return (
             self.enable_storage
@@ -617,19 +171,32 @@ class UpstreamTier:
     def has_any_work(self) -> bool:
         return any(self.has_work(kind) for kind in SOURCE_QUEUES)
 
-    def run_step(self, kind: StorageStepKind) -> StepResult:
-        """One iteration of upstream's ``kind`` thread, on the item at the head of its queue."""
-        q = self._source(kind)
-        if q is None or not self.has_work(kind):
+    def run_step(self, kind: StorageStepKind, grant: Grant | None = None) -> StepResult:
+        """One iteration of upstream's ``kind`` thread, on the item at the head of its queue;
+        with schedule points, its run to its next point (the iteration's result once it ended,
+        else an idle one)."""
+        at = self.position(kind) if self.gate.points else None
+        if at is not None and at[1].kind != WAIT:
+            if kind in self.hold and at[1].kind == ALL_REDUCE:
+                return StepResult(kind, self.rank, self.epoch)  # a peer is not there yet
+            self.gate.resume(at[0], grant or self.next_grant, kind.value, self.rank)
+        else:
+            q = self._source(kind)
+            if q is None or not self.has_work(kind):
+                return StepResult(kind, self.rank, self.epoch)
+            self._current[kind] = q.queue[0]
+            self.gate.puts.pop(THREAD_FUNCS[kind], None)
+            self.gate.serve(q, kind.value, self.rank)
+        at = self.position(kind) if self.gate.points else None
+        if at is not None and at[1].kind != WAIT:
+            return StepResult(kind, self.rank, self.epoch)  # parked inside its loop body
+        item = self._current.pop(kind, None)
+        if item is None:
             return StepResult(kind, self.rank, self.epoch)
-        item = q.queue[0]
-        out = getattr(self._controller, "prefetch_sync_queue", None)
-        out = out if kind is StorageStepKind.IO else None
-        before = len(out.queue) if out is not None else 0
-        self.gate.serve(q, kind.value, self.rank)
+        self.body_puts[kind] = self.gate.puts.pop(THREAD_FUNCS[kind], [])
         if self.protocol == PROTOCOL_POLL and kind is not StorageStepKind.BACKUP:
             return self._polled_result(kind, item)
-        return self._result(kind, item, out, before)
+        return self._result(kind, item, self.body_puts[kind])
 
     def _polled_result(self, kind: StorageStepKind, item: Any) -> StepResult:
         """0.5.10: the hit thread leaves the agreed hit in ``hash_value`` (empty when it
@@ -645,7 +212,7 @@ class UpstreamTier:
         q = getattr(self._controller, "host_mem_release_queue", None)
         return [] if q is None else [t for t in list(q.queue) if t is not None]
 
-    def _result(self, kind: StorageStepKind, item: Any, out: Any, before: int) -> StepResult:
+    def _result(self, kind: StorageStepKind, item: Any, acks: list[Any]) -> StepResult:
         rank, epoch = self.rank, self.epoch
         if kind is StorageStepKind.SYNC:
             operation = item.operation
@@ -656,9 +223,8 @@ class UpstreamTier:
         request_id = getattr(item, "request_id", None)
         if kind is StorageStepKind.HIT_QUERY:
             tokens = int(item.storage_hit_count)
-        elif kind is StorageStepKind.IO:
-            acks = list(out.queue)[before:] if out is not None else []
-            tokens = max((int(a.completed_tokens or 0) for a in acks), default=0)
+        elif kind is StorageStepKind.IO:  # the acks its puts carried (the sync may take them)
+            tokens = max((int(getattr(a, "completed_tokens", 0) or 0) for a in acks), default=0)
         else:
             tokens = int(item.completed_tokens)
         return StepResult(
@@ -707,7 +273,7 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     acks = has_ack_protocol(module.HiCacheController)
-    page_keys = _page_keys_function(tree)
+    page_keys = page_keys_function(tree)
     module.__dict__["Queue"] = ServedQueue
     module.__dict__["threading"] = types.SimpleNamespace(
         **{k: getattr(threading, k) for k in ("Event", "Lock", "RLock", "Condition")},
@@ -721,8 +287,16 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
     class HarnessStorageController(base):  # type: ignore[misc]
         """Upstream's controller; only the tree-facing shapes are added (see the module doc)."""
 
-        def __init__(self, *args: Any, collectives: Any = None, **kwargs: Any) -> None:
-            self._harness_gate = StepGate(lambda: bool(self.storage_stop_event.is_set()))
+        def __init__(
+            self,
+            *args: Any,
+            collectives: Any = None,
+            schedule_points: bool = False,
+            **kwargs: Any,
+        ) -> None:
+            self._harness_gate = StepGate(
+                lambda: bool(self.storage_stop_event.is_set()), points=schedule_points
+            )
             self._harness_collectives = collectives or SingleRank()
             self._harness_tp = TpHandle(self._harness_collectives, SyncGroup("tp"))
             super().__init__(*args, **kwargs)
@@ -747,26 +321,31 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             module.__dict__["STORAGE_BATCH_SIZE"] = int(pages)
 
         def attach_storage_backend(self, *args: Any, **kwargs: Any) -> None:
+            self.storage.epoch += 1
+            self._harness_gate.epoch = self.storage.epoch  # the threads about to start
+            self.storage.name_queues()
             with attaching(module, self._harness_tp, tree):
                 super().attach_storage_backend(*args, **kwargs)
+            self.storage.name_queues()
             self._harness_gate.settle()
-            self.storage.epoch += 1
 
         def reset(self) -> None:
             group = getattr(self._harness_collectives, "group", None)
             if group is not None and getattr(self, "enable_storage", False):
                 group.interrupt()  # a thread draining its queue on stop waits for no peer
+            self.storage.epoch += 1
+            self._harness_gate.epoch = self.storage.epoch  # the threads reset() starts
             try:
                 super().reset()
             finally:
                 if group is not None and getattr(self, "enable_storage", False):
                     group.resume()
+            self.storage.name_queues()
             self._harness_gate.settle()  # the new epoch's threads, each at its queue
             backend = getattr(self, "storage_backend", None)
             take = getattr(backend, "take", None)
             if callable(take):
                 take()  # what the stopping threads did is no step's
-            self.storage.epoch += 1
 
         def prefetch(self, request_id: str, *args: Any) -> Any:
             """0.5.23: ``(rid, tokens, last_hash, prefix_keys)``; 0.5.10: ``(rid,

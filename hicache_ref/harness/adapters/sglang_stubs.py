@@ -18,10 +18,13 @@ import logging
 import os
 import sys
 import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hicache_ref.errors import HiCacheSetupError
+from hicache_ref.harness.adapters.sglang_hashes import tree_hash_functions
 
 FORK_ENV_FLAGS: dict[str, object] = {
     "SGLANG_CP_SHARED_KV_BS_GT1_TIMING": False,
@@ -29,8 +32,6 @@ FORK_ENV_FLAGS: dict[str, object] = {
     "SGLANG_CP_SHARED_KV_BS_GT1_TIMING_LIMIT": 0,
 }
 """Environment flags the fork reads that 0.5.10's ``srt/environ.py`` does not define (defaults)."""
-
-CURRENT_DEVICE: list[Any] = [None]  # what the stub get_device_module() answers while loading
 
 
 class _EnvFlag:
@@ -81,12 +82,34 @@ def _no_parallel_group(*args: Any, **kwargs: Any) -> Any:
     raise HiCacheSetupError("the gate runs TP 1: a custom parallel group was asked for")
 
 
-def _custom_parallel_group(*args: Any, **kwargs: Any) -> Any:
-    """A storage rank's sync group while it attaches (``sglang_storage.attaching``); any other
-    caller is refused (the gate runs TP 1 outside the storage world)."""
-    from hicache_ref.harness.adapters.sglang_storage import create_custom_parallel_group
+def _no_device() -> Any:
+    return None  # a controller module is executed under ``device_module_for``
 
-    return create_custom_parallel_group(*args, **kwargs)
+
+def _swap(module_name: str, attr: str, value: Any) -> Iterator[None]:
+    module = sys.modules[module_name]
+    saved = module.__dict__[attr]
+    module.__dict__[attr] = value
+    try:
+        yield
+    finally:
+        module.__dict__[attr] = saved
+
+
+@contextmanager
+def device_module_for(device: Any) -> Iterator[None]:
+    """While a controller module executes: the stub ``get_device_module()`` answers ``device``
+    (the module calls it at import time and keeps what it got)."""
+    yield from _swap("sglang.srt.utils", "get_device_module", lambda: device)
+
+
+@contextmanager
+def sync_groups_for(factory: Callable[..., Any]) -> Iterator[None]:
+    """While one storage rank attaches: ``create_custom_parallel_group`` is ``factory``
+    (upstream imports it inside attach); outside, a request for a group is refused."""
+    yield from _swap(
+        "sglang.srt.distributed.parallel_state", "create_custom_parallel_group", factory
+    )
 
 
 def _no_storage(*args: Any, **kwargs: Any) -> Any:
@@ -110,8 +133,6 @@ _SINGLE_RANK = types.SimpleNamespace(
 
 
 def _tree_hashes(tree: Path) -> dict[str, Any]:
-    from hicache_ref.harness.adapters.sglang_storage import tree_hash_functions
-
     try:
         return tree_hash_functions(tree)
     except HiCacheSetupError:
@@ -142,7 +163,7 @@ def install_stubs(tree: Path) -> None:
     _package("sglang.srt.managers", root / "srt" / "managers")
     _stub(
         "sglang.srt.utils",
-        get_device_module=lambda: CURRENT_DEVICE[0],
+        get_device_module=_no_device,
         is_cuda=lambda: False,
         is_hip=lambda: False,
         is_npu=lambda: False,
@@ -155,9 +176,7 @@ def install_stubs(tree: Path) -> None:
         get_pipeline_model_parallel_rank=lambda: 0,  # 0.5.13 - 0.5.15
         get_pipeline_model_parallel_world_size=lambda: 1,
     )
-    _stub(
-        "sglang.srt.distributed.parallel_state", create_custom_parallel_group=_custom_parallel_group
-    )
+    _stub("sglang.srt.distributed.parallel_state", create_custom_parallel_group=_no_parallel_group)
     _package("sglang.srt.layers")
     _stub(
         "sglang.srt.layers.dp_attention",

@@ -15,5 +15,7 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   ``storage_tree`` (upstream's radix-cache side: ongoing prefetches, host locks, policies;
   ``storage_tree_0510`` for 0.5.10's polling protocol), ``storage_chains`` (the harness's own
   pages of each token chain), ``storage_log`` and ``storage_events`` (what the harness recorded
-  of every storage op; it reads the driver through a Protocol).
+  of every storage op; it reads the driver through a Protocol), ``storage_points`` (a step
+  under schedule points: one thread kind to its next point, a body's calls gathered until it
+  ends) and ``storage_windows`` (what the window checks INV-32 .. INV-35 read).
 """

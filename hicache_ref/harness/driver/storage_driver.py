@@ -36,11 +36,15 @@ from hicache_ref.controller.storage.lockstep import (
     runnable_steps,
 )
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.driver.node_model import Node, pages_covered
 from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
+from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.driver.storage_tree_0510 import PollStorageTree, PollTreeRank
+from hicache_ref.harness.driver.storage_windows import stale_grants
+from hicache_ref.harness.schedule.points import Grant
 from hicache_ref.harness.steps.outcome import Outcome, done, refused
 from hicache_ref.harness.world.recording_storage import BackendCall
 from hicache_ref.harness.world.storage_world import StorageWorld
@@ -95,6 +99,11 @@ class StorageDriver:
 
         # upstream's own code is under test (the gate): upstream's backend clear is drawn too
         self.gates_upstream = bool(getattr(implementation, "source_tree", ""))
+        # schedule points: a step runs one thread kind to its next point (``storage_points.py``)
+        self.points = (
+            PointSchedule(self.n, self.config.seed) if self.config.storage_points else None
+        )
+        self.steps_run = 0  # the storage step clock (INV-33 orders reads after termination)
 
     def _tree_rank(self, cls: type[StorageTreeRank], rank: Any) -> Any:
         return cls(
@@ -224,10 +233,18 @@ class StorageDriver:
 
     # -- steps and drains ------------------------------------------------------------------------
     def runnable(self) -> list[StorageStepKind]:
-        return runnable_steps(self.l3.tiers) if self.attached else []
+        if not self.attached:
+            return []
+        if self.points is not None:
+            return self.points.runnable(self.l3.tiers)
+        return runnable_steps(self.l3.tiers)
 
-    def run_step(self, kind: StorageStepKind) -> Outcome:
+    def run_step(self, kind: StorageStepKind, grant: Grant | None = None, rank: int = 0) -> Outcome:
         from hicache_ref.harness.driver.storage_events import observe_polled_step
+
+        self.steps_run += 1
+        if self.points is not None:
+            return run_to_next_point(self, self.points, kind, grant or Grant(), rank)
 
         polled = self.polled is not None and kind is not StorageStepKind.BACKUP
         before = [len(t.release_queue_items()) for t in self.l3.tiers] if polled else []
@@ -285,6 +302,7 @@ class StorageDriver:
         for tier in self.l3.tiers:
             tier.terminate_live_prefetches()
         self.run_until_idle()  # detach would finish them too, unobserved
+        self.check_no_thread_stuck()
         detach_ranks(self.l3.tiers, self.l3.group)
         self.settle_queues()
         self.l3.attached = False
@@ -346,8 +364,16 @@ class StorageDriver:
                 if not self.runnable() and not self.ongoing() and self.control_empty():
                     break
             self.run_until_idle()
+            self.check_no_thread_stuck()
         self.settle_queues()
         self.check(quiescent=True)
+
+    def check_no_thread_stuck(self) -> None:
+        """Under schedule points: no thread waits at a collective a peer never reaches."""
+        stuck = None if self.points is None else self.points.stuck_at_collective(self.l3.tiers)
+        # Verify every rank reached each collective a peer waits at (INV-20)
+        if stuck is not None:
+            raise InvariantViolation("INV-20", f"at rest, {stuck}")
 
     def control_empty(self) -> bool:
         return all(
@@ -367,6 +393,8 @@ class StorageDriver:
     def on_reset(self) -> None:
         """The storage half of a tree reset: peers reset, sources dropped, a new epoch."""
         self.l3.reset_peers()
+        if self.points is not None:  # what stopping threads did inside their bodies is no step's
+            self.points.forget_bodies(self.l3.ranks)
         self.storage_tree.reset()  # the 0.5.10 tree half's ranks too (they are its ranks)
         self.sources = [{} for _ in range(self.n)]
         for chain in self.chains.values():
@@ -478,6 +506,7 @@ class StorageDriver:
             quiescent=quiescent,
             just_reset=self.flags.pop("just_reset", False),
             detached=self.flags.pop("detached", False),
+            stale_grants=stale_grants(self.l3.tiers),
         )
         return snapshot
 

@@ -17,6 +17,11 @@ import torch
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.harness.driver.storage_chains import Chain
 from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
+from hicache_ref.harness.driver.storage_windows import (
+    note_termination,
+    observe_reads,
+    read_acked_pages,
+)
 from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
 from hicache_ref.harness.world.storage_world import StorageWorld
 from hicache_ref.invariants.storage_snapshot import (
@@ -32,7 +37,8 @@ from hicache_ref.invariants.storage_snapshot import (
 
 class DriverView(Protocol):
     """What the events read and write of the storage driver that hears them (it passes
-    itself): its world, its chains, the log the checks read, and the checks themselves."""
+    itself): its world, its chains, the log the checks read, its step clock, whether schedule
+    points are on and whether the tree polls (0.5.10), and the checks themselves."""
 
     page: int
     n: int
@@ -42,7 +48,12 @@ class DriverView(Protocol):
     log: StorageLog
     known_ops: dict[int, tuple[object, int]]
     sources: list[dict[int, torch.Tensor]]
+    steps_run: int
 
+    @property
+    def points(self) -> object | None: ...
+    @property
+    def polled(self) -> object | None: ...
     @property
     def chains(self) -> dict[int, Chain]: ...
     def check(self) -> None: ...
@@ -130,6 +141,7 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]), agreed)
     elif kind == "terminate" and log is not None:
         log.terminated_at = int(data["completed"])
+        note_termination(driver, rank, log.request_id)
     elif kind == "retire" and log is not None:
         log.retired = True
     elif kind == "verdict" and log is not None:
@@ -147,7 +159,12 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         for each in logs.values():
             owned = [s for s in freed if s in each.owned_slots]
             if owned:
-                _give_back(each, owned, "free", each.final_acks > 0, driver.page)
+                # 0.5.10's terminate_prefetch freezes completed_tokens (increment refuses after
+                # it) and every page below it was set before it was counted: the tree owns
+                # [0:terminated_at) from then on, before the IO's body ends (schedule points)
+                frozen = each.terminated_at if driver.polled is not None else None
+                published = max(each.published_tokens, frozen or 0) if frozen else None
+                _give_back(each, owned, "free", each.final_acks > 0, driver.page, published)
                 driver.check()  # before the pool frees them: an IO may still write (INV-23)
     elif kind == "backup_ack":
         _on_backup_ack(driver, rank, data["operation"])
@@ -208,6 +225,7 @@ def _on_backup_ack(driver: DriverView, rank: int, op: Any) -> None:
         return
     backup.acks += 1
     backup.acked_tokens = int(op.completed_tokens)
+    read_acked_pages(driver, rank, op, backup.acked_tokens // driver.page)  # INV-32
     source = driver.sources[rank].pop(int(op.id), None)
     if source is not None:
         driver.l3.ranks[rank].host_pool.free(source)
@@ -226,7 +244,13 @@ def _on_backup_ack(driver: DriverView, rank: int, op: Any) -> None:
         chain.state = "stored" if pages == chain.pages else "partial" if pages else "none"
 
 
-def observe_calls(driver: DriverView, result: StepResult, calls: list[BackendCall]) -> None:
+def observe_calls(
+    driver: DriverView,
+    result: StepResult,
+    calls: list[BackendCall],
+    steps: list[int] | None = None,
+) -> None:
+    """One loop body's calls; ``steps``: the step each ran in (default: this one)."""
     rank, page = result.rank, driver.page
     if result.kind is StorageStepKind.HIT_QUERY:
         log = driver.log.prefetches[rank].get(result.request_id or "")
@@ -251,6 +275,8 @@ def observe_calls(driver: DriverView, result: StepResult, calls: list[BackendCal
         failed = any(c.raised for c in calls if c.kind == "exists")
         log.local_hit_tokens = 0 if failed else run * page
     elif result.kind is StorageStepKind.IO:
+        ran_in = steps if steps is not None else [driver.steps_run] * len(calls)
+        observe_reads(driver, rank, result.request_id, calls, ran_in)  # INV-33, INV-34
         for call in (c for c in calls if c.kind == "get"):
             for key, digest in zip(call.keys, call.digests, strict=True):
                 if digest is not None:

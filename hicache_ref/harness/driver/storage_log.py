@@ -12,21 +12,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hicache_ref.invariants.storage_snapshot import (
+    AckedPageRead,
     BackupRecord,
     BouncePageEvent,
     ClearRecord,
     CollectiveRecord,
     KeyUse,
     L3Model,
+    LateRead,
     PrefetchRecord,
     Prefix,
     ProgressAck,
+    ReadHole,
     StaleAct,
+    StaleGrant,
     StorageSnapshot,
     StoreRead,
     StoreWrite,
     TierView,
     VerdictRecord,
+    WindowEvidence,
 )
 
 LOG_RECORDS_MAX = 100_000
@@ -134,6 +139,13 @@ class StorageLog:
     # kept by ``use_key`` (the snapshot read them from every key use, at every check)
     keyed: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # latest key per prefix
     stored_keys: dict[tuple[int, str], None] = field(default_factory=dict)  # (rank, key) stored
+    # the windows inside a loop body (INV-32 .. INV-34; ``storage_windows.py`` fills them)
+    acked_reads: list[AckedPageRead] = field(default_factory=list)
+    late_reads: list[LateRead] = field(default_factory=list)
+    holes: list[ReadHole] = field(default_factory=list)
+    terminated_step: dict[tuple[int, str], int] = field(default_factory=dict)
+    in_flight: set[tuple[int, str]] = field(default_factory=set)  # one read may still run
+    read_started: set[tuple[int, str]] = field(default_factory=set)  # the IO read its pages
 
     def __post_init__(self) -> None:
         self.forget_epoch([0] * self.ranks)
@@ -144,6 +156,8 @@ class StorageLog:
         self.backups = [{} for _ in range(self.ranks)]
         self.acks = [[] for _ in range(self.ranks)]
         self.collective_base = list(collective_base)
+        self.acked_reads, self.late_reads, self.holes = [], [], []
+        self.terminated_step, self.in_flight, self.read_started = {}, set(), set()
 
     def use_key(self, use: KeyUse) -> None:
         if len(self.key_uses) >= LOG_RECORDS_MAX:
@@ -207,6 +221,7 @@ class StorageLog:
         quiescent: bool = False,
         just_reset: bool = False,
         detached: bool = False,
+        stale_grants: tuple[StaleGrant, ...] = (),
     ) -> StorageSnapshot:
         return StorageSnapshot(
             page_size=page_size,
@@ -226,4 +241,7 @@ class StorageLog:
             quiescent=quiescent,
             just_reset=just_reset,
             detached=detached,
+            windows=WindowEvidence(
+                tuple(self.acked_reads), tuple(self.late_reads), tuple(self.holes), stale_grants
+            ),
         )

@@ -112,6 +112,8 @@ def unsupported_storage_reason(driver: StorageDriver) -> str | None:
     missing = [verb for verb in VERBS if not callable(getattr(driver, verb, None))]
     if missing:
         return f"the storage driver has no verb {missing[0]} (update lockstep/storage.py VERBS)"
+    if driver.points is not None:
+        return "schedule points (a step runs a thread to its next point; the translation follows whole loop bodies)"
     if driver.mla:
         return "an MLA world (one namespace every rank shares)"
     if driver.polled is not None or not all(isinstance(t, StorageTier) for t in driver.l3.tiers):

@@ -125,6 +125,8 @@ def _choose_step(ctx: StepContext, drawn: Mapping[str, Any]) -> dict[str, StepAr
     runnable = d.runnable() if d is not None else []
     if not runnable:
         return None
+    if d is not None and d.points is not None:  # schedule points: uniform, or PCT (campaign)
+        return {"kind": d.points.choose([k.value for k in runnable], int(drawn["pick"]))}
     preferred = parse_step_kind(str(drawn["kind"]))
     kind = preferred if preferred in runnable else runnable[int(drawn["pick"]) % len(runnable)]
     return {"kind": kind.value}

@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
 
-from hicache_ref.harness.rules import evict, forward, load, misuse, reset, storage, streams, write
+from hicache_ref.harness.rules import (
+    evict,
+    forward,
+    load,
+    misuse,
+    reset,
+    schedule,
+    storage,
+    streams,
+    write,
+)
 from hicache_ref.harness.rules.record import ArgType, RuleRecord
 
 FAMILY_MODULES: tuple[ModuleType, ...] = (
@@ -24,6 +34,7 @@ FAMILY_MODULES: tuple[ModuleType, ...] = (
     misuse,
     reset,
     storage,
+    schedule,
 )
 """The family modules, in the order their rules are listed (the machine's draws, the vector
 walks and the campaign report follow it)."""

@@ -39,6 +39,9 @@ from hicache_ref.harness.rules.storage import (
 from hicache_ref.harness.steps.trace import Step, StepArg
 
 BACKUP_STEPS_MAX = 8
+POINT_STEPS_FACTOR = 3
+"""Under schedule points a loop body takes about three grants (a call, a put, the wait), so a
+round trip draws that many more storage steps to reach the same depth (mid-transfer ends)."""
 ENDS = ("none", "none", "none", "check", "check", "terminate", "detach")
 
 
@@ -89,7 +92,8 @@ def run_storage_round_trip(
     yield _step(DRAIN_BACKUP_ACKS)
     if d.attached and d.prefetch_candidates():
         yield _step(PREFETCH, pick=pick)
-    yield from _steps(session, int(p["steps"]), pick)
+    scale = POINT_STEPS_FACTOR if d.points is not None else 1
+    yield from _steps(session, int(p["steps"]) * scale, pick)
     yield _step(DRAIN_PREFETCH_ACKS)
     ongoing = d.ongoing()
     end = str(p["end"])

@@ -61,6 +61,7 @@ RuleName = Literal[
     "attach_storage",
     "clear_storage",
     "reset_storage_in_flight",
+    "schedule_point",
 ]
 StepArg = int | bool | str
 

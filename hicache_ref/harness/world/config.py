@@ -94,6 +94,11 @@ class HarnessConfig(BaseModel):
     """Pages per storage batch (upstream's ``STORAGE_BATCH_SIZE``, small so batches repeat)."""
     storage_policy: StoragePolicy = "best_effort"
     """The tree's prefetch stop policy (``check_prefetch_progress``)."""
+    storage_points: bool = False
+    """Schedule points: every storage thread runs on a real thread and parks at each backend
+    call, collective and control-queue put as well as at its wait for work; the machine grants
+    one thread at a time and draws each backend call's outcome (``harness/schedule/``,
+    ``schedule_point`` steps). Off: a storage step is one whole loop body."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -170,6 +175,7 @@ class HarnessConfig(BaseModel):
         runs += " hybrid" if self.hybrid else ""
         if self.uses_storage:
             faults = "+faults" if self.storage_faults else ""
+            faults += "+points" if self.storage_points else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

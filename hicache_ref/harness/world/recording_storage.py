@@ -4,11 +4,14 @@ The tier under test talks to a rank's backend only through this wrapper, so the 
 from its own object, not from the tier, which keys were queried and what ``batch_exists``
 answered, which pages were stored (and the digest of their bytes), and what every read returned.
 The storage driver takes the calls after each step (``take``) and turns them into its L3 model
-(``invariants/storage_snapshot.L3Model``). Calls are recorded in the order they were made.
+(``invariants/storage_snapshot.L3Model``). Calls are recorded in the order they were made. In a
+world with schedule points, each ``batch_*`` call is also a point where the calling storage
+thread parks and learns the call's drawn outcome (``harness/schedule/outcomes.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Mapping, Sequence
@@ -16,7 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from hicache_ref.harness.schedule.outcomes import after_backend_call, at_backend_call
+from hicache_ref.harness.schedule.points import BATCH_EXISTS, BATCH_GET, BATCH_SET
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
+from hicache_ref.storage.fault_injection import FaultInjectingStorage
 from hicache_ref.storage.protocols import StorageHostPool
 
 CALLS_MAX = 1_000_000
@@ -41,6 +47,7 @@ class BackendCall:
     digests: tuple[str | None, ...] = ()
     stored_keys: tuple[str, ...] = ()
     raised: bool = False  # the backend raised instead of answering
+    thread: str = ""  # the storage thread function that called (its loop body's, under points)
 
 
 class RecordingStorage(HiCacheStorage):
@@ -52,8 +59,12 @@ class RecordingStorage(HiCacheStorage):
         self.rank = rank
         self._lock = threading.Lock()
         self._calls: list[BackendCall] = []
+        self._faults = inner if isinstance(inner, FaultInjectingStorage) else None
 
     def _record(self, call: BackendCall) -> None:
+        function = getattr(threading.current_thread(), "function", "")
+        if function:
+            call = dataclasses.replace(call, thread=str(function))
         with self._lock:
             if len(self._calls) >= CALLS_MAX:
                 del self._calls[0]
@@ -92,9 +103,11 @@ class RecordingStorage(HiCacheStorage):
         target_locations: Sequence[torch.Tensor] | None = None,
         target_sizes: Sequence[int] | None = None,
     ) -> list[torch.Tensor | None]:
+        grant = at_backend_call(self._faults, BATCH_GET, keys)
         pages = self.inner.batch_get(keys, target_locations, target_sizes)
         digests = tuple(None if p is None else page_digest(p) for p in pages)
         self._record(BackendCall("get", tuple(keys), digests=digests))
+        after_backend_call(grant, BATCH_GET)
         return pages
 
     def set(
@@ -114,8 +127,10 @@ class RecordingStorage(HiCacheStorage):
         target_sizes: Sequence[int] | None = None,
     ) -> bool:
         ok = False
+        grant = at_backend_call(self._faults, BATCH_SET, keys)
         try:
             ok = bool(self.inner.batch_set(keys, values, target_locations, target_sizes))
+            after_backend_call(grant, BATCH_SET)
             return ok
         finally:
             digests = tuple(page_digest(v) for v in values or ())
@@ -136,9 +151,11 @@ class RecordingStorage(HiCacheStorage):
         self, keys: Sequence[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
         answer, raised = 0, True
+        grant = at_backend_call(self._faults, BATCH_EXISTS, keys)
         try:
             answer = int(self.inner.batch_exists(keys, extra_info))
             raised = False
+            after_backend_call(grant, BATCH_EXISTS)
             return answer
         finally:
             self._record(BackendCall("exists", tuple(keys), answer=answer, raised=raised))

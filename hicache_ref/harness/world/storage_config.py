@@ -1,4 +1,4 @@
-"""How a case draws its storage world: ranks, backend, faults, batch size and stop policy.
+"""How a case draws its storage world: ranks, backend, faults, batch size, stop policy, points.
 
 Only an implementation with the ``storage`` capability gets one (about half of its cases);
 the fields go into ``HarnessConfig``, so a trace header carries them and a replay rebuilds the
@@ -34,6 +34,10 @@ _BACKENDS = {
 _FAULTS = st.booleans()
 _BATCH_PAGES = st.sampled_from([1, 2, 4])
 _POLICIES = st.sampled_from(["best_effort", "wait_complete", "timeout"])
+_POINTS = st.booleans()
+_POINT_BATCH_PAGES = st.sampled_from([1, 1, 2])
+"""Under schedule points batches of one or two pages, so an operation has several and a
+termination, reset or detach lands between them (issue 32)."""
 
 
 @st.composite
@@ -44,12 +48,16 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
     ranks = draw(_RANKS)
     if not ranks:
         return {}
+    backend = draw(_BACKENDS[tuple(storage_backends())])
+    faults = draw(_FAULTS)
+    points = draw(_POINTS)
     return {
         "storage_ranks": ranks,
-        "storage_backend": draw(_BACKENDS[tuple(storage_backends())]),
-        "storage_faults": draw(_FAULTS),
-        "storage_batch_pages": draw(_BATCH_PAGES),
+        "storage_backend": backend,
+        "storage_faults": faults,
+        "storage_batch_pages": draw(_POINT_BATCH_PAGES if points else _BATCH_PAGES),
         "storage_policy": draw(_POLICIES),
+        "storage_points": points,
     }
 
 

@@ -220,7 +220,10 @@ def _close_tiers(controllers: list[Any], threads: LockstepThreads) -> None:
     ``adapters/sglang_storage.py``) stops them (the reference's manual tier has none), and the
     lockstep threads end."""
     for controller in controllers:
-        close = getattr(getattr(controller, "storage", None), "close", None)
+        storage = getattr(controller, "storage", None)
+        close = getattr(storage, "close", None) or getattr(
+            getattr(storage, "executor", None), "close", None
+        )  # upstream's tier, or the reference's gated executor (schedule points)
         if callable(close):
             close()
     threads.close()

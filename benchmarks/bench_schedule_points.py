@@ -1,0 +1,97 @@
+"""What schedule points cost: one storage story with and without ``storage_points``.
+
+The story (two ranks, batches of one page): a chain of three pages backed up, its ack drained,
+prefetched back (hit query, IO, sync) and its acks drained, then the case finished. Without
+points each storage step runs one whole loop body; with points each runs one thread to its next
+point, so the same work takes more steps. The script reports, per implementation and setting,
+protocol steps per second and stories per second (the work done), medians over rounds.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_schedule_points.py --rounds 5 --stories 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
+
+KINDS = ("backup", "hit_query", "io", "sync")
+
+
+def story(impl: Implementation, points: bool) -> int:
+    """One story; returns how many steps it applied."""
+    config = impl.refine_config(
+        HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1, storage_points=points)
+    )
+    session = Session(config, impl, "bench")
+    steps = 0
+
+    def apply(rule: str, **args: Any) -> bool:
+        nonlocal steps
+        outcome = session.apply(Step(rule=rule, args=args))  # type: ignore[arg-type]
+        steps += 1
+        return not outcome.skipped
+
+    def run(kind: str) -> None:
+        storage = session.tree.storage
+        assert storage is not None
+        while kind in [k.value for k in storage.runnable()]:
+            apply("storage_step", kind=kind)
+
+    apply("write_storage", pick=2, new=True)
+    run("backup")
+    apply("drain_backup_acks")
+    apply("prefetch", pick=0)
+    run("hit_query")
+    apply("drain_prefetch_acks")
+    run("io")
+    run("sync")
+    apply("drain_prefetch_acks")
+    session.finish()
+    return steps
+
+
+def implementations() -> dict[str, Implementation]:
+    from hicache_ref.harness.adapters.sglang import SglangImplementation
+    from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
+
+    return {
+        "reference": ReferenceImplementation(),
+        "sglang 0.5.23": SglangImplementation(fetch_wheel_tree("0.5.23")),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--stories", type=int, default=20)
+    args = parser.parse_args()
+    print("| implementation | points | steps per story | steps/s (median) | stories/s (median) |")
+    print("|---|---|---:|---:|---:|")
+    for name, impl in implementations().items():
+        for points in (False, True):
+            story(impl, points)  # warm-up
+            step_rates, story_rates, per_story = [], [], 0
+            for _ in range(args.rounds):
+                start, steps = time.perf_counter(), 0
+                for _ in range(args.stories):
+                    per_story = story(impl, points)
+                    steps += per_story
+                elapsed = time.perf_counter() - start
+                step_rates.append(steps / elapsed)
+                story_rates.append(args.stories / elapsed)
+            print(
+                f"| {name} | {'on' if points else 'off'} | {per_story} | "
+                f"{statistics.median(step_rates):,.0f} | {statistics.median(story_rates):,.1f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Schedule points reach every storage thread of every implementation the gate drives storage for.
+
+One story per implementation (the reference, upstream 0.5.10 and 0.5.23, the seed fork): a
+chain goes to L3 and comes back, one thread kind granted per step, on two ranks. After every
+grant the test asks each rank where each thread parks (the gate's own record), and shows that
+every thread parked at its wait for work, at each backend call it makes, at each put on a
+control queue and at its collectives, and at the return of a deferred call. Then the story's
+trace, schedule steps and drawn outcomes included, replays bit-for-bit: the same outcome text at
+every step, without Hypothesis, on a fresh world.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hicache_ref.controller.storage.records import STEP_KINDS
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.reference import ReferenceImplementation
+from hicache_ref.harness.driver.storage_points import position
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
+from hicache_ref.harness.world.config import HarnessConfig
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("HICACHE_SHARED_DIR", REPO.parent / "shared"))
+SEED_FILE = SHARED / "seeds" / "cache_controller_seed_reindented.py.txt"
+STORY_STEPS_MAX = 12  # grants per thread kind before a story gives up (a body has fewer)
+
+
+def implementation(name: str, monkeypatch: pytest.MonkeyPatch) -> Implementation:
+    from hicache_ref.harness.adapters.sglang import SeedImplementation, SglangImplementation
+    from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
+
+    if name == "reference":
+        return ReferenceImplementation()
+    if name == "seed":
+        if not SEED_FILE.is_file():
+            pytest.skip(f"the seed's re-indented controller {SEED_FILE} is absent")
+        monkeypatch.setenv("HICACHE_SEED_FILE", str(SEED_FILE))
+        monkeypatch.delenv("HICACHE_SGLANG_SRC", raising=False)
+        return SeedImplementation()
+    return SglangImplementation(fetch_wheel_tree(name))
+
+
+class Story:
+    """A session whose steps are kept, with where every thread parked after each."""
+
+    def __init__(self, impl: Implementation, name: str) -> None:
+        config = HarnessConfig(
+            host_pages=24, storage_ranks=2, storage_batch_pages=1, storage_points=True
+        )
+        self.config = impl.refine_config(config)
+        self.session = Session(self.config, impl, name)
+        self.steps: list[Step] = []
+        self.texts: list[str] = []
+        self.parked: dict[str, set[str]] = {}
+
+    def apply(self, rule: str, **args: object) -> str:
+        step = Step(rule=rule, args=args)  # type: ignore[arg-type]
+        outcome = self.session.apply(step)
+        assert not outcome.skipped, (rule, args, outcome)
+        self.steps.append(step)
+        self.texts.append(outcome.text)
+        storage = self.session.tree.storage
+        assert storage is not None
+        for tier in storage.l3.tiers:
+            for kind in STEP_KINDS:
+                at = position(tier, kind)
+                if at is not None:
+                    self.parked.setdefault(kind.value, set()).add(at.kind)
+        return outcome.text
+
+    def run(self, kind: str, defer: bool = False) -> None:
+        """Grant the ``kind`` threads until their loop bodies end (a deferred first call)."""
+        storage = self.session.tree.storage
+        assert storage is not None
+        for _ in range(STORY_STEPS_MAX):
+            runnable = [k.value for k in storage.runnable()]
+            if kind not in runnable:
+                return
+            if defer and self.apply_defer(kind):
+                defer = False
+                continue
+            self.apply("storage_step", kind=kind)
+        raise AssertionError(f"the {kind} threads did not finish in {STORY_STEPS_MAX} grants")
+
+    def apply_defer(self, kind: str) -> bool:
+        from hicache_ref.harness.rules.schedule import SCHEDULE_POINT
+
+        args = {"thread": kind, "outcome": "defer", "rank": 0, "at": 0}
+        if SCHEDULE_POINT.why_not(self.session, args) is not None:
+            return False
+        self.apply("schedule_point", **args)
+        return True
+
+
+@pytest.mark.parametrize("name", ["reference", "0.5.10", "0.5.23", "seed"])
+def test_every_storage_thread_parks_at_every_kind_of_point(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    story = Story(implementation(name, monkeypatch), name)
+    story.apply("write_storage", pick=1, new=True)  # a chain of two pages, one per batch
+    story.run("backup", defer=True)
+    story.apply("drain_backup_acks")
+    story.apply("prefetch", pick=0)
+    story.run("hit_query")
+    story.apply("drain_prefetch_acks")
+    story.run("io", defer=True)
+    story.run("sync")
+    story.apply("drain_prefetch_acks")
+    story.session.finish()
+
+    has_sync = "sync" in story.parked  # 0.5.10 and the seed have no sync thread
+    expected = {
+        "backup": {"wait", "batch_set", "return", "put"},
+        "hit_query": {"wait", "batch_exists", "all_reduce", "put"},
+        "io": {"wait", "batch_get", "return"} | ({"put"} if has_sync else set()),
+    }
+    if has_sync:
+        expected["sync"] = {"wait", "all_reduce", "put"}
+    for kind, points in expected.items():
+        assert points <= story.parked[kind], (kind, story.parked[kind])
+    assert has_sync == (name in ("reference", "0.5.23"))
+
+    # the trace, with its schedule steps and drawn outcomes, replays bit-for-bit
+    again = Story(implementation(name, monkeypatch), name)
+    for step in story.steps:
+        again.apply(step.rule, **step.args)
+    again.session.finish()
+    assert again.texts == story.texts
+    if name == "reference":  # and through the trace file, as a failure's replay line runs it
+        trace = Trace(header=TraceHeader(config=story.config), steps=tuple(story.steps))
+        assert not replay(Trace.from_jsonl(trace.to_jsonl())).failed
