@@ -30,29 +30,14 @@ FILE_LINES_MAX = 600
 WRITE_STEP_FILES_MAX = 20
 
 KNOWN_CIRCLES: dict[str, str] = {
-    # the storage tier's step files and their back-reference to StorageTier
-    "hicache_ref.controller.storage.backup": "interleavings engineer",
-    "hicache_ref.controller.storage.executor": "interleavings engineer",
-    "hicache_ref.controller.storage.hit_query": "interleavings engineer",
-    "hicache_ref.controller.storage.lifecycle": "interleavings engineer",
-    "hicache_ref.controller.storage.prefetch_io": "interleavings engineer",
-    "hicache_ref.controller.storage.prefetch_sync": "interleavings engineer",
-    "hicache_ref.controller.storage.steps": "interleavings engineer",
-    "hicache_ref.controller.storage.tier": "interleavings engineer",
     # the storage lockstep's step translation and comparisons read its follower back (type-only)
     "hicache_ref.harness.lockstep.storage": "formal engineer (a Protocol of the follower)",
     "hicache_ref.harness.lockstep.storage_compare": "formal engineer (the same)",
     "hicache_ref.harness.lockstep.storage_steps": "formal engineer (the same)",
-    # upstream's storage adapter and its stubs
-    "hicache_ref.harness.adapters.sglang_storage": "interleavings engineer",
-    "hicache_ref.harness.adapters.sglang_stubs": "interleavings engineer",
 }
 """Modules still in an import circle, and who is taking them out of it."""
 KNOWN_CHANNELS: dict[str, str] = {
-    "hicache_ref/harness/adapters/sglang_stubs.py: CURRENT_DEVICE": "interleavings engineer",
     "hicache_ref/harness/adapters/sglang_stubs.py: _INSTALLED": "interleavings engineer",
-    "hicache_ref/harness/adapters/sglang_storage.py: _ATTACHING": "interleavings engineer",
-    "hicache_ref/harness/adapters/sglang_storage.py: _CREATED": "interleavings engineer",
     "hicache_ref/pools/triton_copy.py: _RUNNERS": "speed engineer (a compiled-kernel memo)",
     "hicache_ref/pools/triton_copy.py: tl": "speed engineer (triton.language, imported lazily)",
     "hicache_ref/pools/copy_engine.py: _COPIER": "speed engineer (the process's batch copier)",
@@ -69,7 +54,6 @@ LIBRARY_ENVIRONMENT: dict[str, str] = {
 """Environment writes that are no channel: the only interface a library reads, set in a process
 the harness starts for it (not a value one part of the package hands another)."""
 KNOWN_LONG_FILES: dict[str, str] = {
-    "hicache_ref/harness/adapters/sglang_storage.py": "interleavings engineer (its split)",
 }
 
 

@@ -17,29 +17,28 @@ what that changes for the driver, in the order a step needs it:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hicache_ref.controller.storage.lockstep import run_lockstep
 from hicache_ref.controller.storage.records import STEP_KINDS, StepResult, StorageStepKind
+from hicache_ref.harness.driver.storage_events import (
+    DriverView,
+    observe_calls,
+    observe_polled_step,
+)
+from hicache_ref.harness.driver.storage_windows import mark_reads
 from hicache_ref.harness.schedule.pct import campaign_bias
-from hicache_ref.harness.schedule.points import ALL_REDUCE, THREAD_KINDS, Grant, Point
+from hicache_ref.harness.schedule.points import (
+    ALL_REDUCE,
+    THREAD_KINDS,
+    Grant,
+    face,
+    position,
+)
 from hicache_ref.harness.steps.outcome import Outcome, done
 from hicache_ref.harness.world.recording_storage import BackendCall
-
-if TYPE_CHECKING:
-    from hicache_ref.harness.driver.storage_driver import StorageDriver
-
-
-def face(tier: Any) -> Any:
-    """What answers for a rank's threads: upstream's tier, or the reference's gated executor."""
-    return tier if hasattr(tier, "position") else tier.executor
-
-
-def position(tier: Any, kind: StorageStepKind) -> Point | None:
-    at = face(tier).position(kind)
-    return None if at is None else at[1]
 
 
 class PointSchedule:
@@ -124,13 +123,10 @@ class PointSchedule:
 
 
 def run_to_next_point(
-    driver: StorageDriver, points: PointSchedule, kind: StorageStepKind, grant: Grant, rank: int
+    driver: DriverView, points: PointSchedule, kind: StorageStepKind, grant: Grant, rank: int
 ) -> Outcome:
     """Run every rank's ``kind`` thread to its next point (``grant`` on rank ``rank``, ``ok``
     elsewhere); observe each loop body that ended, with all of its calls."""
-    from hicache_ref.harness.driver.storage_events import observe_calls, observe_polled_step
-    from hicache_ref.harness.driver.storage_windows import mark_reads
-
     tiers = driver.l3.tiers
     points.before_step(tiers, kind, grant, rank)
     try:

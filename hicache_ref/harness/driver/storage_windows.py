@@ -54,7 +54,7 @@ def note_termination(driver: WindowsDriver, rank: int, request_id: str) -> None:
     if key not in driver.log.read_started:
         driver.log.in_flight.add(key)
     elif driver.points is not None:
-        from hicache_ref.harness.driver.storage_points import position
+        from hicache_ref.harness.schedule.points import position
 
         at = position(driver.l3.tiers[rank], StorageStepKind.IO)
         if at is not None and at.kind == BATCH_GET:

@@ -47,7 +47,7 @@ def _driver(ctx: StepContext) -> StorageDriver | None:
 
 def _at_backend(ctx: StepContext) -> list[str]:
     """The thread kinds parked at a backend call on some rank, that can move now."""
-    from hicache_ref.harness.driver.storage_points import position
+    from hicache_ref.harness.schedule.points import position
 
     d = _driver(ctx)
     if d is None:

@@ -98,3 +98,14 @@ THREAD_KINDS: dict[str, str] = {
 }
 """A gated thread's function (upstream's thread function, or the reference's step kind) -> the
 storage step kind it runs (``StorageStepKind`` values)."""
+
+
+def face(tier: Any) -> Any:
+    """What answers for a rank's threads: upstream's tier, or the reference's gated executor."""
+    return tier if hasattr(tier, "position") else tier.executor
+
+
+def position(tier: Any, kind: Any) -> Point | None:
+    """Where ``tier``'s ``kind`` thread is parked now (None: not parked at a point)."""
+    at = face(tier).position(kind)
+    return None if at is None else at[1]
