@@ -29,6 +29,7 @@ can be built, and issues inline on the caller's thread otherwise or when
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import threading
@@ -364,32 +365,34 @@ def _driver_value_functions() -> tuple[int, int, int] | None:
     return None
 
 
-_COPIER: CudaBatchCopier | None = None
-_COPIER_LOCK = threading.Lock()
+_LOADING = threading.Lock()
+"""Held while the runtime is looked for, so two threads load one copier, not two."""
 
 
 def load_cuda_batch_copier() -> CudaBatchCopier:
-    """The process's ``CudaBatchCopier`` (loaded once), or ``CopyEngineError`` saying why not."""
-    global _COPIER
-    with _COPIER_LOCK:
-        if _COPIER is not None:
-            return _COPIER
-        torch.cuda.init()  # type: ignore[no-untyped-call]
-        errors: list[str] = []
-        for path in find_libcudart_paths():
-            try:
-                library = ctypes.CDLL(path)
-                version = ctypes.c_int(0)
-                get_version = library.cudaRuntimeGetVersion
-                get_version.restype = ctypes.c_int
-                get_version.argtypes = (ctypes.c_void_p,)
-                _check(get_version(ctypes.addressof(version)), "cudaRuntimeGetVersion", library)
-                _COPIER = CudaBatchCopier(library, path, version.value)
-                return _COPIER
-            except (OSError, AttributeError, CopyEngineError) as error:
-                errors.append(f"{path}: {error}")
-        raise CopyEngineError(
-            "no CUDA runtime with cudaMemcpyBatchAsync found ("
-            + ("; ".join(errors) or "no libcudart.so loaded or installed")
-            + "); use copy_path='runs'"
-        )
+    """The process's ``CudaBatchCopier`` (loaded once), or ``CopyEngineError`` saying why not
+    (a failure is not remembered: the next call looks again)."""
+    with _LOADING:
+        return _load_cuda_batch_copier()
+
+
+@functools.cache
+def _load_cuda_batch_copier() -> CudaBatchCopier:
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    errors: list[str] = []
+    for path in find_libcudart_paths():
+        try:
+            library = ctypes.CDLL(path)
+            version = ctypes.c_int(0)
+            get_version = library.cudaRuntimeGetVersion
+            get_version.restype = ctypes.c_int
+            get_version.argtypes = (ctypes.c_void_p,)
+            _check(get_version(ctypes.addressof(version)), "cudaRuntimeGetVersion", library)
+            return CudaBatchCopier(library, path, version.value)
+        except (OSError, AttributeError, CopyEngineError) as error:
+            errors.append(f"{path}: {error}")
+    raise CopyEngineError(
+        "no CUDA runtime with cudaMemcpyBatchAsync found ("
+        + ("; ".join(errors) or "no libcudart.so loaded or installed")
+        + "); use copy_path='runs'"
+    )

@@ -38,7 +38,6 @@ from hicache_ref.pools.copy_plan import (
 from hicache_ref.pools.device_pool import KVCache
 from hicache_ref.pools.host_layout import HostLayout, IoBackend, is_whole_page_transfer
 from hicache_ref.pools.transfer_checks import (
-    TRANSFER_STATS,
     Direction,
     check_page_first_direct_chunks,
     check_transfer_indices,
@@ -283,7 +282,6 @@ def _batch_closure(
         device_pool=device_pool,
         layer_ids=layer_ids,
     )
-    layers = len(layer_ids)
     d2h = direction == "d2h"
     device = device_pool.device
     if device.type == "cuda" and table.sizes.numel() > 0:
@@ -295,7 +293,6 @@ def _batch_closure(
         ]
 
         def run_cuda() -> None:
-            TRANSFER_STATS.batch_layers_issued += layers
             for rows in batches:
                 copier.issue_rows(rows, device)
 
@@ -304,7 +301,6 @@ def _batch_closure(
 
     def run() -> None:
         for dsts, srcs in rows:
-            TRANSFER_STATS.batch_layers_issued += 1
             memmove_copies(dsts, srcs, table.sizes)
 
     return run

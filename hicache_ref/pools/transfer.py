@@ -53,7 +53,7 @@ it, else ``triton`` where Triton is installed and the host pool pinned, else ``r
 ``batch`` and ``triton`` keep their plans in ``PLAN_CACHE`` (keyed by the index tensors'
 identity and in-place version), so the per-layer loads of one batch validate and plan once; a
 CUDA index tensor is copied to the CPU once per plan, for the checks and the pointer arithmetic
-(``TRANSFER_STATS.index_host_copies`` counts these syncs). With CPU index tensors nothing on the
+(``transfer_checks``: one host sync each). With CPU index tensors nothing on the
 ``batch`` issue path synchronizes the host. Like ``runs`` (and unlike ``gather``), ``batch``
 reads the index values at launch; ``triton`` reads its device-side indices when the kernel runs
 (a CPU index tensor is copied to the device at launch, through pinned memory).
@@ -89,7 +89,6 @@ from hicache_ref.pools.host_layout import (
 )
 from hicache_ref.pools.page_math import plan_copy_runs, split_runs_at_pages
 from hicache_ref.pools.transfer_checks import (
-    TRANSFER_STATS,
     Direction,
     check_page_first_direct_chunks,
     check_transfer_indices,
@@ -99,7 +98,6 @@ from hicache_ref.pools.triton_copy import TRITON_LAUNCH_DEFAULT, TritonLaunch
 __all__ = [
     "COPY_PATHS",
     "PLAN_CACHE",
-    "TRANSFER_STATS",
     "CopyPath",
     "Direction",
     "check_copy_path",

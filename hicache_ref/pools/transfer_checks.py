@@ -1,14 +1,13 @@
-"""Index checks of a transfer (INV-01) and the transfer path's counters.
+"""Index checks of a transfer (INV-01).
 
 ``check_transfer_indices`` validates one index pair (lengths, signs, bounds, unique
 destinations) and returns the values on the CPU; ``check_page_first_direct_chunks`` adds the
 whole-page rule of the ``direct`` backend's page-local layouts. A CUDA index tensor is copied to
-the CPU for these checks, one host sync, counted in ``TRANSFER_STATS.index_host_copies``.
+the CPU for these checks (``_host_values``), one host sync each.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -24,23 +23,8 @@ from hicache_ref.pools.page_index import (
 Direction = Literal["d2h", "h2d"]
 
 
-@dataclass
-class TransferStats:
-    """Process-wide counters of the transfer path (read by tests and benchmarks)."""
-
-    index_host_copies: int = 0
-    """CUDA index tensors copied to the CPU (each one a host sync)."""
-    batch_layers_issued: int = 0
-    """Layer batches handed to an executor by ``batch``."""
-
-
-TRANSFER_STATS = TransferStats()
-
-
 def _host_values(indices: torch.Tensor) -> torch.Tensor:
     """Index values on the CPU as int64 (a CUDA tensor costs one sync; see the module doc)."""
-    if indices.device.type != "cpu":
-        TRANSFER_STATS.index_host_copies += 1
     return as_cpu_int64(indices)
 
 

@@ -23,14 +23,15 @@ benchmarks/RESULTS.md); ``batch`` is the path to the link where its copies are l
 ``prepare_row_copy`` does the per-transfer work once (word views, strides, the launch's
 constant arguments) and returns one closure per layer; the closure is the whole per-layer
 issue cost. The integer arguments are not specialized (``INT_ARGUMENTS``), so after the first
-launch through Triton's JIT the compiled kernel is called directly (``_RUNNERS``, keyed by the
+launch through Triton's JIT the compiled kernel is called directly (``RowCopyKernel.runners``, keyed by the
 constants, grid and pointer alignments its compilation depends on), skipping the JIT's
 dispatch. The launch shape is configuration passed down explicitly (``TritonLaunch``: a host
 pool's ``triton_launch``, then ``launch_transfer``'s ``triton``), never a module-level setting.
 
 On the CPU (``SimDevice``) the same kernel runs under Triton's interpreter when Triton is
 installed, so the differential tests can compare it with the gather path; ``is_triton_available``
-says whether it can run at all. Triton is optional: nothing here imports it at module import.
+says whether it can run at all. Triton is optional: its source lives in ``triton_kernel``, which
+``_kernel`` imports on first use.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -139,60 +140,6 @@ def _words(count_elements: int, element_size: int, word_size: int) -> int:
     return count_elements * element_size // word_size
 
 
-tl: Any = None
-"""``triton.language``, bound by ``_kernel`` on first use (Triton is optional)."""
-
-
-def _paged_row_copy(  # type: ignore[no-untyped-def]
-    host_ptr,
-    device_ptr,
-    host_idx_ptr,
-    device_idx_ptr,
-    n,
-    host_layer_base,
-    page_size,
-    page_stride,
-    slot_stride,
-    piece_stride,
-    device_row_stride,
-    host_component_delta,
-    device_component_delta,
-    PIECE_NUM: tl.constexpr,
-    PIECE_WORDS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
-    VEC: tl.constexpr,
-    D2H: tl.constexpr,
-):
-    """Triton source: tiles of ``ROWS`` pairs at ``pid, pid + grid, ...``; one row each;
-    axis 1 is the component, ``delta`` words past component 0 on each side."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    component = tl.program_id(1).to(tl.int64)
-    host_base = host_layer_base + component * host_component_delta
-    device_base = component * device_component_delta
-    cols = tl.arange(0, BLOCK)
-    col_mask = cols < PIECE_WORDS
-    rows = tl.arange(0, ROWS)
-    for start in range(pid * ROWS, n, programs * ROWS):
-        pair = start + rows
-        row_mask = pair < n
-        slot = tl.load(host_idx_ptr + pair, mask=row_mask, other=0).to(tl.int64)
-        loc = tl.load(device_idx_ptr + pair, mask=row_mask, other=0).to(tl.int64)
-        page = slot // page_size
-        host_row = host_base + page * page_stride + (slot - page * page_size) * slot_stride
-        host_row = tl.multiple_of(host_row, VEC)
-        device_row = tl.multiple_of(device_base + loc * device_row_stride, VEC)
-        mask = row_mask[:, None] & col_mask[None, :]
-        for piece in tl.static_range(PIECE_NUM):
-            host_at = host_ptr + (host_row + piece * piece_stride)[:, None] + cols[None, :]
-            device_at = device_ptr + (device_row + piece * PIECE_WORDS)[:, None] + cols[None, :]
-            if D2H:
-                tl.store(host_at, tl.load(device_at, mask=mask), mask=mask)
-            else:
-                tl.store(device_at, tl.load(host_at, mask=mask), mask=mask)
-
-
 INT_ARGUMENTS = (
     "n",
     "host_layer_base",
@@ -207,20 +154,26 @@ INT_ARGUMENTS = (
 """Not specialized on their values, so one compiled kernel serves every layer and transfer (an
 integer's width still is: ``_int_widths`` keys the runners on it)."""
 
-_RUNNERS: dict[tuple[object, ...], Callable[..., None]] = {}
-"""Compiled kernels bound to their grid, by everything their compilation depends on."""
+
+@dataclass(frozen=True)
+class RowCopyKernel:
+    """The jitted kernel and, on the GPU, its compiled runners: each bound to its grid, by
+    everything its compilation depends on (filled by the first launch of each)."""
+
+    jitted: Any
+    runners: dict[tuple[object, ...], Callable[..., None]] = field(default_factory=dict)
 
 
 @functools.cache
-def _kernel(interpret: bool) -> Any:
-    """The jitted kernel (compiled for the GPU, or wrapped by Triton's interpreter)."""
-    global tl
-    tl = importlib.import_module("triton.language")
+def _kernel(interpret: bool) -> RowCopyKernel:
+    """The process's kernel (compiled for the GPU, or wrapped by Triton's interpreter)."""
+    from hicache_ref.pools.triton_kernel import paged_row_copy  # imports Triton
+
     if interpret:
         interpreter = importlib.import_module("triton.runtime.interpreter")
-        return interpreter.InterpretedFunction(_paged_row_copy)
+        return RowCopyKernel(interpreter.InterpretedFunction(paged_row_copy))
     triton = importlib.import_module("triton")
-    return triton.jit(_paged_row_copy, do_not_specialize=INT_ARGUMENTS)
+    return RowCopyKernel(triton.jit(paged_row_copy, do_not_specialize=INT_ARGUMENTS))
 
 
 def _alignment_key(*tensors: torch.Tensor) -> tuple[bool, ...]:
@@ -294,7 +247,7 @@ def prepare_row_copy(
     components = len(host_buffers)
     # the grid is the launch's whole block budget: two components share it
     grid_size = max(1, min(programs // components, -(-n // shape.rows)))
-    launch: Callable[..., Any] = kernel[(grid_size, components)]
+    launch: Callable[..., Any] = kernel.jitted[(grid_size, components)]
     host_words = as_words(host_buffers[0], word)
     strides = (
         geometry.page_size,
@@ -330,13 +283,13 @@ def prepare_row_copy(
 
         def run() -> None:
             # a compiled kernel called directly costs a few us; the JIT's dispatch, tens
-            runner = _RUNNERS.get(key) if on_gpu else None
+            runner = kernel.runners.get(key) if on_gpu else None
             if runner is not None:
                 runner(*arguments, *constant_values)
                 return
             compiled = launch(*arguments, **constants)
             if on_gpu and compiled is not None:
-                _RUNNERS[key] = compiled[(grid_size, components, 1)]
+                kernel.runners[key] = compiled[(grid_size, components, 1)]
 
         return run
 

@@ -13,10 +13,10 @@ import torch
 
 from hicache_ref.device import CudaDevice, cuda_available
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.pools import HostKVCache, KVCache, make_host_pool
+from hicache_ref.pools import HostKVCache, KVCache, make_host_pool, transfer_checks
 from hicache_ref.pools.copy_engine import load_cuda_batch_copier
 from hicache_ref.pools.host_layout import host_row_index
-from hicache_ref.pools.transfer import PLAN_CACHE, TRANSFER_STATS, copy_paths_for_layout
+from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
 from hicache_ref.pools.triton_copy import (
     TRITON_GRID_DEFAULT,
     TritonLaunch,
@@ -179,17 +179,27 @@ def test_issue_with_cpu_indices_does_not_sync_the_host(cuda: CudaDevice, copy_pa
         assert torch.equal(device_pool.read_rows("kv", layer, load_locs), backed_up[layer])
 
 
-def test_cuda_indices_cost_one_host_copy_each_per_plan(cuda: CudaDevice) -> None:
+def test_cuda_indices_cost_one_host_copy_each_per_plan(
+    cuda: CudaDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
     device_pool, host_pool = gpu_pools(cuda, "nsa", "layer_first", 4, "batch")
     host, _, load_locs = index_pairs("kernel", "layer_first", 4)
     host_arg, device_arg = host.cuda(), load_locs.cuda()
     PLAN_CACHE.clear()
-    copies = TRANSFER_STATS.index_host_copies
+    copied: list[torch.device] = []  # every index tensor the checks copy off the GPU
+    on_cpu = transfer_checks.as_cpu_int64
+
+    def counted(indices: torch.Tensor) -> torch.Tensor:
+        if indices.device.type != "cpu":
+            copied.append(indices.device)
+        return on_cpu(indices)
+
+    monkeypatch.setattr(transfer_checks, "as_cpu_int64", counted)
     with cuda.stream(cuda.Stream()):
         for layer in range(device_pool.layer_num):
             host_pool.load_to_device_per_layer(device_pool, host_arg, device_arg, layer, "kernel")
     # two CUDA index tensors -> two host copies for the first layer, none for the others
-    assert TRANSFER_STATS.index_host_copies - copies == 2
+    assert len(copied) == 2
     cuda.synchronize()
 
 
@@ -244,9 +254,10 @@ def test_triton_grid_sizes_all_move_every_row(
 def test_after_the_first_launch_the_compiled_kernel_is_called_directly(cuda: CudaDevice) -> None:
     # layer 0 goes through Triton's JIT and leaves a runner; every later layer (another base
     # offset, unspecialized) reuses it and still lands its own rows
-    from hicache_ref.pools.triton_copy import _RUNNERS
+    from hicache_ref.pools.triton_copy import _kernel
 
-    _RUNNERS.clear()
+    runners_of = _kernel(False).runners
+    runners_of.clear()
     device_pool, host_pool = gpu_pools(cuda, "mla", "layer_first", 16, "triton")
     host, backup_locs, load_locs = index_pairs("direct", "layer_first", 16)
     layers, names = range(device_pool.layer_num), device_pool.component_names()
@@ -257,13 +268,13 @@ def test_after_the_first_launch_the_compiled_kernel_is_called_directly(cuda: Cud
         host_pool.backup_from_device_all_layer(
             device_pool, host.cuda(), backup_locs.cuda(), "direct"
         )
-        runners = len(_RUNNERS)
+        runners = len(runners_of)
         for layer in layers:
             host_pool.load_to_device_per_layer(
                 device_pool, host.cuda(), load_locs.cuda(), layer, "direct"
             )
     cuda.synchronize()
-    assert runners >= 1 and len(_RUNNERS) >= runners
+    assert runners >= 1 and len(runners_of) >= runners
     for (name, layer), rows in backed_up.items():
         assert torch.equal(host_pool.read_rows(name, layer, host), rows)
         assert torch.equal(device_pool.read_rows(name, layer, load_locs), rows)
