@@ -139,12 +139,17 @@ def _tree_hashes(tree: Path) -> dict[str, Any]:
         return {}  # an older tree: its get_hash_str lives in hicache_storage.py (loaded below)
 
 
-_INSTALLED: list[Path | None] = [None]
+def installed_tree() -> Path | None:
+    """The tree ``install_stubs`` last installed whole, read off the ``sglang`` shell in
+    ``sys.modules`` (the one place the installation lives), or None."""
+    shell = sys.modules.get("sglang")
+    tree = getattr(shell, "__hicache_tree__", None)
+    return tree if isinstance(tree, Path) else None
 
 
 def install_stubs(tree: Path) -> None:
     """Make ``import sglang.srt...`` resolve against ``tree`` plus the stubs (idempotent)."""
-    if _INSTALLED[0] == tree:
+    if installed_tree() == tree:
         return
     from hicache_ref.invariants.models import CpHiCacheNodeMetadata
     from hicache_ref.pools import device_pool, host_pool, hybrid_pool
@@ -226,7 +231,7 @@ def install_stubs(tree: Path) -> None:
         "sglang.srt.mem_cache.hicache_storage", root / "srt" / "mem_cache" / "hicache_storage.py"
     )
     logging.getLogger("sglang").setLevel(logging.ERROR)  # the fork logs a fallback per write
-    _INSTALLED[0] = tree
+    sys.modules["sglang"].__dict__["__hicache_tree__"] = tree  # stamped last: installed whole
 
 
 def _load_real(name: str, path: Path) -> types.ModuleType:
