@@ -5,19 +5,40 @@ machine without the package index (an air-gapped GPU runner) that fetch raises
 ``ReleaseUnavailable``; the test is then skipped with the command that fills the cache from a
 file (``hicache-fuzz setup --from``), never failed. CI is online and sets
 ``HICACHE_REQUIRE_RELEASES=1`` (``.ci/run``), so there a release that cannot be fetched fails.
+
+A test that needs an implementation of its own under a plain name takes ``name_implementation``:
+the registry's table is read-only, so the test swaps in a copy with its row for its own run.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
+from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.sglang_tree import ReleaseUnavailable
 
 REQUIRE_RELEASES_ENV = "HICACHE_REQUIRE_RELEASES"
+NameImplementation = Callable[[str, Callable[[], object]], None]
+
+
+@pytest.fixture
+def name_implementation(monkeypatch: pytest.MonkeyPatch) -> Iterator[NameImplementation]:
+    """``name_implementation(name, factory)``: ``get_implementation(name)`` builds ``factory()``
+    until the test ends (``registry.BUILT_IN`` swapped for a copy with that row, and the
+    contract-check memo forgotten on both ends)."""
+
+    def add(name: str, factory: Callable[[], object]) -> None:
+        table = MappingProxyType({**registry.BUILT_IN, name: factory})
+        monkeypatch.setattr(registry, "BUILT_IN", table)
+        registry.checked_implementation.cache_clear()
+
+    yield add
+    registry.checked_implementation.cache_clear()
 
 
 def get_release_skip(excinfo: Any) -> str | None:

@@ -19,7 +19,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -43,6 +43,7 @@ from hicache_ref.fleet.workers import WorkerTask
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.base import BuildRequest, Implementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
+from hicache_ref.harness.campaigns import known_findings
 from hicache_ref.harness.campaigns.known_findings import (
     KNOWN_FINDINGS,
     KnownFinding,
@@ -57,6 +58,7 @@ from hicache_ref.replay_lines import get_cli_command
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_TRACE = ROOT / "fuzz" / "corpus" / "load_slot_reuse_false_inv08.jsonl"
 MUTANT = "mutant:extra_write_ack"
+NameImplementation = Callable[[str, Callable[[], object]], None]  # conftest's fixture
 EXTRA_ACK = KnownFinding(
     id="T-extra-ack",
     implementations=(MUTANT,),
@@ -263,12 +265,12 @@ def test_argparse_errors_point_at_the_subcommand_help(capsys: pytest.CaptureFixt
 
 
 def test_a_setup_error_from_an_adapter_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name_implementation: NameImplementation
 ) -> None:
     def unbuildable() -> Implementation:
         raise HiCacheSetupError("the sglang tree lacks its allocator; gate a complete tree")
 
-    monkeypatch.setitem(registry._FACTORIES, "unbuildable", unbuildable)
+    name_implementation("unbuildable", unbuildable)
     # an adapter that cannot be set up -> the same one line and exit 2
     assert cli.main(["gate", "--impl", "unbuildable", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -281,9 +283,9 @@ class _LazilyUnbuildable(ReferenceImplementation):
 
 
 def test_a_setup_error_inside_a_case_is_no_finding(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name_implementation: NameImplementation
 ) -> None:
-    monkeypatch.setitem(registry._FACTORIES, "lazy", _LazilyUnbuildable)
+    name_implementation("lazy", _LazilyUnbuildable)
     # the controller cannot be built in the first case -> exit 2, not a "new failure"
     argv = ["gate", "--impl", "lazy", "--out", str(tmp_path), "--no-progress", "--workers", "1"]
     assert cli.main(argv) == 2
@@ -295,12 +297,12 @@ def test_a_setup_error_inside_a_case_is_no_finding(
 
 
 def test_a_bug_in_the_harness_keeps_its_traceback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, name_implementation: NameImplementation
 ) -> None:
     def broken() -> Implementation:
         raise RuntimeError("a bug, not an input")
 
-    monkeypatch.setitem(registry._FACTORIES, "broken", broken)
+    name_implementation("broken", broken)
     with pytest.raises(RuntimeError, match="a bug, not an input"):
         cli.main(["run", "--impl", "broken", "--out", str(tmp_path)])
 
@@ -380,15 +382,12 @@ def test_a_known_finding_scoped_to_releases_matches_only_inside_them() -> None:
         KnownFinding("B", ("sglang",), "INV-24", r"x", "bad", releases="0.5.10")
 
 
-def test_known_all_selects_the_entries_for_the_implementation(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_known_all_selects_the_entries_for_the_implementation() -> None:
     other = KnownFinding("T-other", ("seed",), "INV-02", "x", "another implementation's")
-    monkeypatch.setitem(KNOWN_FINDINGS, EXTRA_ACK.id, EXTRA_ACK)
-    monkeypatch.setitem(KNOWN_FINDINGS, other.id, other)
-    assert EXTRA_ACK in get_known_findings(["all"], MUTANT)
-    assert other not in get_known_findings(["all"], MUTANT)
-    assert get_known_findings([other.id, other.id], MUTANT) == (other,)
+    table = {**KNOWN_FINDINGS, EXTRA_ACK.id: EXTRA_ACK, other.id: other}
+    assert EXTRA_ACK in get_known_findings(["all"], MUTANT, table)
+    assert other not in get_known_findings(["all"], MUTANT, table)
+    assert get_known_findings([other.id, other.id], MUTANT, table) == (other,)
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -463,7 +462,9 @@ def test_gate_fails_on_a_mutant_with_one_replay_line(
 def test_a_known_finding_turns_the_mutant_gate_green(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(KNOWN_FINDINGS, EXTRA_ACK.id, EXTRA_ACK)
+    # the package's table is read-only: the test's gate reads a copy with its entry
+    table = MappingProxyType({**KNOWN_FINDINGS, EXTRA_ACK.id: EXTRA_ACK})
+    monkeypatch.setattr(known_findings, "KNOWN_FINDINGS", table)
     argv = ["gate", "--impl", MUTANT, "--budget", "3s", "--out", str(tmp_path), "--no-progress"]
     argv += ["--workers", "1", "--seed", "1000"]  # seed 1000 hits the mutant in its 2nd case
     # the same mutant, its bug baselined -> counted, not failed
@@ -502,15 +503,13 @@ FAST_MUTANTS = ("mutant:skip_load_fence", "mutant:producer_index_off_by_one")
 
 @pytest.fixture
 def twin_gate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, name_implementation: NameImplementation, capsys: pytest.CaptureFixture[str]
 ) -> Callable[[str], tuple[set[str], list[str]]]:
     """Gate ``mutant`` under the name "twin" with seed 0 into one folder (as two sglang trees
     gated under "sglang" are): the trace files there after it, and its replay lines."""
 
     def gate(mutant: str) -> tuple[set[str], list[str]]:
-        monkeypatch.setitem(
-            registry._FACTORIES, "twin", lambda: registry.get_implementation(mutant)
-        )
+        name_implementation("twin", lambda: registry.get_implementation(mutant))
         argv = ["gate", "--impl", "twin", "--out", str(tmp_path), "--no-progress", "--workers", "1"]
         assert cli.main([*argv, "--budget", "30s"]) == 1
         lines = _replay_lines(capsys.readouterr().out)

@@ -36,17 +36,7 @@ KNOWN_CIRCLES: dict[str, str] = {
     "hicache_ref.harness.lockstep.storage_steps": "formal engineer (the same)",
 }
 """Modules still in an import circle, and who is taking them out of it."""
-KNOWN_CHANNELS: dict[str, str] = {
-    "hicache_ref/harness/adapters/sglang_stubs.py: _INSTALLED": "interleavings engineer",
-    "hicache_ref/pools/triton_copy.py: _RUNNERS": "speed engineer (a compiled-kernel memo)",
-    "hicache_ref/pools/triton_copy.py: tl": "speed engineer (triton.language, imported lazily)",
-    "hicache_ref/pools/copy_engine.py: _COPIER": "speed engineer (the process's batch copier)",
-    "hicache_ref/pools/transfer_checks.py: TRANSFER_STATS": "speed engineer (counted by copies)",
-    # registries filled at run time: not yet assigned (found by this test, issue 28)
-    "hicache_ref/harness/adapters/registry.py: _FACTORIES": "unassigned (register_implementation)",
-    "hicache_ref/harness/adapters/registry.py: _CHECKED": "unassigned (a contract-check memo)",
-    "hicache_ref/harness/campaigns/known_findings.py: KNOWN_FINDINGS": "unassigned (tests add)",
-}
+KNOWN_CHANNELS: dict[str, str] = {}
 """Module-level channels still in the package, and who is turning them into arguments."""
 LIBRARY_ENVIRONMENT: dict[str, str] = {
     "hicache_ref/distributed/group.py: os.environ write": "NCCL reads NVLS settings only there",

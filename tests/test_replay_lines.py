@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,14 +51,15 @@ def replay_lines(text: str) -> list[str]:
 
 
 @pytest.fixture
-def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The outside package in a folder of this test's own, imported afresh from there."""
     folder = write_outside_package(tmp_path / "site")
     monkeypatch.syspath_prepend(str(folder))
     for name in [m for m in sys.modules if m.split(".")[0] == "outside_impl"]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(registry, "_CHECKED", {})
-    return folder
+    registry.checked_implementation.cache_clear()  # a name checked before, imported afresh
+    yield folder
+    registry.checked_implementation.cache_clear()
 
 
 def test_runs_replay_line_runs_as_printed(

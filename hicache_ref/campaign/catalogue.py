@@ -33,10 +33,7 @@ from typing import Any
 
 from hicache_ref.campaign.run import run_campaign
 from hicache_ref.errors import UnknownOptionError
-from hicache_ref.harness.adapters.mutant import (
-    register_unguarded_mutant,
-    register_unguarded_outside,
-)
+from hicache_ref.harness.adapters.mutant import unguarded_name
 from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_module
 from hicache_ref.harness.campaigns.profiles import PROFILES
 from hicache_ref.harness.steps.replay import minimize, replay
@@ -258,10 +255,10 @@ def _run_one(
 ) -> MutantRow:
     """One mutant: campaign, ddmin the first failure, replay it for the invariant that fired."""
     module = mutant_module(name)
-    if is_outside(name):
-        impl = name if guards else register_unguarded_outside(name)
+    if guards:
+        impl = name if is_outside(name) else f"mutant:{name}"
     else:
-        impl = f"mutant:{name}" if guards else register_unguarded_mutant(name)
+        impl = unguarded_name(name)
     report = run_campaign(
         impl,
         seconds=seconds,

@@ -3,6 +3,7 @@ before any process is spawned; a trace says how many processes recorded it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,6 @@ import torch
 
 from hicache_ref import cli
 from hicache_ref.distributed.driver import backend_of
-from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
@@ -53,9 +53,10 @@ def test_an_unknown_backend_is_refused(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_an_implementation_without_cp_is_refused(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    name_implementation: Callable[[str, Callable[[], object]], None],
 ) -> None:
-    monkeypatch.setitem(registry._FACTORIES, "no_cp_for_test", _NoCpImplementation)
+    name_implementation("no_cp_for_test", _NoCpImplementation)
     err = _refused(["--cp-processes", "2", "--impl", "no_cp_for_test"], capsys)
     assert "implementation 'no_cp_for_test' lacks the 'cp' capability" in err
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from hicache_ref import cli
 from hicache_ref.campaign import catalogue
 from hicache_ref.campaign.catalogue import CatalogueReport, MutantRow, run_catalogue
-from hicache_ref.harness.adapters.mutant import GUARDS, register_unguarded_mutant
+from hicache_ref.harness.adapters.mutant import GUARDS, unguarded_name
 from hicache_ref.harness.adapters.registry import get_implementation, list_mutants
 
 GUARDS_OFF_SECONDS_PER_MUTANT = 90  # as test_mutants.py: a campaign stops at its first failure
@@ -58,7 +58,7 @@ def test_catalogue_without_guards_still_catches_every_non_guard_mutant(tmp_path:
 def test_unguarded_mutant_lacks_only_the_guards_capability() -> None:
     name = list_mutants()[0]
     guarded = get_implementation(f"mutant:{name}")
-    unguarded = get_implementation(register_unguarded_mutant(name))
+    unguarded = get_implementation(unguarded_name(name))
     assert unguarded.capabilities == guarded.capabilities - {GUARDS}
     assert unguarded.name == f"unguarded:{name}"
 

@@ -15,7 +15,7 @@ the second passes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from hicache_ref.controller.operations import LayerDoneCounter
 from hicache_ref.harness.adapters.base import CAPABILITIES
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
-from hicache_ref.harness.adapters.registry import get_implementation, register_implementation
+from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.adapters.sglang import SEED_CAPABILITIES, UPSTREAM_CAPABILITIES
 from hicache_ref.harness.steps.replay import ReplayResult, replay
 from hicache_ref.harness.steps.trace import Step, StepArg, Trace, TraceHeader
@@ -77,17 +77,23 @@ class ResetWithoutDrainController(HiCacheController):
                 stream.synchronize = sync  # type: ignore[method-assign]
 
 
-register_implementation(
-    "test:first-slot", lambda: MutantImplementation(FirstSlotController, "first-slot")
-)
-register_implementation(
-    "test:reset-without-drain",
-    lambda: MutantImplementation(ResetWithoutDrainController, "reset-without-drain"),
-)
-register_implementation(
-    "test:cancel-without-write-sync",
-    lambda: get_implementation("mutant:cancel_without_write_sync"),  # caught in the catalogue
-)
+PLANTED: dict[str, Callable[[], object]] = {
+    "test:first-slot": lambda: MutantImplementation(FirstSlotController, "first-slot"),
+    "test:reset-without-drain": lambda: MutantImplementation(
+        ResetWithoutDrainController, "reset-without-drain"
+    ),
+    # caught in the catalogue
+    "test:cancel-without-write-sync": lambda: get_implementation(
+        "mutant:cancel_without_write_sync"
+    ),
+}
+"""The planted bugs, by the names their traces give (named for each test of this module)."""
+
+
+@pytest.fixture(autouse=True)
+def _planted(name_implementation: Callable[[str, Callable[[], object]], None]) -> None:
+    for name, factory in PLANTED.items():
+        name_implementation(name, factory)
 
 
 # -- capabilities ---------------------------------------------------------------------------------
@@ -156,13 +162,15 @@ def test_a_batch_that_waits_on_its_first_slot_only_is_caught() -> None:
         assert not _replay("test:first-slot", BATCH_CONFIG, single).failed
 
 
-def test_batch_read_is_skipped_without_multi_consumer() -> None:
+def test_batch_read_is_skipped_without_multi_consumer(
+    name_implementation: Callable[[str, Callable[[], object]], None],
+) -> None:
     # an implementation whose set_consumer takes one int -> the batch step is skipped, says why
     class OneSlot(ReferenceImplementation):
         name = "test:one-slot"
         capabilities = ReferenceImplementation.capabilities - {"multi_consumer"}
 
-    register_implementation(OneSlot.name, OneSlot)
+    name_implementation(OneSlot.name, OneSlot)
     result = _replay(OneSlot.name, BATCH_CONFIG, _batch_over_two_slots(5, batched=True))
     assert not result.failed
     assert "no multi_consumer" in result.skipped[15]

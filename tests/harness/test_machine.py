@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import CAPABILITIES
-from hicache_ref.harness.adapters.registry import register_implementation
 from hicache_ref.harness.campaigns.machine import machine_for
 from hicache_ref.harness.campaigns.profiles import make_settings
 
@@ -22,7 +21,6 @@ class ReferenceWithoutPerLayerWrite(ReferenceImplementation):
     capabilities = CAPABILITIES - {"storage", "per_layer_write"}
 
 
-register_implementation(ReferenceWithoutPerLayerWrite.name, ReferenceWithoutPerLayerWrite)
 AllLayerMachine = machine_for(ReferenceWithoutPerLayerWrite(), ReferenceWithoutPerLayerWrite.name)
 AllLayerMachine.TestCase.settings = make_settings()
 

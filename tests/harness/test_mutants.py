@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.cli import run_campaign
-from hicache_ref.harness.adapters.mutant import register_unguarded_mutant
+from hicache_ref.harness.adapters.mutant import unguarded_name
 from hicache_ref.harness.adapters.registry import list_mutants, load_mutant_module
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.trace import Trace
@@ -77,5 +77,5 @@ def test_guard_mutant_is_caught_only_through_a_probe(name: str) -> None:
     # corpus trace with a probe -> replay with guards off (probes skipped) -> it passes
     trace = Trace.read(CORPUS / f"{name}.jsonl")
     assert any(step.rule.startswith("probe_") for step in trace.steps), trace.to_jsonl()
-    result = replay(trace, implementation=register_unguarded_mutant(name))
+    result = replay(trace, implementation=unguarded_name(name))
     assert not result.failed, f"{name} fails without a probe: set NEEDS_GUARDS = False"

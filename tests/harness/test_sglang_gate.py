@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -70,9 +71,8 @@ def gate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(SRC_ENV, raising=False)  # --sglang-src sets it; restored at teardown
     registered = get_known_findings([known_findings.ALL], "sglang")
     if known_findings.match_known_finding(registered, "sglang", "INV-18", RESET_MESSAGE) is None:
-        monkeypatch.setitem(
-            known_findings.KNOWN_FINDINGS, UPSTREAM_RESET_FINDING.id, UPSTREAM_RESET_FINDING
-        )
+        table = {**known_findings.KNOWN_FINDINGS, UPSTREAM_RESET_FINDING.id: UPSTREAM_RESET_FINDING}
+        monkeypatch.setattr(known_findings, "KNOWN_FINDINGS", MappingProxyType(table))
 
 
 def run_gate(

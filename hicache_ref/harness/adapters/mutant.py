@@ -7,8 +7,9 @@ when only a misuse probe sees it, so it is out of reach once the ``guards`` capa
 ``BUG`` (the upstream bug or bug class it re-creates) and ``implementation()`` returning
 ``MutantImplementation(Controller, NAME)``.
 
-``without_guards`` and ``register_unguarded_mutant`` give the same mutant with ``guards`` off,
-as an implementation without SGLang-style refusals (upstream has none) is run.
+``without_guards`` gives the same mutant with ``guards`` off (``unguarded`` any implementation),
+as an implementation without SGLang-style refusals (upstream has none) is run; the name
+``unguarded_name(entry)`` resolves to it in any process (``registry.get_implementation``).
 """
 
 from __future__ import annotations
@@ -60,22 +61,6 @@ def without_guards(implementation: MutantImplementation) -> MutantImplementation
     return unguarded
 
 
-def register_unguarded_mutant(name: str) -> str:
-    """Register ``unguarded:<name>`` (mutant ``name`` without guards) and return that name.
-
-    A trace names its implementation, so a replay or a ddmin in this process rebuilds the
-    unguarded mutant; another process must register it again before replaying such a trace.
-    """
-    from hicache_ref.harness.adapters.registry import load_mutant_module, register_implementation
-
-    def build() -> MutantImplementation:
-        implementation: MutantImplementation = load_mutant_module(name).implementation()
-        return without_guards(implementation)
-
-    register_implementation(f"{UNGUARDED_PREFIX}{name}", build)
-    return f"{UNGUARDED_PREFIX}{name}"
-
-
 class _Unguarded(ImplementationBase):
     """Any implementation with the ``guards`` capability off (an outside mutant's)."""
 
@@ -95,11 +80,13 @@ class _Unguarded(ImplementationBase):
         return self.inner.refine_config(config)
 
 
-def register_unguarded_outside(spec: str) -> str:
-    """Register ``unguarded:<spec>`` (an outside implementation without guards); its name."""
-    from hicache_ref.harness.adapters.registry import get_implementation, register_implementation
+def unguarded(implementation: ImplementationBase) -> ImplementationBase:
+    """Any implementation (an outside mutant's) with the ``guards`` capability off."""
+    return _Unguarded(implementation)
 
-    register_implementation(
-        f"{UNGUARDED_PREFIX}{spec}", lambda: _Unguarded(get_implementation(spec))
-    )
-    return f"{UNGUARDED_PREFIX}{spec}"
+
+def unguarded_name(entry: str) -> str:
+    """The implementation name of catalogue entry ``entry`` (a mutant's name, or an outside
+    ``pkg.module:factory``) with ``guards`` off; ``registry.get_implementation`` builds it from
+    the name alone, so a replay in another process rebuilds it too."""
+    return f"{UNGUARDED_PREFIX}{entry}"

@@ -1,8 +1,9 @@
 """Implementations by name, through one resolver (``get_implementation``), in this order:
 
 1. ``sglang`` and ``seed`` (adapters/sglang.py: a controller file read from a source tree);
-2. ``mutant:<name>`` (fuzz/mutants/<name>.py) and names registered in this process
-   (``register_implementation``: ``reference``, ``unguarded:<name>``);
+2. ``mutant:<name>`` (fuzz/mutants/<name>.py), ``unguarded:<entry>`` (a mutant's name or an
+   outside ``pkg.module:factory`` with the ``guards`` capability off, built from the name alone,
+   so any process rebuilds it) and the built-in table ``BUILT_IN`` (``reference``);
 3. names an installed package registers in the ``hicache_ref.implementations`` entry-point
    group (``[project.entry-points."hicache_ref.implementations"] my_impl = "pkg.mod:factory"``);
 4. ``pkg.module:factory``: imported from the path, ``factory`` a class or function returning an
@@ -10,20 +11,24 @@
 
 Whatever the source, the result goes through ``contract.adopt`` (its required hooks checked,
 its optional ones read once); ``checked_implementation`` also runs the contract's preflight
-(``contract.check_contract``), once per name in a process. A trace header names its
+(``contract.check_contract``), once per name in a process (a bounded memo). Nothing registers a
+name at run time: a new implementation is a row of ``BUILT_IN`` (inside this project), an entry
+point or a ``pkg.module:factory`` (outside it). A trace header names its
 implementation (the name as given: a ``pkg.module:factory`` too) and, for sglang trees, the
 tree, so a replay rebuilds the same one.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from hicache_ref.errors import UnknownOptionError
@@ -33,12 +38,14 @@ from hicache_ref.harness.adapters.contract import (
     adopt,
     check_contract,
 )
+from hicache_ref.harness.adapters.mutant import UNGUARDED_PREFIX, unguarded, without_guards
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 
 MUTANTS_DIR_ENV = "HICACHE_MUTANTS_DIR"
 ENTRY_POINT_GROUP = "hicache_ref.implementations"
 _SPEC = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):([A-Za-z_][\w]*)$")
-_CHECKED: dict[tuple[str, str], ImplementationBase] = {}
+CHECKED_NAMES_MAX = 64
+"""Implementations ``checked_implementation`` remembers (a process gates a handful)."""
 
 
 def _sglang(source: str = "") -> ImplementationBase:
@@ -67,13 +74,12 @@ _SOURCED: dict[str, Callable[[str], ImplementationBase]] = {
 }
 """Implementations whose code lives in a source tree (a trace header records it)."""
 
-_FACTORIES: dict[str, Callable[[], object]] = {
-    "reference": ReferenceImplementation,
-}
-
-
-def register_implementation(name: str, factory: Callable[[], object]) -> None:
-    _FACTORIES[name] = factory
+BUILT_IN: Mapping[str, Callable[[], object]] = MappingProxyType(
+    {
+        "reference": ReferenceImplementation,
+    }
+)
+"""Implementations of this project known by a plain name (read-only: a new one is a row here)."""
 
 
 def mutants_dir() -> Path:
@@ -116,7 +122,9 @@ def get_implementation(name: str, source: str = "") -> ImplementationBase:
     if name.startswith("mutant:"):
         module = load_mutant_module(name.split(":", 1)[1])
         return adopt(module.implementation(), name)
-    factory = _FACTORIES.get(name)
+    if name.startswith(UNGUARDED_PREFIX):
+        return adopt(_unguarded(name.removeprefix(UNGUARDED_PREFIX)), name)
+    factory = BUILT_IN.get(name)
     if factory is not None:
         return adopt(factory(), name)
     entry = _entry_points().get(name)
@@ -130,21 +138,26 @@ def get_implementation(name: str, source: str = "") -> ImplementationBase:
     )
 
 
+def _unguarded(entry: str) -> object:
+    """Catalogue entry ``entry`` with ``guards`` off: an outside ``pkg.module:factory`` (it has a
+    colon) wrapped, a mutant of ``fuzz/mutants`` rebuilt without them."""
+    if ":" in entry:
+        return unguarded(get_implementation(entry))
+    return without_guards(load_mutant_module(entry).implementation())
+
+
+@functools.lru_cache(maxsize=CHECKED_NAMES_MAX)
 def checked_implementation(name: str, source: str = "") -> ImplementationBase:
-    """``get_implementation``, after the contract's preflight (once per name and source)."""
-    key = (name, source)
-    cached = _CHECKED.get(key)
-    if cached is not None:
-        return cached
+    """``get_implementation``, after the contract's preflight (once per name and source; a
+    contract break raises every time)."""
     implementation = get_implementation(name, source)
     check_contract(implementation)
-    _CHECKED[key] = implementation
     return implementation
 
 
 def known_names() -> list[str]:
-    """Names ``get_implementation`` knows without a path: built in, registered, entry points."""
-    return sorted({*_FACTORIES, *_SOURCED, *_entry_points()})
+    """Names ``get_implementation`` knows without a path: built in and entry points."""
+    return sorted({*BUILT_IN, *_SOURCED, *_entry_points()})
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:

@@ -44,8 +44,9 @@ like::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_releases import (
@@ -276,34 +277,30 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
     ),
 )
 
-KNOWN_FINDINGS: dict[str, KnownFinding] = {
-    f.id: f for f in (*_SEED_AND_UPSTREAM, *_UPSTREAM_RELEASES)
-}
+KNOWN_FINDINGS: Mapping[str, KnownFinding] = MappingProxyType(
+    {f.id: f for f in (*_SEED_AND_UPSTREAM, *_UPSTREAM_RELEASES)}
+)
 """Every known finding by id, from specs/upstream_findings.md (the F-entries whose failures the
-gate has reproduced); tests register their own."""
+gate has reproduced). Read-only: a new finding is an entry above; a test passes its own table."""
 
 
-def register_known_finding(finding: KnownFinding) -> KnownFinding:
-    """Add ``finding`` to the table; an id that is taken already is refused."""
-    if finding.id in KNOWN_FINDINGS:
-        raise HiCacheInputError(f"known finding id {finding.id!r} is registered already")
-    KNOWN_FINDINGS[finding.id] = finding
-    return finding
-
-
-def get_known_findings(ids: Iterable[str], implementation: str) -> tuple[KnownFinding, ...]:
-    """The entries ``--known ids`` selects; ``all`` means every entry covering the implementation."""
+def get_known_findings(
+    ids: Iterable[str], implementation: str, table: Mapping[str, KnownFinding] | None = None
+) -> tuple[KnownFinding, ...]:
+    """The entries of ``table`` (default ``KNOWN_FINDINGS``) that ``--known ids`` selects;
+    ``all`` means every entry covering the implementation."""
+    findings = KNOWN_FINDINGS if table is None else table
     selected: list[KnownFinding] = []
     for finding_id in ids:
         if finding_id == ALL:
-            selected += [f for f in KNOWN_FINDINGS.values() if f.covers(implementation)]
+            selected += [f for f in findings.values() if f.covers(implementation)]
             continue
-        if finding_id not in KNOWN_FINDINGS:
-            legal = ", ".join(sorted(KNOWN_FINDINGS)) or "none registered"
+        if finding_id not in findings:
+            legal = ", ".join(sorted(findings)) or "none registered"
             raise HiCacheInputError(
                 f"unknown known-finding id {finding_id!r}; known ids: {legal} (or 'all')"
             )
-        selected.append(KNOWN_FINDINGS[finding_id])
+        selected.append(findings[finding_id])
     return tuple(dict.fromkeys(selected))
 
 
