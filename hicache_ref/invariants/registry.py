@@ -42,11 +42,6 @@ from types import MappingProxyType, TracebackType
 import torch
 
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.invariants import (
-    checks_storage_l3,
-    checks_storage_prefetch,
-    checks_storage_windows,
-)
 from hicache_ref.invariants._convert import shorten, to_ints
 from hicache_ref.invariants.checker import collect, phase_ids, registered
 from hicache_ref.invariants.checks_acks import (
@@ -69,6 +64,7 @@ from hicache_ref.invariants.checks_ownership import (
     check_pool_indices_own,
     check_unchanged,
 )
+from hicache_ref.invariants.checks_storage import STORAGE_MODULES
 from hicache_ref.invariants.checks_storage_l3 import (
     check_inv_25_one_ack,
     check_inv_26_ack_is_stored_prefix,
@@ -468,14 +464,7 @@ def check_inv_36_pool_own_indices(evidence: Evidence) -> None:
     check_pool_indices_own(evidence.pool, pages, evidence.allocated, evidence.others, evidence.what)
 
 
-CHECKERS = collect(
-    [
-        globals(),
-        vars(checks_storage_prefetch),
-        vars(checks_storage_l3),
-        vars(checks_storage_windows),
-    ]
-)
+CHECKERS = collect([globals(), *(vars(module) for module in STORAGE_MODULES)])
 """Every registered checker (``checker.registered``), in id order: the one home of each id."""
 REGISTERED: Mapping[str, Checker] = MappingProxyType({c.inv_id: c.check for c in CHECKERS})
 """Every invariant id the harness checks, and its one checker."""
