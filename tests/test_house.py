@@ -1,5 +1,6 @@
 """The house stays easy to live in: a rule in one module, an invariant in three files, no import
-circle, no channel that is not an argument, no room over 600 lines, a short walk for one step.
+circle, no channel that is not an argument, no room over 600 lines, a short walk for one step,
+and every package's docstring a map of its modules.
 
 Each test reads the package's own source (the AST, never a grep of text), so it fails the day a
 table of rule names, a table of invariant ids, a circle, a module-level channel or a long file
@@ -43,8 +44,7 @@ LIBRARY_ENVIRONMENT: dict[str, str] = {
 }
 """Environment writes that are no channel: the only interface a library reads, set in a process
 the harness starts for it (not a value one part of the package hands another)."""
-KNOWN_LONG_FILES: dict[str, str] = {
-}
+KNOWN_LONG_FILES: dict[str, str] = {}
 
 
 def package_files() -> Iterator[Path]:
@@ -436,6 +436,45 @@ def test_no_file_of_the_package_is_over_600_lines() -> None:
     assert not fixed, (
         f"no longer over {FILE_LINES_MAX} lines, remove from KNOWN_LONG_FILES: {fixed}"
     )
+
+
+# -- (g) every package's docstring is its map ----------------------------------------------------
+def package_members(init: Path) -> list[str]:
+    """A package's modules and subpackages, by name (``__init__`` aside)."""
+    folder = init.parent
+    modules = [p.stem for p in folder.glob("*.py") if p.name != "__init__.py"]
+    packages = [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()]
+    return sorted(modules + packages)
+
+
+def unmapped(init: Path) -> list[str]:
+    """The members a package's docstring does not name (as a word: ``tier`` or ``tier.py``, in
+    backquotes or not, alone or dotted: ``tier.StorageTier``)."""
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    return [
+        name
+        for name in package_members(init)
+        if not re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", doc)
+    ]
+
+
+def test_every_package_docstring_names_each_of_its_modules() -> None:
+    # a module added to a package joins the map in its __init__ (in flow order: read by people)
+    missing = {
+        relative(init): names
+        for init in package_files()
+        if init.name == "__init__.py" and (names := unmapped(init))
+    }
+    assert not missing, f"modules missing from their package's docstring map: {missing}"
+
+
+def test_the_map_reader_sees_a_missing_module(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""``tier``: the tier; ``tier_ports``: its ports."""\n')
+    for name in ("tier", "tier_ports", "queues"):
+        (package / f"{name}.py").write_text("")
+    assert unmapped(package / "__init__.py") == ["queues"]
 
 
 # -- (f) one write step, from the machine to the checkers, opens at most 20 files ----------------

@@ -1,4 +1,5 @@
-"""The device seam: ``DeviceModule`` (protocol), ``CudaDevice`` (real), ``SimDevice`` (simulated).
+"""The device seam: ``DeviceModule`` (``protocol``), ``CudaDevice`` (``cuda``: real),
+``SimDevice`` (``sim``: simulated), and ``PerturbedDevice`` (``perturb``: a real one, seeded).
 
 Data flows through it as stream work: ``launch`` a copy -> ``Event.record`` -> another stream
 ``wait``s -> ``query``/``synchronize``. On ``SimDevice`` nothing runs until ``advance``. On a

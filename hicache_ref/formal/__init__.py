@@ -9,7 +9,9 @@
   points, the tree and the faults, under a CHESS preemption bound. CLI: ``python -m
   hicache_ref.formal.bounded_storage --ranks 2 --ops 2 --pages 2 --max-depth 80 --preemptions 1``.
 - CrossHair checks the ``pre:``/``post:`` contracts of the oracle's pure functions and of
-  ``pools/page_math.py`` (``.ci/crosshair.sh``, ``tests/formal/test_crosshair.py``).
+  ``pools/page_math.py`` (``.ci/crosshair.sh``, ``tests/formal/test_crosshair.py``), and
+  ``optimized``: faster page helpers that must behave exactly like ``page_math`` (CrossHair's
+  diffbehavior).
 
 Import from the submodules (``hicache_ref.formal.bounded``); this package imports nothing so
 ``python -m hicache_ref.formal.bounded`` runs without a double import.

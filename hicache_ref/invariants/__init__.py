@@ -13,10 +13,17 @@ In the order data flows through the protocol:
   finish after every layer (INV-04), bytes as written (INV-06);
 - storage prefetch accounting (INV-19); reset leaves nothing behind (INV-18).
 
-``rules`` holds the pure rules shared by the models' validators and the checkers, ``checks_*``
-the pure checks over plain values, by concept. ``snapshot`` is the plain data the harness reads
-of each rank and of its own model, ``evidence`` what it hands a checker, and ``registry`` the one
-home of every invariant the harness checks: one ``check_inv_NN_*`` per id (``REGISTERED``), run
+Modules, in the order a check flows through them: ``models`` (the records above) and ``rules``
+(the pure rules their validators and the checkers share); ``snapshot`` and
+``storage_snapshot``, the plain data the harness reads of each rank, each tier and its own
+models; ``evidence``, what it hands a checker; the pure checks over plain values, by concept:
+``checks_layout`` (where bytes go), ``checks_transfer`` (what a transfer must respect),
+``checks_acks`` (the ack protocol), ``checks_ownership`` (who holds a slot),
+``checks_prefetch`` (prefetch accounting), and the storage tier's ``checks_storage_prefetch``, ``checks_storage_l3`` and
+``checks_storage_windows`` (gathered by ``checks_storage``), with ``_convert``'s plain ints
+for all of them; ``checker``, the registration
+decorator and the phase tables derived from it; and ``registry``, the one home of every
+invariant the harness checks: one ``check_inv_NN_*`` per id (``REGISTERED``), run
 by the session per phase (``STEP_IDS``, ``REFUSAL_IDS``, ``RESET_IDS``, ``QUIESCENCE_IDS``) and by
 the tree and the byte checks on what they observe (``CheckRunner``).
 """

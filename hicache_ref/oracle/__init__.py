@@ -35,6 +35,14 @@ harness tree's looser schedule; ``harness/lockstep/oracle.py`` steps the oracle 
 Query functions (``get_*``) answer what a harness compares: slot owners and their in-flight
 users, predicted and expected tags, ack rows, lifecycles and locks. The L3 storage tier has an
 oracle of its own, one schedule point at a time: ``hicache_ref.oracle.storage``.
+
+Modules, in the same order: ``config`` (the fixed world and the protocol variant) and
+``geometry`` (its pure arithmetic); ``state`` (the frozen state) and ``ops`` (the operations);
+``slots`` (allocating and freeing pages and slots), ``streams`` (stream FIFOs, events,
+execution); the transitions: ``tree`` (insert, store, evict, reset), ``write_path`` (1-2),
+``landing`` (``CopyLanded``), ``load_path`` (4-5); ``step`` (``is_enabled`` and ``step``, the
+one entry point); ``queries`` (the ``get_*`` answers) and ``invariants``
+(``check_invariants``); ``contracts`` (CrossHair's entry points over the step functions).
 """
 
 from hicache_ref.oracle.config import (

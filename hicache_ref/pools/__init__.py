@@ -4,14 +4,17 @@ Primitives in the order data flows through them:
 
 1. ``page_math`` / ``page_index``: token locs come in whole aligned pages (INV-01);
    ``pad_token_locs_to_page_boundary`` completes a partial last page.
-2. ``CpSharedKVLayout``: under CP, which rank owns a logical page and where it lives there.
-3. ``PagedTokenToKVPoolAllocator``: ``alloc`` device pages (``alloc_pages_with_owners`` replays
+2. ``CpSharedKVLayout`` (``cp_layout``): under CP, which rank owns a logical page and where it
+   lives there.
+3. ``PagedTokenToKVPoolAllocator`` (``allocator``): ``alloc`` device pages (``alloc_pages_with_owners`` replays
    a CP owner pattern, INV-03) ... ``free`` them (refusing double and foreign frees, INV-05).
-4. ``MHATokenToKVPool`` / ``MLATokenToKVPool`` / ``NSATokenToKVPool``: the device KV the forward
+4. ``MHATokenToKVPool`` / ``MLATokenToKVPool`` / ``NSATokenToKVPool`` (``device_pool``): the
+   device KV the forward
    stores into (``notify_layer_end``) and reads (``get_key_buffer`` waits for the layer, INV-11).
    ``HybridLinearKVPool`` (``hybrid_pool``) wraps one of them as ``full_kv_pool`` next to the
    linear-attention state HiCache never caches; the controller unwraps it.
-5. ``HostKVCache`` (``make_host_pool``): ``alloc`` host slots -> ``backup_from_device_*`` (d2h)
+5. ``HostKVCache`` (``host_pool``, ``make_host_pool``; where a row lives per layout:
+   ``host_layout``): ``alloc`` host slots -> ``backup_from_device_*`` (d2h)
    -> ``get_data_page`` to storage / ``set_from_flat_data_page`` from storage ->
    ``load_to_device_per_layer`` (h2d) -> ``free``. Transfers are stream work (``transfer``): they
    are checked at launch and move bytes when the stream runs.
@@ -21,7 +24,7 @@ Primitives in the order data flows through them:
    transfer; every layer's addresses in one table) -> ``copy_engine`` (one
    ``cudaMemcpyBatchAsync`` per layer, issued by ``copy_issuer``'s native thread behind two
    stream operations, or ``memmove`` on the simulator); ``triton``: ``triton_copy`` (a zero-copy kernel over the
-   pinned host pool). ``copy_choice`` says which of them the default ``auto`` takes where the
+   pinned host pool; its Triton source: ``triton_kernel``). ``copy_choice`` says which of them the default ``auto`` takes where the
    transfer runs (``gather`` on the CPU; on a GPU ``batch``, ``triton`` or ``runs``).
 
 ``PageFreeList`` (``free_pages``) is the shared bookkeeping behind both allocators, with the

@@ -2,14 +2,16 @@
 
 Primitives, in the order data flows through them:
 
-- ``compute_page_hashes`` / ``get_hash_str``: chained content keys of whole pages;
+- ``compute_page_hashes`` / ``get_hash_str`` (``hashing``): chained content keys of whole pages;
 - ``StorageOperation`` (backup), ``PrefetchOperation`` (a prefetch; its bounce buffer comes after
-  the hit query, with the INV-19 release ledger) and ``PrefetchAck`` (its progress), queued on
-  ``BoundedQueue``s;
-- ``HiCacheStorage``: ``batch_set`` -> ``batch_exists`` -> ``batch_get``, keyed by
+  the hit query, with the INV-19 release ledger) and ``PrefetchAck`` (its progress)
+  (``operations``), queued on ``BoundedQueue``s (``queues``); what the tier needs of a host pool
+  (``protocols``) and page-granular views of its index tensors (``pages``);
+- ``HiCacheStorage`` (``backend``): ``batch_set`` -> ``batch_exists`` -> ``batch_get``, keyed by
   ``compute_storage_key`` (content key + rank split + layout-independent format tag);
-- backends: ``MemoryStorage``, ``FileStorage``, and ``FaultInjectingStorage`` around either;
-- ``StorageBackendFactory``: names -> backends, for ``attach_storage_backend``.
+- backends: ``MemoryStorage`` (``memory_backend``), ``FileStorage`` (``file_backend``), and
+  ``FaultInjectingStorage`` (``fault_injection``) around either;
+- ``StorageBackendFactory`` (``factory``): names -> backends, for ``attach_storage_backend``.
 
 The controller side (the tier: its steps, executors, epochs, rank group) is
 ``hicache_ref.controller.storage``.

@@ -18,6 +18,7 @@ Its map, in the order a prefetch and a backup flow through it (SGLang 0.5.23's p
 - ``lifecycle``: what a detach waits for (every op at its final ack) and the backend's close;
 - ``collectives``: ``SingleRank`` and the in-process ``RankGroup`` (logs every collective,
   fails on any asymmetry or deadlock);
+- ``steps``: ``StepRunner``, the tier's four step components and one step of any of them;
 - ``executor``: ``ThreadExecutor`` (four threads per epoch) and ``ManualExecutor``;
   ``lockstep``: one step on every rank of a group at once, and a reset or detach of all ranks;
 - ``records``: ``StorageStepKind`` and ``StepResult``; ``config``: what the backend is told;

@@ -15,7 +15,8 @@ The gate on upstream's own code, in the order a gate uses the modules:
    (``sglang_hashes``: the tree's page-key hash functions without its kernels);
 3. ``sglang``: ``SglangImplementation``, the controller file executed once per world;
    ``sglang_shapes``: the shims per release shape; ``sglang_group``: 0.5.19+'s hybrid
-   controller over a ``HostPoolGroup``;
+   controller over a ``HostPoolGroup``, and ``sglang_sides``: the tree half of its independent
+   side pool, as upstream's hybrid radix cache drives it;
 4. in a storage world, ``sglang_storage``: upstream's controller subclassed for the storage
    driver (``storage_controller_class``, ``UpstreamTier``), whose threads park at the thread
    gate (``sglang_gate``: served queues, gated threads, ``StepGate``) under the storage world's

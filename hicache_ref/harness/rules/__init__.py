@@ -13,7 +13,8 @@ In the order a step meets them:
   start_loading, forward_read, forward_read_batch, drain_load, drain_acks) -> ``evict``
   (evict_device, drop, evict_host) -> ``streams`` (advance, advance_to_record, synchronize)
   -> ``misuse`` (the probes, scribble_free_host) -> ``reset`` (reset, reset_in_flight, noop)
-  -> ``storage`` (the L3 verbs of ``driver/storage_driver.py``);
+  -> ``storage`` (the L3 verbs of ``driver/storage_driver.py``) -> ``schedule`` (a grant of a
+  parked storage thread, with its outcome);
 - ``table``: ``RULES``, every record by name, from the families' ``RECORDS``.
 
 Rule names and argument names are a stable format: traces in ``fuzz/corpus`` name them, and

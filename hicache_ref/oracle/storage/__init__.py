@@ -35,6 +35,12 @@ Primitives, in the order a prefetch and a backup flow through them:
 and the window properties of ``config.WINDOWS``); ``StorageVariant`` flags plant one bug each
 (``PLANTED_STORAGE_BUGS``); ``keys`` holds the pure helpers CrossHair checks.
 ``formal/bounded_storage.py`` explores every interleaving of small worlds.
+
+Modules, in the same order: ``config`` (the world and ``WINDOWS``), ``universe`` (the keys and
+operations a harness adds as a case goes on), ``keys``, ``state`` and ``ops``; the threads'
+halves ``tree`` (1, 3, 6), ``hit_query`` (2), ``prefetch_io`` (4, 5), ``backup`` (7) and
+``epochs`` (8); ``step`` (``why_storage_disabled`` and ``storage_step``, the one entry point);
+``invariants`` (``check_storage_invariants``).
 """
 
 from hicache_ref.oracle.storage.config import (
