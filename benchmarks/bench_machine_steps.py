@@ -40,7 +40,7 @@ from hicache_ref.campaign.rounds import freeze_long_lived_objects
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.campaigns.machine import MACHINE_RULES, FailureFolder, machine_for
 from hicache_ref.harness.campaigns.profiles import LOCKSTEP_ENV
-from hicache_ref.harness.steps.outcome import Outcome
+from hicache_ref.harness.step_types import Outcome
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 

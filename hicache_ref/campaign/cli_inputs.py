@@ -24,7 +24,8 @@ from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, check_tree
 from hicache_ref.harness.rules import STREAMS, step_argument_types
-from hicache_ref.harness.steps.trace import TRACE_VERSION, RuleName, Step, Trace, TraceHeader
+from hicache_ref.harness.step_types import RuleName
+from hicache_ref.harness.steps.trace import TRACE_VERSION, Step, Trace, TraceHeader
 
 SGLANG_CONTROLLER = CONTROLLER_RELPATH
 LEGAL_RULES: tuple[str, ...] = get_args(RuleName)

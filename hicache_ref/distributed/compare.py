@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from hicache_ref.distributed.rank_session import RankSession
-from hicache_ref.harness.steps.outcome import Outcome
+from hicache_ref.harness.step_types import Outcome
 
 Rows = tuple[tuple[int, ...], ...]
 

@@ -25,7 +25,7 @@ from hicache_ref.distributed.rank_session import RankSession, open_rank_session
 from hicache_ref.distributed.schedule import StepProgram, quiesce_steps
 from hicache_ref.distributed.verdict import RankError, Verdict, decide
 from hicache_ref.harness.adapters.base import Implementation
-from hicache_ref.harness.steps.outcome import done
+from hicache_ref.harness.step_types import done
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig

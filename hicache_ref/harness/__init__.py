@@ -7,6 +7,8 @@ Its map, in the order one case flows through it:
   mutants, upstream SGLang and the seed fork read from a tree, upstream's storage backend);
 - ``world``: the simulated world of one case (``HarnessConfig``, pools, allocators, devices,
   the storage world and its recording backends) and the content oracle's bytes;
+- ``step_types``: a step's vocabulary, which every floor above reads: the rule names a trace
+  admits (``RuleName``), argument values (``StepArg``) and what a verb did (``Outcome``);
 - ``driver``: the tree's state (``tree.TreeDriver``: SGLang's radix cache around the
   controller, its ack drains; ``storage_driver``: the L3 side, which extends the tree), and
   what they check as they go (byte checks, the free-slot and store watches);

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from hicache_ref.harness.steps.trace import RuleName, StepArg
+from hicache_ref.harness.step_types import RuleName, StepArg
 from hicache_ref.harness.world.config import HarnessConfig
 
 FORMAT_VERSION: Literal["hicache-vector/1"] = "hicache-vector/1"

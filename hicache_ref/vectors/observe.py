@@ -23,7 +23,7 @@ import torch
 
 from hicache_ref.harness.driver.node_model import Node
 from hicache_ref.harness.rules import RULES
-from hicache_ref.harness.steps.outcome import Outcome
+from hicache_ref.harness.step_types import Outcome
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.content import expected_rows

@@ -20,8 +20,9 @@ from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.rules.streams import SYNCHRONIZE
+from hicache_ref.harness.step_types import StepArg
 from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.world import make_device_pool
 from hicache_ref.vectors.models import (

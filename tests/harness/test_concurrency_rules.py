@@ -28,8 +28,9 @@ from hicache_ref.harness.adapters.mutant import MutantImplementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.adapters.registry import get_implementation
 from hicache_ref.harness.adapters.sglang import SEED_CAPABILITIES, UPSTREAM_CAPABILITIES
+from hicache_ref.harness.step_types import StepArg
 from hicache_ref.harness.steps.replay import ReplayResult, replay
-from hicache_ref.harness.steps.trace import Step, StepArg, Trace, TraceHeader
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,9 +25,9 @@ from hicache_ref.harness.lockstep.compare import compare_final_content, compare_
 from hicache_ref.harness.lockstep.oracle import LockstepOracle, attach_lockstep
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.rules.record import untranslated
-from hicache_ref.harness.steps.outcome import done, refused
+from hicache_ref.harness.step_types import StepArg, done, refused
 from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.oracle.geometry import compute_token_tag
 from hicache_ref.oracle.state import Ack, evolve, replace_at, with_fault, with_node

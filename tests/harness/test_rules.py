@@ -12,10 +12,11 @@ from hicache_ref.distributed.schedule import schedule_entries
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.campaigns.machine import MACHINE_RULES
 from hicache_ref.harness.rules import RULES, rule_families
+from hicache_ref.harness.step_types import RuleName
 from hicache_ref.harness.steps.programs import LOAD_PATH_SHARE_MIN, PROGRAMS
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import RuleName, Step, Trace, TraceHeader
+from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
 
 LOAD_PATH_CAMPAIGN_SECONDS = 15

@@ -45,7 +45,7 @@ from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.driver.storage_tree_0510 import PollStorageTree, PollTreeRank
 from hicache_ref.harness.driver.storage_windows import stale_grants
 from hicache_ref.harness.schedule.points import Grant
-from hicache_ref.harness.steps.outcome import Outcome, done, refused
+from hicache_ref.harness.step_types import Outcome, done, refused
 from hicache_ref.harness.world.recording_storage import BackendCall
 from hicache_ref.harness.world.storage_world import StorageWorld
 from hicache_ref.invariants.checks_storage import STORAGE_IDS

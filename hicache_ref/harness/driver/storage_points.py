@@ -37,7 +37,7 @@ from hicache_ref.harness.schedule.points import (
     face,
     position,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done
+from hicache_ref.harness.step_types import Outcome, done
 from hicache_ref.harness.world.recording_storage import BackendCall
 
 

@@ -45,7 +45,7 @@ from hicache_ref.harness.driver.node_model import (
 )
 from hicache_ref.harness.driver.rank_geometry import RankGeometry
 from hicache_ref.harness.driver.store_watch import StoreWatch
-from hicache_ref.harness.steps.outcome import Outcome, done
+from hicache_ref.harness.step_types import Outcome, done
 from hicache_ref.harness.world.world import World
 from hicache_ref.invariants.evidence import DrainedAck, PoolIndices, RankValues
 from hicache_ref.invariants.registry import CheckRunner

@@ -48,7 +48,7 @@ from hicache_ref.harness.lockstep.compare import (
 )
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.rules.record import UntranslatedRuleError
-from hicache_ref.harness.steps.outcome import Outcome
+from hicache_ref.harness.step_types import Outcome
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.world import COPY_POOL_TAG, COPY_RANK_TAG
 from hicache_ref.oracle import ops as o

@@ -18,7 +18,7 @@ In the order a step meets them:
 - ``table``: ``RULES``, every record by name, from the families' ``RECORDS``.
 
 Rule names and argument names are a stable format: traces in ``fuzz/corpus`` name them, and
-``trace.RuleName`` must name exactly these rules (``tests/harness/test_rules.py``).
+``step_types.RuleName`` must name exactly these rules (``tests/harness/test_rules.py``).
 """
 
 from hicache_ref.harness.rules.record import MULTI_CONSUMER, RESET_DRAINS, STREAMS, RuleRecord

@@ -22,7 +22,7 @@ from hicache_ref.harness.rules.record import (
     node_arg,
     pick_draw,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done
+from hicache_ref.harness.step_types import Outcome, done
 from hicache_ref.harness.world.content import FREED_ROW_VALUE
 from hicache_ref.oracle import ops as o
 

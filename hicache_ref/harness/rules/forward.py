@@ -31,8 +31,7 @@ from hicache_ref.harness.rules.record import (
     pool_arg,
 )
 from hicache_ref.harness.rules.write import reserve_cp
-from hicache_ref.harness.steps.outcome import Outcome, done, refused
-from hicache_ref.harness.steps.trace import StepArg
+from hicache_ref.harness.step_types import Outcome, StepArg, done, refused
 from hicache_ref.invariants.evidence import RankValues
 from hicache_ref.oracle import ops as o
 

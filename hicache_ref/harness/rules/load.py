@@ -47,8 +47,7 @@ from hicache_ref.harness.rules.record import (
     pool_arg,
     undrained_loads,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done, refused
-from hicache_ref.harness.steps.trace import StepArg
+from hicache_ref.harness.step_types import Outcome, StepArg, done, refused
 from hicache_ref.invariants.evidence import RankValues, SlotReuse
 from hicache_ref.oracle import ops as o
 

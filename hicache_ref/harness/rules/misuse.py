@@ -36,7 +36,7 @@ from hicache_ref.harness.rules.record import (
     node_arg,
     pick_draw,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done
+from hicache_ref.harness.step_types import Outcome, done
 
 ProbeKind = Literal["host_free", "device_free", "rewrite"]
 """What a probe tries: free a node's host slots (``evict_host``), free its device pages

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from hypothesis import strategies as st
 
-from hicache_ref.harness.steps.outcome import Outcome
-from hicache_ref.harness.steps.trace import RuleName, StepArg
+from hicache_ref.harness.step_types import Outcome, RuleName, StepArg
 from hicache_ref.oracle.config import Pool
 
 if TYPE_CHECKING:

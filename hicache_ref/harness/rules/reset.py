@@ -28,8 +28,7 @@ from hicache_ref.harness.rules.record import (
     no_args,
     no_oracle_ops,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done
-from hicache_ref.harness.steps.trace import StepArg
+from hicache_ref.harness.step_types import Outcome, StepArg, done
 from hicache_ref.oracle import ops as o
 
 if TYPE_CHECKING:

@@ -31,8 +31,7 @@ from hicache_ref.harness.rules.record import (
     StepContext,
 )
 from hicache_ref.harness.schedule.points import AT_MAX, BACKEND_POINTS, OUTCOMES, Grant
-from hicache_ref.harness.steps.outcome import Outcome
-from hicache_ref.harness.steps.trace import StepArg
+from hicache_ref.harness.step_types import Outcome, StepArg
 
 if TYPE_CHECKING:
     from hicache_ref.harness.driver.storage_driver import StorageDriver

@@ -29,8 +29,7 @@ from hicache_ref.harness.rules.record import (
     StepContext,
 )
 from hicache_ref.harness.rules.reset import reset
-from hicache_ref.harness.steps.outcome import Outcome
-from hicache_ref.harness.steps.trace import StepArg
+from hicache_ref.harness.step_types import Outcome, StepArg
 from hicache_ref.storage.fault_injection import FAULT_KINDS
 
 if TYPE_CHECKING:

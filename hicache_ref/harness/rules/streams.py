@@ -29,8 +29,7 @@ from hicache_ref.harness.rules.record import (
     draw_only_outside_machine,
     no_oracle_ops,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done
-from hicache_ref.harness.steps.trace import StepArg
+from hicache_ref.harness.step_types import Outcome, StepArg, done
 from hicache_ref.harness.world.world import World
 
 

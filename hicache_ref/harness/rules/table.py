@@ -2,7 +2,7 @@
 
 A family module (``forward.py`` ... ``storage.py``) ends with ``RECORDS``, its rules in flow
 order; ``FAMILY_MODULES`` lists the modules, and ``RULES`` is their records by name. Adding a
-rule to a family touches that module alone (and ``trace.RuleName``, the trace format); a new
+rule to a family touches that module alone (and ``step_types.RuleName``, the trace format's names); a new
 family is one more module here. The session, the machine, lockstep, the CP-process schedule,
 the replayer, the vectors and the campaign report all read ``RULES``.
 """

@@ -35,7 +35,7 @@ from hicache_ref.harness.rules.record import (
     pick_draw,
     pool_arg,
 )
-from hicache_ref.harness.steps.outcome import Outcome, done, refused
+from hicache_ref.harness.step_types import Outcome, done, refused
 from hicache_ref.invariants.evidence import ReturnedIndices
 from hicache_ref.oracle import ops as o
 

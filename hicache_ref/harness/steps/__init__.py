@@ -6,7 +6,8 @@ family modules of ``harness/rules/``):
 - ``programs`` and ``storage_programs``: compound stories yielding atomic steps, shared by
   the Hypothesis machine, the CP-process schedule and the vector walks;
 - ``session.Session``: applies a step (pins, preconditions, the rule, then every check of its
-  phase) and returns an ``outcome.Outcome`` (the trace's text and typed facts);
+  phase) and returns an ``Outcome`` (``harness/step_types.py``: the trace's text and typed
+  facts);
 - ``trace``: versioned JSONL traces (a header, then one step per line; ``RuleName`` names every
   rule);
 - ``replay``: a trace applied again without Hypothesis, and ddmin over its steps.

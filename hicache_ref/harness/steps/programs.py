@@ -48,6 +48,7 @@ from hicache_ref.harness.rules.record import (
 )
 from hicache_ref.harness.rules.streams import ADVANCE, SYNCHRONIZE
 from hicache_ref.harness.rules.write import CANCEL, RESERVE, START_WRITING, SUBMIT_LAYER, WRITE
+from hicache_ref.harness.step_types import StepArg
 from hicache_ref.harness.steps.storage_programs import (
     STORAGE_ROUND_TRIP_PARAMS,
     STORAGE_STEPS_PARAMS,
@@ -56,7 +57,7 @@ from hicache_ref.harness.steps.storage_programs import (
     storage_attached,
     storage_runnable,
 )
-from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.steps.trace import Step
 
 Steps = Iterator[Step]
 

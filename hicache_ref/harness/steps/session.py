@@ -39,7 +39,7 @@ from hicache_ref.harness.driver.tree import TreeDriver
 from hicache_ref.harness.rules import RULES, STREAMS
 from hicache_ref.harness.rules.forward import forward_layer, layer_end, store_layer
 from hicache_ref.harness.rules.load import start_loading
-from hicache_ref.harness.steps.outcome import SKIPPED, Outcome
+from hicache_ref.harness.step_types import SKIPPED, Outcome
 from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.world import WorldBuilder, build_world

@@ -36,7 +36,8 @@ from hicache_ref.harness.rules.storage import (
     WRITE_STORAGE,
     driver,
 )
-from hicache_ref.harness.steps.trace import Step, StepArg
+from hicache_ref.harness.step_types import StepArg
+from hicache_ref.harness.steps.trace import Step
 
 BACKUP_STEPS_MAX = 8
 POINT_STEPS_FACTOR = 3

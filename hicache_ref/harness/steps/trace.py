@@ -15,55 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.step_types import RuleName, StepArg
 from hicache_ref.harness.world.config import HarnessConfig
 
 TRACE_VERSION = "hicache-trace/1"
-
-RuleName = Literal[
-    "prefill",
-    "forward_layer",
-    "write",
-    "start_writing",
-    "load",
-    "start_loading",
-    "forward_read",
-    "advance",
-    "synchronize",
-    "drain_acks",
-    "cancel",
-    "evict_device",
-    "drop",
-    "evict_host",
-    "reset",
-    "noop",
-    "probe_evict_host",
-    "probe_evict_device",
-    "probe_rewrite",
-    "store_layer",
-    "layer_end",
-    "reserve",
-    "submit_layer",
-    "drain_write",
-    "drain_load",
-    "forward_read_batch",
-    "scribble_free_host",
-    "reset_in_flight",
-    "advance_to_record",
-    "write_storage",
-    "storage_step",
-    "prefetch",
-    "check_prefetch",
-    "terminate_prefetch",
-    "drain_prefetch_acks",
-    "drain_backup_acks",
-    "inject_fault",
-    "detach_storage",
-    "attach_storage",
-    "clear_storage",
-    "reset_storage_in_flight",
-    "schedule_point",
-]
-StepArg = int | bool | str
 
 
 class Step(BaseModel):

@@ -1,15 +1,65 @@
-"""What one applied step did, as a value: the trace's text and the facts the checks read.
+"""A step's vocabulary, below every floor that applies steps: the rule names a trace may hold,
+the values its arguments take, and what one applied step did.
 
-A tree verb returns an ``Outcome``; the session, the lockstep oracle and the cross-rank
-comparison read its fields (``refused``, ``reservation``, ``agreed``) and never its text, which
-is only what a trace and a replay print. ``SKIPPED`` is the outcome of a step whose rule was not
-enabled.
+``RuleName`` names every machine rule (the trace format: ``steps/trace.py`` writes it, the rule
+families under ``rules/`` are these names, one ``RuleRecord`` each); ``StepArg`` is the type of
+one argument. A verb (the tree's, the storage driver's, a rule's) returns an ``Outcome``; the
+session, the lockstep oracle and the cross-rank comparison read its fields (``refused``,
+``reservation``, ``agreed``) and never its text, which is only what a trace and a replay print.
+``SKIPPED`` is the outcome of a step whose rule was not enabled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+RuleName = Literal[
+    "prefill",
+    "forward_layer",
+    "write",
+    "start_writing",
+    "load",
+    "start_loading",
+    "forward_read",
+    "advance",
+    "synchronize",
+    "drain_acks",
+    "cancel",
+    "evict_device",
+    "drop",
+    "evict_host",
+    "reset",
+    "noop",
+    "probe_evict_host",
+    "probe_evict_device",
+    "probe_rewrite",
+    "store_layer",
+    "layer_end",
+    "reserve",
+    "submit_layer",
+    "drain_write",
+    "drain_load",
+    "forward_read_batch",
+    "scribble_free_host",
+    "reset_in_flight",
+    "advance_to_record",
+    "write_storage",
+    "storage_step",
+    "prefetch",
+    "check_prefetch",
+    "terminate_prefetch",
+    "drain_prefetch_acks",
+    "drain_backup_acks",
+    "inject_fault",
+    "detach_storage",
+    "attach_storage",
+    "clear_storage",
+    "reset_storage_in_flight",
+    "schedule_point",
+]
+StepArg = int | bool | str
+"""One argument's value in a step (a node handle, a count, a flag, a stream's name)."""
 
 Reservation = Literal["", "made", "refused"]
 
