@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,25 @@ def test_a_backup_window_mutant_is_found_by_construction_and_replays(
     monkeypatch.setenv("HICACHE_LOCKSTEP", "1")
     assert replay(Trace.read(path)).signature() == inv_id
     assert not replay(Trace.read(path), implementation="reference").failed
+
+
+def test_a_termination_between_batches_is_found_by_construction_on_0_5_23(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the window the random 60 s gate needs 30-70 s for: one preemption, no drawn fault
+    world = replace(WORLDS["fetch"], preemptions=1, max_faults=0)
+    reference = explore(implementation_factory("reference"), "reference", world)
+    assert reference.complete and reference.violation is None, reference.message
+    tree = fetch_wheel_tree("0.5.23")
+    bug = next(b for b in BUGS_0523_WINDOWS if b.NAME == "io_ignores_termination")
+    target = Path(bug.TARGET)
+    planted = fork_tree(bug.write_patched(tree / target, tmp_path / target.name), tree, target)
+    result = explore(implementation_factory("sglang", str(planted)), "sglang", world)
+    assert result.violation is not None and result.inv_id == "INV-33", result.summary()
+    # its trace fails on the planted tree and passes on the unmodified one
+    trace = Trace.read(result.violation.write(tmp_path / "found.jsonl"))
+    assert replay(trace).signature() == "INV-33"
+    assert not replay(trace, source=str(tree)).failed
 
 
 def test_the_command_prints_the_trace_and_its_replay_line(
