@@ -48,8 +48,7 @@ LIBRARY_ENVIRONMENT: dict[str, str] = {
 }
 """Environment writes that are no channel: the only interface a library reads, set in a process
 the harness starts for it (not a value one part of the package hands another)."""
-KNOWN_LONG_FILES: dict[str, str] = {
-}
+KNOWN_LONG_FILES: dict[str, str] = {}
 
 
 def package_files() -> Iterator[Path]:
