@@ -30,12 +30,7 @@ GENERATED = frozenset({"hicache_ref/invariant_titles.py"})
 FILE_LINES_MAX = 600
 WRITE_STEP_FILES_MAX = 20
 
-KNOWN_CIRCLES: dict[str, str] = {
-    # the storage lockstep's step translation and comparisons read its follower back (type-only)
-    "hicache_ref.harness.lockstep.storage": "formal engineer (a Protocol of the follower)",
-    "hicache_ref.harness.lockstep.storage_compare": "formal engineer (the same)",
-    "hicache_ref.harness.lockstep.storage_steps": "formal engineer (the same)",
-}
+KNOWN_CIRCLES: dict[str, str] = {}
 """Modules still in an import circle, and who is taking them out of it."""
 KNOWN_CHANNELS: dict[str, str] = {}
 """Module-level channels still in the package, and who is turning them into arguments."""

@@ -8,6 +8,11 @@
   storage oracle (``oracle/storage``): every interleaving of the storage threads' schedule
   points, the tree and the faults, under a CHESS preemption bound. CLI: ``python -m
   hicache_ref.formal.bounded_storage --ranks 2 --ops 2 --pages 2 --max-depth 80 --preemptions 1``.
+- ``explore_impl.explore(implementation, name, world)``: the same kind of enumeration run
+  against an implementation (the reference, a mutant, upstream 0.5.23) through the schedule
+  points: every interleaving of a small world a fresh harness run, within a fault budget and a
+  preemption bound; the shortest violating run is a JSONL trace ``hicache-fuzz replay`` runs.
+  CLI: ``python -m hicache_ref.formal.explore_impl --impl sglang --world fetch``.
 - CrossHair checks the ``pre:``/``post:`` contracts of the oracle's pure functions and of
   ``pools/page_math.py`` (``.ci/crosshair.sh``, ``tests/formal/test_crosshair.py``), and
   ``optimized``: faster page helpers that must behave exactly like ``page_math`` (CrossHair's

@@ -48,6 +48,21 @@ namespaces to compare (the driver's INV-28 catches it first), it sees the bytes 
 wrote over a page (INV-30)."""
 
 
+POINT_STEPS = 150
+WINDOW_MUTANTS: dict[str, tuple[str, int]] = {
+    "backup_acks_before_write": ("INV-32", 0),
+    "io_counts_past_hole": ("INV-34", 9),
+    "io_exception_doubles_final_ack": ("INV-25", 112),
+    "io_ignores_termination": ("INV-33", 0),
+    "increment_before_page_data": ("INV-34", 9),
+    "reset_forgets_parked_threads": ("INV-35", 0),
+}
+"""Each window mutant (and each other mutant pinned to INV-32..35): the id of its lockstep
+divergence in a world with schedule points, and the first walk of ``POINT_STEPS`` that shows it
+(the windows need a drawn outcome at one point: a hole, a raise, a termination between
+batches)."""
+
+
 @pytest.fixture(autouse=True)
 def lockstep_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HICACHE_LOCKSTEP", "1")
@@ -95,6 +110,56 @@ def test_the_reference_never_diverges_over_random_storage_walks() -> None:
         run_walk(session, seed, STEPS)
         compared += follower.steps
     assert compared > 200
+
+
+def test_the_reference_never_diverges_point_by_point_under_schedule_points() -> None:
+    compared = 0
+    for seed in range(12):
+        session = walk_session(ReferenceImplementation(), "reference", seed, points=True)
+        follower = _follow(session)
+        run_walk(session, seed, STEPS)
+        compared += follower.steps
+    assert compared > 300  # point steps: a grant of one thread kind to its next point
+
+
+def test_a_round_trip_under_points_is_followed_grant_by_grant() -> None:
+    config = HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1)
+    session = Session(
+        config.model_copy(update={"storage_points": True}), ReferenceImplementation(), "reference"
+    )
+    follower = _follow(session)
+    apply(session, "write_storage", pick=1, new=True)  # a chain of two pages
+    for _ in range(4):  # wait, batch_set, batch_set, put ack_backup_queue
+        apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "prefetch", pick=0)
+    apply(session, "storage_step", kind="hit_query")  # the get
+    apply(session, "schedule_point", thread="hit_query", outcome="defer", rank=1, at=0)
+    for _ in range(4):  # the deferred call returns, the second batch, all_reduce, put
+        apply(session, "storage_step", kind="hit_query")
+    apply(session, "drain_prefetch_acks")
+    apply(session, "storage_step", kind="io")  # the get and the termination check
+    apply(session, "schedule_point", thread="io", outcome="hole", rank=0, at=0)
+    session.finish()
+    assert follower.steps >= 12 and follower.collectives["hits"] == 1
+    view = follower.state.ranks[0].prefetches[1]
+    assert view.first_hole == 0 and view.published == 0 and view.final_drained == 1
+    replayed = run_storage_ops(follower.start, follower.trace)
+    assert replayed == follower.state and not check_storage_invariants(replayed)
+
+
+@pytest.mark.parametrize("mutant", sorted(WINDOW_MUTANTS))
+def test_every_window_mutant_diverges_point_by_point(
+    mutant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(StorageDriver, "check", lambda self, quiescent=False: None)
+    inv_id, seed = WINDOW_MUTANTS[mutant]
+    name = f"mutant:{mutant}"
+    session = walk_session(get_implementation(name), name, seed, points=True)
+    _follow(session)
+    with pytest.raises(InvariantViolation, match="storage lockstep divergence") as caught:
+        run_walk(session, seed, POINT_STEPS)
+    assert caught.value.inv_id == inv_id, str(caught.value)
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))

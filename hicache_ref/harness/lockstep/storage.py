@@ -35,6 +35,11 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.campaigns.profiles import lockstep_enabled
 from hicache_ref.harness.driver.storage_driver import StorageDriver
 from hicache_ref.harness.lockstep.storage_compare import compare_after_verb
+from hicache_ref.harness.lockstep.storage_point_steps import (
+    before_point_step,
+    finish_stopped_bodies,
+    follow_point_step,
+)
 from hicache_ref.harness.lockstep.storage_steps import follow_step
 from hicache_ref.harness.world.recording_storage import BackendCall
 from hicache_ref.invariants.storage_snapshot import Prefix
@@ -112,8 +117,6 @@ def unsupported_storage_reason(driver: StorageDriver) -> str | None:
     missing = [verb for verb in VERBS if not callable(getattr(driver, verb, None))]
     if missing:
         return f"the storage driver has no verb {missing[0]} (update lockstep/storage.py VERBS)"
-    if driver.points is not None:
-        return "schedule points (a step runs a thread to its next point; the translation follows whole loop bodies)"
     if driver.mla:
         return "an MLA world (one namespace every rank shares)"
     if driver.polled is not None or not all(isinstance(t, StorageTier) for t in driver.l3.tiers):
@@ -143,10 +146,10 @@ class StorageLockstep:
         self.backup_ops: list[dict[int, int]] = [{} for _ in range(driver.n)]
         self.key_names: list[dict[str, int]] = [{} for _ in range(driver.n)]
         self.collectives = {"hits": 0, "completion": 0}
-        self._calls: list[list[BackendCall]] = [[] for _ in range(driver.n)]
-        self._results: dict[int, StepResult] = {}
+        self.calls: list[list[BackendCall]] = [[] for _ in range(driver.n)]
+        self.results: dict[int, StepResult] = {}
         self._verdicts_seen: list[dict[str, int]] = [{} for _ in range(driver.n)]
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._depth = 0
         if self.off_reason is None:
             self._wrap_verbs()
@@ -161,7 +164,7 @@ class StorageLockstep:
     def _wrapped(self, verb: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def followed(*args: Any, **kwargs: Any) -> Any:
             self._tee_backends()
-            before = self._before(verb)
+            before = self._before(verb, args)
             self._depth += 1
             try:
                 result = original(*args, **kwargs)
@@ -183,7 +186,7 @@ class StorageLockstep:
 
                 def tee(rank: int = rank, take: Callable[[], list[BackendCall]] = take) -> Any:
                     calls = take()
-                    self._calls[rank].extend(calls)
+                    self.calls[rank].extend(calls)
                     return calls
 
                 recording.take = tee  # type: ignore[method-assign]
@@ -192,11 +195,11 @@ class StorageLockstep:
             tier.step_observer = self._on_result
 
     def _on_result(self, result: StepResult) -> None:
-        with self._lock:
-            self._results[result.rank] = result
+        with self.lock:
+            self.results[result.rank] = result
 
     # -- translation ---------------------------------------------------------------------------
-    def _before(self, verb: str) -> Any:
+    def _before(self, verb: str, args: tuple[Any, ...]) -> Any:
         if verb == "write_storage":
             return [set(logs) for logs in self.driver.log.backups]
         if verb == "prefetch":
@@ -211,9 +214,11 @@ class StorageLockstep:
         if verb == "drain_prefetch":
             return {rid for rid, op in self.prefetch_ops.items() if self._current(op)}
         if verb == "run_step":
-            with self._lock:
-                self._results = {}
-            self._calls = [[] for _ in range(self.driver.n)]
+            with self.lock:
+                self.results = {}
+            if self.driver.points is not None:  # calls wait for their grant's translation
+                return before_point_step(self, args[0])
+            self.calls = [[] for _ in range(self.driver.n)]
         return None
 
     def _after(self, verb: str, args: tuple[Any, ...], before: Any) -> None:
@@ -227,7 +232,10 @@ class StorageLockstep:
                 self._compare_verdicts()
             self._after_terminations(before)
         elif verb == "run_step":
-            follow_step(self, args[0])
+            if self.driver.points is not None:
+                follow_point_step(self, args[0], before)
+            else:
+                follow_step(self, args[0])
         elif verb == "drain_prefetch":
             self._apply_if_enabled(DrainHits(self._no_room(before)))
             self._apply_if_enabled(DrainAcks())
@@ -235,14 +243,16 @@ class StorageLockstep:
             self._apply_if_enabled(DrainBackupAcks())
             self._apply_if_enabled(DrainReleases())
         elif verb == "detach":
-            self._apply(Detach(), verb)
+            self.apply_op(Detach(), verb)
         elif verb == "attach":
-            self._apply(Attach(), verb)
+            self.apply_op(Attach(), verb)
             self._forget_epoch()
         elif verb == "clear":
-            self._apply(Clear(0 if self.driver.mla else int(args[0]) % self.driver.n), verb)
+            self.apply_op(Clear(0 if self.driver.mla else int(args[0]) % self.driver.n), verb)
         elif verb == "on_reset":
-            self._apply(Reset(), verb)
+            if self.driver.points is not None:
+                finish_stopped_bodies(self)
+            self.apply_op(Reset(), verb)
             self._forget_epoch()
         if self._depth == 0 or verb == "run_step":
             self._judge(verb)
@@ -295,7 +305,7 @@ class StorageLockstep:
         for rank, ids in enumerate(fresh):
             for op_id in ids:
                 self.backup_ops[rank][op_id] = op
-        self._apply(WriteStorage(op), "a backup queued")
+        self.apply_op(WriteStorage(op), "a backup queued")
 
     def _after_prefetch(self, before: set[str]) -> None:
         logs = self.driver.log.prefetches[0]
@@ -303,7 +313,7 @@ class StorageLockstep:
             keys = self._chain_keys(self.driver.chains[logs[rid].chain_uid])
             op = self._new_op(kind="prefetch", keys=keys)
             self.prefetch_ops[rid] = op
-            self._apply(Prefetch(op), "a prefetch queued")
+            self.apply_op(Prefetch(op), "a prefetch queued")
 
     def _current(self, op: int) -> bool:
         return all(r.prefetches[op].current for r in self.state.ranks)
@@ -333,14 +343,14 @@ class StorageLockstep:
             if all(i is None for i in info) and self._current(self.prefetch_ops[rid]):
                 logs = [self.driver.log.prefetches[r].get(rid) for r in range(self.driver.n)]
                 if any(log is not None and log.terminated_at is not None for log in logs):
-                    self._apply(Terminate(self.prefetch_ops[rid]), "a prefetch terminated")
+                    self.apply_op(Terminate(self.prefetch_ops[rid]), "a prefetch terminated")
 
     # -- stepping the oracle ---------------------------------------------------------------------
     def _apply_if_enabled(self, op: StorageOp) -> None:
         if why_storage_disabled(self.state, op) is None:
-            self._apply(op, type(op).__name__)
+            self.apply_op(op, type(op).__name__)
 
-    def _apply(self, op: StorageOp, what: str) -> None:
+    def apply_op(self, op: StorageOp, what: str) -> None:
         try:
             self.state, _ = storage_step(self.state, op)
         except OpNotEnabledError as exc:

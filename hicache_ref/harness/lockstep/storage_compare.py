@@ -17,16 +17,12 @@ what the tree drained are the harness's own records or what the tier emitted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hicache_ref.controller.storage.collectives import PREFETCH_COMPLETION, PREFETCH_HITS
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.harness.lockstep.storage_follower import StorageFollower
 from hicache_ref.oracle.storage import BACKUP, HIT_QUERY, IO, SYNC
 from hicache_ref.oracle.storage.state import FINAL
 from hicache_ref.oracle.storage.step import thread_ops
-
-if TYPE_CHECKING:
-    from hicache_ref.harness.lockstep.storage import StorageLockstep
 
 QUEUES = (
     ("prefetch_queue", "prefetch_queue", "INV-24"),
@@ -51,7 +47,7 @@ THREAD_OF = {
 
 
 def compare_step(
-    lockstep: StorageLockstep, kind: StorageStepKind, results: dict[int, StepResult]
+    lockstep: StorageFollower, kind: StorageStepKind, results: dict[int, StepResult]
 ) -> None:
     """One storage step: who ran it and what each rank's result says."""
     state = lockstep.state
@@ -64,6 +60,15 @@ def compare_step(
                 raise lockstep.divergence(
                     "INV-20", what, f"rank {rank} ran: oracle yes, implementation no"
                 )
+    compare_results(lockstep, kind, results, what)
+
+
+def compare_results(
+    lockstep: StorageFollower, kind: StorageStepKind, results: dict[int, StepResult], what: str
+) -> None:
+    """What each rank's loop body that ended reports, against the oracle."""
+    state = lockstep.state
+    thread = THREAD_OF[kind]
     for rank, result in sorted(results.items()):
         want = _expected_tokens(lockstep, rank, thread, result)
         if want is not None and want != result.tokens:
@@ -93,7 +98,7 @@ _QUANTITY = {
 
 
 def _expected_tokens(
-    lockstep: StorageLockstep, rank: int, thread: int, result: StepResult
+    lockstep: StorageFollower, rank: int, thread: int, result: StepResult
 ) -> int | None:
     state = lockstep.state
     rank_state = state.ranks[rank]
@@ -121,7 +126,7 @@ def _expected_tokens(
     return 0 if value == FINAL else value * page
 
 
-def compare_after_verb(lockstep: StorageLockstep, verb: str) -> None:
+def compare_after_verb(lockstep: StorageFollower, verb: str) -> None:
     """The whole storage state both sides can see, after ``verb``."""
     _compare_queues(lockstep, verb)
     _compare_collectives(lockstep, verb)
@@ -129,7 +134,7 @@ def compare_after_verb(lockstep: StorageLockstep, verb: str) -> None:
     _compare_backups(lockstep, verb)
 
 
-def _compare_queues(lockstep: StorageLockstep, verb: str) -> None:
+def _compare_queues(lockstep: StorageFollower, verb: str) -> None:
     for rank, tier in enumerate(lockstep.driver.l3.tiers):
         sizes = tier.queues.sizes()
         mine = lockstep.state.ranks[rank]
@@ -142,7 +147,7 @@ def _compare_queues(lockstep: StorageLockstep, verb: str) -> None:
                 )  # fmt: skip
 
 
-def _compare_collectives(lockstep: StorageLockstep, verb: str) -> None:
+def _compare_collectives(lockstep: StorageFollower, verb: str) -> None:
     """Every rank's collectives per group. Ranks that differ among themselves break INV-20; all
     ranks missing (or adding) the same progress reductions publish progress that is no MIN
     (INV-21)."""
@@ -158,7 +163,7 @@ def _compare_collectives(lockstep: StorageLockstep, verb: str) -> None:
                 raise lockstep.divergence(inv_id, verb, detail)
 
 
-def _compare_prefetches(lockstep: StorageLockstep, verb: str) -> None:
+def _compare_prefetches(lockstep: StorageFollower, verb: str) -> None:
     driver = lockstep.driver
     page = driver.page
     for rid, op in lockstep.prefetch_ops.items():
@@ -194,7 +199,7 @@ def _compare_prefetches(lockstep: StorageLockstep, verb: str) -> None:
                 )  # fmt: skip
 
 
-def _compare_backups(lockstep: StorageLockstep, verb: str) -> None:
+def _compare_backups(lockstep: StorageFollower, verb: str) -> None:
     for rank, ops in enumerate(lockstep.backup_ops):
         logs = lockstep.driver.log.backups[rank]
         for op_id, op in ops.items():

@@ -15,10 +15,11 @@ the store does not hold are lost to a fault (``LosePage``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.harness.lockstep.storage_compare import compare_step
+from hicache_ref.harness.lockstep.storage_follower import StorageFollower
 from hicache_ref.harness.world.recording_storage import BackendCall
 from hicache_ref.oracle.storage import (
     BACKUP,
@@ -32,9 +33,6 @@ from hicache_ref.oracle.storage import (
 from hicache_ref.oracle.storage.keys import compute_batch_range
 from hicache_ref.oracle.storage.state import ABSENT
 
-if TYPE_CHECKING:
-    from hicache_ref.harness.lockstep.storage import StorageLockstep
-
 THREAD_OF = {
     StorageStepKind.HIT_QUERY: HIT_QUERY,
     StorageStepKind.IO: IO,
@@ -46,11 +44,11 @@ _EXTRA_CALL_ID = {"exists": "INV-29", "get": "INV-19", "set": "INV-31"}
 """The id a backend call the oracle did not make is reported under, by call kind."""
 
 
-def follow_step(ls: StorageLockstep, kind: StorageStepKind) -> None:
-    with ls._lock:
-        results = dict(ls._results)
+def follow_step(ls: StorageFollower, kind: StorageStepKind) -> None:
+    with ls.lock:
+        results = dict(ls.results)
     thread = THREAD_OF[kind]
-    calls = [list(c) for c in ls._calls]
+    calls = [list(c) for c in ls.calls]
     for rank in sorted(results):
         _run_body(ls, rank, thread, calls[rank])
         if calls[rank]:
@@ -64,19 +62,19 @@ def follow_step(ls: StorageLockstep, kind: StorageStepKind) -> None:
     if group is not None and any(
         ls.state.ranks[r].threads[thread].point == "reduce" for r in results
     ):
-        ls._apply(Collective(group), f"{kind.value} step")
+        ls.apply_op(Collective(group), f"{kind.value} step")
         ls.collectives[group] += 1
         for rank in sorted(results):
             if ls.state.ranks[rank].threads[thread].point == "publish":
-                ls._apply(Advance(rank, thread), f"{kind.value} step")
+                ls.apply_op(Advance(rank, thread), f"{kind.value} step")
     for rank in sorted(results):
-        _drop_lost(ls, rank, ls._calls[rank])
+        drop_lost(ls, rank, ls.calls[rank])
     ls.steps += 1
     ls.session.stats.lockstep["storage_steps_in_lockstep"] += 1
     compare_step(ls, kind, results)
 
 
-def _run_body(ls: StorageLockstep, rank: int, thread: int, calls: list[BackendCall]) -> None:
+def _run_body(ls: StorageFollower, rank: int, thread: int, calls: list[BackendCall]) -> None:
     """Advance one rank's thread through one loop body, each call's outcome from ``calls``:
     up to the collective (hit query, progress sync) or to its end."""
     what = f"rank {rank} {('hit_query', 'io', 'sync', 'backup')[thread]} step"
@@ -85,39 +83,41 @@ def _run_body(ls: StorageLockstep, rank: int, thread: int, calls: list[BackendCa
         return ls.state.ranks[rank].threads[thread].point
 
     if thread != IO or point() == "idle":
-        ls._apply(Advance(rank, thread), what)  # the get on its input queue
+        ls.apply_op(Advance(rank, thread), what)  # the get on its input queue
     if thread == HIT_QUERY:
         while point() == "exists":
             record = ls.state.ranks[rank].threads[thread]
-            ls._apply(_exists_outcome(ls, rank, record, calls), what)
+            ls.apply_op(exists_outcome(ls, rank, record, calls), what)
     elif thread == IO:
-        ls._apply(Advance(rank, IO), what)  # the termination check
+        ls.apply_op(Advance(rank, IO), what)  # the termination check
         if point() == "get":
             record = ls.state.ranks[rank].threads[thread]
-            ls._apply(_get_outcome(ls, rank, record, calls), what)
-        ls._apply(Advance(rank, IO), what)  # the progress ack
+            ls.apply_op(get_outcome(ls, rank, record, calls), what)
+        ls.apply_op(Advance(rank, IO), what)  # the progress ack
         if point() == "final":
-            ls._apply(Advance(rank, IO), what)
+            ls.apply_op(Advance(rank, IO), what)
     elif thread == SYNC:
         if point() == "publish":  # a final ack: no collective
-            ls._apply(Advance(rank, SYNC), what)
+            ls.apply_op(Advance(rank, SYNC), what)
     else:
         while point() == "set":
-            ls._apply(_set_outcome(ls, rank, calls), what)
+            ls.apply_op(set_outcome(ls, rank, calls), what)
         if point() == "ack":
-            ls._apply(Advance(rank, BACKUP), what)
+            ls.apply_op(Advance(rank, BACKUP), what)
 
 
-def _batch_keys(ls: StorageLockstep, op: int, batch: int, pages: int) -> tuple[int, ...]:
+def _batch_keys(ls: StorageFollower, op: int, batch: int, pages: int) -> tuple[int, ...]:
     start, end = compute_batch_range(batch, ls.state.config.batch_pages, pages)
     return ls.state.config.op_keys(op)[start:end]
 
 
-def _exists_outcome(
-    ls: StorageLockstep, rank: int, record: Any, calls: list[BackendCall]
+def exists_outcome(
+    ls: StorageFollower, rank: int, record: Any, calls: list[BackendCall], gone: bool = False
 ) -> Advance:
+    """The ``batch_exists`` of ``record``'s batch as the oracle's outcome (``gone``: a page the
+    store no longer holds is lost first, as a ``gone`` outcome under points evicts it)."""
     keys = _batch_keys(ls, record.op, record.batch, ls.state.config.ops[record.op].pages)
-    call = _next_call(calls, "exists")
+    call = next_call(calls, "exists")
     if call is None or call.raised:
         return Advance(rank, HIT_QUERY, "raise")
     _learn(ls, rank, call.keys, keys)
@@ -129,14 +129,19 @@ def _exists_outcome(
             f"implementation's backend {call.answer}",
         )  # fmt: skip
     if call.answer < run:
+        if gone and lose_gone_page(ls, rank, call.keys[call.answer], keys[call.answer]):
+            return Advance(rank, HIT_QUERY)
         return Advance(rank, HIT_QUERY, "hole", call.answer)
     return Advance(rank, HIT_QUERY)
 
 
-def _get_outcome(ls: StorageLockstep, rank: int, record: Any, calls: list[BackendCall]) -> Advance:
+def get_outcome(
+    ls: StorageFollower, rank: int, record: Any, calls: list[BackendCall], gone: bool = False
+) -> Advance:
+    """The ``batch_get`` of ``record``'s batch as the oracle's outcome (``gone`` as above)."""
     view = ls.state.ranks[rank].prefetches[record.op]
     keys = _batch_keys(ls, record.op, record.batch, len(view.bounce))
-    call = _next_call(calls, "get")
+    call = next_call(calls, "get")
     if call is None:
         return Advance(rank, IO, "raise")
     _learn(ls, rank, call.keys, keys)
@@ -150,12 +155,14 @@ def _get_outcome(ls: StorageLockstep, rank: int, record: Any, calls: list[Backen
                 "oracle absent (never written), implementation's backend returned bytes",
             )  # fmt: skip
         if l3[key] != ABSENT and not got:
+            if gone and lose_gone_page(ls, rank, call.keys[i], key):
+                return Advance(rank, IO)
             return Advance(rank, IO, "hole", i)
     return Advance(rank, IO)
 
 
-def _set_outcome(ls: StorageLockstep, rank: int, calls: list[BackendCall]) -> Advance:
-    call = _next_call(calls, "set")
+def set_outcome(ls: StorageFollower, rank: int, calls: list[BackendCall]) -> Advance:
+    call = next_call(calls, "set")
     if call is None:
         return Advance(rank, BACKUP, "raise")
     record = ls.state.ranks[rank].threads[BACKUP]
@@ -170,7 +177,15 @@ def _set_outcome(ls: StorageLockstep, rank: int, calls: list[BackendCall]) -> Ad
     return Advance(rank, BACKUP, "fail", landed)
 
 
-def _store_has(ls: StorageLockstep, rank: int, name: str) -> bool:
+def lose_gone_page(ls: StorageFollower, rank: int, name: str, key: int) -> bool:
+    """A page the oracle holds that the harness's store lost (an eviction): ``LosePage``."""
+    if _store_has(ls, rank, name):
+        return False
+    ls.apply_op(LosePage(rank, key), f"rank {rank} backend lost a page")
+    return True
+
+
+def _store_has(ls: StorageFollower, rank: int, name: str) -> bool:
     """Whether the harness's own store (under the fault wrapper) holds ``name``."""
     storage_rank = ls.driver.l3.ranks[rank]
     faults, recording = storage_rank.faults, storage_rank.recording
@@ -178,7 +193,7 @@ def _store_has(ls: StorageLockstep, rank: int, name: str) -> bool:
     return bool(store is not None and store.exists(name))
 
 
-def _learn(ls: StorageLockstep, rank: int, names: tuple[str, ...], keys: tuple[int, ...]) -> None:
+def _learn(ls: StorageFollower, rank: int, names: tuple[str, ...], keys: tuple[int, ...]) -> None:
     """Which backend key names which prefix: one key per prefix and one prefix per key."""
     for name, key in zip(names, keys, strict=False):
         known = ls.key_names[rank].setdefault(name, key)
@@ -190,7 +205,7 @@ def _learn(ls: StorageLockstep, rank: int, names: tuple[str, ...], keys: tuple[i
             )  # fmt: skip
 
 
-def _check_bytes(ls: StorageLockstep, rank: int, call: BackendCall, keys: tuple[int, ...]) -> None:
+def _check_bytes(ls: StorageFollower, rank: int, call: BackendCall, keys: tuple[int, ...]) -> None:
     """Each page a call wrote or read back holds the bytes the harness's content oracle
     made for its prefix on this rank (what the oracle's GOOD tag stands for, INV-30)."""
     expected = ls.driver.log.expected
@@ -203,7 +218,7 @@ def _check_bytes(ls: StorageLockstep, rank: int, call: BackendCall, keys: tuple[
             )  # fmt: skip
 
 
-def _drop_lost(ls: StorageLockstep, rank: int, calls: list[BackendCall]) -> None:
+def drop_lost(ls: StorageFollower, rank: int, calls: list[BackendCall]) -> None:
     """Pages a write reported stored that the store does not hold (an injected
     ``set_drop``): lost to a fault, as the oracle's ``LosePage``."""
     for call in calls:
@@ -214,10 +229,10 @@ def _drop_lost(ls: StorageLockstep, rank: int, calls: list[BackendCall]) -> None
             if key is None or ls.state.ranks[rank].l3[key] == ABSENT:
                 continue
             if not _store_has(ls, rank, name):
-                ls._apply(LosePage(rank, key), f"rank {rank} backend dropped a page")
+                ls.apply_op(LosePage(rank, key), f"rank {rank} backend dropped a page")
 
 
-def _next_call(calls: list[BackendCall], kind: str) -> BackendCall | None:
+def next_call(calls: list[BackendCall], kind: str) -> BackendCall | None:
     for index, call in enumerate(calls):
         if call.kind == kind:
             del calls[index]

@@ -130,9 +130,7 @@ class RecordingStorage(HiCacheStorage):
         grant = at_backend_call(self._faults, BATCH_SET, keys)
         try:
             ok = bool(self.inner.batch_set(keys, values, target_locations, target_sizes))
-            after_backend_call(grant, BATCH_SET)
-            return ok
-        finally:
+        finally:  # recorded when it ran (a deferred call's return point comes after)
             digests = tuple(page_digest(v) for v in values or ())
             self._record(
                 BackendCall(
@@ -143,6 +141,8 @@ class RecordingStorage(HiCacheStorage):
                     stored_keys=tuple(self.stored_key(k) for k in keys),
                 )
             )
+        after_backend_call(grant, BATCH_SET)
+        return ok
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -155,10 +155,10 @@ class RecordingStorage(HiCacheStorage):
         try:
             answer = int(self.inner.batch_exists(keys, extra_info))
             raised = False
-            after_backend_call(grant, BATCH_EXISTS)
-            return answer
-        finally:
+        finally:  # recorded when it ran (a deferred call's return point comes after)
             self._record(BackendCall("exists", tuple(keys), answer=answer, raised=raised))
+        after_backend_call(grant, BATCH_EXISTS)
+        return answer
 
     def clear(self) -> None:
         self.inner.clear()
