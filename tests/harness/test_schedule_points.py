@@ -65,7 +65,7 @@ class Story:
         assert not outcome.skipped, (rule, args, outcome)
         self.steps.append(step)
         self.texts.append(outcome.text)
-        storage = self.session.tree.storage
+        storage = self.session.storage
         assert storage is not None
         for tier in storage.l3.tiers:
             for kind in STEP_KINDS:
@@ -76,7 +76,7 @@ class Story:
 
     def run(self, kind: str, defer: bool = False) -> None:
         """Grant the ``kind`` threads until their loop bodies end (a deferred first call)."""
-        storage = self.session.tree.storage
+        storage = self.session.storage
         assert storage is not None
         for _ in range(STORY_STEPS_MAX):
             runnable = [k.value for k in storage.runnable()]
