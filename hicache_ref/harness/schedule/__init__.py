@@ -2,8 +2,8 @@
 
 In the order a grant flows:
 
-- ``points``: the point kinds (``wait``, the backend calls, ``return``, ``all_reduce``, ``put``)
-  and the outcomes of a backend call (``ok``, ``hole``, ``gone``, ``raise``, ``short``,
+- ``points``: the point kinds (``wait``, the backend calls, ``return``, ``all_reduce``, ``put``,
+  ``lock``, ``event``) and the outcomes of a backend call (``ok``, ``hole``, ``gone``, ``raise``, ``short``,
   ``defer``): ``Point``, ``Grant``, ``schedule_point``;
 - ``gate``: ``GatedThread`` and ``StepGate`` (where threads park, who the harness grants,
   ``grants`` as the harness's record);
