@@ -83,13 +83,16 @@ class CampaignSink:
     clock: Callable[[], float]
     """Seconds since the campaign started (when a configuration or a check was first seen)."""
     last_failure: Path | None = field(default=None)
+    last_schedule: dict[str, Any] | None = field(default=None)
+    """The PCT bias of the case ``last_failure`` holds (``campaign`` profile, points worlds)."""
 
     def on_case(self, session: Session) -> None:
         self.report.absorb(session, at_s=self.clock())
 
-    def on_failure(self, trace: Trace) -> Path:
+    def on_failure(self, trace: Trace, schedule: dict[str, Any] | None = None) -> Path:
         name = trace.header.implementation.replace(":", "-")
         self.last_failure = trace.write(self.scratch / f"failure-{name}.jsonl")
+        self.last_schedule = schedule
         return self.last_failure
 
 
@@ -122,6 +125,8 @@ class FailureContext:
     minimize_replays: int
     save_trace: Callable[[Trace], None] | None = None
     """Also keep the kept trace in a shared store (``fleet.database``)."""
+    schedule: dict[str, Any] | None = None
+    """The failing case's PCT bias (``schedule/pct.py``: depth, priority changes), if any."""
 
 
 def absorb_failure(
@@ -161,6 +166,7 @@ def failure_record(
         "replay": get_rerun_line(
             report.implementation, report.profile, context.round_seed, report.device, report.source
         ),
+        **({"pct": context.schedule} if context.schedule is not None else {}),
     }
 
 

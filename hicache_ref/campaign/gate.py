@@ -14,7 +14,7 @@ from typing import Any
 
 from hicache_ref.campaign.interrupts import EXIT_INTERRUPTED
 from hicache_ref.campaign.report import CampaignReport
-from hicache_ref.campaign.summary import wrap_items
+from hicache_ref.campaign.summary import render_pct, wrap_items
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.campaigns.known_findings import ALL, KnownFinding, get_known_findings
 from hicache_ref.replay_lines import get_replay_line, get_rerun_line
@@ -54,6 +54,8 @@ def render_gate(report: CampaignReport, known: tuple[KnownFinding, ...]) -> str:
             f"gate: NEW {failure['invariant']} (seed {failure['seed']}{steps}{more}): "
             f"{failure['error']}"
         )
+        if "pct" in failure:
+            lines.append(f"  {render_pct(failure['pct'])}")
         if failure["trace"]:
             lines.append(get_replay_line(failure["trace"], report.implementation))
         else:  # it failed outside a step, so no trace exists: the seed reproduces it

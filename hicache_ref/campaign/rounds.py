@@ -113,6 +113,7 @@ def run_rounds(
         key=get_source_key(implementation),
         build=build,
         lockstep=plan.lockstep,
+        pct=report.profile == "campaign",  # PCT's bias over the storage threads
     )
     report.sample(0.0)
     try:
@@ -147,6 +148,7 @@ def _run_round(
     """One seeded round; True when it found a new failure and the campaign stops at the first."""
     round_seed = report.seed + report.rounds * report.seed_stride
     sink.last_failure = None
+    sink.last_schedule = None
     settings = make_settings(
         report.profile,
         shrink=plan.shrink,
@@ -177,6 +179,7 @@ def _run_round(
             last_failure=sink.last_failure,
             minimize_replays=plan.minimize_replays,
             save_trace=plan.database.save_trace if plan.database is not None else None,
+            schedule=sink.last_schedule,
         )
         failure = get_campaign_failure(exc, sink.last_failure)
         is_new = absorb_failure(report, failure, context, plan.known)

@@ -13,7 +13,8 @@ short (the counts above are then what ran).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import get_invariant_label
@@ -131,9 +132,21 @@ def _render_failures(report: CampaignReport, replay_lines: bool) -> list[str]:
         repeats = report.repeats[failure["invariant"]]
         again = f" (and {repeats} more like it)" if repeats else ""
         lines.append(f"    {get_invariant_label(failure['invariant'])}: {failure['error']}{again}")
+        if "pct" in failure:
+            lines.append(f"    {render_pct(failure['pct'])}")
         if replay_lines:
             lines.append(f"    replay: {failure['replay']}")
     return lines
+
+
+def render_pct(pct: Mapping[str, Any]) -> str:
+    """Which PCT depth found a failure, and the priority changes its case passed."""
+    at = ", ".join(str(i) for i in pct.get("changed_at", []))
+    where = f" (at picks {at} of {pct.get('picks', 0)})" if at else ""
+    return (
+        f"found under PCT depth {pct['depth']}: {pct['changes']} of {int(pct['depth']) - 1} "
+        f"priority change(s){where}"
+    )
 
 
 def _where(report: CampaignReport) -> str:

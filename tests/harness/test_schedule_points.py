@@ -12,6 +12,7 @@ every step, without Hypothesis, on a fresh world.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,10 @@ import pytest
 from hicache_ref.controller.storage.records import STEP_KINDS
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
+from hicache_ref.harness.adapters.sglang_gate import GatedEvent, GatedLock
 from hicache_ref.harness.driver.storage_points import position
+from hicache_ref.harness.schedule.gate import GatedThread, StepGate
+from hicache_ref.harness.schedule.points import Grant
 from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step, Trace, TraceHeader
@@ -28,7 +32,7 @@ from hicache_ref.harness.world.config import HarnessConfig
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("HICACHE_SHARED_DIR", REPO.parent / "shared"))
 SEED_FILE = SHARED / "seeds" / "cache_controller_seed_reindented.py.txt"
-STORY_STEPS_MAX = 12  # grants per thread kind before a story gives up (a body has fewer)
+STORY_STEPS_MAX = 24  # grants per thread kind before a story gives up (a body has fewer)
 
 
 def implementation(name: str, monkeypatch: pytest.MonkeyPatch) -> Implementation:
@@ -65,7 +69,7 @@ class Story:
         assert not outcome.skipped, (rule, args, outcome)
         self.steps.append(step)
         self.texts.append(outcome.text)
-        storage = self.session.tree.storage
+        storage = self.session.storage
         assert storage is not None
         for tier in storage.l3.tiers:
             for kind in STEP_KINDS:
@@ -76,7 +80,7 @@ class Story:
 
     def run(self, kind: str, defer: bool = False) -> None:
         """Grant the ``kind`` threads until their loop bodies end (a deferred first call)."""
-        storage = self.session.tree.storage
+        storage = self.session.storage
         assert storage is not None
         for _ in range(STORY_STEPS_MAX):
             runnable = [k.value for k in storage.runnable()]
@@ -115,10 +119,16 @@ def test_every_storage_thread_parks_at_every_kind_of_point(
     story.session.finish()
 
     has_sync = "sync" in story.parked  # 0.5.10 and the seed have no sync thread
+    upstream = name != "reference"  # the reference's operation lock is no point yet
     expected = {
         "backup": {"wait", "batch_set", "return", "put"},
-        "hit_query": {"wait", "batch_exists", "all_reduce", "put"},
-        "io": {"wait", "batch_get", "return"} | ({"put"} if has_sync else set()),
+        # 0.5.23's hit query looks at termination under the operation's lock
+        "hit_query": {"wait", "batch_exists", "all_reduce", "put"}
+        | ({"lock"} if name == "0.5.23" else set()),
+        # upstream's IO takes the operation's lock between batches (is_terminated, increment)
+        "io": {"wait", "batch_get", "return"}
+        | ({"put"} if has_sync else set())
+        | ({"lock"} if upstream else set()),
     }
     if has_sync:
         expected["sync"] = {"wait", "all_reduce", "put"}
@@ -135,3 +145,44 @@ def test_every_storage_thread_parks_at_every_kind_of_point(
     if name == "reference":  # and through the trace file, as a failure's replay line runs it
         trace = Trace(header=TraceHeader(config=story.config), steps=tuple(story.steps))
         assert not replay(Trace.from_jsonl(trace.to_jsonl())).failed
+
+
+class Operation:
+    """Stands for upstream's ``PrefetchOperation``: a lock and an event made in its ``__init__``
+    from the ``threading`` the harness hands the tree's module."""
+
+    def __init__(self) -> None:
+        self._lock = GatedLock()
+        self.done = GatedEvent()
+
+
+def test_a_storage_thread_parks_at_each_lock_acquire_and_event_set_and_wait() -> None:
+    """No storage thread of 0.5.10 or 0.5.23 sets or waits an event inside its loop body today,
+    so the stories above never meet an ``event`` point: this thread does, on the same gate."""
+    stop = threading.Event()
+    gate = StepGate(stop.is_set, points=True)
+    op = Operation()
+
+    def body() -> None:
+        with op._lock:
+            pass
+        op.done.set()
+        op.done.wait(0)
+
+    thread = GatedThread(target=body, gate=gate, function="io", daemon=True)
+    thread.start()
+    gate.settle()
+    parked = []
+    while thread.is_alive() and gate.positions("io"):
+        parked.append(gate.positions("io")[0][1].describe())
+        gate.resume(thread, Grant(), "io")
+    thread.join(5)
+    assert parked == [
+        "lock Operation._lock",
+        "event Operation.event set",
+        "event Operation.event wait",
+    ]
+    assert [g.point for g in gate.grants] == parked  # the harness's record names each point
+    # a thread the gate does not know (the tree's) passes every one of them at once
+    with op._lock:
+        op.done.wait(0)

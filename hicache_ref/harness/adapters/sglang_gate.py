@@ -11,20 +11,80 @@ and parks again at its next ``get``. In the order a thread meets them:
   forgets sleeps through the stop, as with an unlucky ``get(timeout=1)``);
 - ``ServedQueue``: the module's ``Queue``, whose blocking ``get`` from a gated thread parks;
 - ``StepGate``: the parked threads of one controller, ``serve`` (one grant), ``settle``;
-- ``GateStopEvent``: upstream's ``storage_stop_event``, which wakes every parked thread.
+- ``GateStopEvent``: upstream's ``storage_stop_event``, which wakes every parked thread;
+- ``GatedLock`` / ``GatedEvent``: the module's ``threading.Lock`` and ``threading.Event``: an
+  acquire, a ``set`` or a ``wait`` by a gated thread is a schedule point (``points.LOCK``,
+  ``points.EVENT``), named by the class that made it (``PrefetchOperation._lock``).
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import weakref
 from typing import Any
 
 from hicache_ref.harness.schedule.gate import GatedThread, StepGate
-from hicache_ref.harness.schedule.points import PUT, schedule_point
+from hicache_ref.harness.schedule.points import EVENT, LOCK, PUT, schedule_point
 
-__all__ = ["GateStopEvent", "GatedThread", "ServedQueue", "StepGate"]
+__all__ = ["GateStopEvent", "GatedEvent", "GatedLock", "GatedThread", "ServedQueue", "StepGate"]
+
+
+def _gated_point(kind: str, detail: str) -> None:
+    """Park the calling thread at ``kind`` if it is a gated thread of a world with points."""
+    thread = threading.current_thread()
+    gate = thread.gate if isinstance(thread, GatedThread) else None
+    if gate is not None and gate.points:
+        schedule_point(kind, detail)
+
+
+def _maker(depth: int = 2) -> str:
+    """The class whose method created the primitive (``PrefetchOperation``), as its name."""
+    code = sys._getframe(depth).f_code
+    return code.co_qualname.rsplit(".", 1)[0] if "." in code.co_qualname else code.co_name
+
+
+class GatedLock:
+    """``threading.Lock`` whose acquire by a gated storage thread is a schedule point. The
+    thread parks before it asks for the lock, never while holding one of these."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.name = f"{_maker()}._lock"
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        _gated_point(LOCK, self.name)
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class GatedEvent(threading.Event):
+    """``threading.Event`` whose ``set`` and ``wait`` by a gated storage thread are schedule
+    points (a ``wait`` parks before it blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = f"{_maker()}.event"
+
+    def set(self) -> None:
+        _gated_point(EVENT, f"{self.name} set")
+        super().set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        _gated_point(EVENT, f"{self.name} wait")
+        return super().wait(timeout)
 
 
 class ServedQueue(queue.Queue[Any]):

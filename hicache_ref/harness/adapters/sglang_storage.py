@@ -17,8 +17,8 @@ adds, in the order a case meets them:
   as 0.5.23's radix cache decides it, ``alloc_prefetch_host_buffers`` where 0.5.20 - 0.5.21's
   radix cache allocates the bounce buffer itself, ``prefetch`` in either release's signature,
   ``clear_storage_backend`` as the clear endpoint runs it); the module's ``Queue``,
-  ``threading`` and ``torch`` become the served queue, the gated thread and the harness's
-  process group;
+  ``threading`` and ``torch`` become the served queue, the gated thread, lock and event, and the
+  harness's process group;
 - ``UpstreamTier``: what the storage driver reads as ``controller.storage``.
 """
 
@@ -38,6 +38,8 @@ import torch
 from hicache_ref.controller.storage.collectives import SingleRank, SyncGroup
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.harness.adapters.sglang_gate import (
+    GatedEvent,
+    GatedLock,
     GatedThread,
     GateStopEvent,
     ServedQueue,
@@ -276,8 +278,10 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
     page_keys = page_keys_function(tree)
     module.__dict__["Queue"] = ServedQueue
     module.__dict__["threading"] = types.SimpleNamespace(
-        **{k: getattr(threading, k) for k in ("Event", "Lock", "RLock", "Condition")},
+        **{k: getattr(threading, k) for k in ("RLock", "Condition")},
         Thread=GatedThread,
+        Lock=GatedLock,  # an operation's lock: its acquire by a storage thread is a point
+        Event=GatedEvent,  # a set or wait by a storage thread is a point
     )
     module.__dict__["torch"] = harness_torch
     # upstream logs every backend failure with its traceback; the harness checks what follows

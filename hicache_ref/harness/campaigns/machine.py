@@ -69,8 +69,9 @@ class CaseSink(Protocol):
     def on_case(self, session: Session) -> None:
         """A case finished without failing (its stats feed the campaign's report)."""
 
-    def on_failure(self, trace: Trace) -> Path:
-        """A case failed: keep its trace and say where (Hypothesis may re-run it many times)."""
+    def on_failure(self, trace: Trace, schedule: dict[str, Any] | None = None) -> Path:
+        """A case failed: keep its trace and say where (Hypothesis may re-run it many times);
+        ``schedule``: its PCT bias (``schedule/pct.py``), under the ``campaign`` profile."""
 
 
 @dataclass
@@ -84,7 +85,7 @@ class FailureFolder:
     def on_case(self, session: Session) -> None:
         return None
 
-    def on_failure(self, trace: Trace) -> Path:
+    def on_failure(self, trace: Trace, schedule: dict[str, Any] | None = None) -> Path:
         name = trace.header.implementation.replace(":", "-")
         self.last_failure = trace.write(self.folder / f"failure-{name}.jsonl")
         return self.last_failure
@@ -337,6 +338,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     sink: ClassVar[CaseSink] = FailureFolder()
     build: ClassVar[DeviceWorlds] = SIM_WORLDS  # each case's world, on its device
     lockstep: ClassVar[bool | None] = None  # the campaign's profile decides; None: the env's
+    pct: ClassVar[bool | None] = None  # PCT bias over the storage threads (profile campaign)
 
     def __init__(self) -> None:
         super().__init__()
@@ -371,7 +373,9 @@ class HiCacheMachine(RuleBasedStateMachine):
         if self.session is None or self.reported is not None:
             return self.reported
         trace = self.s.trace(note=f"{type(exc).__name__}: {exc}"[:500])
-        path = self.sink.on_failure(trace)
+        storage = self.s.storage
+        bias = None if storage is None or storage.points is None else storage.points.bias
+        path = self.sink.on_failure(trace, None if bias is None else bias.describe())
         note(
             f"hicache_ref: {len(trace.steps)}-step failure ({type(exc).__name__}); "
             f"replay with: {get_replay_line(path, self.impl_name)}"
@@ -383,6 +387,9 @@ class HiCacheMachine(RuleBasedStateMachine):
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name, build=self.build)
         attach_lockstep(self.session, self.lockstep)  # the pure oracle follows every step
+        storage = self.session.storage
+        if self.pct is not None and storage is not None and storage.points is not None:
+            storage.points.use_pct(self.pct)  # the campaign profile's PCT bias
         self.swarm = swarm
 
     @rule(choice=RULE_CHOICES)
@@ -416,6 +423,7 @@ def machine_for(
     key: str = "",
     build: DeviceWorlds | None = None,
     lockstep: bool | None = None,
+    pct: bool | None = None,
 ) -> type[HiCacheMachine]:
     """A machine class bound to one implementation and the sink of the campaign running it.
 
@@ -430,4 +438,6 @@ def machine_for(
         attributes["build"] = build
     if lockstep is not None:  # the campaign's profile decides (``profiles.lockstep_enabled``)
         attributes["lockstep"] = lockstep
+    if pct is not None:  # the campaign's profile decides (``schedule/pct.py``)
+        attributes["pct"] = pct
     return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)

@@ -29,7 +29,7 @@ from hicache_ref.harness.driver.storage_events import (
     observe_polled_step,
 )
 from hicache_ref.harness.driver.storage_windows import mark_reads
-from hicache_ref.harness.schedule.pct import campaign_bias
+from hicache_ref.harness.schedule.pct import PctBias, campaign_bias
 from hicache_ref.harness.schedule.points import (
     ALL_REDUCE,
     THREAD_KINDS,
@@ -45,10 +45,15 @@ class PointSchedule:
     """One case's point-level bookkeeping over every rank's tier."""
 
     def __init__(self, ranks: int, seed: int = 0) -> None:
+        self.seed = seed
         self.bias = campaign_bias(seed, [kind.value for kind in STEP_KINDS])  # PCT (campaign)
         self.pending: list[dict[StorageStepKind, list[tuple[BackendCall, int]]]] = [
             {} for _ in range(ranks)
         ]
+
+    def use_pct(self, on: bool) -> None:
+        """The campaign's profile decides the bias (``campaign``: PCT), not the environment."""
+        self.bias = PctBias(self.seed, [kind.value for kind in STEP_KINDS]) if on else None
 
     # -- who may move --------------------------------------------------------------------------
     def holds(self, tiers: Sequence[Any], kind: StorageStepKind) -> list[bool]:

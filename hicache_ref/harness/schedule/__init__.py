@@ -2,9 +2,9 @@
 
 In the order a grant flows:
 
-- ``points``: the point kinds (``wait``, the backend calls, ``return``, ``all_reduce``, ``put``)
-  and the outcomes of a backend call (``ok``, ``hole``, ``gone``, ``raise``, ``short``,
-  ``defer``): ``Point``, ``Grant``, ``schedule_point``;
+- ``points``: the point kinds (``wait``, the backend calls, ``return``, ``all_reduce``, ``put``,
+  ``lock``, ``event``) and the outcomes of a backend call (``ok``, ``hole``, ``gone``,
+  ``raise``, ``short``, ``defer``): ``Point``, ``Grant``, ``schedule_point``;
 - ``gate``: ``GatedThread`` and ``StepGate`` (where threads park, who the harness grants,
   ``grants`` as the harness's record);
 - ``outcomes``: a backend point's outcome applied through the world's fault layer, and a

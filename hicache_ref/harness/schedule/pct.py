@@ -6,8 +6,9 @@ thread that can move, and at ``depth - 1`` random steps drops the running thread
 every other: a bug that needs ``d`` ordering constraints is found with probability about
 ``1 / (n k^(d-1))``, where uniform draws rarely line up more than one. The storage rules ask
 ``pick`` only in the ``campaign`` profile (``HICACHE_PROFILE``); the trace records the kind it
-picked, so a replay needs no bias. The default (``ci``, ``dev``) draw stays uniform over the
-threads that can move.
+picked, so a replay needs no bias; a failing case's ``describe()`` goes into the campaign
+report (``failures[i]["pct"]``: which depth, and which priority changes, found what). The
+default (``ci``, ``dev``) draw stays uniform over the threads that can move.
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ class PctBias:
         self.depth = depth
         self.step = 0
         self.changed = 0  # how many change points this case has passed (what found a bug)
+        self.changed_at: list[int] = []  # the picks at which a priority changed
+
+    def describe(self) -> dict[str, int | list[int]]:
+        """What the campaign report says of a failing case's schedule: the PCT depth drawn, the
+        priority changes the case passed before it failed, at which picks, of how many."""
+        return {
+            "depth": self.depth,
+            "changes": self.changed,
+            "changed_at": list(self.changed_at),
+            "picks": self.step,
+        }
 
     def pick(self, runnable: Sequence[str]) -> str:
         """The highest-priority runnable kind; at a change point it drops below every other."""
@@ -40,6 +52,7 @@ class PctBias:
         if self.step in self.changes:
             self.priority[chosen] = min(self.priority.values()) - 1.0
             self.changed += 1
+            self.changed_at.append(self.step)
         return chosen
 
 

@@ -13,7 +13,11 @@ points") call them. In the order a loop body meets them:
   and the per-key ``exists``/``get``/``set`` reach the recording backend as these three), before
   it runs; ``return``: after a call whose completion was deferred, before the thread sees it;
 - ``all_reduce``: one collective, before it is issued (granted on every rank at once);
-- ``put``: one put on a control queue (an ack, a hit, a release), before the item is visible.
+- ``put``: one put on a control queue (an ack, a hit, a release), before the item is visible;
+- ``lock``: one acquire of a lock on a storage path (an operation's ``_lock``: its
+  ``is_terminated`` / ``mark_terminate`` / progress), before it is taken, so a termination by the
+  tree lands right before the thread looks;
+- ``event``: one ``set`` or ``wait`` of an event by a storage thread, before it acts.
 
 Outcomes of a backend call (``OUTCOMES``), drawn per call for any implementation: ``ok``;
 ``hole`` (one key of the batch fails: absent at a query, unreadable at a read, refused at a
@@ -35,7 +39,9 @@ BATCH_SET = "batch_set"
 RETURN = "return"
 ALL_REDUCE = "all_reduce"
 PUT = "put"
-POINT_KINDS = (WAIT, BATCH_EXISTS, BATCH_GET, BATCH_SET, RETURN, ALL_REDUCE, PUT)
+LOCK = "lock"
+EVENT = "event"
+POINT_KINDS = (WAIT, BATCH_EXISTS, BATCH_GET, BATCH_SET, RETURN, ALL_REDUCE, PUT, LOCK, EVENT)
 BACKEND_POINTS = (BATCH_EXISTS, BATCH_GET, BATCH_SET)
 
 OK = "ok"
