@@ -242,6 +242,14 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         message_pattern=r"after detach: \d+ storage threads alive",
         summary="reset() never joins the prefetch IO thread (0.5.10 - 0.5.18): the old one "
         "sleeps through the stop and outlives the next detach (sglang#36882's class)",
+        also=(
+            # the old IO thread parked inside its body at the reset (schedule points) finishes
+            # that body, on the old epoch's operation, after reset() returned
+            (
+                "INV-24",
+                r"io step of prefetch '\S+' from epoch \d+ after the harness moved to epoch",
+            ),
+        ),
         releases="0.5.10..0.5.18",
     ),
     KnownFinding(
