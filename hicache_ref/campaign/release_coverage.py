@@ -26,8 +26,8 @@ MEM_CACHE = "sglang/srt/mem_cache"
 HYBRID_CONTROLLER = f"{MEM_CACHE}/hybrid_cache/hybrid_cache_controller.py"
 
 NOT_DRIVEN_REASONS: dict[str, str] = {
-    "storage": "its storage threads are not driven on this shape (the draft releases "
-    "0.5.11 - 0.5.18, and 0.5.19 without the storage hash; issue 27)",
+    "storage": "its controller lacks one of upstream's storage threads, or its tree no "
+    "page-key hash the gate can compute (sglang_storage.supports_storage, sglang_hashes)",
     "side pools": "independent side pools need the hybrid controller's side-pool surface",
     "mamba side pool": "the harness models no per-request state pool (one slot per node, "
     "TRAILING_PAGES); only the SWA side pool is drawn (issue 27)",

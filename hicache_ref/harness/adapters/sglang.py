@@ -24,7 +24,8 @@ How a controller file is run without the rest of sglang, in the order it happens
    hybrid module's ``HybridCacheController``, ``hybrid_module_for``) over the harness's allocator
    and host pool behind the shape's shims, with ``tp_group=None`` (TP 1); in a storage world,
    ``sglang_storage.py``'s subclass of it instead, whose storage threads are upstream's own,
-   served one loop iteration per ``storage_step``, over the storage world's rank group.
+   served one loop iteration per ``storage_step``, over the storage world's rank group (every
+   release 0.5.10+; storage worlds draw no draft pool and no pool group).
 
 Not drawn, and why: decode context parallel (``attn_dcp_size > 1``). In 0.5.23 its logic lives
 in upstream's MLA host pool (each rank's token selection), in the transfer engine's index

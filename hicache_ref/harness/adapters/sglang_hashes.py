@@ -84,8 +84,9 @@ def page_keys_function(tree: Path) -> Callable[[list[Any], str | None, int], lis
     storage_hash = functions.get("get_storage_hash_str")
     if storage_hash is not None:
         return lambda tokens, prior, page: list(storage_hash(tokens, prior, page_size=page))
-    get_hash_str = functions.get("get_hash_str") or (
-        sys.modules["sglang.srt.mem_cache.hicache_storage"].__dict__["get_hash_str"]
+    get_hash_str = (
+        functions.get("get_hash_str")
+        or (sys.modules["sglang.srt.mem_cache.hicache_storage"].__dict__["get_hash_str"])
     )
 
     def chained(tokens: list[Any], prior: str | None, page: int) -> list[str]:

@@ -1,9 +1,14 @@
 """Upstream's storage controller under the harness: the class factory and its tier's face.
 
-0.5.10's controller has three storage threads (``prefetch_thread_func`` starts
-``prefetch_io_aux_func`` itself; no sync thread, no PrefetchAck: ``ACK_PROTOCOL_FUNC``), and its
-tree polls the operation instead, so the storage driver pairs it with the tree half of that
-protocol (``driver/storage_tree_0510.py``; ``UpstreamTier.protocol``). SGLang 0.5.23's
+0.5.10 - 0.5.18's controllers have three storage threads (``prefetch_thread_func`` starts
+``prefetch_io_aux_func`` itself; no sync thread, no PrefetchAck: ``ACK_PROTOCOL_FUNC``), and
+their trees poll the operation instead, so the storage driver pairs them with the tree half of
+that protocol (``driver/storage_tree_0510.py``; ``UpstreamTier.protocol``, read from the class by
+``prefetch_protocol``): 0.5.10 - 0.5.15 take the host pages of the whole prefetch up front
+(``poll``), 0.5.16 - 0.5.18 hand the hit back on ``prefetch_hit_queue`` for the tree to
+allocate (``hit-poll``); 0.5.11 - 0.5.18 reduce the hit on gloo groups of their own
+(``_create_prefetch_sync_groups``, served by ``sglang_world.SyncGroups``). 0.5.19+ publish
+PrefetchAcks (``ack``). SGLang 0.5.23's
 controller runs its L3 tier on four threads (``prefetch_thread_func``,
 ``prefetch_io_aux_func``, ``prefetch_sync_thread_func``, ``backup_thread_func``), each a loop
 whose body starts with a blocking ``get`` on its queue. The gate runs those real functions on

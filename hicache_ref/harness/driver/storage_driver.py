@@ -125,9 +125,7 @@ class StorageDriver:
     @property
     def up_front(self) -> bool:
         """0.5.10 - 0.5.15: the tree allocates the host pages of a whole prefetch up front."""
-        return self.polled is not None and not isinstance(
-            self.polled.ranks[0], HitPollTreeRank
-        )
+        return self.polled is not None and not isinstance(self.polled.ranks[0], HitPollTreeRank)
 
     def polled_kind(self, kind: StorageStepKind) -> bool:
         """Whether a ``kind`` step's result is read off the operation (0.5.10 - 0.5.18's

@@ -18,6 +18,12 @@ protocol order:
 - ``abort`` (``release_aborted_request``): terminate, release ``[0:completed)``, nothing
   inserted.
 
+``HitPollTreeRank`` is 0.5.16 - 0.5.18's variant: ``prefetch`` takes no pages, the hit thread
+hands the agreed hit back on ``prefetch_hit_queue`` and the tree's drain gives it a bounce buffer
+of exactly the hit (``PollStorageTree.drain_hits``, ``StorageTree``'s all-ranks-alike rule);
+a prefetch stopped before its buffer is retired with nothing to settle. 0.5.18 has no revoke
+queue (a below-threshold hit is revoked at the drain).
+
 ``PollStorageTree`` holds one per rank and issues the collectives 0.5.10's scheduler issues on
 ``tp_group`` through the storage world's ``RankGroup`` (``reduce_over_ranks``: each rank's part
 on its own thread, as its own scheduler would): the MAX of (cannot terminate, terminated) for a
