@@ -14,6 +14,7 @@ step.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +26,11 @@ from hicache_ref.harness.adapters.sglang_storage import (
     PROTOCOL_POLL,
     prefetch_protocol,
 )
-from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
+from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
+from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
+from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig
 
 PROTOCOL_OF = {
@@ -113,3 +116,37 @@ def test_0_5_18_revokes_a_below_threshold_hit_at_the_drain_without_a_revoke_queu
     assert apply(session, "drain_prefetch_acks") == "drained 0 revoke(s), 1 hit(s)"
     assert not storage.ongoing()
     session.finish()
+
+
+CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
+
+
+@pytest.mark.parametrize(
+    ("name", "fails_on", "passes_on"),
+    [
+        # F23's IO thread, parked inside its body at the reset, runs again in the next epoch
+        ("f23_reset_leaves_the_parked_io_thread_running.jsonl", ("0.5.15",), ("0.5.19",)),
+        # F25: 0.5.13.post1's reset() is 0.5.13's; 0.5.14 zeroes the occupancy
+        ("f25_reset_keeps_the_prefetch_occupancy.jsonl", ("0.5.13.post1",), ("0.5.14",)),
+    ],
+    ids=["F23-parked-io", "F25-post1"],
+)
+def test_a_finding_seen_first_in_the_matrix_is_baselined_only_in_its_releases(
+    name: str, fails_on: tuple[str, ...], passes_on: tuple[str, ...], monkeypatch: Any
+) -> None:
+    trace = Trace.read(CORPUS / name)
+    finding = KNOWN_FINDINGS[trace.header.note.split()[0]]
+    known = tuple(KNOWN_FINDINGS.values())
+    for release in fails_on:
+        monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
+        result = replay(trace)
+        assert result.failed, release
+        found = match_known_finding(known, "sglang", result.signature(), str(result.error), release)
+        assert found is not None and found.id == finding.id, (release, result.error)
+        assert (
+            match_known_finding(known, "sglang", result.signature(), str(result.error), "0.5.19")
+            is None
+        )
+    for release in passes_on:
+        monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
+        assert not replay(trace).failed, release

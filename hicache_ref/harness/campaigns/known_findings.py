@@ -249,6 +249,11 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
                 "INV-24",
                 r"io step of prefetch '\S+' from epoch \d+ after the harness moved to epoch",
             ),
+            # ... and, parked at a backend call, takes its next point in the new epoch
+            (
+                "INV-35",
+                r"storage thread \S+ \(prefetch_io_aux_func\) of epoch \d+ ran again in epoch",
+            ),
         ),
         releases="0.5.10..0.5.18",
     ),
@@ -260,7 +265,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         summary="reset() keeps prefetch_tokens_occupied and host_mem_release_queue "
         "(0.5.10 - 0.5.13): a prefetch ongoing at reset stays counted against the rate limit "
         "and its queued releases free pages of the next epoch (sglang#26009; 0.5.14 fixed it)",
-        releases="0.5.10..0.5.13",
+        releases="0.5.10..0.5.13.post1",  # 0.5.13.post1's reset() is 0.5.13's (read, replayed)
     ),
     KnownFinding(
         id="F26",
