@@ -263,7 +263,7 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         invariant="INV-24",
         message_pattern=r"after reset: queues \{[^}]*\}, prefetch_tokens_occupied=\d+",
         summary="reset() keeps prefetch_tokens_occupied and host_mem_release_queue "
-        "(0.5.10 - 0.5.13): a prefetch ongoing at reset stays counted against the rate limit "
+        "(0.5.10 - 0.5.13.post1): a prefetch ongoing at reset stays counted against the rate limit "
         "and its queued releases free pages of the next epoch (sglang#26009; 0.5.14 fixed it)",
         releases="0.5.10..0.5.13.post1",  # 0.5.13.post1's reset() is 0.5.13's (read, replayed)
     ),
