@@ -7,8 +7,9 @@ release's tree has that no world drives (``not_driven``: one reason each, read f
 files, never from a finding's absence):
 
 - ``features_of``: the tree's parts that matter to the gate, each detected by a file or a name
-  in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, buffer mode,
-  PP prefetch, decode context parallel);
+  in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, the draft
+  releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
+  in pool groups, buffer mode, PP prefetch, decode context parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
 - ``not_driven``: each part the tree has and the implementation's capabilities leave out.
 """
@@ -24,17 +25,32 @@ if TYPE_CHECKING:
 
 MEM_CACHE = "sglang/srt/mem_cache"
 HYBRID_CONTROLLER = f"{MEM_CACHE}/hybrid_cache/hybrid_cache_controller.py"
+CONTROLLER = "sglang/srt/managers/cache_controller.py"
+RADIX_CACHES = ("hiradix_cache.py", "unified_radix_cache.py")
+SHORTENED_PREFETCH = "available_size - (available_size % self.page_size)"
+"""0.5.13 - 0.5.21's radix caches: what is fetched, cut to the free host pages."""
 
 NOT_DRIVEN_REASONS: dict[str, str] = {
-    "storage": "its storage threads are not driven on this shape (the draft releases "
-    "0.5.11 - 0.5.18, and 0.5.19 without the storage hash; issue 27)",
+    "storage": "its controller lacks one of upstream's storage threads, or its tree no "
+    "page-key hash the gate can compute (sglang_storage.supports_storage, sglang_hashes)",
     "side pools": "independent side pools need the hybrid controller's side-pool surface",
     "mamba side pool": "the harness models no per-request state pool (one slot per node, "
     "TRAILING_PAGES); only the SWA side pool is drawn (issue 27)",
-    "storage in pool groups": "storage is drawn on the plain controller only, never with a "
-    "HostPoolGroup (_page_transfer_sidecar, v2 batch calls; issue 27)",
-    "buffer mode": "host-memory buffer mode (mem_cache/buffer_mode/) is not drawn (issue 27)",
-    "pp prefetch": "the PP command thread and its tickets need two PP ranks (issue 27)",
+    "draft storage copies": "storage worlds draw no draft pool, so the best-effort draft L3 "
+    "copies (_draft_page_set / _draft_page_get, '{key}.draft' keys) are never called (issue 27)",
+    "storage memory-pressure fallback": "the tree half never evicts host nodes for room and "
+    "refuses or revokes a prefetch it cannot give whole, so the shortened prefetch or bounce "
+    "buffer (available_size rounded to a page) is never built (issue 27)",
+    "storage in pool groups": "storage worlds draw no pool group (the gate builds the "
+    "tree's HybridCacheController only from 0.5.19, and never with storage): its storage "
+    "(pool transfers through batch_get_v2 / batch_set_v2 / batch_exists_v2, "
+    "_page_transfer_sidecar, _sync_trailing_keys, layout leases) needs v2 batch calls this "
+    "project's backends lack and a tree half modelled on the hybrid radix cache (issue 27)",
+    "buffer mode": "buffer_only mode is the unified radix cache's BufferModePipeline "
+    "(mem_cache/buffer_mode/: staging, existence beliefs, storage writes at the D2H ack), a "
+    "tree half over storage in pool groups, which is not driven (issue 27)",
+    "pp prefetch": "the PP command thread serves PPPrefetchState tickets of the hybrid "
+    "controller's storage prefetch, not driven in pool-group worlds (issue 27)",
     "decode context parallel": "DCP lives in upstream's MLA host pool and index translation; "
     "the gate runs this project's pools (issue 27)",
 }
@@ -48,6 +64,10 @@ def features_of(tree: Path) -> list[str]:
     found = {
         "storage": (tree / MEM_CACHE / "hicache_storage.py").exists(),
         "side pools": (tree / MEM_CACHE / "pool_host" / "group.py").exists(),
+        "draft storage copies": _mentions(tree / CONTROLLER, "def _draft_page_set("),
+        "storage memory-pressure fallback": any(
+            _mentions(tree / MEM_CACHE / name, SHORTENED_PREFETCH) for name in RADIX_CACHES
+        ),
         "mamba side pool": bool(hybrid_text) and (tree / MEM_CACHE / "pool_host/mamba.py").exists(),
         "storage in pool groups": "def write_storage" in hybrid_text,
         "buffer mode": (tree / MEM_CACHE / "buffer_mode").is_dir(),

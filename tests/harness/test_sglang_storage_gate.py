@@ -50,6 +50,7 @@ CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
 SGLANG_CORPUS = CORPUS
 F22_TRACE = CORPUS / "f22_backend_exception_kills_the_backup_thread.jsonl"
 F23_TRACE = CORPUS / "f23_reset_leaves_the_old_prefetch_io_thread_alive.jsonl"
+F23_IO_BODY_TRACE = CORPUS / "f23_reset_leaves_the_old_io_body_running.jsonl"
 F24_TRACE = CORPUS / "f24_file_backend_clear_wipes_other_ranks.jsonl"
 F25_TRACE = CORPUS / "f25_reset_keeps_the_prefetch_occupancy.jsonl"
 F26_TRACE = CORPUS / "f26_backend_exception_kills_the_prefetch_io_thread.jsonl"
@@ -325,10 +326,13 @@ def test_the_gate_draws_storage_on_0_5_10_with_its_findings_baselined(
     ("trace", "fails_on", "passes_on"),
     [
         (F23_TRACE, ("0.5.10",), ("0.5.20", "0.5.23")),  # 0.5.19 joins the IO thread
-        (F25_TRACE, ("0.5.10",), ("0.5.20", "0.5.23")),  # 0.5.14 zeroes the occupancy
-        (F26_TRACE, ("0.5.10", "0.5.20"), ("0.5.22", "0.5.23")),  # 0.5.22 catches it
+        # the unjoined IO thread finishes its body after reset, on a draft release as on 0.5.10
+        (F23_IO_BODY_TRACE, ("0.5.10", "0.5.17"), ("0.5.19",)),
+        (F25_TRACE, ("0.5.10", "0.5.13"), ("0.5.14", "0.5.23")),  # 0.5.14 zeroes the occupancy
+        # storage on the draft releases: the up-front (0.5.13) and the at-hit (0.5.17) protocol
+        (F26_TRACE, ("0.5.10", "0.5.13", "0.5.17", "0.5.20"), ("0.5.22", "0.5.23")),
     ],
-    ids=["F23", "F25", "F26"],
+    ids=["F23", "F23-io-body", "F25", "F26"],
 )
 def test_a_0_5_10_prefetch_finding_fails_in_its_releases_and_passes_after_the_fix(
     trace: Path,

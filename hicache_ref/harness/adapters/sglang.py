@@ -24,7 +24,8 @@ How a controller file is run without the rest of sglang, in the order it happens
    hybrid module's ``HybridCacheController``, ``hybrid_module_for``) over the harness's allocator
    and host pool behind the shape's shims, with ``tp_group=None`` (TP 1); in a storage world,
    ``sglang_storage.py``'s subclass of it instead, whose storage threads are upstream's own,
-   served one loop iteration per ``storage_step``, over the storage world's rank group.
+   served one loop iteration per ``storage_step``, over the storage world's rank group (every
+   release 0.5.10+; storage worlds draw no draft pool and no pool group).
 
 Not drawn, and why: decode context parallel (``attn_dcp_size > 1``). In 0.5.23 its logic lives
 in upstream's MLA host pool (each rank's token selection), in the transfer engine's index
@@ -60,7 +61,6 @@ from hicache_ref.harness.adapters.sglang_shapes import (
 )
 from hicache_ref.harness.adapters.sglang_storage import (
     build_storage_controller,
-    has_ack_protocol,
     supports_storage,
 )
 from hicache_ref.harness.adapters.sglang_stubs import (
@@ -270,21 +270,22 @@ class SglangImplementation(ImplementationBase):
                 self.capabilities = self.capabilities | GROUP_CAPABILITIES
 
     def _storage_driven(self) -> bool:
-        """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``):
-        0.5.23's four with the PrefetchAck protocol, or 0.5.10's backup path."""
+        """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``) and
+        the gate computes its page keys with the tree's own hash (``sglang_hashes``): every
+        release 0.5.10+ (0.5.10 - 0.5.15 under the polling protocol, 0.5.16 - 0.5.18 under the
+        polling protocol with the bounce buffer allocated at the hit, 0.5.19+ with PrefetchAck;
+        ``sglang_storage.prefetch_protocol``)."""
         from hicache_ref.device.sim import SimDevice
 
         module = self.loader.module_for(SimDevice())
         if not supports_storage(module):
             return False
-        if has_ack_protocol(module.HiCacheController):  # 0.5.20+: the tree's storage hashes
-            try:
-                tree_hash_functions(self.tree)
-            except HiCacheSetupError:
-                return False  # 0.5.19 and before: get_hash_str moved, no storage hash yet
-            return True
-        # 0.5.10's shape only (the draft releases 0.5.11 - 0.5.18 are not driven yet)
-        return self.shape.engine == "streams" and "draft" not in self.shape.features
+        try:
+            tree_hash_functions(self.tree)  # 0.5.11+: utils.py's get_hash_str (and 0.5.20+'s)
+        except HiCacheSetupError:
+            hashes = sys.modules.get("sglang.srt.mem_cache.hicache_storage")
+            return callable(getattr(hashes, "get_hash_str", None))  # 0.5.10's own place
+        return True
 
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice

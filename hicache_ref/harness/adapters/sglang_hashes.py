@@ -1,10 +1,13 @@
 """The tree's page-key hash functions, read from its own ``utils.py`` without its kernels.
 
-``tree_hash_functions(tree)`` executes the tree's ``get_hash_str`` / ``storage_namespace_seed`` /
-``get_storage_hash_str`` over a Python stand-in for its C++ ``get_native_hash``; the stubs hand
-them to the controller (``sglang_stubs.install_stubs``), and ``page_keys_function`` computes a
-node's page keys as the tree's radix cache does (``sglang_storage``'s ``write_storage``). It
-imports nothing else of the adapters, so both can use it.
+``tree_hash_functions(tree)`` executes whichever of ``get_hash_str`` / ``storage_namespace_seed`` /
+``get_storage_hash_str`` the tree's ``utils.py`` defines (0.5.11 - 0.5.19: ``get_hash_str`` alone,
+pure ``hashlib`` up to 0.5.12, over the native hash from 0.5.13; 0.5.20+: all three) over a
+Python stand-in for its C++ ``get_native_hash``; the stubs hand them to the controller
+(``sglang_stubs.install_stubs``), and ``page_keys_function`` computes a node's page keys as the
+tree's radix cache does (``sglang_storage``'s ``write_storage``). 0.5.10 keeps ``get_hash_str``
+in ``hicache_storage.py`` (loaded by the stubs). It imports nothing else of the adapters, so both
+can use it.
 """
 
 from __future__ import annotations
@@ -60,25 +63,31 @@ def tree_hash_functions(tree: Path) -> dict[str, Any]:
     wanted: list[ast.stmt] = [
         n for n in parsed.body if isinstance(n, ast.FunctionDef) and n.name in HASH_FUNCTIONS
     ]
-    if len(wanted) != len(HASH_FUNCTIONS):
-        raise HiCacheSetupError(f"{path} lacks one of {HASH_FUNCTIONS}; its storage is not driven")
+    names = [n.name for n in wanted if isinstance(n, ast.FunctionDef)]
+    if "get_hash_str" not in names:
+        raise HiCacheSetupError(f"{path} defines no get_hash_str (0.5.10 keeps it elsewhere)")
     namespace: dict[str, Any] = {"get_native_hash": _python_native_hash, "hashlib": hashlib}
     exec("from __future__ import annotations\nfrom typing import *\n", namespace)
     exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)
-    return {name: namespace[name] for name in HASH_FUNCTIONS}
+    return {name: namespace[name] for name in names}
 
 
 def page_keys_function(tree: Path) -> Callable[[list[Any], str | None, int], list[str]]:
     """The keys of a node's pages as the tree's radix cache computes them: 0.5.20+'s
-    ``get_storage_hash_str`` over all pages, or 0.5.10's ``get_hash_str`` chained page by page
-    (``hicache_storage.py``, loaded by the stubs)."""
+    ``get_storage_hash_str`` over all pages, else ``get_hash_str`` chained page by page
+    (``compute_node_hash_values``): 0.5.11 - 0.5.19's from ``utils.py``, 0.5.10's from
+    ``hicache_storage.py`` (loaded by the stubs)."""
     try:
-        storage_hash = tree_hash_functions(tree)["get_storage_hash_str"]
+        functions = tree_hash_functions(tree)
     except HiCacheSetupError:
-        storage_hash = None
+        functions = {}
+    storage_hash = functions.get("get_storage_hash_str")
     if storage_hash is not None:
         return lambda tokens, prior, page: list(storage_hash(tokens, prior, page_size=page))
-    get_hash_str = sys.modules["sglang.srt.mem_cache.hicache_storage"].__dict__["get_hash_str"]
+    get_hash_str = (
+        functions.get("get_hash_str")
+        or (sys.modules["sglang.srt.mem_cache.hicache_storage"].__dict__["get_hash_str"])
+    )
 
     def chained(tokens: list[Any], prior: str | None, page: int) -> list[str]:
         keys: list[str] = []

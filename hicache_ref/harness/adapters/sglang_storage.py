@@ -1,9 +1,14 @@
 """Upstream's storage controller under the harness: the class factory and its tier's face.
 
-0.5.10's controller has three storage threads (``prefetch_thread_func`` starts
-``prefetch_io_aux_func`` itself; no sync thread, no PrefetchAck: ``ACK_PROTOCOL_FUNC``), and its
-tree polls the operation instead, so the storage driver pairs it with the tree half of that
-protocol (``driver/storage_tree_0510.py``; ``UpstreamTier.protocol``). SGLang 0.5.23's
+0.5.10 - 0.5.18's controllers have three storage threads (``prefetch_thread_func`` starts
+``prefetch_io_aux_func`` itself; no sync thread, no PrefetchAck: ``ACK_PROTOCOL_FUNC``), and
+their trees poll the operation instead, so the storage driver pairs them with the tree half of
+that protocol (``driver/storage_tree_0510.py``; ``UpstreamTier.protocol``, read from the class by
+``prefetch_protocol``): 0.5.10 - 0.5.15 take the host pages of the whole prefetch up front
+(``poll``), 0.5.16 - 0.5.18 hand the hit back on ``prefetch_hit_queue`` for the tree to
+allocate (``hit-poll``); 0.5.11 - 0.5.18 reduce the hit on gloo groups of their own
+(``_create_prefetch_sync_groups``, served by ``sglang_world.SyncGroups``). 0.5.19+ publish
+PrefetchAcks (``ack``). SGLang 0.5.23's
 controller runs its L3 tier on four threads (``prefetch_thread_func``,
 ``prefetch_io_aux_func``, ``prefetch_sync_thread_func``, ``backup_thread_func``), each a loop
 whose body starts with a blocking ``get`` on its queue. The gate runs those real functions on
@@ -24,6 +29,7 @@ adds, in the order a case meets them:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -80,6 +86,11 @@ Without it (0.5.10) the tree allocates the whole prefetch up front, reads ``comp
 off the operation and reduces it itself (``PROTOCOL_POLL``, ``driver/storage_tree_0510.py``)."""
 PROTOCOL_ACK = "ack"
 PROTOCOL_POLL = "poll"
+PROTOCOL_HIT_POLL = "hit-poll"
+"""0.5.16 - 0.5.18: no PrefetchAck either, but ``prefetch`` takes no host pages: the hit thread
+hands the agreed hit back on ``prefetch_hit_queue`` and the tree allocates the bounce buffer
+when it drains it (as 0.5.19+'s tree does), then polls ``completed_tokens`` as 0.5.10's does."""
+POLLING_PROTOCOLS = (PROTOCOL_POLL, PROTOCOL_HIT_POLL)
 
 
 def supports_storage(module: types.ModuleType) -> bool:
@@ -90,6 +101,16 @@ def supports_storage(module: types.ModuleType) -> bool:
 
 def has_ack_protocol(cls: type[Any]) -> bool:
     return callable(getattr(cls, ACK_PROTOCOL_FUNC, None))
+
+
+def prefetch_protocol(cls: type[Any]) -> str:
+    """Which tree half a release's prefetch needs, read from its controller class: the
+    PrefetchAck stream (0.5.19+), pages allocated up front (``prefetch(rid, host_indices, ...)``,
+    0.5.10 - 0.5.15), or the hit handed back for the tree to allocate (0.5.16 - 0.5.18)."""
+    if has_ack_protocol(cls):
+        return PROTOCOL_ACK
+    params = inspect.signature(cls.prefetch).parameters
+    return PROTOCOL_POLL if "host_indices" in params else PROTOCOL_HIT_POLL
 
 
 # -- the controller, and its tier as the driver reads it --------------------------------------------
@@ -127,7 +148,7 @@ class UpstreamTier:
             q = getattr(self._controller, name, None)
             if q is not None:
                 self.gate.queue_names[id(q)] = name
-                if self.protocol == PROTOCOL_POLL and name == "host_mem_release_queue":
+                if self.protocol in POLLING_PROTOCOLS and name == "host_mem_release_queue":
                     self.gate.unpointed.add(id(q))
 
     @property
@@ -196,13 +217,13 @@ class UpstreamTier:
         if item is None:
             return StepResult(kind, self.rank, self.epoch)
         self.body_puts[kind] = self.gate.puts.pop(THREAD_FUNCS[kind], [])
-        if self.protocol == PROTOCOL_POLL and kind is not StorageStepKind.BACKUP:
+        if self.protocol in POLLING_PROTOCOLS and kind is not StorageStepKind.BACKUP:
             return self._polled_result(kind, item)
         return self._result(kind, item, self.body_puts[kind])
 
     def _polled_result(self, kind: StorageStepKind, item: Any) -> StepResult:
-        """0.5.10: the hit thread leaves the agreed hit in ``hash_value`` (empty when it
-        revoked), the IO thread its progress in ``completed_tokens``; neither acks."""
+        """0.5.10 - 0.5.18: the hit thread leaves the agreed hit in ``hash_value`` (empty when
+        it revoked), the IO thread its progress in ``completed_tokens``; neither acks."""
         if kind is StorageStepKind.HIT_QUERY:
             tokens = len(item.hash_value) * int(self._controller.page_size)
         else:
@@ -274,7 +295,8 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
     cached = module.__dict__.get("_harness_storage_class")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    acks = has_ack_protocol(module.HiCacheController)
+    protocol = prefetch_protocol(module.HiCacheController)
+    acks = protocol == PROTOCOL_ACK
     page_keys = page_keys_function(tree)
     module.__dict__["Queue"] = ServedQueue
     module.__dict__["threading"] = types.SimpleNamespace(
@@ -310,10 +332,11 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 self,
                 self._harness_gate,
                 self._harness_collectives,
-                protocol=PROTOCOL_ACK if acks else PROTOCOL_POLL,
+                protocol=protocol,
             )
-            if not acks:  # 0.5.10: no hit or ack queue; the tree's drains find them empty
+            if protocol == PROTOCOL_POLL:  # 0.5.10: no hit queue; the tree's drains find it empty
                 self.prefetch_hit_queue: queue.Queue[Any] = queue.Queue()
+            if not acks:  # 0.5.10 - 0.5.18: no ack queue
                 self.ack_prefetch_queue: queue.Queue[Any] = queue.Queue()
 
         @property
@@ -352,10 +375,12 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 take()  # what the stopping threads did is no step's
 
         def prefetch(self, request_id: str, *args: Any) -> Any:
-            """0.5.23: ``(rid, tokens, last_hash, prefix_keys)``; 0.5.10: ``(rid,
+            """0.5.16+: ``(rid, tokens, last_hash, prefix_keys)``; 0.5.10 - 0.5.15: ``(rid,
             host_indices, tokens, last_hash, prefix_keys)`` (the tree allocated the pages)."""
             head, tokens, rest = (
-                (args[:1], args[1], args[2:]) if not acks else ((), args[0], args[1:])
+                (args[:1], args[1], args[2:])
+                if protocol == PROTOCOL_POLL
+                else ((), args[0], args[1:])
             )
             operation = super().prefetch(request_id, *head, list(tokens), *rest)
             self.storage.live[operation.id] = operation
@@ -379,10 +404,12 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             )
             return op_id
 
-        if acks and not callable(getattr(base, "alloc_prefetch_host_buffers", None)):
+        if protocol != PROTOCOL_POLL and not callable(
+            getattr(base, "alloc_prefetch_host_buffers", None)
+        ):
 
             def alloc_prefetch_host_buffers(self: Any, operation: Any, need_size: int) -> Any:
-                """0.5.20 - 0.5.21: the radix cache allocates the bounce buffer from the host
+                """0.5.16 - 0.5.21: the radix cache allocates the bounce buffer from the host
                 pool itself (0.5.22 moved that one line into the controller)."""
                 return self.mem_pool_host.alloc(need_size)
 

@@ -246,6 +246,19 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         also=(("INV-24", r"io step of prefetch '[^']*' from epoch \d+ after the harness moved"),),
         summary="reset() never joins the prefetch IO thread (0.5.10 - 0.5.18): the old one "
         "sleeps through the stop and outlives the next detach (sglang#36882's class)",
+        also=(
+            # the old IO thread parked inside its body at the reset (schedule points) finishes
+            # that body, on the old epoch's operation, after reset() returned
+            (
+                "INV-24",
+                r"io step of prefetch '\S+' from epoch \d+ after the harness moved to epoch",
+            ),
+            # ... and, parked at a backend call, takes its next point in the new epoch
+            (
+                "INV-35",
+                r"storage thread \S+ \(prefetch_io_aux_func\) of epoch \d+ ran again in epoch",
+            ),
+        ),
         releases="0.5.10..0.5.18",
     ),
     KnownFinding(
@@ -254,9 +267,9 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         invariant="INV-24",
         message_pattern=r"after reset: queues \{[^}]*\}, prefetch_tokens_occupied=\d+",
         summary="reset() keeps prefetch_tokens_occupied and host_mem_release_queue "
-        "(0.5.10 - 0.5.13): a prefetch ongoing at reset stays counted against the rate limit "
+        "(0.5.10 - 0.5.13.post1): a prefetch ongoing at reset stays counted against the rate limit "
         "and its queued releases free pages of the next epoch (sglang#26009; 0.5.14 fixed it)",
-        releases="0.5.10..0.5.13",
+        releases="0.5.10..0.5.13.post1",  # 0.5.13.post1's reset() is 0.5.13's (read, replayed)
     ),
     KnownFinding(
         id="F26",

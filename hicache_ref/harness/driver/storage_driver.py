@@ -42,7 +42,11 @@ from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_cha
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
-from hicache_ref.harness.driver.storage_tree_0510 import PollStorageTree, PollTreeRank
+from hicache_ref.harness.driver.storage_tree_0510 import (
+    HitPollTreeRank,
+    PollStorageTree,
+    PollTreeRank,
+)
 from hicache_ref.harness.driver.storage_windows import stale_grants
 from hicache_ref.harness.schedule.points import Grant
 from hicache_ref.harness.step_types import Outcome, done, refused
@@ -92,8 +96,10 @@ class StorageDriver:
         # upstream 0.5.10's tier (``adapters/sglang_storage.py``) publishes no PrefetchAck: its
         # prefetches are driven by that release's tree half
         self.polled: PollStorageTree | None = None
-        if any(getattr(t, "protocol", "ack") == "poll" for t in self.l3.tiers):
-            ranks = [self._tree_rank(PollTreeRank, r) for r in self.l3.ranks]
+        protocols = {getattr(t, "protocol", "ack") for t in self.l3.tiers}
+        if protocols & {"poll", "hit-poll"}:  # 0.5.16 - 0.5.18 allocate at the hit
+            cls = HitPollTreeRank if "hit-poll" in protocols else PollTreeRank
+            ranks = [self._tree_rank(cls, r) for r in self.l3.ranks]
             self.polled = PollStorageTree(ranks, self.l3.group)
             self.storage_tree.ranks = list(ranks)
 
@@ -115,6 +121,19 @@ class StorageDriver:
             policy=self.config.storage_policy,
             timeout_steps=TIMEOUT_STEPS,
         )
+
+    @property
+    def up_front(self) -> bool:
+        """0.5.10 - 0.5.15: the tree allocates the host pages of a whole prefetch up front."""
+        return self.polled is not None and not isinstance(self.polled.ranks[0], HitPollTreeRank)
+
+    def polled_kind(self, kind: StorageStepKind) -> bool:
+        """Whether a ``kind`` step's result is read off the operation (0.5.10 - 0.5.18's
+        threads publish no ack): the hit query where the pages were allocated up front, the
+        IO on every polling release (0.5.16 - 0.5.18's hit goes through the hit queue)."""
+        if self.polled is None or kind is StorageStepKind.BACKUP:
+            return False
+        return kind is StorageStepKind.IO or self.up_front
 
     @property
     def checks(self) -> CheckRunner:
@@ -196,9 +215,7 @@ class StorageDriver:
         if any(r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks):
             return refused("prefetch rate limited")  # decided alike on every rank
         tokens = chain.pages * self.page
-        if self.polled is not None and any(
-            r.host_pool.available_size() < tokens for r in self.l3.ranks
-        ):
+        if self.up_front and any(r.host_pool.available_size() < tokens for r in self.l3.ranks):
             return refused("host full")  # 0.5.10 allocates the whole prefetch up front
         for rank, tree_rank in enumerate(self.storage_tree.ranks):
             self.log.prefetches[rank][rid] = PrefetchLog(
@@ -246,7 +263,7 @@ class StorageDriver:
         if self.points is not None:
             return run_to_next_point(self, self.points, kind, grant or Grant(), rank)
 
-        polled = self.polled is not None and kind is not StorageStepKind.BACKUP
+        polled = self.polled_kind(kind)
         before = [len(t.release_queue_items()) for t in self.l3.tiers] if polled else []
         results = run_lockstep(self.l3.tiers, self.l3.group, kind, self.l3.threads)
         for result in results:
@@ -260,7 +277,9 @@ class StorageDriver:
 
     def drain_prefetch(self) -> Outcome:
         if self.polled is not None:  # 0.5.10: revokes; its IO publishes nothing to drain
-            return done(f"drained {self.polled.drain_revokes()} revoke(s)")
+            revoked = self.polled.drain_revokes()
+            hits = self.polled.drain_hits()  # 0.5.16 - 0.5.18: the hit queue too
+            return done(f"drained {revoked} revoke(s), {hits} hit(s)")
         ranks = self.storage_tree.ranks
         taken = min(r.cc.prefetch_hit_queue.qsize() for r in ranks)
         self.storage_tree.drain_hits(taken)  # started or revoked on every rank alike
@@ -378,7 +397,7 @@ class StorageDriver:
     def control_empty(self) -> bool:
         return all(
             not any(
-                getattr(r.controller, q).qsize()
+                getattr(r.controller, q, None) is not None and getattr(r.controller, q).qsize()
                 for q in (
                     "prefetch_hit_queue",
                     "ack_prefetch_queue",

@@ -146,7 +146,7 @@ def run_to_next_point(
             mark_reads(driver, r.rank, current, io)  # before a later termination (INV-33)
             if r.faults is not None:  # a page dropped mid-body is lost now, not at its end
                 driver.log.lost.update((r.rank, key) for key in r.faults.dropped_keys)
-    polled = driver.polled is not None and kind is not StorageStepKind.BACKUP
+    polled = driver.polled_kind(kind)  # read off the operation (0.5.10 - 0.5.18)
     ended = []
     for result in results:
         if result.ran:

@@ -18,6 +18,12 @@ protocol order:
 - ``abort`` (``release_aborted_request``): terminate, release ``[0:completed)``, nothing
   inserted.
 
+``HitPollTreeRank`` is 0.5.16 - 0.5.18's variant: ``prefetch`` takes no pages, the hit thread
+hands the agreed hit back on ``prefetch_hit_queue`` and the tree's drain gives it a bounce buffer
+of exactly the hit (``PollStorageTree.drain_hits``, ``StorageTree``'s all-ranks-alike rule);
+a prefetch stopped before its buffer is retired with nothing to settle. 0.5.18 has no revoke
+queue (a below-threshold hit is revoked at the drain).
+
 ``PollStorageTree`` holds one per rank and issues the collectives 0.5.10's scheduler issues on
 ``tp_group`` through the storage world's ``RankGroup`` (``reduce_over_ranks``: each rank's part
 on its own thread, as its own scheduler would): the MAX of (cannot terminate, terminated) for a
@@ -37,7 +43,11 @@ import torch
 
 from hicache_ref.controller.storage.collectives import RankGroup, ReduceOp, SyncGroup
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness.driver.storage_tree import OngoingPrefetch, StorageTreeRank
+from hicache_ref.harness.driver.storage_tree import (
+    OngoingPrefetch,
+    StorageTree,
+    StorageTreeRank,
+)
 from hicache_ref.storage.hashing import Token
 
 COMPLETION_GROUP = SyncGroup("prefetch_completion")
@@ -190,9 +200,45 @@ class PollTreeRank(StorageTreeRank):
         self.cc.append_host_mem_release(host_indices[start:end])
 
 
+@dataclass
+class HitPollTreeRank(PollTreeRank):
+    """0.5.16 - 0.5.18's tree half: no pages up front; the hit thread hands the agreed hit
+    back on ``prefetch_hit_queue`` and the tree gives it a bounce buffer of exactly the hit
+    when it drains it (``_drain_and_alloc_storage_hit``: ``StorageTree.drain_hits``, revoking
+    a terminated or below-threshold hit, or one with no host room); completion is polled as in
+    0.5.10. A prefetch stopped before its buffer was given is terminated and retired with no
+    reduction and nothing inserted (``check_prefetch_progress``, ``release_aborted_request``)."""
+
+    def prefetch_from_storage(
+        self,
+        rid: str,
+        anchor: object,
+        tokens: Sequence[Token],
+        last_hash: str | None = None,
+        prefix_keys: Sequence[str] | None = None,
+    ) -> Any:
+        return StorageTreeRank.prefetch_from_storage(
+            self, rid, anchor, tokens, last_hash, prefix_keys
+        )
+
+    def has_buffer(self, rid: str) -> bool:
+        return self.ongoing_prefetch[rid].host_indices is not None
+
+    def stop_unbuffered(self, rid: str) -> int:
+        """``terminate_prefetch`` then ``_revoke_pending_prefetch``: no buffer, nothing to give."""
+        completed = self.terminate_op(rid)
+        self._retire(rid, "revoked")
+        return completed
+
+    def abort(self, rid: str) -> int:
+        if not self.has_buffer(rid):
+            return self.stop_unbuffered(rid)
+        return super().abort(rid)
+
+
 def revoke_queue(rank: PollTreeRank) -> Any:
     cc: Any = rank.cc
-    return cc.prefetch_revoke_queue
+    return getattr(cc, "prefetch_revoke_queue", None)
 
 
 @dataclass
@@ -203,7 +249,10 @@ class PollStorageTree:
     group: RankGroup
 
     def drain_revokes(self) -> int:
-        """``drain_storage_control_queues``'s revoke part: the MIN over ranks of its length."""
+        """``drain_storage_control_queues``'s revoke part: the MIN over ranks of its length
+        (0.5.18 has no revoke queue: its tree revokes a below-threshold hit at the drain)."""
+        if any(revoke_queue(r) is None for r in self.ranks):
+            return 0
         count = min(int(revoke_queue(r).qsize()) for r in self.ranks)
         for rank in self.ranks:
             rank.drain_revokes(count)
@@ -228,8 +277,20 @@ class PollStorageTree:
         self.finish(rid)
         return True
 
+    def drain_hits(self) -> int:
+        """0.5.16 - 0.5.18 (``HitPollTreeRank``): the hit queue by its MIN length over ranks,
+        each hit started or revoked on every rank alike (``StorageTree.drain_hits``)."""
+        if not all(isinstance(r, HitPollTreeRank) for r in self.ranks):
+            return 0
+        count = min(int(r.cc.prefetch_hit_queue.qsize()) for r in self.ranks)
+        StorageTree(list(self.ranks)).drain_hits(count)
+        return count
+
     def finish(self, rid: str) -> list[int]:
-        """Terminate on every rank, agree on the MIN of the completed tokens, settle."""
+        """Terminate on every rank, agree on the MIN of the completed tokens, settle (a
+        prefetch with no bounce buffer yet is stopped and retired on every rank instead)."""
+        if all(isinstance(r, HitPollTreeRank) and not r.has_buffer(rid) for r in self.ranks):
+            return [r.stop_unbuffered(rid) for r in self.ranks if isinstance(r, HitPollTreeRank)]
         completed = [rank.terminate_op(rid) for rank in self.ranks]
         agreed = completed[0]
         if len(self.ranks) > 1:
