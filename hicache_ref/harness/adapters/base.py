@@ -66,17 +66,20 @@ CAPABILITIES = frozenset(
         # no copy issued before it lands after it (a reset with copies in flight is safe)
         "fence_streams",  # write_fence_stream / load_fence_stream: set to the forward stream,
         # every D2H / H2D first waits for it (the forward on its own stream, F11's shape)
+        "pool_group:swa",  # an independent side pool (its own rows and slots): the
+        # controller's ``side_pools`` (a ``SidePoolsLike``) names it on write, load and release
     }
 )
 
 GROUP_CAPABILITIES = frozenset(
     {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa"}
 )
-"""Upstream-only, so not in ``CAPABILITIES`` (which the reference and its mutants have): the host
-pools arrive as a ``HostPoolGroup`` (0.5.19+'s ``HybridCacheController``); ``:packed`` /
-``:sidecar`` carry the draft pool in it, ``:swa`` as an independent side pool (its own rows
-and slots: the controller has ``side_pools``, a ``SidePoolsLike``). The reference takes its pools and its draft pair
-directly; the harness checks a grouped draft with the same byte model as a draft pair."""
+"""What upstream 0.5.19+'s ``HybridCacheController`` declares: the host pools arrive as a
+``HostPoolGroup``; ``:packed`` / ``:sidecar`` carry the draft pool in it, ``:swa`` as an
+independent side pool (its own rows and slots: the controller has ``side_pools``, a
+``SidePoolsLike``). Only ``:swa`` is in ``CAPABILITIES`` too: the reference holds an independent
+side pool itself (``controller/side_pool.py``), and takes its pools and its draft pair directly
+otherwise; the harness checks a grouped draft with the same byte model as a draft pair."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),
@@ -389,6 +392,9 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("fence_streams")
     if config.pool_group == "anchor":
         needed.add("pool_group")
+    elif config.has_side_pools:  # no group needed: the controller holds the side pool itself
+        needed.add(f"pool_group:{config.pool_group}")
+        needed.discard("draft")
     elif config.pool_group != "none":
         needed |= {"pool_group", f"pool_group:{config.pool_group}"}
         needed.discard("draft")  # the draft rides in the group, not as a draft pair

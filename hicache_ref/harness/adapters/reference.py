@@ -1,4 +1,8 @@
-"""Our reference controller as an implementation under test (it supports everything)."""
+"""Our reference controller as an implementation under test (it supports everything).
+
+In a world with an independent side pool (``config.has_side_pools``) the draft pools the world
+built are that side pool, attached with its own allocator (``attach_side_pool``), not a draft
+pair riding along on the anchor's indices."""
 
 from __future__ import annotations
 
@@ -18,17 +22,22 @@ class ReferenceImplementation(ImplementationBase):
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:
-        return self.controller_class(
+        side = request.side_allocator
+        controller = self.controller_class(
             request.allocator,
             request.host_pool,
             request.config.page_size,
             io_backend=request.config.io_backend,
             write_policy="write_through",
             cp_shared_kv_layout=request.cp_layout,
-            draft_mem_pool_host=request.draft_host_pool,
-            draft_mem_pool_device=request.draft_device_pool,
+            draft_mem_pool_host=None if side else request.draft_host_pool,
+            draft_mem_pool_device=None if side else request.draft_device_pool,
             device_module=request.device_module,
             num_counters=request.config.num_counters,
             storage_executor="manual",  # the harness steps the storage threads' loop bodies
             storage_collectives=cast(Collectives | None, request.storage_collectives),
         )
+        if side is not None:
+            assert request.draft_device_pool is not None and request.draft_host_pool is not None
+            controller.attach_side_pool(request.draft_device_pool, request.draft_host_pool, side)
+        return controller
