@@ -66,8 +66,6 @@ CAPABILITIES = frozenset(
         # no copy issued before it lands after it (a reset with copies in flight is safe)
         "fence_streams",  # write_fence_stream / load_fence_stream: set to the forward stream,
         # every D2H / H2D first waits for it (the forward on its own stream, F11's shape)
-        "pool_group:swa",  # an independent side pool (its own rows and slots): the
-        # controller's ``side_pools`` (a ``SidePoolsLike``) names it on write, load and release
     }
 )
 
@@ -77,9 +75,15 @@ GROUP_CAPABILITIES = frozenset(
 """What upstream 0.5.19+'s ``HybridCacheController`` declares: the host pools arrive as a
 ``HostPoolGroup``; ``:packed`` / ``:sidecar`` carry the draft pool in it, ``:swa`` as an
 independent side pool (its own rows and slots: the controller has ``side_pools``, a
-``SidePoolsLike``). Only ``:swa`` is in ``CAPABILITIES`` too: the reference holds an independent
-side pool itself (``controller/side_pool.py``), and takes its pools and its draft pair directly
-otherwise; the harness checks a grouped draft with the same byte model as a draft pair."""
+``SidePoolsLike``). None is in ``CAPABILITIES`` (what an outside implementation copies: its
+adapter would have to hand the side pool over), but the reference declares ``:swa`` too
+(``SIDE_POOL_CAPABILITY``): it holds an independent side pool itself
+(``controller/side_pool.py``), and takes its pools and its draft pair directly otherwise; the
+harness checks a grouped draft with the same byte model as a draft pair."""
+
+SIDE_POOL_CAPABILITY = "pool_group:swa"
+"""An independent side pool: the controller's ``side_pools`` (a ``SidePoolsLike``) names it on
+every write, load and host release (``pool_group="swa"`` worlds)."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),

@@ -1,4 +1,5 @@
-"""Our reference controller as an implementation under test (it supports everything).
+"""Our reference controller as an implementation under test (it supports everything, side
+pools included).
 
 In a world with an independent side pool (``config.has_side_pools``) the draft pools the world
 built are that side pool, attached with its own allocator (``attach_side_pool``), not a draft
@@ -10,7 +11,7 @@ from typing import cast
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.storage.collectives import Collectives
-from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.base import CAPABILITIES, SIDE_POOL_CAPABILITY, BuildRequest
 from hicache_ref.harness.adapters.contract import ImplementationBase
 
 
@@ -18,7 +19,7 @@ class ReferenceImplementation(ImplementationBase):
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"
-    capabilities = CAPABILITIES
+    capabilities = CAPABILITIES | {SIDE_POOL_CAPABILITY}  # it holds a side pool itself
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:
