@@ -2,9 +2,9 @@
 
 A node's side rows and side host slots come from the side pool's own allocator and host pool,
 never the anchor's (INV-36); a write or load the side pool cannot hold refuses as a whole and
-leaves both pools as they were (INV-17); a side host slot an unfinished copy uses is never
-released (INV-07); and a side pool whose allocator hands out another pool's rows is refused at
-attach. Every byte of both pools is checked by the harness's own model (the session).
+leaves both pools as they were (INV-17), and so does a side copy that fails to launch; a side
+host slot an unfinished copy uses is never released (INV-07); and a side pool whose allocator
+hands out another pool's rows is refused at attach. Every byte of both pools is checked by the harness's own model (the session).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hicache_ref.controller.cache_controller import HiCacheController
-from hicache_ref.errors import HiCacheInputError, InvariantViolation
+from hicache_ref.errors import HiCacheInputError, InvariantViolation, TransferLaunchError
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
@@ -150,3 +150,47 @@ def test_a_write_without_the_side_pool_backs_up_the_anchor_alone() -> None:
     assert not controller.draft_write_queue
     rank = session.world.ranks[0]
     assert rank.draft_host_pool is not None and not rank.draft_host_pool.allocated_pages()
+
+
+def _raise_launch_fault(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("injected side launch fault")
+
+
+def test_a_side_copy_that_fails_to_launch_rolls_back_both_pools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the side pool's D2H raises -> TransferLaunchError, both pools' slots free, no op or ack
+    # left; healed -> the write goes through. The side H2D raises at start_loading -> both
+    # load queues and the producer slot as before; healed -> the load lands (bytes checked)
+    session = swa_session()
+    controller = controller_of(session)
+    rank = session.world.ranks[0]
+    side_host_pool = rank.draft_host_pool
+    assert side_host_pool is not None
+    h = computed_node(session)
+    node = session.tree.nodes[h]
+    assert node.value is not None and node.side_value is not None
+    with monkeypatch.context() as patch:
+        patch.setattr(side_host_pool, "backup_from_device_all_layer", _raise_launch_fault)
+        with pytest.raises(TransferLaunchError, match="injected side launch fault"):
+            controller.write_with_side(node.value, node.node_id, node.side_value)
+    assert not rank.host_pool.allocated_pages() and not side_host_pool.allocated_pages()
+    assert not controller.write_queue and not controller.draft_write_queue
+    assert not controller.ack_write_queue and not len(controller.inflight)
+    apply(session, "write", node=h)
+    apply(session, "synchronize", stream="write")
+    apply(session, "drain_acks")
+    apply(session, "evict_device", node=h)
+    apply(session, "load", node=h)
+    producer = controller.layer_done_counter.producer_index
+    with monkeypatch.context() as patch:
+        patch.setattr(side_host_pool, "load_to_device_per_layer", _raise_launch_fault)
+        with pytest.raises(TransferLaunchError, match="injected side launch fault"):
+            controller.start_loading()
+    assert len(controller.load_queue) == len(controller.draft_load_queue) == 1
+    assert controller.layer_done_counter.producer_index == producer
+    assert not controller.ack_load_queue
+    apply(session, "start_loading")
+    apply(session, "synchronize", stream="load")
+    apply(session, "drain_acks")  # both pools' device bytes (INV-06)
+    session.finish()
