@@ -10,6 +10,8 @@ In the order data flows through it:
 - ``cp_write``: CP reservations (``reserve_write_cp``) and their all-layer or per-layer
   submission (``submit_write_cp_per_layer``, ``on_layer_end``, ``cancel_layer_write_state``);
   ``rollback``: a failed submission undone; ``cp_load``: ``load_cp`` with owner replay;
+- ``side_pool``: an independent side pool (``attach_side_pool``, ``write_with_side``,
+  ``load_with_side``, ``evict_side_host``; ``SidePools``, what the tree names);
 - ``storage`` (a package): the L3 tier the controller owns; ``storage_facade``: the seed's
   storage method and queue names on the controller, delegating to it.
 """

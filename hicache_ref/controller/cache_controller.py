@@ -9,8 +9,9 @@ Protocol, in the order data flows:
   takes a producer slot and issues the H2D layer by layer on ``load_stream``, recording one event
   per layer so the forward can start reading layer 0 while later layers still land;
 - the tree drains ``ack_load_queue`` and unpins the loaded nodes.
-CP shared KV (``cp_write.py``, ``cp_load.py``) and draft pools (ride along every transfer)
-extend this core; the L3 storage tier is an object the controller owns (``self.storage``, a
+CP shared KV (``cp_write.py``, ``cp_load.py``), draft pools (ride along every transfer) and
+an independent side pool (``side_pool.py``: its own rows and slots, named on each call) extend
+this core; the L3 storage tier is an object the controller owns (``self.storage``, a
 ``controller/storage/StorageTier``), its seed-named methods delegating (``storage_facade.py``).
 
 A hybrid (full + linear attention) device pool is unwrapped to its ``full_kv_pool`` first; the
@@ -37,6 +38,7 @@ from hicache_ref.controller.operations import (
     LayerLoadingEvent,
 )
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
+from hicache_ref.controller.side_pool import SidePoolMixin
 from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.controller.storage.executor import ExecutorFactory
 from hicache_ref.controller.storage.tier import StorageTier
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
     from hicache_ref.pools.host_pool import HostKVCache
 
 
-class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, ControllerState):
+class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin, ControllerState):
     """The controller; public methods keep the seed's names, arguments and behaviour."""
 
     storage_tier_class: type[StorageTier] = StorageTier

@@ -18,10 +18,10 @@ from hicache_ref.invariant_titles import INVARIANT_TITLES
 from hicache_ref.vectors.models import Vector
 
 INVARIANT_IDS = tuple(sorted(INVARIANT_TITLES))
-UNREACHABLE: Mapping[str, str] = {"INV-36": "pool_group:swa"}
+UNREACHABLE: Mapping[str, str] = {}
 """Invariant ids no rule of the harness can reach without a capability the reference does not
-declare yet, each with the capability it needs; exempt while so (INV-36: independent side
-pools are drawn on upstream 0.5.19+ only until the reference has them, issue 27)."""
+declare yet, each with the capability it needs; exempt while so (none today: INV-36 was, until
+the reference held an independent side pool, ``pool_group:swa``)."""
 
 
 @dataclass

@@ -137,7 +137,7 @@ def actual_bytes(session: Session, node: Node, copy_kind: CopyKind) -> CopyBytes
     def device_rows(
         rank: int, draft: bool, layer: int, c: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        positions, locs = g.placement(rank, node)
+        positions, locs = g.placement(rank, node, draft)  # a side pool's rows are its own
         pool, _ = g.pools(rank, draft)
         return positions, pool.layer_buffers(layer)[c][locs]
 
@@ -199,7 +199,7 @@ def _is_aligned(indices: torch.Tensor, page: int) -> bool:
 def _host_indices(session: Session, node: Node) -> list[torch.Tensor | None]:
     if session.config.uses_cp:
         return [meta.host_indices if meta is not None else None for meta in node.cp_meta]
-    return list(node.host_value)
+    return [*node.host_value, *(node.side_host or [])]  # an independent side pool's slots too
 
 
 def _reason_for_backup(session: Session, node: Node) -> RefusalReason:
@@ -208,8 +208,14 @@ def _reason_for_backup(session: Session, node: Node) -> RefusalReason:
     if node.value is None:
         return "refused"
     if not session.config.uses_cp:
-        free = world.ranks[0].host_pool.available_size()
-        return "host_capacity" if node.value.numel() > free else "refused"
+        rank = world.ranks[0]
+        if node.value.numel() > rank.host_pool.available_size():
+            return "host_capacity"
+        side, side_rows = rank.draft_host_pool, node.side_value
+        if session.config.has_side_pools and side is not None and side_rows is not None:
+            short = side_rows.numel() > side.available_size()  # the side pool's own host slots
+            return "draft_host_capacity" if short else "refused"
+        return "refused"
     padded = session.tree.geometry.padded_locs(node.value)
     draft_short = False
     for rank in world.ranks:
@@ -266,7 +272,7 @@ def observe(session: Session, before: Before, step: Step, outcome: Outcome) -> E
             returned = _returned(_host_indices(session, node), page)
     elif record.refusable and node is not None:
         if record.returns == "device_pages" and node.value is not None:
-            returned = _returned([node.value], page)
+            returned = _returned([node.value, node.side_value], page)
         elif node.backup != "none":
             returned = _returned(_host_indices(session, node), page)
     refusal = reason

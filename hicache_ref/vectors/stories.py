@@ -444,12 +444,18 @@ def _inv18_in_flight(r: Recorder) -> None:
     node_of(r, 4)
 
 
-# the bug-class and regression scenes, then the storage tier's (INV-19 .. INV-35)
-from hicache_ref.vectors import stories_regressions, stories_storage, stories_windows  # noqa: E402
+# the bug-class and regression scenes, the side pool's, then the storage tier's (INV-19 .. INV-35)
+from hicache_ref.vectors import (  # noqa: E402
+    stories_regressions,
+    stories_sides,
+    stories_storage,
+    stories_windows,
+)
 
 STORIES: tuple[Story, ...] = (
     *stories_in(globals()),
     *stories_in(vars(stories_regressions)),
+    *stories_in(vars(stories_sides)),
     *stories_in(vars(stories_storage)),
     *stories_in(vars(stories_windows)),
 )

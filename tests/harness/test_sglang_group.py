@@ -52,13 +52,14 @@ def round_trip(impl: SglangImplementation, group: PoolGroup, draft_layers: int) 
     return outcomes[-1].text
 
 
-def test_0523_declares_the_groupings_and_the_reference_none(
+def test_0523_declares_the_groupings_and_the_reference_only_side_pools(
     upstream_0523: SglangImplementation,
 ) -> None:
     from hicache_ref.harness.adapters.reference import ReferenceImplementation
 
     assert GROUP_CAPABILITIES <= upstream_0523.capabilities
-    assert not GROUP_CAPABILITIES & ReferenceImplementation.capabilities
+    # the reference holds an independent side pool itself, never a HostPoolGroup
+    assert GROUP_CAPABILITIES & ReferenceImplementation.capabilities == {"pool_group:swa"}
 
 
 @pytest.mark.parametrize(

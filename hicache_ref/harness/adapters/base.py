@@ -72,11 +72,18 @@ CAPABILITIES = frozenset(
 GROUP_CAPABILITIES = frozenset(
     {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa"}
 )
-"""Upstream-only, so not in ``CAPABILITIES`` (which the reference and its mutants have): the host
-pools arrive as a ``HostPoolGroup`` (0.5.19+'s ``HybridCacheController``); ``:packed`` /
-``:sidecar`` carry the draft pool in it, ``:swa`` as an independent side pool (its own rows
-and slots: the controller has ``side_pools``, a ``SidePoolsLike``). The reference takes its pools and its draft pair
-directly; the harness checks a grouped draft with the same byte model as a draft pair."""
+"""What upstream 0.5.19+'s ``HybridCacheController`` declares: the host pools arrive as a
+``HostPoolGroup``; ``:packed`` / ``:sidecar`` carry the draft pool in it, ``:swa`` as an
+independent side pool (its own rows and slots: the controller has ``side_pools``, a
+``SidePoolsLike``). None is in ``CAPABILITIES`` (what an outside implementation copies: its
+adapter would have to hand the side pool over), but the reference declares ``:swa`` too
+(``SIDE_POOL_CAPABILITY``): it holds an independent side pool itself
+(``controller/side_pool.py``), and takes its pools and its draft pair directly otherwise; the
+harness checks a grouped draft with the same byte model as a draft pair."""
+
+SIDE_POOL_CAPABILITY = "pool_group:swa"
+"""An independent side pool: the controller's ``side_pools`` (a ``SidePoolsLike``) names it on
+every write, load and host release (``pool_group="swa"`` worlds)."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),
@@ -389,6 +396,9 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("fence_streams")
     if config.pool_group == "anchor":
         needed.add("pool_group")
+    elif config.has_side_pools:  # no group needed: the controller holds the side pool itself
+        needed.add(f"pool_group:{config.pool_group}")
+        needed.discard("draft")
     elif config.pool_group != "none":
         needed |= {"pool_group", f"pool_group:{config.pool_group}"}
         needed.discard("draft")  # the draft rides in the group, not as a draft pair

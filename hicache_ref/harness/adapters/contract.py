@@ -4,7 +4,8 @@ An implementation under test is an object with three **required** hooks:
 
 - ``name: str`` — how traces, reports and replay lines name it;
 - ``capabilities: frozenset[str]`` — a subset of ``base.CAPABILITIES`` (upstream adapters may
-  add the upstream-only ``base.GROUP_CAPABILITIES``); the machines draw only
+  add ``base.GROUP_CAPABILITIES``; an adapter that hands an independent side pool to its
+  controller, as the reference's does, adds ``base.SIDE_POOL_CAPABILITY``); the machines draw only
   configurations and rules these allow, and those detectable from the controller class
   (``base.CAPABILITY_METHODS``) are checked against it;
 - ``build_controller(request: BuildRequest) -> ControllerLike`` — one controller per rank, over

@@ -1,4 +1,9 @@
-"""Our reference controller as an implementation under test (it supports everything)."""
+"""Our reference controller as an implementation under test (it supports everything, side
+pools included).
+
+In a world with an independent side pool (``config.has_side_pools``) the draft pools the world
+built are that side pool, attached with its own allocator (``attach_side_pool``), not a draft
+pair riding along on the anchor's indices."""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from typing import cast
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.storage.collectives import Collectives
-from hicache_ref.harness.adapters.base import CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.base import CAPABILITIES, SIDE_POOL_CAPABILITY, BuildRequest
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.schedule.reference import gated_executor
 
@@ -15,19 +20,20 @@ class ReferenceImplementation(ImplementationBase):
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"
-    capabilities = CAPABILITIES
+    capabilities = CAPABILITIES | {SIDE_POOL_CAPABILITY}  # it holds a side pool itself
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:
-        return self.controller_class(
+        side = request.side_allocator
+        controller = self.controller_class(
             request.allocator,
             request.host_pool,
             request.config.page_size,
             io_backend=request.config.io_backend,
             write_policy="write_through",
             cp_shared_kv_layout=request.cp_layout,
-            draft_mem_pool_host=request.draft_host_pool,
-            draft_mem_pool_device=request.draft_device_pool,
+            draft_mem_pool_host=None if side else request.draft_host_pool,
+            draft_mem_pool_device=None if side else request.draft_device_pool,
             device_module=request.device_module,
             num_counters=request.config.num_counters,
             # the harness steps the storage threads' loop bodies, or (schedule points) grants
@@ -35,3 +41,7 @@ class ReferenceImplementation(ImplementationBase):
             storage_executor=gated_executor() if request.config.storage_points else "manual",
             storage_collectives=cast(Collectives | None, request.storage_collectives),
         )
+        if side is not None:
+            assert request.draft_device_pool is not None and request.draft_host_pool is not None
+            controller.attach_side_pool(request.draft_device_pool, request.draft_host_pool, side)
+        return controller

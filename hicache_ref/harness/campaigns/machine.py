@@ -159,7 +159,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     groups = _pool_groups(capabilities, cp_size, max(0, draft_layer_num))
     fields["forward_stream"] = not cp_size and _fenced(capabilities) and bool(fields["seed"] & 1)
     fields["pool_group"] = draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0]
-    fields.update(_side_pool_fields(draw, capabilities, fields["pool_group"]))
+    fields.update(_side_pool_fields(draw, capabilities, fields))
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
@@ -182,12 +182,21 @@ def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) 
 
 
 def _side_pool_fields(
-    draw: st.DrawFn, capabilities: frozenset[str], group: PoolGroup
+    draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
 ) -> dict[str, Any]:
-    """Half the anchor-only worlds gain an independent side pool (``pool_group="swa"``): its
+    """Half the single-pool worlds gain an independent side pool (``pool_group="swa"``): its
     layers, its own device pages and host pages, often scarce (drawn after every other field,
-    so no other world's draws move). A side-pool world has no storage tier (not driven yet)."""
-    if group != "anchor" or "pool_group:swa" not in capabilities or not draw(_BOOLS):
+    so no other world's draws move). Upstream's come from the anchor-only worlds of its
+    ``HostPoolGroup``; an implementation that holds side pools without a group (the reference)
+    takes them from the worlds without CP, draft pool or storage. A side-pool world has no
+    storage tier (not driven yet)."""
+    if "pool_group:swa" not in capabilities:
+        return {}
+    if "pool_group" in capabilities:
+        eligible = fields["pool_group"] == "anchor"
+    else:
+        eligible = not (fields["cp_size"] or fields["draft_layer_num"] or "storage_ranks" in fields)
+    if not eligible or not draw(_BOOLS):
         return {}
     return {
         "pool_group": SIDE_POOL_GROUPS[0],

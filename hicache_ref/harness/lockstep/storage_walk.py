@@ -16,9 +16,9 @@ import random
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.rules import RULES as RULES_BY_NAME
 from hicache_ref.harness.rules import storage as rules
-from hicache_ref.harness.step_types import RuleName, StepArg
 from hicache_ref.harness.rules.schedule import SCHEDULE_POINT
 from hicache_ref.harness.schedule.points import AT_MAX, BACKEND_POINTS, OUTCOMES, position
+from hicache_ref.harness.step_types import RuleName, StepArg
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig

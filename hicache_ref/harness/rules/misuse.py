@@ -2,8 +2,9 @@
 
 in flight? (``write_in_flight`` / ``load_in_flight``: the node's copy may still run on a rank)
 -> ``probe(kind, handle)`` on each rank that uses slots of the node -> the controller must
-raise the invariant that guards the call: ``probe_evict_host`` (``evict_host``) INV-07 (or
-INV-15 for a pending per-layer write), ``probe_evict_device`` (``evict_device``) INV-08,
+raise the invariant that guards the call: ``probe_evict_host`` (``evict_host``; first, on its
+own, an independent side pool's host release) INV-07 (or INV-15 for a pending per-layer
+write), ``probe_evict_device`` (``evict_device``) INV-08,
 ``probe_rewrite`` (a second backup) INV-02 -> ``scribble_free_host``: the CPU writes into every
 free host slot while copies are queued (a copy still writing a freed slot overwrites it).
 
@@ -119,6 +120,8 @@ def _probe_call(tree: TreeDriver, kind: ProbeKind, node: Node, rank_index: int) 
     controller = tree.world.ranks[rank_index].controller
     assert kind == "host_free" or node.value is not None
     if kind == "host_free":
+        if _side_host_release_accepted(tree, node, rank_index):
+            return "accepted"
         evict_host_copies(tree, node, (rank_index,))
     elif kind == "device_free" and node.value is not None:
         controller.evict_device(node.value)
@@ -133,6 +136,23 @@ def _probe_call(tree: TreeDriver, kind: ProbeKind, node: Node, rank_index: int) 
     elif node.value is not None:
         controller.write(node.value, node_id=node.node_id)
     return "accepted"
+
+
+def _side_host_release_accepted(tree: TreeDriver, node: Node, rank_index: int) -> bool:
+    """An independent side pool's host slots on their own first: each pool's release must
+    refuse by itself (the anchor's refusal would otherwise hide an unguarded side release).
+    A refusal with another id than the probe's propagates."""
+    sides = tree.world.ranks[rank_index].sides
+    side_host = node.side_host[rank_index] if node.side_host else None
+    if sides is None or side_host is None:
+        return False
+    try:
+        sides.evict_host(side_host)
+    except InvariantViolation as refusal:
+        if refusal.inv_id not in PROBE_REFUSALS["host_free"]:
+            raise
+        return False
+    return True
 
 
 def _probe_rule(rule: str, what: str) -> Callable[[StepContext, Args], str | None]:

@@ -13,7 +13,9 @@ uses what is here:
 - ``build_side_allocator``: the side pool's own device allocator over the draft device pool;
 - ``MappedCounter``: a pool's layer counter as its forward waits on it, by the transfer id
   of the pool's local layer (upstream's pools wait by model layer id, which the transfer ids
-  are).
+  are);
+- ``side_pool_focus``: a mutant's ``refine_config`` that turns every drawn world into a
+  side-pool world (the reference holds the side pool itself, ``controller/side_pool.py``).
 
 What a node holds in the side pool (its own device rows, its own host slots) is the tree's
 model (``Node.side_value``, ``Node.side_host``), never what the controller says of itself.
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.config import SIDE_POOL_GROUPS, HarnessConfig
 
 if TYPE_CHECKING:
     from hicache_ref.device.protocol import DeviceModule
@@ -106,3 +108,22 @@ def build_side_allocator(
         alloc_policy=config.draft_alloc_policy,
         seed=config.seed + SIDE_SEED_OFFSET,
     )
+
+
+def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
+    """A mutant's ``refine_config``: the drawn world with an independent side pool (no CP, no
+    storage; the draft layers, side device pages and host pages kept where drawn), ``fields``
+    set over it."""
+
+    def focus(config: HarnessConfig) -> HarnessConfig:
+        update = {
+            "cp_size": 0,
+            "storage_ranks": 0,
+            "pool_group": SIDE_POOL_GROUPS[0],
+            "draft_layer_num": config.draft_layer_num or 2,
+            "side_device_pages": config.side_device_pages or max(2, config.device_pages // 2),
+            "draft_host_pages": config.draft_host_pages or config.host_pages,
+        }
+        return HarnessConfig.model_validate({**config.model_dump(), **update, **fields})
+
+    return focus
