@@ -5,9 +5,9 @@ then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh se
 database's saved failures replayed in the first round only (``reuse``), each failure absorbed
 (``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
 every round. It stops when the time is up (no case starts after it, so the last round ends at
-the budget, between two cases: ``machine.CampaignTimeUp``), at ``rounds_max``, at the first new failure (unless
-it keeps going: then it also sets the fleet's ``stop``), when another worker set ``stop``, and
-at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
+the budget, between two cases: ``machine.CampaignTimeUp``), at ``rounds_max``, at the first new
+failure (unless it keeps going: then it also sets the fleet's ``stop``), when another worker set
+``stop``, and at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
 steps; ``interrupts.py``): then the report says ``interrupted``, and an error the round raised
 after the signal is not recorded (the signal may have cut a step in half).
 """
