@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from hicache_ref.fleet.merge import get_leaves
 from hicache_ref.fleet.shards import Shard
 from hicache_ref.fleet.workers import plan_workers, run_fleet
 from hicache_ref.harness.campaigns.profiles import PROFILES
@@ -46,8 +47,13 @@ def parse_counts(text: str) -> list[int]:
     return sorted(set(counts) | {1})  # one worker is the baseline, always measured
 
 
-def measure(workers: int, args: argparse.Namespace, seed: int) -> tuple[float, float, int]:
-    """(steps/s over the campaign time, wall seconds of the whole run, steps) of one fleet."""
+def measure(
+    workers: int, args: argparse.Namespace, seed: int
+) -> tuple[float, float, int, list[float]]:
+    """(steps/s over the campaign time, wall seconds of the whole run, steps, each worker's
+    campaign seconds) of one fleet: the fleet's campaign time is its longest worker's, so a
+    worker that runs on past the others (a round finishing after the budget) costs every
+    other core its time."""
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as out:
         tasks = plan_workers(
             "reference", seed=seed, shard=Shard(), workers=workers, seconds=args.budget,
@@ -57,7 +63,8 @@ def measure(workers: int, args: argparse.Namespace, seed: int) -> tuple[float, f
         report = run_fleet(tasks)
         wall = time.monotonic() - start
     assert not report.failures, f"the reference failed: {report.failures[0]['error']}"
-    return report.steps / max(report.seconds, 1e-9), wall, report.steps
+    seconds = [part.seconds for part in get_leaves(report)]
+    return report.steps / max(report.seconds, 1e-9), wall, report.steps, seconds
 
 
 def main() -> None:
@@ -72,13 +79,16 @@ def main() -> None:
     torch.set_num_threads(1)  # as each spawned worker does: the baseline gets no extra threads
     rates: dict[int, list[float]] = {n: [] for n in args.workers}
     walls: dict[int, list[float]] = {n: [] for n in args.workers}
+    spans: dict[int, list[list[float]]] = {n: [] for n in args.workers}
     for round_index in range(args.rounds):
         for workers in args.workers:
-            rate, wall, steps = measure(workers, args, seed=1000 * round_index)
+            rate, wall, steps, seconds = measure(workers, args, seed=1000 * round_index)
             rates[workers].append(rate)
             walls[workers].append(wall)
+            spans[workers].append(seconds)
             print(f"round {round_index}: {workers} worker(s): {steps} steps, {rate:,.0f} steps/s, "
-                  f"{wall:.1f} s wall", flush=True)  # fmt: skip
+                  f"{wall:.1f} s wall, worker campaign s {min(seconds):.1f}-{max(seconds):.1f}",
+                  flush=True)  # fmt: skip
     base = statistics.median(rates[1])
     command = " ".join(["python", "benchmarks/bench_workers.py", *sys.argv[1:]])
     lines = [
@@ -88,15 +98,18 @@ def main() -> None:
         f"profile {args.profile}, {args.budget:g} s per measurement, {args.rounds} rounds, "
         f"load average {os.getloadavg()[0]:.1f} at the end",
         "",
-        "| workers | steps/s (median) | per round | speedup over 1 worker | wall s (median) |",
-        "|---:|---:|---|---:|---:|",
+        "| workers | steps/s (median) | per round | speedup over 1 worker | wall s (median) "
+        "| worker campaign s, shortest-longest (per round) |",
+        "|---:|---:|---|---:|---:|---|",
     ]
     for workers in args.workers:
         median = statistics.median(rates[workers])
         rounds = ", ".join(f"{rate:,.0f}" for rate in rates[workers])
         lines.append(
             f"| {workers} | {median:,.0f} | {rounds} | {median / base:.2f}x | "
-            f"{statistics.median(walls[workers]):.1f} |"
+            f"{statistics.median(walls[workers]):.1f} | "
+            + ", ".join(f"{min(s):.1f}-{max(s):.1f}" for s in spans[workers])
+            + " |"
         )
     table = "\n".join(lines)
     print(table)

@@ -131,3 +131,14 @@ def test_no_module_passes_a_value_through_the_environment() -> None:
         if ENVIRONMENT_WRITES.search(path.read_text())
     }
     assert writers <= set(NEEDS_THE_ENVIRONMENT), writers - set(NEEDS_THE_ENVIRONMENT)
+
+
+def test_a_campaign_ends_at_its_budget_between_two_cases(tmp_path: Path) -> None:
+    # a campaign-profile round (50 cases of 120 steps) lasts seconds; the budget cuts the round
+    # short between two cases, so a fleet's workers end together instead of a round apart
+    report = run_campaign(
+        "reference", seconds=1.0, profile="campaign", seed=0, out_dir=tmp_path, progress=False
+    )
+    assert report.rounds == 1 and 1 <= report.cases < 50
+    assert report.seconds < 1.0 + 2.0  # one case past the budget at most, on a loaded machine
+    assert not report.interrupted and not report.failures

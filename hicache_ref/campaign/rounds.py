@@ -4,9 +4,10 @@
 then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh seed, the
 database's saved failures replayed in the first round only (``reuse``), each failure absorbed
 (``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
-every round. It stops when the time is up, at ``rounds_max``, at the first new failure (unless
-it keeps going: then it also sets the fleet's ``stop``), when another worker set ``stop``, and
-at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
+every round. It stops when the time is up (no case starts after it, so the last round ends at
+the budget, between two cases: ``machine.CampaignTimeUp``), at ``rounds_max``, at the first new
+failure (unless it keeps going: then it also sets the fleet's ``stop``), when another worker set
+``stop``, and at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
 steps; ``interrupts.py``): then the report says ``interrupted``, and an error the round raised
 after the signal is not recorded (the signal may have cut a step in half).
 """
@@ -36,7 +37,7 @@ from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.database import get_source_key
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
-from hicache_ref.harness.campaigns.machine import machine_for
+from hicache_ref.harness.campaigns.machine import CampaignTimeUp, machine_for
 from hicache_ref.harness.campaigns.profiles import make_settings
 from hicache_ref.harness.world.world import DeviceWorlds
 
@@ -106,6 +107,13 @@ def run_rounds(
     start = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="hicache-fuzz-"))
     sink = CampaignSink(report, scratch, clock=lambda: time.monotonic() - start)
+
+    def time_up() -> bool:
+        """No further case starts once the time is up (a campaign's first case always runs):
+        the last round ends at the budget, not a whole round later, and a fleet's workers end
+        within a case of each other (the fleet lasts as long as its longest worker)."""
+        return report.cases > 0 and time.monotonic() - start >= seconds
+
     machine_class = machine_for(
         implementation,
         report.implementation,
@@ -114,6 +122,7 @@ def run_rounds(
         build=build,
         lockstep=plan.lockstep,
         pct=report.profile == "campaign",  # PCT's bias over the storage threads
+        time_up=time_up,
     )
     report.sample(0.0)
     try:
@@ -130,6 +139,8 @@ def run_rounds(
                 if plan.signals is not None:
                     plan.signals.stop.set()
                 break
+    except CampaignTimeUp:
+        pass  # the last round ended between two cases, at the budget
     except KeyboardInterrupt:
         report.interrupted = True
     finally:

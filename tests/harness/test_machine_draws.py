@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import pytest
 from hypothesis import given
 from hypothesis.stateful import rule
 from hypothesis.vendor.pretty import pretty
@@ -24,6 +25,9 @@ from hicache_ref.harness.campaigns.machine import (
     machine_for,
 )
 from hicache_ref.harness.campaigns.profiles import make_settings
+from hicache_ref.harness.steps.session import Session
+from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.world.config import HarnessConfig
 
 BY_NAME = {r.name: r for r in MACHINE_RULES}
 
@@ -74,3 +78,26 @@ def test_every_drawn_step_is_kept_by_the_swarm_and_offered_when_drawn() -> None:
     _CheckedDraws.TestCase.settings = make_settings("ci", max_examples=25)
     _CheckedDraws.TestCase("runTest").runTest()
     assert len(set(_CheckedDraws.drawn)) >= 20  # most rules were drawn somewhere
+
+
+def test_a_step_keeps_the_candidates_of_its_draw_only_when_the_caller_says_nothing_ran_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session = Session(HarnessConfig(), ReferenceImplementation(), "reference")
+    session.apply(Step(rule="prefill", args={"tokens": 1, "early_reserve": False, "batch": True}))
+    while session.tree.batch:  # the forward computes the node: now it may be written
+        session.apply(Step(rule="forward_layer", args={}))
+    # a list cached before the world moved (here: planted) is asked again by the next step
+    session._candidates["write"] = [7]
+    assert session.apply(Step(rule="write", args={"node": 7})).skipped
+    assert "node 7 is not" in session.skip_reasons[len(session.steps) - 1]
+    # the machine's draw asked, then vouches that nothing ran since: the step reuses its list
+    computed: list[str] = []
+    compute = Session._compute_candidates
+    monkeypatch.setattr(
+        Session, "_compute_candidates", lambda s, rule: computed.append(rule) or compute(s, rule)
+    )
+    node = session.candidates("write")[0]
+    session.candidates_current = True
+    assert not session.apply(Step(rule="write", args={"node": node})).skipped
+    assert computed.count("write") == 1 and not session.candidates_current

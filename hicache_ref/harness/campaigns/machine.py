@@ -277,13 +277,17 @@ class RuleChoices(st.SearchStrategy[Choice]):
         session = machine.s
         swarm = machine.swarm
         chosen: MachineRule | None = None
+        refused: set[int] = set()  # indices the tries found not offered (the state is the same)
         for _ in range(RULE_TRIES):
-            candidate = swarm[draw_small_int(data, 0, len(swarm) - 1)]
-            if candidate.offered(session):
-                chosen = candidate
+            index = draw_small_int(data, 0, len(swarm) - 1)
+            if index not in refused and swarm[index].offered(session):
+                chosen = swarm[index]
                 break
+            refused.add(index)
         if chosen is None:
-            offered = [r for r in swarm if r.offered(session)] or list(_ALWAYS)
+            offered = [
+                r for i, r in enumerate(swarm) if i not in refused and r.offered(session)
+            ] or list(_ALWAYS)
             chosen = offered[draw_small_int(data, 0, len(offered) - 1)]
         # each index and argument is one choice, as its strategy would draw it, without a span
         # of its own (``rules/record.draw_small_int``): the step's draw is the span
@@ -339,6 +343,14 @@ class Swarm(st.SearchStrategy[tuple[MachineRule, ...]]):
 SWARM = Swarm()
 
 
+class CampaignTimeUp(KeyboardInterrupt):
+    """A case would start after its campaign's time is up: the round ends there, between two
+    cases (never inside one), and the campaign with it (``campaign/rounds.py``, which tells it
+    from Ctrl-C). Hypothesis takes it as it takes Ctrl-C: the case it cut is neither a failure
+    nor a test case it records (any other exception would end the case in its tree of choices,
+    and a later case drawing past that point would read as flaky data generation)."""
+
+
 class HiCacheMachine(RuleBasedStateMachine):
     """Drives one implementation through write, load, cancel and evict interleavings."""
 
@@ -348,6 +360,8 @@ class HiCacheMachine(RuleBasedStateMachine):
     build: ClassVar[DeviceWorlds] = SIM_WORLDS  # each case's world, on its device
     lockstep: ClassVar[bool | None] = None  # the campaign's profile decides; None: the env's
     pct: ClassVar[bool | None] = None  # PCT bias over the storage threads (profile campaign)
+    time_up: ClassVar[Callable[[], bool] | None] = None
+    """The campaign's clock: True once no further case may start (None: no time limit)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -393,6 +407,9 @@ class HiCacheMachine(RuleBasedStateMachine):
 
     @initialize(config=st.data(), swarm=SWARM)
     def setup(self, config: st.DataObject, swarm: tuple[MachineRule, ...]) -> None:
+        time_up = type(self).time_up
+        if time_up is not None and time_up():
+            raise CampaignTimeUp
         drawn = _draw_config(self.implementation, config)
         self.session = Session(drawn, self.implementation, self.impl_name, build=self.build)
         attach_lockstep(self.session, self.lockstep)  # the pure oracle follows every step
@@ -405,8 +422,13 @@ class HiCacheMachine(RuleBasedStateMachine):
     def step(self, choice: Choice) -> None:
         """Apply the drawn rule's steps one by one (each sees the world the steps before it
         made)."""
-        for next_step in choice.rule.steps(self.s, choice.drawn):
-            self._apply(next_step)
+        session = self.s
+        session.candidates_current = True  # nothing ran since the draw asked for them
+        try:
+            for next_step in choice.rule.steps(session, choice.drawn):
+                self._apply(next_step)
+        finally:
+            session.candidates_current = False
 
     def teardown(self) -> None:
         if self.session is None:
@@ -433,11 +455,14 @@ def machine_for(
     build: DeviceWorlds | None = None,
     lockstep: bool | None = None,
     pct: bool | None = None,
+    time_up: Callable[[], bool] | None = None,
 ) -> type[HiCacheMachine]:
     """A machine class bound to one implementation and the sink of the campaign running it.
 
     The class name is Hypothesis' example-database key for its failures; ``key`` (a digest of
     the implementation's source, say) keeps two trees gated under one name apart there.
+    ``time_up``: the campaign's clock; once it says so, no further case starts
+    (``CampaignTimeUp``).
     """
     slug = name.replace(":", "_").replace("-", "_").replace(".", "_")
     attributes: dict[str, Any] = {"implementation": implementation, "impl_name": name}
@@ -449,4 +474,6 @@ def machine_for(
         attributes["lockstep"] = lockstep
     if pct is not None:  # the campaign's profile decides (``schedule/pct.py``)
         attributes["pct"] = pct
+    if time_up is not None:
+        attributes["time_up"] = staticmethod(time_up)
     return type(f"HiCacheMachine_{slug}{'_' + key if key else ''}", (HiCacheMachine,), attributes)

@@ -114,6 +114,10 @@ class Session:
         self.outcomes: list[str] = []
         self.skip_reasons: dict[int, str] = {}  # step index -> why its rule was not enabled
         self._candidates: dict[str, list[int]] = {}
+        self.candidates_current = False
+        """Set by a caller that knows nothing changed the world since the cached candidates
+        were computed (the machine, right after its rule draw asked for them): the next
+        ``apply`` keeps them instead of computing them again."""
         self._last_snapshots: list[RankSnapshot] | None = None  # what the last step's checks read
         self._last_step_view: StateView | None = None  # the last evidence the step checks passed
         self._snapshot_rank: SnapshotFn = implementation.snapshot  # contract: optional hook
@@ -154,11 +158,13 @@ class Session:
 
     # -- applying steps ------------------------------------------------------------------------
     def apply(self, step: Step) -> Outcome:
-        self._candidates.clear()
+        if not self.candidates_current:
+            self._candidates.clear()  # the world may have moved since they were asked for
         try:
             return self._apply(step)
         finally:
             self._candidates.clear()
+            self.candidates_current = False
 
     def _apply(self, step: Step) -> Outcome:
         record = RULES[step.rule]
