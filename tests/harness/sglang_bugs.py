@@ -311,7 +311,7 @@ class TerminateReleasesIoPages(PlantedBug):
     BUG_CLASS = "storage bounce ownership"
     DESCRIPTION = (
         "terminate_prefetch releases the bounce tail at once, while the IO thread may still "
-        "write it (sglang#27550, #31668)"
+        "write it and the tree releases it again (sglang#27550, #31668)"
     )
     OLD = "        operation.mark_terminate()\n        return operation.completed_tokens"
     NEW = (
@@ -320,7 +320,7 @@ class TerminateReleasesIoPages(PlantedBug):
         "            self.append_host_mem_release(operation.host_indices[operation.completed_tokens :])\n"
         "        return operation.completed_tokens"
     )
-    INVARIANTS = ("INV-23", "INV-19")
+    INVARIANTS = ("INV-23", "INV-19", "INV-05")
 
 
 class ResetKeepsReleaseQueueAndOccupancy(PlantedBug):
