@@ -128,6 +128,9 @@ class CampaignReport:
     lockstep_cases: int = 0
     """Cases the pure oracle followed step by step (``harness/lockstep/oracle.py``)."""
     lockstep_steps: int = 0
+    lockstep_off: Counter[str] = field(default_factory=Counter)
+    """Cases the pure oracle did not follow to the end, by the reason it gave (a storage step,
+    a side pool, a step it cannot express): every case is in ``lockstep_cases`` or here."""
     storage_lockstep_cases: int = 0
     """Cases the storage oracle followed verb by verb (``harness/lockstep/storage.py``)."""
     storage_lockstep_steps: int = 0
@@ -171,6 +174,8 @@ class CampaignReport:
             if isinstance(observer, LockstepOracle) and observer.off_reason is None:
                 self.lockstep_cases += 1
                 self.lockstep_steps += observer.steps
+            elif isinstance(observer, LockstepOracle):
+                self.lockstep_off[observer.off_reason or ""] += 1
         storage_steps = getattr(session.stats, "lockstep", {}).get("storage_steps_in_lockstep", 0)
         if storage_steps:
             self.storage_lockstep_cases += 1
@@ -296,6 +301,7 @@ class CampaignReport:
             "lockstep": {
                 "cases": self.lockstep_cases,
                 "steps": self.lockstep_steps,
+                "off": dict(sorted(self.lockstep_off.items())),
                 "storage_cases": self.storage_lockstep_cases,
                 "storage_steps": self.storage_lockstep_steps,
             },

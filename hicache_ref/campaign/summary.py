@@ -55,6 +55,11 @@ def render_summary(
             else ""
         ),
     ]
+    if report.lockstep_off:  # why the rest were not followed to the end, most frequent first
+        reasons = report.lockstep_off.most_common()
+        shown = "; ".join(f"{reason} ({n})" for reason, n in reasons[:3])
+        more = f"; {len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
+        lines.append(f"  lockstep off in {report.lockstep_off.total()} cases: {shown}{more}")
     lines += _render_storage(report)
     if report.checks_by_id:
         checks = [f"{get_invariant_label(k)}={v}" for k, v in sorted(report.checks_by_id.items())]

@@ -71,6 +71,7 @@ def merge_reports(reports: list[CampaignReport]) -> CampaignReport:
         merged.checks_by_id.update(leaf.checks_by_id)
         merged.known_hits.update(leaf.known_hits)
         merged.repeats.update(leaf.repeats)
+        merged.lockstep_off.update(leaf.lockstep_off)
         for name in FEATURES:
             merged.features[name].update(leaf.features.get(name, Counter()))
         _keep_earliest(merged.config_first_s, leaf.config_first_s)
@@ -175,6 +176,7 @@ def _from_json(data: dict[str, Any], where: str) -> CampaignReport:
     lockstep = data.get("lockstep", {})
     report.lockstep_cases = int(lockstep.get("cases", 0))
     report.lockstep_steps = int(lockstep.get("steps", 0))
+    report.lockstep_off.update(lockstep.get("off", {}))
     report.storage_lockstep_cases = int(lockstep.get("storage_cases", 0))
     report.storage_lockstep_steps = int(lockstep.get("storage_steps", 0))
     report.seed_stride = int(data.get("seed_stride", 1))

@@ -84,8 +84,9 @@ def attach_lockstep(session: Session, enabled: bool | None = None) -> LockstepOr
     )  # the storage oracle follows the L3 verbs (storage.py)
     oracle = LockstepOracle(session)
     session.stats.lockstep["cases"] += 1
-    if oracle.off_reason is None:
-        session.observers.append(oracle)
+    # observed even when off from the start: it then does nothing, and the report counts its
+    # reason beside the cases it followed (``CampaignReport.lockstep_off``)
+    session.observers.append(oracle)
     return oracle
 
 
