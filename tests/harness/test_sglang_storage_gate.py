@@ -345,8 +345,11 @@ def test_a_0_5_10_prefetch_finding_fails_in_its_releases_and_passes_after_the_fi
     for release in fails_on:
         monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
         result = replay(loaded)
-        assert result.signature() == finding.invariant, (release, result.error)
-        assert finding.matches("sglang", finding.invariant, str(result.error), release)
+        # one root cause, several faces: the trace fails under one of the finding's ids, and the
+        # finding's pattern for that id matches the message (so the gate baselines it there)
+        faces = (finding.invariant, *(inv_id for inv_id, _ in finding.also))
+        assert result.signature() in faces, (release, result.error)
+        assert finding.matches("sglang", result.signature(), str(result.error), release)
     for release in passes_on:
         monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
         assert not replay(loaded).failed, release
