@@ -49,6 +49,14 @@ class ForeignSlotError(HiCacheInputError):
     inv_id = "INV-05"
 
 
+class IndexOutsidePoolError(HiCacheInputError):
+    """A transfer addressing a row or slot past its pool's end: one this pool never handed out
+    (INV-05). Under the harness it is the controller under test that built the indices, so a
+    gate reports it under the invariant, not as bad input to the harness."""
+
+    inv_id = "INV-05"
+
+
 class MissingCpMetadataError(HiCacheInputError):
     """A CP load or evict for a node without ``cp_hicache`` metadata."""
 

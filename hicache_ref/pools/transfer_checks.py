@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from hicache_ref.errors import HiCacheInputError, PageAlignmentError
+from hicache_ref.errors import HiCacheInputError, IndexOutsidePoolError, PageAlignmentError
 from hicache_ref.pools.page_index import (
     as_cpu_int64,
     check_index_tensor,
@@ -69,8 +69,9 @@ def check_transfer_indices(
         # Verify every index addresses a row of its pool
         if high >= bound:
             position = int((values >= bound).nonzero()[0, 0])
-            raise HiCacheInputError(
-                f"{name}[{position}]={int(values[position])} is outside its pool's rows [0, {bound})"
+            raise IndexOutsidePoolError(
+                f"INV-05: {name}[{position}]={int(values[position])} is outside its pool's rows "
+                f"[0, {bound}); a transfer may address only rows and slots its own pool hands out"
             )
     destination, listed, name = (
         (host, host_list, "host_indices")

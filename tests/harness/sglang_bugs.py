@@ -505,7 +505,8 @@ class SideMovedWithAnchorSlots(PlantedBug):
     BUG_CLASS = "side pool indices"
     DESCRIPTION = (
         "move_hybrid_indices hands a side transfer the anchor's host slots, so its copies "
-        "land in (or read from) slots of the wrong pool's numbering"
+        "land in (or read from) slots of the wrong pool's numbering (past the side pool's "
+        "end, the transfer itself is refused: INV-05)"
     )
     OLD = (
         "                        self.mem_pool_host.entry_map[transfer.name].host_pool,\n"
@@ -515,7 +516,7 @@ class SideMovedWithAnchorSlots(PlantedBug):
         "                        self.mem_pool_host.entry_map[transfer.name].host_pool,\n"
         "                        operation.host_indices,  # BUG: the anchor's slots\n"
     )
-    INVARIANTS = ("INV-09", "INV-06", "INV-11", "INV-07")
+    INVARIANTS = ("INV-09", "INV-06", "INV-11", "INV-07", "INV-05")
 
 
 BUGS_0523_SIDES: tuple[type[PlantedBug], ...] = (

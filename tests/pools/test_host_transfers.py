@@ -13,9 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache_ref.campaign.failures import get_failure_invariant
 from hicache_ref.device import SimDevice
 from hicache_ref.errors import (
     HiCacheInputError,
+    IndexOutsidePoolError,
     LayerRangeError,
     PageAlignmentError,
     UnknownOptionError,
@@ -379,6 +381,20 @@ def test_bad_index_pairs_are_refused(host: list[int], device: list[int], message
         host_pool.backup_from_device_all_layer(
             device_pool, torch.tensor(host), torch.tensor(device), "kernel"
         )
+    assert sim.pending_ops() == 0
+
+
+def test_an_index_past_its_pool_is_a_slot_conservation_failure_under_a_gate() -> None:
+    # the controller under test built these indices: a gate names the rule it broke (INV-05),
+    # not "bad input", while a direct caller still catches a HiCacheInputError
+    sim = SimDevice()
+    device_pool, host_pool = make_pools("mha", sim, layout="layer_first")
+    with pytest.raises(IndexOutsidePoolError, match=r"^INV-05: host_indices\[0\]=64") as caught:
+        host_pool.backup_from_device_all_layer(
+            device_pool, torch.tensor([64, 65, 66, 67]), torch.tensor([4, 5, 6, 7]), "kernel"
+        )
+    assert isinstance(caught.value, HiCacheInputError)
+    assert get_failure_invariant(caught.value) == "INV-05"
     assert sim.pending_ops() == 0
 
 
