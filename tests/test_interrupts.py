@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from hicache_ref.campaign import rounds as campaign_rounds
-from hicache_ref.campaign.interrupts import Interrupt
+from hicache_ref.campaign.interrupts import Interrupt, catching_stop_signals, ignore_stop_signals
 from hicache_ref.campaign.rounds import CampaignSignals
 from hicache_ref.campaign.run import run_campaign
 
@@ -50,6 +50,23 @@ def test_an_error_after_the_interrupt_is_no_finding(
     assert report.interrupted
     assert report.failures == [] and not report.repeats
     assert not list(tmp_path.glob("failure-*"))
+
+
+def test_a_worker_that_ignores_stop_signals_for_its_wrap_up_keeps_ignoring_them() -> None:
+    # a worker wraps up with stop signals ignored; leaving the catching block must not bring
+    # back Python's default SIGINT (a resent one would cut its exit: a traceback on stderr)
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with catching_stop_signals(Interrupt()):
+            ignore_stop_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        with catching_stop_signals(Interrupt()):  # one that changed nothing puts back what was
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_an_error_without_an_interrupt_is_still_a_finding(

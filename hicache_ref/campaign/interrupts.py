@@ -78,7 +78,9 @@ class EitherSet:
 def catching_stop_signals(interrupt: Interrupt) -> Iterator[Interrupt]:
     """SIGINT and SIGTERM set ``interrupt`` and raise ``KeyboardInterrupt`` (once: later ones
     are only counted, unless the first was lost) while inside; the previous handlers come back
-    after."""
+    after, except where one was replaced inside (a worker that took to ``ignore_stop_signals``
+    for its wrap-up keeps ignoring them while its process exits: a signal resent meanwhile
+    would otherwise land in the join of its queue's feeder thread, a traceback on stderr)."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         interrupt.set(signum)
@@ -107,7 +109,8 @@ def catching_stop_signals(interrupt: Interrupt) -> Iterator[Interrupt]:
     finally:
         sys.unraisablehook = hook
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) is on_signal:
+                signal.signal(signum, handler)
 
 
 @contextmanager

@@ -187,9 +187,12 @@ def _worker_main(task: WorkerTask, messages: Any, interrupt: Any, stop: Any) -> 
     """A spawned worker: SIGINT or SIGTERM ends its campaign, torch keeps to one thread, then
     run."""
     local = Interrupt()
-    with catching_stop_signals(local):
-        signals = CampaignSignals(EitherSet(interrupt, local), stop)
-        run_and_report(task, messages, signals, ending=ignore_stop_signals, prepare=_prepare)
+    try:
+        with catching_stop_signals(local):
+            signals = CampaignSignals(EitherSet(interrupt, local), stop)
+            run_and_report(task, messages, signals, ending=ignore_stop_signals, prepare=_prepare)
+    finally:  # the process exits next (joining its queue's feeder thread): no signal cuts that
+        ignore_stop_signals()
 
 
 def _prepare() -> None:
