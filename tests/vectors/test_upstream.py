@@ -23,7 +23,9 @@ from tests.vectors.conftest import shipped
 REPO = Path(__file__).resolve().parents[2]
 SEED_FILE = Path(
     os.environ.get("HICACHE_SEED_FILE")
-    or REPO.parent / "shared" / "seeds" / "cache_controller_seed_reindented.py.txt"
+    or Path(os.environ.get("HICACHE_SHARED_DIR", REPO.parent / "shared"))
+    / "seeds"
+    / "cache_controller_seed_reindented.py.txt"
 )
 
 
