@@ -142,6 +142,8 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]), agreed)
     elif kind == "terminate" and log is not None:
         log.terminated_at = int(data["completed"])
+        if op is not None and int(op.completed_tokens) == log.terminated_at:
+            log.landed_at_termination = _landed_pages(driver, rank, log, op)
         note_termination(driver, rank, log.request_id)
     elif kind == "retire" and log is not None:
         log.retired = True
@@ -344,8 +346,14 @@ def observe_polled_step(
         return
     # the IO is done with the operation: its progress is what this rank's tree reads (INV-19
     # checks it against the bytes that landed), and nothing of the operation is written again
-    log.published_progress.append(int(op.completed_tokens))
-    log.landed_pages.append(_landed_pages(driver, rank, log, op))
+    completed = int(op.completed_tokens)
+    log.published_progress.append(completed)
+    if completed == log.terminated_at and log.landed_at_termination is not None:
+        # frozen at termination: those pages went to the tree then, and it may have freed and
+        # reused them since; their bytes were judged when the progress froze
+        log.landed_pages.append(log.landed_at_termination)
+    else:
+        log.landed_pages.append(_landed_pages(driver, rank, log, op))
     log.final_acks += 1
     for tensor in released:
         indices = sorted(log.owned_slots[s] for s in tensor.tolist() if s in log.owned_slots)

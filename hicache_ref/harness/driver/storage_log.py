@@ -52,6 +52,10 @@ class PrefetchLog:
     published_progress: list[int] = field(default_factory=list)
     landed_pages: list[int] = field(default_factory=list)
     terminated_at: int | None = None
+    landed_at_termination: int | None = None
+    """Leading pages with the oracle's bytes when ``terminate_prefetch`` froze the progress:
+    the tree owns ``[0:terminated_at)`` from then on and may free and reuse those pages before
+    the IO's body ends, so they are judged then (INV-19)."""
     completed_now: int | None = None
     final_acks: int = 0
     retired: bool = False
