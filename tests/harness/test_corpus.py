@@ -1,7 +1,8 @@
 """Minimal traces of real findings, replayed forever.
 
-fuzz/corpus/*.jsonl: findings against the reference (each note says what was found and fixed);
-they must pass now. fuzz/corpus/mutants/<name>.jsonl: each mutant's minimal failing program; it
+fuzz/corpus/*.jsonl: findings against the reference or the harness (a false alarm on an
+upstream release replays on that release; each note says what was found and fixed); they must
+pass now. fuzz/corpus/mutants/<name>.jsonl: each mutant's minimal failing program; it
 must still fail on that mutant with an invariant violation and pass on the reference. On a GPU
 every one of these simulator programs replays on the reference as a GPU campaign would draw it,
 and passes: a failure there is a false alarm of the GPU harness.
