@@ -171,11 +171,13 @@ class CampaignReport:
         """Count one finished case (``at_s``: seconds since the start, for first sightings)."""
         self.cases += 1
         for observer in getattr(session, "observers", ()):  # a report fed plain stats has none
-            if isinstance(observer, LockstepOracle) and observer.off_reason is None:
+            if not isinstance(observer, LockstepOracle):
+                continue
+            if observer.off_reason is None:
                 self.lockstep_cases += 1
                 self.lockstep_steps += observer.steps
-            elif isinstance(observer, LockstepOracle):
-                self.lockstep_off[observer.off_reason or ""] += 1
+            else:
+                self.lockstep_off[observer.off_reason] += 1
         storage_steps = getattr(session.stats, "lockstep", {}).get("storage_steps_in_lockstep", 0)
         if storage_steps:
             self.storage_lockstep_cases += 1

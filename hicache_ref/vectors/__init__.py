@@ -12,7 +12,8 @@ The map, in the order a vector flows:
 - ``storybook`` (how a scene is written), ``stories``, ``stories_regressions`` (the scenes: at
   least one per invariant id), ``stories_sides`` (an independent side pool's),
   ``stories_storage`` (the L3 tier's) and ``stories_windows`` (inside a storage loop body);
-  ``walks`` (seeded programs over the rule table and over the oracle's ops), ``coverage`` (the rules x ids table) and ``generate`` (the suite, in order);
+  ``walks`` (seeded programs over the rule table and over the oracle's ops), ``coverage``
+  (the rules x ids table) and ``generate`` (the suite, in order);
 - ``suite``: gzip'd JSON Lines on disk, each line checked on the way in;
 - ``replay``: a suite against any implementation, the first divergence named like a
   harness failure;
