@@ -29,6 +29,15 @@ class LayerRangeError(HiCacheInputError):
     """A layer id outside ``[0, layer_num)``."""
 
 
+class LayerOutsidePoolError(LayerRangeError):
+    """A transfer addressing a layer its device pool does not have: its bytes land nowhere the
+    oracle predicts (INV-06). Under the harness it is the controller under test that chose the
+    layer id (a side pool's transfer mapped with another pool's layers), so a gate reports it
+    under the invariant, not as bad input to the harness."""
+
+    inv_id = "INV-06"
+
+
 class UnknownOptionError(HiCacheInputError):
     """An unknown layout, io backend, write policy, pool kind or allocation policy."""
 

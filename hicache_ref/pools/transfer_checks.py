@@ -1,5 +1,6 @@
 """Index checks of a transfer (INV-01).
 
+``check_transfer_layer`` checks the layer one per-layer transfer addresses;
 ``check_transfer_indices`` validates one index pair (lengths, signs, bounds, unique
 destinations) and returns the values on the CPU; ``check_page_first_direct_chunks`` adds the
 whole-page rule of the ``direct`` backend's page-local layouts. A CUDA index tensor is copied to
@@ -8,11 +9,17 @@ the CPU for these checks (``_host_values``), one host sync each.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from hicache_ref.errors import HiCacheInputError, IndexOutsidePoolError, PageAlignmentError
+from hicache_ref.errors import (
+    HiCacheInputError,
+    IndexOutsidePoolError,
+    LayerOutsidePoolError,
+    LayerRangeError,
+    PageAlignmentError,
+)
 from hicache_ref.pools.page_index import (
     as_cpu_int64,
     check_index_tensor,
@@ -21,6 +28,19 @@ from hicache_ref.pools.page_index import (
 )
 
 Direction = Literal["d2h", "h2d"]
+
+
+def check_transfer_layer(device_pool: Any, layer_id: int) -> int:
+    """The device pool's local ``layer_id`` of one per-layer transfer, or
+    ``LayerOutsidePoolError`` (INV-06): a copy of a layer the pool does not have lands nowhere."""
+    try:
+        layer: int = device_pool.check_layer_id(layer_id)
+    except LayerRangeError as exc:
+        raise LayerOutsidePoolError(
+            f"INV-06: a transfer addressed {exc}; a per-layer copy may name only its own "
+            "pool's layers (map the layer with that pool's layer mapper)"
+        ) from None
+    return layer
 
 
 def _host_values(indices: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from hicache_ref.device import SimDevice
 from hicache_ref.errors import (
     HiCacheInputError,
     IndexOutsidePoolError,
+    LayerOutsidePoolError,
     LayerRangeError,
     PageAlignmentError,
     UnknownOptionError,
@@ -349,6 +350,21 @@ def test_layer_out_of_range_is_refused(pools: tuple[SimDevice, KVCache, HostKVCa
         host_pool.load_to_device_per_layer(device_pool, locs, locs, 3, "direct")
     with pytest.raises(LayerRangeError):
         host_pool.backup_from_device_per_layer(device_pool, locs, locs, -1, "direct")
+    assert sim.pending_ops() == 0
+
+
+def test_a_layer_past_its_pool_is_a_byte_equality_failure_under_a_gate() -> None:
+    # a side pool's load mapped with the anchor's layers names layer 3 of a 3-layer pool: a
+    # gate names the rule (INV-06: the layer's bytes land nowhere), a caller still catches it
+    sim = SimDevice()
+    device_pool, host_pool = make_pools("mha", sim, layout="layer_first")
+    locs = pages_to_locs([1], 4)
+    with pytest.raises(LayerOutsidePoolError, match=r"^INV-06: a transfer addressed layer_id 3"):
+        host_pool.load_to_device_per_layer(device_pool, locs, locs, 3, "direct")
+    with pytest.raises(LayerOutsidePoolError) as caught:
+        host_pool.backup_from_device_per_layer(device_pool, locs, locs, -1, "direct")
+    assert isinstance(caught.value, LayerRangeError)
+    assert get_failure_invariant(caught.value) == "INV-06"
     assert sim.pending_ops() == 0
 
 
