@@ -91,6 +91,16 @@ def check_inv_19_prefetch_ranges(evidence: Evidence) -> None:
                         "INV-19", f"rank {rank} prefetch {record.request_id!r}: {exc.detail}"
                     ) from None
                 before = after
+            # Verify every page an IO ack newly counts had its bytes when the ack was put
+            for start, end, landed in record.io_counted:
+                if landed * page < end - start:
+                    raise InvariantViolation(
+                        "INV-19",
+                        f"rank {rank} prefetch {record.request_id!r}: the IO's progress ack "
+                        f"counted tokens [{start}:{end}) when it was put, but only {landed} of "
+                        f"those {(end - start) // page} page(s) had their bytes then (set a "
+                        "page's bytes before an ack counts it; sglang#8901)",
+                    )
             frozen, now = record.terminated_at, record.completed_now
             # Verify termination returned a page boundary and progress stayed there
             if frozen is not None and (frozen % page or (now is not None and now != frozen)):

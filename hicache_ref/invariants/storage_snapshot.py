@@ -80,6 +80,7 @@ class PrefetchRecord:
     published_progress: tuple[int, ...] = ()  # completed_tokens the tree applied, in order
     landed_pages: tuple[int, ...] = ()  # per applied value: leading pages with oracle bytes
     terminated_at: int | None = None  # what terminate_prefetch returned
+    io_counted: tuple[tuple[int, int, int], ...] = ()  # IO acks as put: before, after, landed
     completed_now: int | None = None  # completed_tokens read at this snapshot
     final_acks: int = 0  # completed_req acks the tree drained
     settled: bool = False  # the tree inserted or gave back every page of the buffer

@@ -68,6 +68,7 @@ from hicache_ref.pools.transfer import (
     launch_transfer,
     resolve_copy_path,
 )
+from hicache_ref.pools.transfer_checks import check_transfer_layer
 from hicache_ref.pools.triton_copy import TRITON_LAUNCH_DEFAULT, TritonLaunch
 
 
@@ -368,7 +369,7 @@ class HostKVCache:
         io_backend: str,
     ) -> None:
         """Launch the d2h of one local layer, every component (the fork's per-layer write-back)."""
-        layer = device_pool.check_layer_id(layer_id)
+        layer = check_transfer_layer(device_pool, layer_id)
         self._launch(
             device_pool,
             host_indices,
@@ -388,7 +389,7 @@ class HostKVCache:
         io_backend: str,
     ) -> None:
         """Launch the h2d of one local layer, every component: ``device[d[i]] = host[h[i]]``."""
-        layer = device_pool.check_layer_id(layer_id)
+        layer = check_transfer_layer(device_pool, layer_id)
         self._launch(
             device_pool,
             host_indices,
@@ -453,6 +454,11 @@ class HostKVCache:
                 f"a flat data page must have {self.get_flat_page_numel()} elements of {self.dtype}, "
                 f"got {data_page.numel()} of {data_page.dtype}"
             )
+        # a gated storage thread (the harness's schedule points) parks here before the bytes
+        # are set; any other thread has no ``park_at_point`` and passes
+        park = getattr(threading.current_thread(), "park_at_point", None)
+        if park is not None:
+            park("page_write", f"slot {start}")
         flat = data_page.reshape(-1)
         offset = 0
         with self.lock:

@@ -42,7 +42,8 @@ class BoundedQueue(Generic[T]):
     def put(self, item: T) -> None:
         """Append ``item``; raise ``StorageQueueOverflow`` if the queue is at its bound. From a
         gated storage thread of a harness world with schedule points, the put is a point the
-        thread parks at first (``harness/schedule/points.py``: its ``park_at_point``)."""
+        thread parks at first (``harness/schedule/points.py``: its ``park_at_point``), and the
+        item, once visible, is told to that thread's ``note_put``."""
         park = getattr(threading.current_thread(), "park_at_point", None)
         if park is not None:
             park("put", self.name)
@@ -54,6 +55,9 @@ class BoundedQueue(Generic[T]):
                 )
             self._items.append(item)
             self._cond.notify()
+        note = getattr(threading.current_thread(), "note_put", None)
+        if note is not None:  # the harness's gated thread: it tells its gate what is visible
+            note(item)
 
     put_nowait = put
 

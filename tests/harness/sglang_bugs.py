@@ -362,7 +362,30 @@ class TerminateDoesNotMark(PlantedBug):
     INVARIANTS = ("INV-19",)
 
 
-BUGS_0510_STORAGE: tuple[type[PlantedBug], ...] = (TerminateDoesNotMark,)
+class IncrementBeforePageSet(PlantedBug):
+    NAME = "increment_before_page_set"
+    BUG_CLASS = "storage windows"
+    DESCRIPTION = (
+        "the generic page get counts a page before it sets the page's bytes, so a termination "
+        "between the two hands the tree a page still to be written (sglang#8901)"
+    )
+    OLD = (
+        "            self.mem_pool_host.set_from_flat_data_page(\n"
+        "                host_indices[i * self.page_size],\n"
+        "                page_data[i],\n"
+        "            )\n"
+        "            if not operation.increment(self.page_size):\n"
+    )
+    NEW = (
+        "            counted = operation.increment(self.page_size)  # BUG: before the bytes\n"
+        "            self.mem_pool_host.set_from_flat_data_page(host_indices[i * self.page_size], "
+        "page_data[i])\n"
+        "            if not counted:\n"
+    )
+    INVARIANTS = ("INV-19",)
+
+
+BUGS_0510_STORAGE: tuple[type[PlantedBug], ...] = (TerminateDoesNotMark, IncrementBeforePageSet)
 """Planted in 0.5.10's prefetch threads: caught once the gate drives its polling protocol."""
 
 

@@ -4,7 +4,8 @@ One story per implementation (the reference, upstream 0.5.10 and 0.5.23, the see
 chain goes to L3 and comes back, one thread kind granted per step, on two ranks. After every
 grant the test asks each rank where each thread parks (the gate's own record), and shows that
 every thread parked at its wait for work, at each backend call it makes, at each put on a
-control queue and at its collectives, and at the return of a deferred call. Then the story's
+control queue and at its collectives, at the return of a deferred call, and the IO before each
+host page it writes. Then the story's
 trace, schedule steps and drawn outcomes included, replays bit-for-bit: the same outcome text at
 every step, without Hypothesis, on a fresh world.
 """
@@ -55,7 +56,11 @@ class Story:
 
     def __init__(self, impl: Implementation, name: str) -> None:
         config = HarnessConfig(
-            host_pages=24, storage_ranks=2, storage_batch_pages=1, storage_points=True
+            host_pages=24,
+            storage_ranks=2,
+            storage_batch_pages=1,
+            storage_points=True,
+            storage_page_points=True,
         )
         self.config = impl.refine_config(config)
         self.session = Session(self.config, impl, name)
@@ -125,8 +130,9 @@ def test_every_storage_thread_parks_at_every_kind_of_point(
         # 0.5.23's hit query looks at termination under the operation's lock
         "hit_query": {"wait", "batch_exists", "all_reduce", "put"}
         | ({"lock"} if name == "0.5.23" else set()),
-        # upstream's IO takes the operation's lock between batches (is_terminated, increment)
-        "io": {"wait", "batch_get", "return"}
+        # upstream's IO takes the operation's lock between batches (is_terminated, increment);
+        # every IO parks before each host page it writes (page points)
+        "io": {"wait", "batch_get", "return", "page_write"}
         | ({"put"} if has_sync else set())
         | ({"lock"} if upstream else set()),
     }

@@ -132,6 +132,13 @@ def test_inv19_progress_counting_a_page_before_its_bytes_is_caught() -> None:
     fires("INV-19", with_prefetch(healthy(), 0, landed_pages=(1, 1)), "more than the 1 pages")
 
 
+def test_inv19_an_io_ack_put_before_its_pages_landed_is_caught() -> None:
+    # the IO's second ack counted one more page when it was put, whose bytes had not landed
+    bad = with_prefetch(healthy(), 0, io_counted=((0, 4, 1), (4, 8, 0)))
+    fires("INV-19", bad, r"counted tokens \[4:8\) when it was put, but only 0 of those 1")
+    CheckRunner().run_all(["INV-19"], with_prefetch(healthy(), 0, io_counted=((0, 8, 2),)))
+
+
 def test_inv19_progress_moving_after_termination_is_caught() -> None:
     bad = with_prefetch(healthy(), 1, terminated_at=4, completed_now=8)
     fires("INV-19", bad, "returned 4, completed_tokens is now 8")

@@ -38,7 +38,11 @@ class ReferenceImplementation(ImplementationBase):
             num_counters=request.config.num_counters,
             # the harness steps the storage threads' loop bodies, or (schedule points) grants
             # the tier's own gated threads one point at a time
-            storage_executor=gated_executor() if request.config.storage_points else "manual",
+            storage_executor=(
+                gated_executor(page_points=request.config.storage_page_points)
+                if request.config.storage_points
+                else "manual"
+            ),
             storage_collectives=cast(Collectives | None, request.storage_collectives),
         )
         if side is not None:

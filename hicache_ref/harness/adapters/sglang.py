@@ -333,6 +333,7 @@ class SglangImplementation(ImplementationBase):
                 io_backend=request.config.io_backend,
                 collectives=request.storage_collectives,
                 schedule_points=request.config.storage_points,
+                page_points=request.config.storage_page_points,
             )
         else:
             controller = module.HiCacheController(
@@ -388,6 +389,7 @@ class SeedImplementation(SglangImplementation):
                 io_backend=request.config.io_backend,
                 collectives=request.storage_collectives,
                 schedule_points=request.config.storage_points,
+                page_points=request.config.storage_page_points,
                 **kwargs,
             )
         controller = module.HiCacheController(

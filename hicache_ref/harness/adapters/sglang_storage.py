@@ -318,10 +318,13 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             *args: Any,
             collectives: Any = None,
             schedule_points: bool = False,
+            page_points: bool = False,
             **kwargs: Any,
         ) -> None:
             self._harness_gate = StepGate(
-                lambda: bool(self.storage_stop_event.is_set()), points=schedule_points
+                lambda: bool(self.storage_stop_event.is_set()),
+                points=schedule_points,
+                page_points=page_points,
             )
             self._harness_collectives = collectives or SingleRank()
             self._harness_tp = TpHandle(self._harness_collectives, SyncGroup("tp"))

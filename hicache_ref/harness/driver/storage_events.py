@@ -89,6 +89,34 @@ def _landed_pages(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> i
     return landed
 
 
+def on_io_ack_put(driver: DriverView, rank: int, ack: Any) -> None:
+    """Under schedule points, an IO progress ack just became visible on ``prefetch_sync_queue``:
+    the pages it counts beyond the last one must hold the oracle's bytes now (INV-19), before
+    any other thread can read the count. A final ack or one of another epoch is not judged."""
+    tokens = getattr(ack, "completed_tokens", None)
+    rid = getattr(ack, "rid", None)
+    if tokens is None or getattr(ack, "completed_req", False) or not isinstance(rid, str):
+        return
+    log = driver.log.prefetches[rank].get(rid)
+    op = getattr(ack, "operation", None)
+    entry = driver.known_ops.get(id(op))
+    if log is None or entry is None or entry[0] is not op or entry[1] != driver.epoch:
+        return
+    host = getattr(op, "host_indices", None)
+    before = log.io_counted[-1][1] if log.io_counted else 0
+    if int(tokens) <= before or host is None:
+        return
+    page = driver.page
+    pool = driver.l3.ranks[rank].host_pool
+    chain = driver.chains[log.chain_uid].tokens(page)
+    landed = 0
+    for i in range(before // page, int(tokens) // page):
+        prefix = log.anchor_prefix + chain[: (i + 1) * page]
+        want = driver.log.expected.get((rank, prefix))
+        landed += want == page_digest(pool.get_data_page(int(host[i * page]), True))
+    log.io_counted.append((before, int(tokens), landed))
+
+
 def _give_back(
     log: PrefetchLog,
     slots: list[int],

@@ -56,6 +56,10 @@ class PrefetchLog:
     """Leading pages with the oracle's bytes when ``terminate_prefetch`` froze the progress:
     the tree owns ``[0:terminated_at)`` from then on and may free and reuse those pages before
     the IO's body ends, so they are judged then (INV-19)."""
+    io_counted: list[tuple[int, int, int]] = field(default_factory=list)
+    """Under schedule points, each IO progress ack that counted more tokens than the last, as it
+    became visible: ``(tokens before, tokens after, pages of that range with the oracle's
+    bytes then)`` (INV-19; a count that runs ahead of a page write)."""
     completed_now: int | None = None
     final_acks: int = 0
     retired: bool = False
@@ -86,6 +90,7 @@ class PrefetchLog:
             published_progress=tuple(self.published_progress),
             landed_pages=tuple(self.landed_pages),
             terminated_at=self.terminated_at,
+            io_counted=tuple(self.io_counted),
             completed_now=self.completed_now,
             final_acks=self.final_acks,
             settled=settled,

@@ -27,6 +27,7 @@ from hicache_ref.harness.driver.storage_events import (
     DriverView,
     observe_calls,
     observe_polled_step,
+    on_io_ack_put,
 )
 from hicache_ref.harness.driver.storage_windows import mark_reads
 from hicache_ref.harness.schedule.pct import PctBias, campaign_bias
@@ -146,6 +147,9 @@ def run_to_next_point(
             mark_reads(driver, r.rank, current, io)  # before a later termination (INV-33)
             if r.faults is not None:  # a page dropped mid-body is lost now, not at its end
                 driver.log.lost.update((r.rank, key) for key in r.faults.dropped_keys)
+            for function, item in face(tiers[r.rank]).gate.take_visible():
+                if THREAD_KINDS.get(function) == StorageStepKind.IO.value:
+                    on_io_ack_put(driver, r.rank, item)  # judged before anyone reads it
     polled = driver.polled_kind(kind)  # read off the operation (0.5.10 - 0.5.18)
     ended = []
     for result in results:

@@ -134,7 +134,9 @@ class StorageLockstep:
         self.driver = driver
         self.off_reason = unsupported_storage_reason(driver)
         self.start: StorageState = initial_storage_state(
-            growing_config(driver.n, driver.config.storage_batch_pages)
+            growing_config(
+                driver.n, driver.config.storage_batch_pages, driver.config.storage_page_points
+            )
         )
         self.state = self.start
         self.trace: list[StorageOp] = []

@@ -14,6 +14,7 @@ is the harness's own record: the gate's grant log and where the thread was parke
 | ``return`` | a deferred ``batch_get``: its outcome now (the others were taken when they ran) |
 | ``all_reduce`` | ``Collective`` of the group, once for every rank |
 | ``put`` | ``Advance`` (the queue is the thread's, the IO's ack its kind and count) |
+| ``page_write`` | ``Advance`` of the IO parked at ``land`` (page points: one page's bytes set) |
 
 A rank whose thread the oracle says could move but was not granted (INV-20), a thread granted at
 a point the oracle's thread is not at (the window it opens: an ack before its write INV-32, a
@@ -44,6 +45,7 @@ from hicache_ref.harness.schedule.points import (
     BATCH_EXISTS,
     BATCH_GET,
     BATCH_SET,
+    PAGE_WRITE,
     PUT,
     RETURN,
     THREAD_KINDS,
@@ -68,6 +70,7 @@ PUT_QUEUE = {
 ORACLE_POINTS = {
     (HIT_QUERY, BATCH_EXISTS): ("exists",),
     (IO, BATCH_GET): ("get",),
+    (IO, PAGE_WRITE): ("land",),
     (BACKUP, BATCH_SET): ("set",),
     (HIT_QUERY, PUT): ("publish",),
     (IO, PUT): ("progress", "final"),
@@ -185,6 +188,8 @@ def _translate(
         calls = _take(ls, rank, thread, "set")
         ls.apply_op(set_outcome(ls, rank, list(calls)), what)
         drop_lost(ls, rank, calls)
+    elif point.kind == PAGE_WRITE:
+        ls.apply_op(Advance(rank, IO), what)  # one page's bytes set and counted
     else:
         if point.detail != PUT_QUEUE[thread]:
             raise ls.divergence(
@@ -235,6 +240,10 @@ def _out_of_order(
     inv_id = "INV-20"
     if (thread, point.kind, record.point) == (BACKUP, PUT, "set"):
         inv_id = "INV-32"  # the ack before the write of the pages it counts
+    elif (thread, point.kind, record.point) == (IO, PUT, "land"):
+        inv_id = "INV-19"  # a progress ack before the bytes of a page it counts
+    elif (thread, point.kind) == (IO, PAGE_WRITE):
+        inv_id = "INV-19"  # a page written that the oracle's IO does not land (after a cut)
     elif (thread, point.kind) == (IO, BATCH_GET):
         views = ls.state.ranks[rank].prefetches
         terminated = 0 <= record.op < len(views) and views[record.op].terminated

@@ -28,7 +28,7 @@ from typing import Any
 
 from hicache_ref.controller.storage.collectives import StorageInterrupted
 from hicache_ref.errors import HiCacheSetupError, InvariantViolation
-from hicache_ref.harness.schedule.points import WAIT, Grant, Point
+from hicache_ref.harness.schedule.points import PAGE_WRITE, WAIT, Grant, Point
 
 STEP_TIMEOUT_S = 20.0
 """How long a served step may run (a collective's own timeout, 5 s, fires well before)."""
@@ -89,6 +89,11 @@ class GatedThread(threading.Thread):
             self.gate.release(self)
         super().join(timeout)
 
+    def note_put(self, item: Any) -> None:
+        """A queue this thread put ``item`` on made it visible (the reference's queues)."""
+        if self.gate is not None:
+            self.gate.note_visible(self, item)
+
     def park_at_point(self, kind: str, detail: str = "") -> Grant:
         """Park here until granted (``points.schedule_point``); a gate without points, or no
         gate, lets the thread pass."""
@@ -100,9 +105,12 @@ class GatedThread(threading.Thread):
 class StepGate:
     """Where one controller's storage threads park, and the harness grants one of them."""
 
-    def __init__(self, stop_event: Callable[[], bool], *, points: bool = False) -> None:
+    def __init__(
+        self, stop_event: Callable[[], bool], *, points: bool = False, page_points: bool = False
+    ) -> None:
         self._stopping = stop_event
         self.points = points  # park at every schedule point, not only at the wait for work
+        self.page_points = points and page_points  # also before each host page write
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
         self._cond = threading.Condition()
         self.threads: list[GatedThread] = []
@@ -117,6 +125,7 @@ class StepGate:
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
         self.unpointed: set[int] = set()  # id(queue) whose puts are no schedule point
         self.puts: dict[str, list[Any]] = {}  # function -> what its current loop body put
+        self.visible: list[tuple[str, Any]] = []  # (function, item) put since the last take
 
     # -- the thread's side -------------------------------------------------------------------------
     def park(self, source: Any, thread: GatedThread, timeout: float | None) -> Any:
@@ -140,7 +149,7 @@ class StepGate:
     def park_point(self, thread: GatedThread, kind: str, detail: str) -> Grant:
         """A schedule point inside a loop body (only in a world with points): wait for a grant;
         a stopping thread that is joined runs on (``ok``)."""
-        if not self.points:
+        if not self.points or (kind == PAGE_WRITE and not self.page_points):
             return Grant()
         return self._wait(thread, Point(kind, detail)) or Grant()
 
@@ -167,6 +176,22 @@ class StepGate:
         """What ``thread``'s loop body put on a control queue (its iteration's result)."""
         with self._cond:
             self.puts.setdefault(thread.function, []).append(item)
+        self.note_visible(thread, item)
+
+    def note_visible(self, thread: GatedThread, item: Any) -> None:
+        """``item`` is on a control queue now (with points: the driver judges it at once)."""
+        if not self.points:
+            return
+        with self._cond:
+            if len(self.visible) >= GRANTS_MAX:
+                del self.visible[0]
+            self.visible.append((thread.function, item))
+
+    def take_visible(self) -> list[tuple[str, Any]]:
+        """What gated threads put since the last call, oldest first."""
+        with self._cond:
+            taken, self.visible = self.visible, []
+        return taken
 
     def exited(self, thread: GatedThread) -> None:
         """``thread`` is leaving ``run``: a grant waiting for it to park again stops waiting."""

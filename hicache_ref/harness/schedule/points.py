@@ -17,7 +17,11 @@ points") call them. In the order a loop body meets them:
 - ``lock``: one acquire of a lock on a storage path (an operation's ``_lock``: its
   ``is_terminated`` / ``mark_terminate`` / progress), before it is taken, so a termination by the
   tree lands right before the thread looks;
-- ``event``: one ``set`` or ``wait`` of an event by a storage thread, before it acts.
+- ``event``: one ``set`` or ``wait`` of an event by a storage thread, before it acts;
+- ``page_write``: one host page written from a storage read (the host pool's
+  ``set_from_flat_data_page``), before its bytes are set, in a world that also draws
+  ``storage_page_points``: a count or an ack that runs ahead of the page's bytes is seen by the
+  tree before the bytes land (sglang#8901's class).
 
 Outcomes of a backend call (``OUTCOMES``), drawn per call for any implementation: ``ok``;
 ``hole`` (one key of the batch fails: absent at a query, unreadable at a read, refused at a
@@ -41,7 +45,10 @@ ALL_REDUCE = "all_reduce"
 PUT = "put"
 LOCK = "lock"
 EVENT = "event"
-POINT_KINDS = (WAIT, BATCH_EXISTS, BATCH_GET, BATCH_SET, RETURN, ALL_REDUCE, PUT, LOCK, EVENT)
+PAGE_WRITE = "page_write"
+POINT_KINDS = (
+    WAIT, BATCH_EXISTS, BATCH_GET, BATCH_SET, RETURN, ALL_REDUCE, PUT, LOCK, EVENT, PAGE_WRITE,
+)  # fmt: skip
 BACKEND_POINTS = (BATCH_EXISTS, BATCH_GET, BATCH_SET)
 
 OK = "ok"

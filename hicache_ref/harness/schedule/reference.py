@@ -40,9 +40,13 @@ class GatedExecutor(ThreadExecutor):
 
     name = "manual"
 
-    def __init__(self, tier: ExecutorTier, *, points: bool = True) -> None:
+    def __init__(
+        self, tier: ExecutorTier, *, points: bool = True, page_points: bool = False
+    ) -> None:
         super().__init__(tier)
-        self.gate = StepGate(lambda: self._stop_event.is_set(), points=points)
+        self.gate = StepGate(
+            lambda: self._stop_event.is_set(), points=points, page_points=page_points
+        )
         self._results: dict[StorageStepKind, StepResult] = {}
         self.hold: set[StorageStepKind] = set()  # kinds whose thread waits at a collective
         self.next_grant = Grant()  # what the driver hands the next advance (its drawn outcome)
@@ -144,10 +148,10 @@ class GatedExecutor(ThreadExecutor):
         return self._results.pop(kind, None) or StepResult(kind, tier.rank, tier.epoch)
 
 
-def gated_executor(points: bool = True) -> Any:
+def gated_executor(points: bool = True, page_points: bool = False) -> Any:
     """The factory a reference controller takes as ``storage_executor``."""
 
     def build(tier: ExecutorTier) -> GatedExecutor:
-        return GatedExecutor(tier, points=points)
+        return GatedExecutor(tier, points=points, page_points=page_points)
 
     return build

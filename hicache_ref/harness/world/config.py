@@ -99,6 +99,11 @@ class HarnessConfig(BaseModel):
     call, collective and control-queue put as well as at its wait for work; the machine grants
     one thread at a time and draws each backend call's outcome (``harness/schedule/``,
     ``schedule_point`` steps). Off: a storage step is one whole loop body."""
+    storage_page_points: bool = False
+    """With ``storage_points``: the IO thread also parks before each host page it writes from
+    a storage read (``page_write``), so a count or an ack that runs ahead of a page's bytes is
+    seen by the tree before the bytes land. A field of its own so traces recorded before it
+    replay with the same grants."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -140,6 +145,8 @@ class HarnessConfig(BaseModel):
                 f"storage_ranks={self.storage_ranks} must be in [0, {STORAGE_RANKS_MAX}] and "
                 f"storage_batch_pages >= 1"
             )
+        if self.storage_page_points and not self.storage_points:
+            raise ValueError("storage_page_points needs storage_points (a page point is one)")
         if self.storage_ranks and (self.uses_cp or self.has_draft):
             raise ValueError(
                 "a storage world has no CP and no draft pool (CP HiCache refuses a storage "
@@ -176,6 +183,7 @@ class HarnessConfig(BaseModel):
         if self.uses_storage:
             faults = "+faults" if self.storage_faults else ""
             faults += "+points" if self.storage_points else ""
+            faults += "+pages" if self.storage_page_points else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

@@ -35,6 +35,8 @@ _FAULTS = st.booleans()
 _BATCH_PAGES = st.sampled_from([1, 2, 4])
 _POLICIES = st.sampled_from(["best_effort", "wait_complete", "timeout"])
 _POINTS = st.booleans()
+_PAGE_POINTS = st.booleans()
+"""Under schedule points, half the worlds also park the IO before each host page write."""
 _POINT_BATCH_PAGES = st.sampled_from([1, 1, 2])
 """Under schedule points batches of one or two pages, so an operation has several and a
 termination, reset or detach lands between them (issue 32)."""
@@ -51,7 +53,7 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
     backend = draw(_BACKENDS[tuple(storage_backends())])
     faults = draw(_FAULTS)
     points = draw(_POINTS)
-    return {
+    fields: dict[str, Any] = {
         "storage_ranks": ranks,
         "storage_backend": backend,
         "storage_faults": faults,
@@ -59,6 +61,9 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
         "storage_policy": draw(_POLICIES),
         "storage_points": points,
     }
+    if points and draw(_PAGE_POINTS):
+        fields["storage_page_points"] = True
+    return fields
 
 
 def storage_focus(**fields: Any) -> Any:

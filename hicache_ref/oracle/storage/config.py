@@ -128,6 +128,9 @@ class StorageConfig:
     ``ops`` (each issued at most once per epoch), ``preloaded[r]`` leading pages already in rank
     ``r``'s L3, at most ``max_faults`` non-ok call outcomes and lost pages in all, at most
     ``max_resets`` new epochs (resets and re-attaches); ``terminations``, ``detach`` and ``clear`` admit those tree ops.
+    ``page_points``: the IO lands each page a read returned at a point of its own (``land``, the
+    harness's ``page_write``), checking termination before each, instead of the whole batch at
+    its ``get``.
     """
 
     ranks: int = 1
@@ -142,6 +145,7 @@ class StorageConfig:
     terminations: bool = True
     detach: bool = False
     clear: bool = False
+    page_points: bool = False
     variant: StorageVariant = field(default_factory=StorageVariant)
 
     def __post_init__(self) -> None:

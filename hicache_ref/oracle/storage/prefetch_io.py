@@ -5,6 +5,8 @@ T2's points, per prefetch: ``idle`` (``prefetch_buffer.get``) -> per batch ``che
 termination check under the op's lock; a terminated op reads nothing more) -> ``get``
 (``batch_get`` of the batch: the leading pages that came back, stopping at the first missing
 one and at a termination seen after the read; each counted page's bytes land first, INV-19) ->
+with ``page_points``, per page read back ``land`` (its bytes set and counted; the termination
+check before each page, so a termination between two page writes cuts the batch there) ->
 ``progress`` (``prefetch_sync_queue.put`` of the cumulative count, one per batch even after a
 failure or termination, INV-20) -> after the last batch ``final`` (the ``completed_req`` ack,
 exactly once, INV-25).
@@ -61,6 +63,10 @@ def advance_io(state: StorageState, op: Advance) -> StorageState:
         return with_rank(state, op.rank, with_thread(rank_state, IO, moved))
     if point == "get":
         return _batch_get(state, op, thread, view)
+    if point == "land":  # page points: one page's bytes set, then the next page's check
+        moved = evolve(thread, value=thread.value + 1)
+        state = _land(state, op.rank, thread.op, thread.landing[0], moved.value)
+        return _next_landing(state, op.rank, moved, thread.landing[1:])
     if point == "progress":
         entry = (thread.op, thread.value)
         rank_state = evolve(rank_state, sync_queue=(*rank_state.sync_queue, entry))
@@ -111,8 +117,20 @@ def _batch_get(
             and not (op.outcome == "hole" and p == start + op.index)
             for p in range(start, end)
         )
+    if state.config.page_points:  # each page lands at its own point, after its own check
+        got_pages: list[int] = []
+        for offset, got in enumerate(returned):
+            if not got:
+                view = _hole_at(view, start + offset)
+                if variant.io_counts_past_hole:
+                    continue  # planted: the wrong ``continue`` counts later pages
+                break
+            got_pages.append(start + offset)
+        ok = thread.ok and (len(got_pages) == end - start or variant.io_counts_past_hole)
+        state = with_rank(state, op.rank, with_prefetch(rank_state, thread.op, view))
+        moved = evolve(thread, batch=thread.batch + 1, ok=ok, pending=False)
+        return _next_landing(state, op.rank, moved, tuple(got_pages))
     count = 0
-    bounce, owner = view.bounce, view.owner
     for offset, got in enumerate(returned):
         page = start + offset
         if not got:
@@ -122,32 +140,56 @@ def _batch_get(
             break
         if view.terminated:
             break  # the page's bytes are not set once the op is terminated
-        tag = rank_state.l3[keys[page]]
-        # Verify L3 gave back the bytes written under the key (INV-30)
-        if tag == BAD:
-            state = with_storage_fault(
-                state,
-                "INV-30",
-                f"rank {op.rank}'s batch_get of page {page} returned bytes other than its key's",
-            )
-        # Verify the IO writes only bounce pages it still owns (INV-23)
-        if owner[page] != IO_OWNED:
-            state = with_storage_fault(
-                state,
-                "INV-23",
-                f"rank {op.rank}'s IO wrote page {page} of prefetch op {thread.op} after the tree "
-                f"took it (owner {owner[page]})",
-            )
-        bounce = replace_at(bounce, page, tag)
+        state = with_rank(state, op.rank, with_prefetch(state.ranks[op.rank], thread.op, view))
         count += 1
-    completed = thread.value + count
+        state = _land(state, op.rank, thread.op, page, thread.value + count)
+        view = state.ranks[op.rank].prefetches[thread.op]
     ok = thread.ok and (count == end - start or variant.io_counts_past_hole)
-    view = evolve(view, bounce=bounce, local=completed)
+    view = evolve(view, local=thread.value + count)
     rank_state = with_prefetch(state.ranks[op.rank], thread.op, view)
     moved = evolve(
-        thread, point="progress", batch=thread.batch + 1, value=completed, ok=ok, pending=False
-    )
+        thread, point="progress", batch=thread.batch + 1, value=thread.value + count, ok=ok,
+        pending=False,
+    )  # fmt: skip
     return with_rank(state, op.rank, with_thread(rank_state, IO, moved))
+
+
+def _next_landing(
+    state: StorageState, rank: int, thread: Thread, landing: tuple[int, ...]
+) -> StorageState:
+    """Page points: park at ``land`` for the next page read back, unless none is left or the
+    termination check before it stops the batch (the rest is not counted)."""
+    terminated = state.ranks[rank].prefetches[thread.op].terminated
+    if landing and not terminated:
+        moved = evolve(thread, point="land", landing=landing)
+    else:
+        moved = evolve(thread, point="progress", landing=(), ok=thread.ok and not landing)
+    return with_rank(state, rank, with_thread(state.ranks[rank], IO, moved))
+
+
+def _land(state: StorageState, rank: int, op: int, page: int, local: int) -> StorageState:
+    """The IO sets the bytes of bounce page ``page`` of prefetch ``op``; it has counted
+    ``local`` pages of it then."""
+    rank_state = state.ranks[rank]
+    view = rank_state.prefetches[op]
+    tag = rank_state.l3[state.config.op_keys(op)[page]]
+    # Verify L3 gave back the bytes written under the key (INV-30)
+    if tag == BAD:
+        state = with_storage_fault(
+            state,
+            "INV-30",
+            f"rank {rank}'s batch_get of page {page} returned bytes other than its key's",
+        )
+    # Verify the IO writes only bounce pages it still owns (INV-23)
+    if view.owner[page] != IO_OWNED:
+        state = with_storage_fault(
+            state,
+            "INV-23",
+            f"rank {rank}'s IO wrote page {page} of prefetch op {op} after the tree took it "
+            f"(owner {view.owner[page]})",
+        )
+    view = evolve(view, bounce=replace_at(view.bounce, page, tag), local=local)
+    return with_rank(state, rank, with_prefetch(state.ranks[rank], op, view))
 
 
 def _hole_at(view: PrefetchView, page: int) -> PrefetchView:

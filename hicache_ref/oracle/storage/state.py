@@ -50,7 +50,8 @@ class Thread:
     value), ``aux`` a second number (the local run behind an agreed hit, the MIN a collective
     returned), ``ok`` the IO's ``all_success``, ``final`` a sync entry that is a final ack,
     ``pending`` a backend call issued and not yet returned, ``seen_term`` the termination the
-    IO's last check saw, ``epoch`` the epoch the thread was started in.
+    IO's last check saw, ``epoch`` the epoch the thread was started in; ``landing`` (page points
+    only) the pages the IO's read returned that it has still to land, in order.
     """
 
     point: str = "idle"
@@ -63,6 +64,7 @@ class Thread:
     pending: bool = False
     seen_term: bool = False
     epoch: int = 1
+    landing: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, order=True)
