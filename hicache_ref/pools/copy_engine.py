@@ -288,8 +288,11 @@ class CudaBatchCopier:
                 return None
             wait, write, memops = driver_functions
             # the highest priority: the forward waits on these copies, and priority is what the
-            # GPU's scheduler weighs when busy compute streams compete with the side stream
-            side = torch.cuda.Stream(device=device, priority=-100)  # type: ignore[no-untyped-call]
+            # GPU's scheduler weighs when busy compute streams compete with the side stream.
+            # Its own stream, never one of torch's pool: a pool stream is handed out again, and
+            # two issuers whose side waits share one stream deadlock (one's wait for its caller's
+            # ready word holds the other's batch, which that caller's stream waits behind)
+            side = self._dedicated_stream(device)
             issuer = CopyIssuer.create(
                 library,
                 batch=function_address(self._function),
@@ -303,6 +306,31 @@ class CudaBatchCopier:
             )
             self._issuers[stream.cuda_stream] = issuer
             return issuer
+
+    def _dedicated_stream(self, device: torch.device) -> torch.cuda.ExternalStream:
+        """A new non-blocking stream of the device's highest priority, created for one issuer
+        and kept for the process (``cudaStreamCreateWithPriority``, outside torch's pool)."""
+        least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+        handle = ctypes.c_void_p(0)
+        with torch.cuda.device(device):
+            _check(
+                self.library.cudaDeviceGetStreamPriorityRange(
+                    ctypes.byref(least), ctypes.byref(greatest)
+                ),
+                "cudaDeviceGetStreamPriorityRange",
+                self.library,
+            )
+            _check(
+                self.library.cudaStreamCreateWithPriority(
+                    ctypes.byref(handle),
+                    ctypes.c_uint(1),  # cudaStreamNonBlocking
+                    greatest,
+                ),
+                "cudaStreamCreateWithPriority",
+                self.library,
+            )
+        assert handle.value is not None
+        return torch.cuda.ExternalStream(handle.value, device=device)  # type: ignore[no-untyped-call]
 
     def drain(self) -> None:
         """Wait until every issuing thread has issued what it was given; raise its failure."""
