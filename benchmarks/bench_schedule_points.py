@@ -1,4 +1,5 @@
-"""What schedule points cost: one storage story with and without ``storage_points``.
+"""What schedule points cost: one storage story without ``storage_points``, with them, and with
+page points too (``storage_page_points``: the IO also parks before each host page it writes).
 
 The story (two ranks, batches of one page): a chain of three pages backed up, its ack drained,
 prefetched back (hit query, IO, sync) and its acks drained, then the case finished. Without
@@ -25,10 +26,21 @@ from hicache_ref.harness.world.config import HarnessConfig
 KINDS = ("backup", "hit_query", "io", "sync")
 
 
-def story(impl: Implementation, points: bool) -> int:
+SETTINGS = {"off": (False, False), "on": (True, False), "on+pages": (True, True)}
+"""Setting -> (``storage_points``, ``storage_page_points``)."""
+
+
+def story(impl: Implementation, setting: str) -> int:
     """One story; returns how many steps it applied."""
+    points, pages = SETTINGS[setting]
     config = impl.refine_config(
-        HarnessConfig(host_pages=24, storage_ranks=2, storage_batch_pages=1, storage_points=points)
+        HarnessConfig(
+            host_pages=24,
+            storage_ranks=2,
+            storage_batch_pages=1,
+            storage_points=points,
+            storage_page_points=pages,
+        )
     )
     session = Session(config, impl, "bench")
     steps = 0
@@ -40,7 +52,7 @@ def story(impl: Implementation, points: bool) -> int:
         return not outcome.skipped
 
     def run(kind: str) -> None:
-        storage = session.tree.storage
+        storage = session.storage
         assert storage is not None
         while kind in [k.value for k in storage.runnable()]:
             apply("storage_step", kind=kind)
@@ -76,19 +88,19 @@ def main() -> None:
     print("| implementation | points | steps per story | steps/s (median) | stories/s (median) |")
     print("|---|---|---:|---:|---:|")
     for name, impl in implementations().items():
-        for points in (False, True):
-            story(impl, points)  # warm-up
+        for setting in SETTINGS:
+            story(impl, setting)  # warm-up
             step_rates, story_rates, per_story = [], [], 0
             for _ in range(args.rounds):
                 start, steps = time.perf_counter(), 0
                 for _ in range(args.stories):
-                    per_story = story(impl, points)
+                    per_story = story(impl, setting)
                     steps += per_story
                 elapsed = time.perf_counter() - start
                 step_rates.append(steps / elapsed)
                 story_rates.append(args.stories / elapsed)
             print(
-                f"| {name} | {'on' if points else 'off'} | {per_story} | "
+                f"| {name} | {setting} | {per_story} | "
                 f"{statistics.median(step_rates):,.0f} | {statistics.median(story_rates):,.1f} |"
             )
 
