@@ -1,10 +1,13 @@
-"""Scenes of the windows inside a storage thread's loop body: one story per INV-32 .. INV-35.
+"""Scenes of the windows inside a storage thread's loop body: one story per INV-32 .. INV-35,
+and INV-19's page window.
 
 Worlds with schedule points (``storage_points``): every storage step runs one thread, on every
 rank, to its next point (a backend call, a collective, a put, its wait), and ``schedule_point``
 grants a thread parked at a backend call with a drawn outcome. So a vector fixes where the tree
 acts between two calls of one loop body, and an implementation's threads are checked at that
-granularity. Registered after ``stories_storage.py``'s scenes.
+granularity. With page points (``storage_page_points``) the IO also parks before each host page
+it writes from a read, so a progress ack put between two page writes is visible on its own.
+Registered after ``stories_storage.py``'s scenes.
 """
 
 from __future__ import annotations
@@ -119,3 +122,24 @@ def _inv25_points(r: Recorder) -> None:
         note="rank 1's backend raises inside the loop body",
     )
     finish_all(r, inv="INV-25", note="one final ack per rank, the MIN published")
+
+
+@story(
+    "story-inv19-an-io-ack-counts-only-landed-pages",
+    "INV-19",
+    "the IO parks before each page it writes: every progress ack it puts counts landed pages only",
+    **{**POINTS_WORLD, "storage_page_points": True, "storage_ranks": 1},
+)
+def _inv19_pages(r: Recorder) -> None:
+    to_l3(r, pick=1, note="a chain of two pages, one per batch")
+    hit(r)
+    grant(r, "hit_query", times=GRANTS_MAX, note="the hit query runs to its wait")
+    r.apply("drain_prefetch_acks", note="the hit: bounce pages allocated")
+    grant(
+        r,
+        "io",
+        times=GRANTS_MAX,
+        inv="INV-19",
+        note="one point at a time: a batch_get, its page write, its progress ack",
+    )
+    finish_all(r, inv="INV-19", note="the prefetch's pages read back as L3 holds them")
