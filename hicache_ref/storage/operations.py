@@ -80,12 +80,23 @@ class ReleasedRange:
     releaser: str
 
 
+def _lock_point(name: str) -> None:
+    """A storage thread of a harness world with schedule points parks before it takes the
+    operation's lock (its ``park_at_point``; the harness decides whether a ``lock`` is a point
+    there); the tree's thread, and any thread outside such a world, passes at once."""
+    park = getattr(threading.current_thread(), "park_at_point", None)
+    if park is not None:
+        park("lock", name)
+
+
 class PrefetchOperation(StorageOperation):
     """A prefetch from storage (SGLang 0.5.23's ``PrefetchOperation``).
 
     ``mark_terminate`` freezes ``completed_tokens`` under the operation's lock: from then on the
     published progress cannot move (INV-19), whatever acks are still on their way.
     """
+
+    _LOCK_NAME = "PrefetchOperation._lock"
 
     def __init__(
         self,
@@ -149,6 +160,7 @@ class PrefetchOperation(StorageOperation):
                 self._frozen_completed_tokens = self._completed
 
     def is_terminated(self) -> bool:
+        _lock_point(self._LOCK_NAME)  # a storage thread's look at termination
         with self._lock:
             return self._terminated_flag
 

@@ -160,3 +160,62 @@ def test_the_brief_worlds_are_clean(
     config = StorageConfig(ranks=ranks, pages=pages, ops=specs, preloaded=(pages,) * ranks)
     result = explore_storage(config, max_depth=200, preemptions=preemptions)
     assert result.ok and result.complete, result.summary()
+
+
+POINT_WORLDS = {
+    "page points": {"page_points": True},
+    "lock points": {"lock_points": True},
+    "page and lock points": {"page_points": True, "lock_points": True},
+}
+"""Finer points of the IO and hit-query threads: each page lands at its own point, each look at
+termination under the operation's lock is a point of its own."""
+
+
+@pytest.mark.parametrize("points", sorted(POINT_WORLDS))
+def test_finer_points_keep_the_correct_protocol_clean_and_open_more_states(points: str) -> None:
+    shape: dict[str, object] = {
+        "ops": (OpSpec("prefetch", 2),),
+        "pages": 2,
+        "batch_pages": 2,
+        "preloaded": (2,),
+    }
+    coarse = explore_storage(_world(None, **shape), max_depth=200)
+    fine = explore_storage(_world(None, **shape, **POINT_WORLDS[points]), max_depth=200)
+    assert fine.ok and fine.complete, fine.summary()
+    assert fine.states > coarse.states, (fine.summary(), coarse.summary())
+
+
+@pytest.mark.parametrize("points", sorted(POINT_WORLDS))
+@pytest.mark.parametrize("flag", ["io_counts_past_hole", "io_ignores_termination"])
+def test_the_io_window_bugs_are_found_under_finer_points(flag: str, points: str) -> None:
+    config = _world(flag, **BUG_WORLDS[flag], **POINT_WORLDS[points])
+    result = explore_storage(config, max_depth=40)
+    assert PLANTED_STORAGE_BUGS[flag] in {v.inv_id for v in result.violations}, result.summary()
+    final = run_storage_ops(initial_storage_state(config), result.trace)
+    assert PLANTED_STORAGE_BUGS[flag] in {v.inv_id for v in check_storage_invariants(final)}
+
+
+def test_with_lock_points_a_termination_between_a_read_and_a_page_cuts_the_batch() -> None:
+    from hicache_ref.oracle.storage import (
+        HIT_QUERY,
+        IO,
+        Advance,
+        Collective,
+        DrainHits,
+        Prefetch,
+        Terminate,
+    )
+
+    config = StorageConfig(
+        ops=(OpSpec("prefetch", 2),), pages=2, batch_pages=2, preloaded=(2,), lock_points=True
+    )
+    hit_query = [Advance(0, HIT_QUERY)] * 3  # its get, its look at termination, its query
+    hit_query += [Collective("hits"), Advance(0, HIT_QUERY), DrainHits()]  # agreed, published
+    io = [Advance(0, IO)] * 3  # its get, its look before the batch, the read of both pages
+    state = run_storage_ops(initial_storage_state(config), [Prefetch(0), *hit_query, *io])
+    thread = state.ranks[0].threads[IO]
+    assert (thread.point, [page for page, _ in thread.landing]) == ("recheck", [0, 1])
+    state = run_storage_ops(state, [Terminate(0), Advance(0, IO)])  # its look sees it
+    thread = state.ranks[0].threads[IO]
+    assert (thread.point, thread.value, thread.ok) == ("progress", 0, False)
+    assert not check_storage_invariants(state)

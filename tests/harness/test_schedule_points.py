@@ -4,8 +4,9 @@ One story per implementation (the reference, upstream 0.5.10 and 0.5.23, the see
 chain goes to L3 and comes back, one thread kind granted per step, on two ranks. After every
 grant the test asks each rank where each thread parks (the gate's own record), and shows that
 every thread parked at its wait for work, at each backend call it makes, at each put on a
-control queue and at its collectives, at the return of a deferred call, and the IO before each
-host page it writes. Then the story's
+control queue and at its collectives, at the return of a deferred call, at each look at an
+operation's termination under its lock, and the IO before each host page it writes. Then the
+story's
 trace, schedule steps and drawn outcomes included, replays bit-for-bit: the same outcome text at
 every step, without Hypothesis, on a fresh world.
 """
@@ -61,6 +62,7 @@ class Story:
             storage_batch_pages=1,
             storage_points=True,
             storage_page_points=True,
+            storage_lock_points=True,
         )
         self.config = impl.refine_config(config)
         self.session = Session(self.config, impl, name)
@@ -124,17 +126,15 @@ def test_every_storage_thread_parks_at_every_kind_of_point(
     story.session.finish()
 
     has_sync = "sync" in story.parked  # 0.5.10 and the seed have no sync thread
-    upstream = name != "reference"  # the reference's operation lock is no point yet
     expected = {
         "backup": {"wait", "batch_set", "return", "put"},
-        # 0.5.23's hit query looks at termination under the operation's lock
+        # the reference's and 0.5.23's hit query look at termination under the operation's lock
         "hit_query": {"wait", "batch_exists", "all_reduce", "put"}
-        | ({"lock"} if name == "0.5.23" else set()),
-        # upstream's IO takes the operation's lock between batches (is_terminated, increment);
-        # every IO parks before each host page it writes (page points)
-        "io": {"wait", "batch_get", "return", "page_write"}
-        | ({"put"} if has_sync else set())
-        | ({"lock"} if upstream else set()),
+        | ({"lock"} if name in ("reference", "0.5.23") else set()),
+        # every IO takes the operation's lock between batches (is_terminated; upstream's
+        # increment too) and parks before each host page it writes (page points)
+        "io": {"wait", "batch_get", "return", "page_write", "lock"}
+        | ({"put"} if has_sync else set()),
     }
     if has_sync:
         expected["sync"] = {"wait", "all_reduce", "put"}

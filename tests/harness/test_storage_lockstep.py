@@ -19,7 +19,7 @@ from hicache_ref.harness.lockstep.storage import (
     StorageLockstep,
     attach_storage_lockstep,
 )
-from hicache_ref.harness.lockstep.storage_walk import run_walk, walk_session
+from hicache_ref.harness.lockstep.storage_walk import run_walk, storage_case, walk_session
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
@@ -120,6 +120,58 @@ def test_the_reference_never_diverges_point_by_point_under_schedule_points() -> 
         run_walk(session, seed, STEPS)
         compared += follower.steps
     assert compared > 300  # point steps: a grant of one thread kind to its next point
+
+
+@pytest.mark.parametrize(
+    "finer",
+    [
+        {"storage_page_points": True},
+        {"storage_lock_points": True},
+        {"storage_page_points": True, "storage_lock_points": True},
+    ],
+    ids=["pages", "locks", "pages+locks"],
+)
+def test_the_reference_never_diverges_under_page_and_lock_points(finer: dict[str, bool]) -> None:
+    compared = 0
+    for seed in range(8):
+        config = storage_case(seed, points=True).model_copy(update=finer)
+        session = Session(config, ReferenceImplementation(), "reference")
+        follower = _follow(session)
+        assert follower.state.config.page_points == config.storage_page_points
+        assert follower.state.config.lock_points == config.storage_lock_points
+        run_walk(session, seed, STEPS)
+        compared += follower.steps
+    assert compared > 200
+
+
+def test_a_termination_at_the_ios_look_is_followed_grant_by_grant() -> None:
+    config = HarnessConfig(
+        host_pages=24,
+        storage_ranks=1,
+        storage_batch_pages=2,
+        storage_points=True,
+        storage_lock_points=True,
+    )
+    session = Session(config, ReferenceImplementation(), "reference")
+    follower = _follow(session)
+    apply(session, "write_storage", pick=1, new=True)  # a chain of two pages, one batch
+    for _ in range(3):  # wait, batch_set, put ack_backup_queue
+        apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "prefetch", pick=0)
+    for _ in range(5):  # wait, its look at termination, batch_exists, all_reduce, put
+        apply(session, "storage_step", kind="hit_query")
+    apply(session, "drain_prefetch_acks")
+    apply(session, "storage_step", kind="io")  # the get: parked before its look
+    apply(session, "storage_step", kind="io")  # the look, then parked at batch_get
+    apply(session, "storage_step", kind="io")  # the read: parked before the first page's look
+    assert follower.state.ranks[0].threads[1].point == "recheck"
+    apply(session, "terminate_prefetch", request=1)
+    session.finish()
+    view = follower.state.ranks[0].prefetches[1]
+    assert view.published == 0 and view.final_drained == 1 and view.terminated
+    replayed = run_storage_ops(follower.start, follower.trace)
+    assert replayed == follower.state and not check_storage_invariants(replayed)
 
 
 def test_a_round_trip_under_points_is_followed_grant_by_grant() -> None:

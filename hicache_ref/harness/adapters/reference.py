@@ -39,7 +39,10 @@ class ReferenceImplementation(ImplementationBase):
             # the harness steps the storage threads' loop bodies, or (schedule points) grants
             # the tier's own gated threads one point at a time
             storage_executor=(
-                gated_executor(page_points=request.config.storage_page_points)
+                gated_executor(
+                    page_points=request.config.storage_page_points,
+                    lock_points=request.config.storage_lock_points,
+                )
                 if request.config.storage_points
                 else "manual"
             ),

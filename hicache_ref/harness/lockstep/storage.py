@@ -135,7 +135,10 @@ class StorageLockstep:
         self.off_reason = unsupported_storage_reason(driver)
         self.start: StorageState = initial_storage_state(
             growing_config(
-                driver.n, driver.config.storage_batch_pages, driver.config.storage_page_points
+                driver.n,
+                driver.config.storage_batch_pages,
+                driver.config.storage_page_points,
+                driver.config.storage_lock_points,
             )
         )
         self.state = self.start

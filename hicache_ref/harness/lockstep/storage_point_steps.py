@@ -8,13 +8,14 @@ is the harness's own record: the gate's grant log and where the thread was parke
 
 | point the thread left | oracle |
 | --- | --- |
-| ``wait`` | ``Advance`` (the ``get``; the IO's termination check too, which runs before it parks again) |
+| ``wait`` | ``Advance`` (the ``get``; the IO's termination check too, which runs before it parks again, unless it is a ``lock`` point of its own) |
 | ``batch_exists`` / ``batch_set`` | ``Advance`` with the call's outcome, read from what the backend answered |
 | ``batch_get`` | the same, or ``defer`` when the thread parks at the call's ``return`` |
 | ``return`` | a deferred ``batch_get``: its outcome now (the others were taken when they ran) |
 | ``all_reduce`` | ``Collective`` of the group, once for every rank |
 | ``put`` | ``Advance`` (the queue is the thread's, the IO's ack its kind and count) |
 | ``page_write`` | ``Advance`` of the IO parked at ``land`` (page points: one page's bytes set) |
+| ``lock`` | ``Advance`` of a termination check: the hit query's ``check``, the IO's ``check`` (before a batch) or ``recheck`` (before a page lands); the reference's, with lock points |
 
 A rank whose thread the oracle says could move but was not granted (INV-20), a thread granted at
 a point the oracle's thread is not at (the window it opens: an ack before its write INV-32, a
@@ -45,6 +46,7 @@ from hicache_ref.harness.schedule.points import (
     BATCH_EXISTS,
     BATCH_GET,
     BATCH_SET,
+    LOCK,
     PAGE_WRITE,
     PUT,
     RETURN,
@@ -71,6 +73,8 @@ ORACLE_POINTS = {
     (HIT_QUERY, BATCH_EXISTS): ("exists",),
     (IO, BATCH_GET): ("get",),
     (IO, PAGE_WRITE): ("land",),
+    (HIT_QUERY, LOCK): ("check",),
+    (IO, LOCK): ("check", "recheck"),
     (BACKUP, BATCH_SET): ("set",),
     (HIT_QUERY, PUT): ("publish",),
     (IO, PUT): ("progress", "final"),
@@ -161,11 +165,15 @@ def _translate(
 ) -> None:
     record = ls.state.ranks[rank].threads[thread]
     if point.kind == WAIT:
+        # with lock points a look at termination is a point of its own, taken only while the
+        # transfer is ok (a failed one skips the look: ``all_success and is_terminated()``)
+        looks = ls.state.config.lock_points
         if thread == IO and record.point != "idle":  # the next batch: only the check
-            ls.apply_op(Advance(rank, IO), what)
+            if not (looks and record.ok):
+                ls.apply_op(Advance(rank, IO), what)
             return
         ls.apply_op(Advance(rank, thread), what)  # the get on its input queue
-        if thread == IO and ls.state.ranks[rank].threads[IO].point == "check":
+        if thread == IO and ls.state.ranks[rank].threads[IO].point == "check" and not looks:
             ls.apply_op(Advance(rank, IO), what)  # its termination check, before it parks
         return
     if point.kind == RETURN:
@@ -188,8 +196,8 @@ def _translate(
         calls = _take(ls, rank, thread, "set")
         ls.apply_op(set_outcome(ls, rank, list(calls)), what)
         drop_lost(ls, rank, calls)
-    elif point.kind == PAGE_WRITE:
-        ls.apply_op(Advance(rank, IO), what)  # one page's bytes set and counted
+    elif point.kind in (PAGE_WRITE, LOCK):
+        ls.apply_op(Advance(rank, thread), what)  # a page's bytes set; a termination check
     else:
         if point.detail != PUT_QUEUE[thread]:
             raise ls.divergence(
@@ -240,7 +248,7 @@ def _out_of_order(
     inv_id = "INV-20"
     if (thread, point.kind, record.point) == (BACKUP, PUT, "set"):
         inv_id = "INV-32"  # the ack before the write of the pages it counts
-    elif (thread, point.kind, record.point) == (IO, PUT, "land"):
+    elif (thread, point.kind) == (IO, PUT) and record.point in ("land", "recheck"):
         inv_id = "INV-19"  # a progress ack before the bytes of a page it counts
     elif (thread, point.kind) == (IO, PAGE_WRITE):
         inv_id = "INV-19"  # a page written that the oracle's IO does not land (after a cut)

@@ -28,7 +28,7 @@ from typing import Any
 
 from hicache_ref.controller.storage.collectives import StorageInterrupted
 from hicache_ref.errors import HiCacheSetupError, InvariantViolation
-from hicache_ref.harness.schedule.points import PAGE_WRITE, WAIT, Grant, Point
+from hicache_ref.harness.schedule.points import LOCK, PAGE_WRITE, WAIT, Grant, Point
 
 STEP_TIMEOUT_S = 20.0
 """How long a served step may run (a collective's own timeout, 5 s, fires well before)."""
@@ -106,11 +106,19 @@ class StepGate:
     """Where one controller's storage threads park, and the harness grants one of them."""
 
     def __init__(
-        self, stop_event: Callable[[], bool], *, points: bool = False, page_points: bool = False
+        self,
+        stop_event: Callable[[], bool],
+        *,
+        points: bool = False,
+        page_points: bool = False,
+        lock_points: bool = True,
     ) -> None:
         self._stopping = stop_event
         self.points = points  # park at every schedule point, not only at the wait for work
         self.page_points = points and page_points  # also before each host page write
+        # also before each operation-lock acquire (upstream's gates always; the reference's
+        # with ``storage_lock_points``)
+        self.lock_points = points and lock_points
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
         self._cond = threading.Condition()
         self.threads: list[GatedThread] = []
@@ -150,6 +158,8 @@ class StepGate:
         """A schedule point inside a loop body (only in a world with points): wait for a grant;
         a stopping thread that is joined runs on (``ok``)."""
         if not self.points or (kind == PAGE_WRITE and not self.page_points):
+            return Grant()
+        if kind == LOCK and not self.lock_points:
             return Grant()
         return self._wait(thread, Point(kind, detail)) or Grant()
 

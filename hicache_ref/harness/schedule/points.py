@@ -16,7 +16,8 @@ points") call them. In the order a loop body meets them:
 - ``put``: one put on a control queue (an ack, a hit, a release), before the item is visible;
 - ``lock``: one acquire of a lock on a storage path (an operation's ``_lock``: its
   ``is_terminated`` / ``mark_terminate`` / progress), before it is taken, so a termination by the
-  tree lands right before the thread looks;
+  tree lands right before the thread looks (upstream's in every world with points, the
+  reference's in a world that also draws ``storage_lock_points``);
 - ``event``: one ``set`` or ``wait`` of an event by a storage thread, before it acts;
 - ``page_write``: one host page written from a storage read (the host pool's
   ``set_from_flat_data_page``), before its bytes are set, in a world that also draws

@@ -41,11 +41,19 @@ class GatedExecutor(ThreadExecutor):
     name = "manual"
 
     def __init__(
-        self, tier: ExecutorTier, *, points: bool = True, page_points: bool = False
+        self,
+        tier: ExecutorTier,
+        *,
+        points: bool = True,
+        page_points: bool = False,
+        lock_points: bool = False,
     ) -> None:
         super().__init__(tier)
         self.gate = StepGate(
-            lambda: self._stop_event.is_set(), points=points, page_points=page_points
+            lambda: self._stop_event.is_set(),
+            points=points,
+            page_points=page_points,
+            lock_points=lock_points,
         )
         self._results: dict[StorageStepKind, StepResult] = {}
         self.hold: set[StorageStepKind] = set()  # kinds whose thread waits at a collective
@@ -148,10 +156,12 @@ class GatedExecutor(ThreadExecutor):
         return self._results.pop(kind, None) or StepResult(kind, tier.rank, tier.epoch)
 
 
-def gated_executor(points: bool = True, page_points: bool = False) -> Any:
+def gated_executor(
+    points: bool = True, page_points: bool = False, lock_points: bool = False
+) -> Any:
     """The factory a reference controller takes as ``storage_executor``."""
 
     def build(tier: ExecutorTier) -> GatedExecutor:
-        return GatedExecutor(tier, points=points, page_points=page_points)
+        return GatedExecutor(tier, points=points, page_points=page_points, lock_points=lock_points)
 
     return build

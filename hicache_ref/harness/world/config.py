@@ -104,6 +104,12 @@ class HarnessConfig(BaseModel):
     a storage read (``page_write``), so a count or an ack that runs ahead of a page's bytes is
     seen by the tree before the bytes land. A field of its own so traces recorded before it
     replay with the same grants."""
+    storage_lock_points: bool = False
+    """With ``storage_points``: this project's tier also parks its threads before each acquire
+    of an operation's lock (``lock``: the hit query's and the IO's looks at termination), so a
+    termination by the tree lands right before a thread looks. Upstream's threads park at their
+    operation locks in every world with points (their traces always had these grants); a field
+    of its own so the reference's older traces replay with the same grants."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -147,6 +153,8 @@ class HarnessConfig(BaseModel):
             )
         if self.storage_page_points and not self.storage_points:
             raise ValueError("storage_page_points needs storage_points (a page point is one)")
+        if self.storage_lock_points and not self.storage_points:
+            raise ValueError("storage_lock_points needs storage_points (a lock point is one)")
         if self.storage_ranks and (self.uses_cp or self.has_draft):
             raise ValueError(
                 "a storage world has no CP and no draft pool (CP HiCache refuses a storage "
@@ -184,6 +192,7 @@ class HarnessConfig(BaseModel):
             faults = "+faults" if self.storage_faults else ""
             faults += "+points" if self.storage_points else ""
             faults += "+pages" if self.storage_page_points else ""
+            faults += "+locks" if self.storage_lock_points else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

@@ -130,7 +130,9 @@ class StorageConfig:
     ``max_resets`` new epochs (resets and re-attaches); ``terminations``, ``detach`` and ``clear`` admit those tree ops.
     ``page_points``: the IO lands each page a read returned at a point of its own (``land``, the
     harness's ``page_write``), checking termination before each, instead of the whole batch at
-    its ``get``.
+    its ``get``. ``lock_points``: each termination check under the operation's lock is a point
+    of its own (the harness's ``lock``): the hit query's ``check`` before its query, and the IO's
+    per-batch ``check`` and per-page ``recheck``, so a termination lands right before a look.
     """
 
     ranks: int = 1
@@ -146,6 +148,7 @@ class StorageConfig:
     detach: bool = False
     clear: bool = False
     page_points: bool = False
+    lock_points: bool = False
     variant: StorageVariant = field(default_factory=StorageVariant)
 
     def __post_init__(self) -> None:

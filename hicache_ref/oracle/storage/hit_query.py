@@ -1,6 +1,7 @@
 """The hit query thread (T1, ``prefetch_thread_func``) and the collectives of both groups.
 
-T1's points, in order: ``idle`` (``prefetch_queue.get``) -> ``exists`` (``batch_exists`` of one
+T1's points, in order: ``idle`` (``prefetch_queue.get``) -> with ``lock_points``, ``check`` (its
+look at termination under the operation's lock) -> ``exists`` (``batch_exists`` of one
 batch; the run stops at the first short batch) -> ``reduce`` (``all_reduce(MIN)`` of the hit,
 group ``hits``: once per prefetch, hit or miss or terminated, INV-20) -> ``publish``
 (``prefetch_hit_queue.put`` of the agreed hit, INV-29).
@@ -39,6 +40,12 @@ def advance_hit_query(state: StorageState, op: Advance) -> StorageState:
     if thread.point == "idle":
         prefetch = rank_state.prefetch_queue[0]
         rank_state = evolve(rank_state, prefetch_queue=rank_state.prefetch_queue[1:])
+        if state.config.lock_points:  # the termination check is a point of its own
+            moved = Thread(point="check", op=prefetch, epoch=thread.epoch)
+            return with_rank(state, op.rank, with_thread(rank_state, HIT_QUERY, moved))
+        thread = Thread(point="check", op=prefetch, epoch=thread.epoch)
+    if thread.point == "check":
+        prefetch = thread.op
         view = rank_state.prefetches[prefetch]
         if view.terminated:  # a terminated prefetch hits nothing
             rank_state = with_prefetch(rank_state, prefetch, evolve(view, hit_local=0))

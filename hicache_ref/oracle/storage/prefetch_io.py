@@ -6,7 +6,8 @@ termination check under the op's lock; a terminated op reads nothing more) -> ``
 (``batch_get`` of the batch: the leading pages that came back, stopping at the first missing
 one and at a termination seen after the read; each counted page's bytes land first, INV-19) ->
 with ``page_points``, per page read back ``land`` (its bytes set and counted; the termination
-check before each page, so a termination between two page writes cuts the batch there) ->
+check before each page, so a termination between two page writes cuts the batch there); with
+``lock_points`` that check is a point of its own, ``recheck``, before each page read back ->
 ``progress`` (``prefetch_sync_queue.put`` of the cumulative count, one per batch even after a
 failure or termination, INV-20) -> after the last batch ``final`` (the ``completed_req`` ack,
 exactly once, INV-25).
@@ -63,10 +64,16 @@ def advance_io(state: StorageState, op: Advance) -> StorageState:
         return with_rank(state, op.rank, with_thread(rank_state, IO, moved))
     if point == "get":
         return _batch_get(state, op, thread, view)
+    if point == "recheck":  # lock points: the termination check before one page lands
+        if view.terminated:  # the rest of the batch is not counted
+            moved = evolve(thread, point="progress", landing=(), ok=False)
+        elif state.config.page_points:
+            moved = evolve(thread, point="land")
+        else:
+            return _land_next(state, op.rank, thread)
+        return with_rank(state, op.rank, with_thread(rank_state, IO, moved))
     if point == "land":  # page points: one page's bytes set, then the next page's check
-        moved = evolve(thread, value=thread.value + 1)
-        state = _land(state, op.rank, thread.op, thread.landing[0], moved.value)
-        return _next_landing(state, op.rank, moved, thread.landing[1:])
+        return _land_next(state, op.rank, thread)
     if point == "progress":
         entry = (thread.op, thread.value)
         rank_state = evolve(rank_state, sync_queue=(*rank_state.sync_queue, entry))
@@ -117,15 +124,15 @@ def _batch_get(
             and not (op.outcome == "hole" and p == start + op.index)
             for p in range(start, end)
         )
-    if state.config.page_points:  # each page lands at its own point, after its own check
-        got_pages: list[int] = []
+    if state.config.page_points or state.config.lock_points:  # each page at its own points
+        got_pages: list[tuple[int, int]] = []  # (page, the tag its read returned)
         for offset, got in enumerate(returned):
             if not got:
                 view = _hole_at(view, start + offset)
                 if variant.io_counts_past_hole:
                     continue  # planted: the wrong ``continue`` counts later pages
                 break
-            got_pages.append(start + offset)
+            got_pages.append((start + offset, rank_state.l3[keys[start + offset]]))
         ok = thread.ok and (len(got_pages) == end - start or variant.io_counts_past_hole)
         state = with_rank(state, op.rank, with_prefetch(rank_state, thread.op, view))
         moved = evolve(thread, batch=thread.batch + 1, ok=ok, pending=False)
@@ -142,7 +149,8 @@ def _batch_get(
             break  # the page's bytes are not set once the op is terminated
         state = with_rank(state, op.rank, with_prefetch(state.ranks[op.rank], thread.op, view))
         count += 1
-        state = _land(state, op.rank, thread.op, page, thread.value + count)
+        tag = state.ranks[op.rank].l3[keys[page]]
+        state = _land(state, op.rank, thread.op, page, tag, thread.value + count)
         view = state.ranks[op.rank].prefetches[thread.op]
     ok = thread.ok and (count == end - start or variant.io_counts_past_hole)
     view = evolve(view, local=thread.value + count)
@@ -154,25 +162,35 @@ def _batch_get(
     return with_rank(state, op.rank, with_thread(rank_state, IO, moved))
 
 
+def _land_next(state: StorageState, rank: int, thread: Thread) -> StorageState:
+    """The first page of ``thread.landing`` lands (its bytes set, counted); then the next."""
+    moved = evolve(thread, value=thread.value + 1)
+    page, tag = thread.landing[0]
+    state = _land(state, rank, thread.op, page, tag, moved.value)
+    return _next_landing(state, rank, moved, thread.landing[1:])
+
+
 def _next_landing(
-    state: StorageState, rank: int, thread: Thread, landing: tuple[int, ...]
+    state: StorageState, rank: int, thread: Thread, landing: tuple[tuple[int, int], ...]
 ) -> StorageState:
-    """Page points: park at ``land`` for the next page read back, unless none is left or the
-    termination check before it stops the batch (the rest is not counted)."""
+    """Page or lock points: park for the next page read back (at ``recheck`` with lock points,
+    else at ``land`` after its termination check), unless none is left or that check stops
+    the batch (the rest is not counted)."""
     terminated = state.ranks[rank].prefetches[thread.op].terminated
-    if landing and not terminated:
+    if landing and state.config.lock_points:
+        moved = evolve(thread, point="recheck", landing=landing)
+    elif landing and not terminated:
         moved = evolve(thread, point="land", landing=landing)
     else:
         moved = evolve(thread, point="progress", landing=(), ok=thread.ok and not landing)
     return with_rank(state, rank, with_thread(state.ranks[rank], IO, moved))
 
 
-def _land(state: StorageState, rank: int, op: int, page: int, local: int) -> StorageState:
-    """The IO sets the bytes of bounce page ``page`` of prefetch ``op``; it has counted
-    ``local`` pages of it then."""
+def _land(state: StorageState, rank: int, op: int, page: int, tag: int, local: int) -> StorageState:
+    """The IO sets the bytes of bounce page ``page`` of prefetch ``op`` to ``tag`` (what its
+    read returned); it has counted ``local`` pages of it then."""
     rank_state = state.ranks[rank]
     view = rank_state.prefetches[op]
-    tag = rank_state.l3[state.config.op_keys(op)[page]]
     # Verify L3 gave back the bytes written under the key (INV-30)
     if tag == BAD:
         state = with_storage_fault(

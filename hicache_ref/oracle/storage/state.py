@@ -50,8 +50,9 @@ class Thread:
     value), ``aux`` a second number (the local run behind an agreed hit, the MIN a collective
     returned), ``ok`` the IO's ``all_success``, ``final`` a sync entry that is a final ack,
     ``pending`` a backend call issued and not yet returned, ``seen_term`` the termination the
-    IO's last check saw, ``epoch`` the epoch the thread was started in; ``landing`` (page points
-    only) the pages the IO's read returned that it has still to land, in order.
+    IO's last check saw, ``epoch`` the epoch the thread was started in; ``landing`` (page or lock
+    points only) the pages the IO's read returned that it has still to land, in order, each
+    with the tag its read returned (L3 may lose the page meanwhile; the read has its bytes).
     """
 
     point: str = "idle"
@@ -64,7 +65,7 @@ class Thread:
     pending: bool = False
     seen_term: bool = False
     epoch: int = 1
-    landing: tuple[int, ...] = ()
+    landing: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, order=True)

@@ -17,11 +17,14 @@ from hicache_ref.oracle.storage.config import OpKind, OpSpec, StorageConfig
 from hicache_ref.oracle.storage.state import ABSENT, BackupView, PrefetchView, StorageState
 
 
-def growing_config(ranks: int, batch_pages: int, page_points: bool = False) -> StorageConfig:
+def growing_config(
+    ranks: int, batch_pages: int, page_points: bool = False, lock_points: bool = False
+) -> StorageConfig:
     """An empty world that grows (no key, no op yet), with unbounded fault and reset budgets
     (a harness's faults and resets are what happened, not what the checker may choose)."""
     return StorageConfig(
         page_points=page_points,
+        lock_points=lock_points,
         ranks=ranks,
         pages=0,
         batch_pages=batch_pages,
