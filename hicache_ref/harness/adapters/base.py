@@ -45,6 +45,8 @@ CAPABILITIES = frozenset(
         "draft",  # attach_draft_pool: draft transfers ride along
         "per_layer_write",  # submit_write_cp_per_layer(catch_up_all_layers=False) + on_layer_end
         "storage",  # attach_storage_backend / prefetch / write_storage
+        "storage:lock_points",  # the tier's threads park at an operation's lock only in a world
+        # with storage_lock_points (this project's StorageTier; upstream's always park there)
         "storage:batch_steps",  # a storage_step runs what the reference's thread loop bodies
         # run: one hit query, one page batch of IO, one progress ack, one backup op (the
         # granularity a storage vector's steps pin)
@@ -80,6 +82,10 @@ adapter would have to hand the side pool over), but the reference declares ``:sw
 (``SIDE_POOL_CAPABILITY``): it holds an independent side pool itself
 (``controller/side_pool.py``), and takes its pools and its draft pair directly otherwise; the
 harness checks a grouped draft with the same byte model as a draft pair."""
+
+LOCK_POINTS_CAPABILITY = "storage:lock_points"
+"""The tier parks its threads at an operation's lock only where the world asks
+(``storage_lock_points``); the machines draw the field only for such an implementation."""
 
 SIDE_POOL_CAPABILITY = "pool_group:swa"
 """An independent side pool: the controller's ``side_pools`` (a ``SidePoolsLike``) names it on

@@ -99,6 +99,7 @@ synchronizes a stream before clearing the queues (no ``reset_drains``)."""
 SEED_CAPABILITIES = CAPABILITIES - {
     "guards",
     "storage:batch_steps",
+    "storage:lock_points",
     "reset_drains",
     "fence_streams",
 }

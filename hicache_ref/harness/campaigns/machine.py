@@ -32,7 +32,7 @@ from hypothesis import note, reject
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from hicache_ref.harness.adapters.base import Implementation, supports
+from hicache_ref.harness.adapters.base import LOCK_POINTS_CAPABILITY, Implementation, supports
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.rules.record import Param, draw_small_int, integers_once
@@ -160,10 +160,20 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     fields["forward_stream"] = not cp_size and _fenced(capabilities) and bool(fields["seed"] & 1)
     fields["pool_group"] = draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0]
     fields.update(_side_pool_fields(draw, capabilities, fields))
+    if fields.get("storage_points") and _asks_lock_points(capabilities):
+        fields["storage_lock_points"] = draw(_BOOLS)
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
     return config
+
+
+def _asks_lock_points(capabilities: frozenset[str]) -> bool:
+    """Whether the tier parks at its operation locks only when a world asks
+    (``storage:lock_points``, this project's tier): then half the worlds with schedule points
+    ask, drawn after every other field so no other world's draws move. Upstream's threads park
+    there in every world with points, and draw nothing more."""
+    return not capabilities or LOCK_POINTS_CAPABILITY in capabilities
 
 
 def _fenced(capabilities: frozenset[str]) -> bool:

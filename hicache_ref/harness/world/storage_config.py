@@ -37,9 +37,6 @@ _POLICIES = st.sampled_from(["best_effort", "wait_complete", "timeout"])
 _POINTS = st.booleans()
 _PAGE_POINTS = st.booleans()
 """Under schedule points, half the worlds also park the IO before each host page write."""
-_LOCK_POINTS = st.booleans()
-"""Under schedule points, half the worlds also park the reference's threads before each look
-at an operation's termination under its lock (upstream's threads always park there)."""
 _POINT_BATCH_PAGES = st.sampled_from([1, 1, 2])
 """Under schedule points batches of one or two pages, so an operation has several and a
 termination, reset or detach lands between them (issue 32)."""
@@ -66,8 +63,6 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
     }
     if points and draw(_PAGE_POINTS):
         fields["storage_page_points"] = True
-    if points and draw(_LOCK_POINTS):
-        fields["storage_lock_points"] = True
     return fields
 
 
