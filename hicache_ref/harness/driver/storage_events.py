@@ -97,24 +97,41 @@ def on_io_ack_put(driver: DriverView, rank: int, ack: Any) -> None:
     rid = getattr(ack, "rid", None)
     if tokens is None or getattr(ack, "completed_req", False) or not isinstance(rid, str):
         return
+    _judge_io_count(driver, rank, rid, getattr(ack, "operation", None), int(tokens))
+
+
+def on_polled_progress(driver: DriverView, rank: int, rid: str | None) -> None:
+    """Under schedule points, after a grant of a polling release's IO (0.5.10 - 0.5.18, whose
+    tree reads ``operation.completed_tokens`` itself): the progress is visible the moment the
+    IO's ``increment`` returns, so the pages it newly counts must hold the oracle's bytes now
+    (INV-19), judged like an IO progress ack at its put."""
+    log = driver.log.prefetches[rank].get(rid or "")
+    op = None if log is None else log.operation
+    tokens = getattr(op, "completed_tokens", None)
+    if rid is None or op is None or tokens is None:
+        return
+    _judge_io_count(driver, rank, rid, op, int(tokens))
+
+
+def _judge_io_count(driver: DriverView, rank: int, rid: str, op: Any, tokens: int) -> None:
+    """Record (before, after, landed) for the pages of ``op`` that ``tokens`` newly counts."""
     log = driver.log.prefetches[rank].get(rid)
-    op = getattr(ack, "operation", None)
     entry = driver.known_ops.get(id(op))
     if log is None or entry is None or entry[0] is not op or entry[1] != driver.epoch:
         return
     host = getattr(op, "host_indices", None)
     before = log.io_counted[-1][1] if log.io_counted else 0
-    if int(tokens) <= before or host is None:
+    if tokens <= before or host is None:
         return
     page = driver.page
     pool = driver.l3.ranks[rank].host_pool
     chain = driver.chains[log.chain_uid].tokens(page)
     landed = 0
-    for i in range(before // page, int(tokens) // page):
+    for i in range(before // page, tokens // page):
         prefix = log.anchor_prefix + chain[: (i + 1) * page]
         want = driver.log.expected.get((rank, prefix))
         landed += want == page_digest(pool.get_data_page(int(host[i * page]), True))
-    log.io_counted.append((before, int(tokens), landed))
+    log.io_counted.append((before, tokens, landed))
 
 
 def _give_back(

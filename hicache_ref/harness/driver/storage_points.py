@@ -28,6 +28,7 @@ from hicache_ref.harness.driver.storage_events import (
     observe_calls,
     observe_polled_step,
     on_io_ack_put,
+    on_polled_progress,
 )
 from hicache_ref.harness.driver.storage_windows import mark_reads
 from hicache_ref.harness.schedule.pct import PctBias, campaign_bias
@@ -134,6 +135,7 @@ def run_to_next_point(
     """Run every rank's ``kind`` thread to its next point (``grant`` on rank ``rank``, ``ok``
     elsewhere); observe each loop body that ended, with all of its calls."""
     tiers = driver.l3.tiers
+    polled_io = kind is StorageStepKind.IO and driver.polled_kind(kind)
     points.before_step(tiers, kind, grant, rank)
     try:
         results = run_lockstep(tiers, driver.l3.group, kind, driver.l3.threads)
@@ -150,6 +152,8 @@ def run_to_next_point(
             for function, item in face(tiers[r.rank]).gate.take_visible():
                 if THREAD_KINDS.get(function) == StorageStepKind.IO.value:
                     on_io_ack_put(driver, r.rank, item)  # judged before anyone reads it
+            if polled_io:  # the progress on the operation is what the tree polls
+                on_polled_progress(driver, r.rank, current)
     polled = driver.polled_kind(kind)  # read off the operation (0.5.10 - 0.5.18)
     ended = []
     for result in results:
