@@ -192,3 +192,42 @@ def test_a_storage_thread_parks_at_each_lock_acquire_and_event_set_and_wait() ->
     # a thread the gate does not know (the tree's) passes every one of them at once
     with op._lock:
         op.done.wait(0)
+
+
+EXIT_SCRIPT = """
+import atexit, threading
+def count_alive():  # registered first, so it runs after the gate's own exit handler
+    alive = [t for t in threading.enumerate() if t.name.startswith("parked-")]
+    print("alive at exit:", len(alive), flush=True)
+atexit.register(count_alive)
+import torch
+from hicache_ref.harness.schedule.gate import GatedThread, StepGate
+gate = StepGate(lambda: False, points=True)
+def body():
+    held = torch.zeros(1024)  # freed by the unwind: torch code on the way out
+    gate.park_point(threading.current_thread(), "put", "never granted")
+    held.add_(1)
+threads = [
+    GatedThread(target=body, gate=gate, function="io", name=f"parked-{i}", daemon=True)
+    for i in range(32)
+]
+for thread in threads:
+    thread.start()
+gate.settle()
+print("parked:", len(gate.positions("io")), flush=True)
+"""
+
+
+def test_at_exit_every_parked_storage_thread_unwinds_before_the_interpreter_finalizes() -> None:
+    """A storage thread left parked (a case that never closed its world, a mutant that forgets
+    its threads) must not be running when the interpreter finalizes: a daemon thread that then
+    takes the GIL inside torch's C++ aborts the process after every test passed. The gate's exit
+    handler unwinds each parked thread and joins it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "parked: 32" in done.stdout and "alive at exit: 0" in done.stdout, done.stdout

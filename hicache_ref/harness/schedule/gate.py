@@ -15,13 +15,18 @@ them:
 - ``StepGate``: ``park`` / ``park_point`` (the thread's side), ``serve`` / ``resume`` (the
   harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
   ``grants``: the harness's own record of every grant (which thread, of which epoch, at which
-  point), which the window checks read (INV-35).
+  point), which the window checks read (INV-35);
+- ``close_gates_at_exit``: at interpreter exit every parked gated thread unwinds
+  (``GateClosed``) and is joined, so none runs torch code while the interpreter finalizes.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +41,41 @@ PARK_TIMEOUT_S = 10.0
 """How long a step waits for its thread to reach its ``get`` (right after attach or reset)."""
 PARK_POLL_S = 1.0
 """A parked thread re-checks its stop this often even unwoken (a grant or a stop wakes it)."""
+EXIT_JOIN_S = 2.0
+"""How long interpreter exit waits, in all, for the gated threads to unwind."""
 GRANTS_MAX = 100_000
 """Bound on the grant record (TigerStyle); the oldest entries go first."""
+
+
+class GateClosed(BaseException):
+    """The interpreter is exiting: a parked gated thread unwinds instead of waiting on (a
+    ``BaseException``, so no ``except Exception`` of the thread's own code keeps it)."""
+
+
+_GATES: weakref.WeakSet[StepGate] = weakref.WeakSet()
+_exiting = threading.Event()
+
+
+def close_gates_at_exit() -> None:
+    """Unwind and join every gated thread of this process (registered with ``atexit``).
+
+    A daemon thread still running when the interpreter finalizes is ended by ``pthread_exit``
+    the moment it next takes the GIL; inside torch's C++ (a tensor freed, say) that unwind
+    aborts the whole process ("terminate called without an active exception"), after every
+    test passed. So a thread parked at a gate raises ``GateClosed`` and ends, and exit waits
+    for each (``EXIT_JOIN_S`` in all)."""
+    _exiting.set()
+    gates = list(_GATES)
+    for gate in gates:
+        gate.close()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for gate in gates:
+        for thread in list(gate.threads):
+            if thread is not threading.current_thread() and thread.is_alive():
+                threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(close_gates_at_exit)
 
 
 @dataclass(frozen=True)
@@ -133,6 +171,7 @@ class StepGate:
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
         self.unpointed: set[int] = set()  # id(queue) whose puts are no schedule point
         self.puts: dict[str, list[Any]] = {}  # function -> what its current loop body put
+        _GATES.add(self)
         self.visible: list[tuple[str, Any]] = []  # (function, item) put since the last take
 
     # -- the thread's side -------------------------------------------------------------------------
@@ -168,6 +207,10 @@ class StepGate:
             self._parked[thread] = point
             self._cond.notify_all()
             while thread not in self._granted:
+                if _exiting.is_set():
+                    self._parked.pop(thread, None)
+                    self._cond.notify_all()
+                    raise GateClosed(thread.name)
                 if self._stopping() and (thread in self._released or self._closing):
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
