@@ -445,12 +445,14 @@ def _inv18_in_flight(r: Recorder) -> None:
 
 
 # the bug-class and regression scenes, the side pool's, then the storage tier's (INV-19 .. INV-35)
+# and the exhaustive checker's nearest misses of each window
 from hicache_ref.vectors import (  # noqa: E402
     stories_regressions,
     stories_sides,
     stories_storage,
     stories_windows,
 )
+from hicache_ref.vectors.stories_exhaustive import exhaustive_stories  # noqa: E402
 
 STORIES: tuple[Story, ...] = (
     *stories_in(globals()),
@@ -458,5 +460,6 @@ STORIES: tuple[Story, ...] = (
     *stories_in(vars(stories_sides)),
     *stories_in(vars(stories_storage)),
     *stories_in(vars(stories_windows)),
+    *exhaustive_stories(),
 )
 """Every story, in the order the suite records them."""

@@ -26,7 +26,6 @@ import atexit
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,10 +51,6 @@ class GateClosed(BaseException):
     ``BaseException``, so no ``except Exception`` of the thread's own code keeps it)."""
 
 
-_GATES: weakref.WeakSet[StepGate] = weakref.WeakSet()
-_exiting = threading.Event()
-
-
 def close_gates_at_exit() -> None:
     """Unwind and join every gated thread of this process (registered with ``atexit``).
 
@@ -63,11 +58,14 @@ def close_gates_at_exit() -> None:
     the moment it next takes the GIL; inside torch's C++ (a tensor freed, say) that unwind
     aborts the whole process ("terminate called without an active exception"), after every
     test passed. So a thread parked at a gate raises ``GateClosed`` and ends, and exit waits
-    for each (``EXIT_JOIN_S`` in all)."""
-    _exiting.set()
-    gates = list(_GATES)
+    for each (``EXIT_JOIN_S`` in all). The gates are found through their live threads."""
+    gates = {
+        thread.gate
+        for thread in threading.enumerate()
+        if isinstance(thread, GatedThread) and thread.gate is not None
+    }
     for gate in gates:
-        gate.close()
+        gate.unwind()
     deadline = time.monotonic() + EXIT_JOIN_S
     for gate in gates:
         for thread in list(gate.threads):
@@ -171,7 +169,7 @@ class StepGate:
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
         self.unpointed: set[int] = set()  # id(queue) whose puts are no schedule point
         self.puts: dict[str, list[Any]] = {}  # function -> what its current loop body put
-        _GATES.add(self)
+        self._unwinding = False  # the interpreter exits: a parked thread ends (GateClosed)
         self.visible: list[tuple[str, Any]] = []  # (function, item) put since the last take
 
     # -- the thread's side -------------------------------------------------------------------------
@@ -207,7 +205,7 @@ class StepGate:
             self._parked[thread] = point
             self._cond.notify_all()
             while thread not in self._granted:
-                if _exiting.is_set():
+                if self._unwinding:
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
@@ -272,6 +270,13 @@ class StepGate:
         """The world is gone: every parked thread sees the stop (no step follows)."""
         with self._cond:
             self._closing = True
+            self._cond.notify_all()
+
+    def unwind(self) -> None:
+        """The interpreter exits: every parked thread, and each that parks from now on, ends
+        by ``GateClosed`` instead of waiting or running on."""
+        with self._cond:
+            self._unwinding = self._closing = True
             self._cond.notify_all()
 
     # -- the harness's side ------------------------------------------------------------------------
