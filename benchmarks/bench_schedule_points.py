@@ -1,5 +1,8 @@
-"""What schedule points cost: one storage story without ``storage_points``, with them, and with
-page points too (``storage_page_points``: the IO also parks before each host page it writes).
+"""What schedule points cost: one storage story without ``storage_points``, with them, with
+page points too (``storage_page_points``: the IO also parks before each host page it writes),
+and with lock points too (``storage_lock_points``: the reference's threads also park before each
+look at an operation's termination; upstream's park there with points alone, so for upstream
+that setting is the ``on+pages`` story again).
 
 The story (two ranks, batches of one page): a chain of three pages backed up, its ack drained,
 prefetched back (hit query, IO, sync) and its acks drained, then the case finished. Without
@@ -26,13 +29,18 @@ from hicache_ref.harness.world.config import HarnessConfig
 KINDS = ("backup", "hit_query", "io", "sync")
 
 
-SETTINGS = {"off": (False, False), "on": (True, False), "on+pages": (True, True)}
-"""Setting -> (``storage_points``, ``storage_page_points``)."""
+SETTINGS = {
+    "off": (False, False, False),
+    "on": (True, False, False),
+    "on+pages": (True, True, False),
+    "on+pages+locks": (True, True, True),
+}
+"""Setting -> (``storage_points``, ``storage_page_points``, ``storage_lock_points``)."""
 
 
 def story(impl: Implementation, setting: str) -> int:
     """One story; returns how many steps it applied."""
-    points, pages = SETTINGS[setting]
+    points, pages, locks = SETTINGS[setting]
     config = impl.refine_config(
         HarnessConfig(
             host_pages=24,
@@ -40,6 +48,7 @@ def story(impl: Implementation, setting: str) -> int:
             storage_batch_pages=1,
             storage_points=points,
             storage_page_points=pages,
+            storage_lock_points=locks,
         )
     )
     session = Session(config, impl, "bench")

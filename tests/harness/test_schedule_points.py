@@ -231,3 +231,50 @@ def test_at_exit_every_parked_storage_thread_unwinds_before_the_interpreter_fina
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "parked: 32" in done.stdout and "alive at exit: 0" in done.stdout, done.stdout
+
+
+ONE_CORE_REPLAY = """
+import json, os, sys
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, before torch starts threads
+from hicache_ref.harness.steps.replay import replay
+from hicache_ref.harness.steps.trace import Trace
+result = replay(Trace.read(sys.argv[1]))
+print(json.dumps({"cores": len(os.sched_getaffinity(0)), "outcomes": list(result.outcomes),
+                  "failed": result.failed}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_a_trace_with_schedule_steps_replays_alike_on_one_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grants, not the host, decide what a trace does: the reference's story (two ranks,
+    page and lock points, deferred calls) replays in a process pinned to one core with the same
+    outcome text at every step as in this one."""
+    import json
+    import subprocess
+    import sys
+
+    story = Story(implementation("reference", monkeypatch), "reference")
+    story.apply("write_storage", pick=1, new=True)
+    story.run("backup", defer=True)
+    story.apply("drain_backup_acks")
+    story.apply("prefetch", pick=0)
+    story.run("hit_query")
+    story.apply("drain_prefetch_acks")
+    story.run("io", defer=True)
+    story.run("sync")
+    story.apply("drain_prefetch_acks")
+    story.session.finish()
+    trace = Trace(header=TraceHeader(config=story.config), steps=tuple(story.steps))
+    path = tmp_path / "story.jsonl"
+    path.write_text(trace.to_jsonl())
+    here = replay(Trace.read(path))
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_CORE_REPLAY, str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    there = json.loads(done.stdout.strip().splitlines()[-1])
+    assert there["cores"] == 1 and not there["failed"] and not here.failed
+    assert there["outcomes"] == list(here.outcomes) == story.texts
