@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.oracle.storage import check_storage_invariants, run_storage_ops
 
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 80
 
 MUTANTS: dict[str, tuple[str, int]] = {
@@ -214,6 +216,27 @@ def test_every_window_mutant_diverges_point_by_point(
     assert caught.value.inv_id == inv_id, str(caught.value)
 
 
+PAGE_WINDOW_MUTANTS: dict[str, tuple[str, int]] = {"io_acks_before_page_write": ("INV-19", 0)}
+"""Window mutants only page points open (the IO parks before each page it writes): the id of
+the lockstep divergence (a progress ack put while the oracle's IO is still at ``land``) and the
+first walk that shows it."""
+
+
+@pytest.mark.parametrize("mutant", sorted(PAGE_WINDOW_MUTANTS))
+def test_every_page_window_mutant_diverges_point_by_point(
+    mutant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(StorageDriver, "check", lambda self, quiescent=False: None)
+    inv_id, seed = PAGE_WINDOW_MUTANTS[mutant]
+    name = f"mutant:{mutant}"
+    config = storage_case(seed, points=True).model_copy(update={"storage_page_points": True})
+    session = Session(config, get_implementation(name), name)
+    _follow(session)
+    with pytest.raises(InvariantViolation, match="storage lockstep divergence") as caught:
+        run_walk(session, seed, POINT_STEPS)
+    assert caught.value.inv_id == inv_id, str(caught.value)
+
+
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_every_storage_mutant_diverges_from_the_oracle_on_its_own(
     mutant: str, monkeypatch: pytest.MonkeyPatch
@@ -245,3 +268,15 @@ def test_the_storage_oracle_can_be_left_out(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(STORAGE_LOCKSTEP_ENV, "0")
     config = HarnessConfig(host_pages=24, storage_ranks=1)
     assert attach_storage_lockstep(Session(config, ReferenceImplementation(), "reference")) is None
+
+
+def test_every_storage_mutant_of_the_catalogue_is_shown_to_diverge() -> None:
+    from hicache_ref.harness.adapters.registry import list_mutants
+
+    storage = {
+        name
+        for name in list_mutants()
+        if "storage_focus" in (REPO / "fuzz" / "mutants" / f"{name}.py").read_text()
+    }
+    shown = set(MUTANTS) | set(WINDOW_MUTANTS) | set(PAGE_WINDOW_MUTANTS)
+    assert storage and storage <= shown, sorted(storage - shown)
