@@ -10,6 +10,13 @@ renamed into one representative, ``canonical_key``), and breadth-first order
 makes the first violation a shortest one: ``explore_storage`` returns it as a concrete op trace
 that replays with ``oracle.storage.run_storage_ops``.
 
+With ``lockstep=True`` the search moves as the harness grants (``lockstep_moves``): one move is
+a thread kind advancing on every rank whose thread of that kind can move, with at most one
+rank's call drawing another outcome than ``ok`` (the IO's ``get`` takes its termination check
+with it, as the harness's wait grant does), so each trace it finds translates to harness steps
+on any number of ranks (``harness/lockstep/from_storage_oracle``) and runs against an
+implementation. Ranks are not renamed in that mode.
+
 The preemption bound is CHESS's: a *preemption* is a switch away from a storage thread (or a
 collective) that could still run, to any other actor; with ``preemptions=k`` only schedules of
 at most k preemptions are explored (switches away from a blocked thread, and the tree's and the
@@ -28,10 +35,12 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hicache_ref.oracle.state import Violation, evolve
 from hicache_ref.oracle.storage import (
+    IO,
+    THREADS,
     Advance,
     Collective,
     OpSpec,
@@ -48,8 +57,41 @@ from hicache_ref.oracle.storage.hit_query import collective_rule
 from hicache_ref.oracle.storage.step import successor_ops, thread_ops
 
 Actor = tuple[object, ...]
-"""Who moves in an op: ``(rank, thread)``, ``("collective", group)`` or ``("tree",)``."""
+"""Who moves in an op: ``(rank, thread)``, ``("collective", group)``, ``("tree",)``, or in a
+lockstep search ``("lockstep", thread)`` (that thread on every rank)."""
 TREE: Actor = ("tree",)
+Move = tuple[StorageOp, ...]
+"""The ops one step of the search applies, in order (one op, or a lockstep grant)."""
+
+
+def lockstep_moves(state: StorageState) -> list[Move]:
+    """The moves of a search that grants as the harness does: each tree, fault or collective
+    op alone; per thread kind, every rank whose thread of that kind can move advances, all
+    ``ok`` or one rank's call with another outcome; an IO that takes a prefetch from its queue
+    also takes the termination check after it (one grant runs both, unless lock points make
+    the check a point of its own)."""
+    moves: list[Move] = [(op,) for op in successor_ops(state) if not isinstance(op, Advance)]
+    if not state.attached:
+        return moves
+    fused = not state.config.lock_points
+    for thread in range(len(THREADS)):
+        options = {r: thread_ops(state, r, thread) for r in range(len(state.ranks))}
+        movers = [r for r, ops in options.items() if ops]
+        if not movers:
+            continue
+        checks = tuple(
+            Advance(r, IO)
+            for r in movers
+            if fused and thread == IO and state.ranks[r].threads[IO].point == "idle"
+        )
+        plain = {r: Advance(r, thread) for r in movers}
+        moves.append((*plain.values(), *checks))
+        for rank in movers:
+            for op in options[rank]:
+                if isinstance(op, Advance) and op.outcome != "ok":
+                    drawn = tuple(op if r == rank else plain[r] for r in movers)
+                    moves.append((*drawn, *checks))
+    return moves
 
 
 def actor_of(op: StorageOp) -> Actor:
@@ -60,12 +102,22 @@ def actor_of(op: StorageOp) -> Actor:
     return TREE
 
 
+def _actor_of_move(move: Move, lockstep: bool) -> Actor:
+    op = move[0]
+    if lockstep and isinstance(op, Advance):
+        return ("lockstep", op.thread)
+    return actor_of(op)
+
+
 def _can_run(state: StorageState, actor: Actor) -> bool:
     """Whether the storage thread or collective ``actor`` has a next point it can take."""
     if actor == TREE:
         return False  # the tree and the faults are the test's driver: never preempted
     if actor[0] == "collective":
         return collective_rule(state, Collective(str(actor[1]))) is None
+    if actor[0] == "lockstep":
+        thread = int(str(actor[1]))
+        return any(thread_ops(state, r, thread) for r in range(len(state.ranks)))
     return bool(thread_ops(state, int(str(actor[0])), int(str(actor[1]))))
 
 
@@ -82,6 +134,7 @@ class StorageBoundedResult:
     complete: bool
     violations: tuple[Violation, ...] = ()
     trace: tuple[StorageOp, ...] = ()
+    lockstep: bool = False
 
     @property
     def ok(self) -> bool:
@@ -94,6 +147,7 @@ class StorageBoundedResult:
     def summary(self) -> str:
         """The report the CLI prints: world, bound, counts, rate, and the shortest trace."""
         status = "exhausted" if self.complete else "bounded"
+        status += ", harness grants" if self.lockstep else ""
         bound = "none" if self.preemptions is None else str(self.preemptions)
         lines = [
             f"world: {self.config.describe()}",
@@ -150,19 +204,43 @@ def explore_storage(
     start: StorageState | None = None,
     max_states: int | None = None,
     on_level: Callable[[int, int, int], None] | None = None,
+    lockstep: bool = False,
 ) -> StorageBoundedResult:
-    """Breadth-first to ``max_depth`` ops under the preemption bound; stops at the first
+    """Breadth-first to ``max_depth`` moves under the preemption bound; stops at the first
     violating state. ``on_level(depth, frontier, states)`` reports each finished level; with
-    ``symmetry`` (and ranks that start alike) states equal up to renaming ranks are one."""
+    ``symmetry`` (and ranks that start alike) states equal up to renaming ranks are one; with
+    ``lockstep`` a move is a harness grant (``lockstep_moves``) and ranks keep their names."""
+    result = _explore(
+        config, max_depth, preemptions, symmetry, start, max_states, on_level, lockstep
+    )
+    return replace(result, lockstep=lockstep)
+
+
+def _explore(
+    config: StorageConfig,
+    max_depth: int,
+    preemptions: int | None,
+    symmetry: bool,
+    start: StorageState | None,
+    max_states: int | None,
+    on_level: Callable[[int, int, int], None] | None,
+    lockstep: bool,
+) -> StorageBoundedResult:
     began = time.perf_counter()
     root = start if start is not None else initial_storage_state(config)
-    reduce = symmetry and rank_symmetric(config)
+    reduce = symmetry and rank_symmetric(config) and not lockstep
 
     def key_of(state: StorageState, actor: Actor) -> Key:
         return canonical_key(state, actor) if reduce else (state, actor)
 
+    def moves_of(state: StorageState) -> list[Move]:
+        return lockstep_moves(state) if lockstep else [(op,) for op in successor_ops(state)]
+
+    def concrete(path: tuple[StorageOp, ...]) -> tuple[StorageOp, ...]:
+        return path if lockstep else _concrete_trace(root, path, key_of, bounded)
+
     root_key: Key = key_of(root, TREE)
-    parents: dict[Key, tuple[Key, StorageOp] | None] = {root_key: None}
+    parents: dict[Key, tuple[Key, Move] | None] = {root_key: None}
     spent: dict[Key, int] = {root_key: 0}
     bounded = preemptions is not None
     found = tuple(check_storage_invariants(root))
@@ -177,16 +255,19 @@ def explore_storage(
             state, last = key
             used = spent[key]
             last_runs = bounded and _can_run(state, last)
-            for op in successor_ops(state):
-                actor = actor_of(op)
+            for move in moves_of(state):
+                actor = _actor_of_move(move, lockstep)
                 cost = used + (1 if last_runs and actor != last else 0)
                 if bounded and cost > preemptions:  # type: ignore[operator]
                     continue
-                successor, _ = storage_step(state, op)
+                successor, taken = state, 0
+                while taken < len(move) and not successor.faults:
+                    successor, _ = storage_step(successor, move[taken])
+                    taken += 1
                 transitions += 1
                 if successor.faults:  # a violation: report it on the concrete path
                     found = tuple(check_storage_invariants(successor))
-                    trace = _concrete_trace(root, (*_trace(parents, key), op), key_of, bounded)
+                    trace = concrete((*_trace(parents, key), *move[:taken]))
                     return _result(
                         config, preemptions, parents, transitions, depth + 1, began, False,
                         found, trace,
@@ -197,11 +278,11 @@ def explore_storage(
                 fresh = child not in spent
                 spent[child] = cost
                 if fresh:
-                    parents[child] = (key, op)
+                    parents[child] = (key, move)
                     violations = tuple(check_storage_invariants(successor))
                     if violations:
                         path = _trace(parents, child)
-                        trace = _concrete_trace(root, path, key_of, bounded)
+                        trace = concrete(path)
                         violations = tuple(check_storage_invariants(run_storage_ops(root, trace)))
                         return _result(
                             config, preemptions, parents, transitions, depth + 1, began, False,
@@ -249,20 +330,20 @@ def _concrete_trace(
     return tuple(concrete)
 
 
-def _trace(parents: dict[Key, tuple[Key, StorageOp] | None], key: Key) -> tuple[StorageOp, ...]:
-    ops: list[StorageOp] = []
+def _trace(parents: dict[Key, tuple[Key, Move] | None], key: Key) -> tuple[StorageOp, ...]:
+    moves: list[Move] = []
     link = parents[key]
     while link is not None:
-        key, op = link
-        ops.append(op)
+        key, move = link
+        moves.append(move)
         link = parents[key]
-    return tuple(reversed(ops))
+    return tuple(op for move in reversed(moves) for op in move)
 
 
 def _result(
     config: StorageConfig,
     preemptions: int | None,
-    parents: dict[Key, tuple[Key, StorageOp] | None],
+    parents: dict[Key, tuple[Key, Move] | None],
     transitions: int,
     depth: int,
     began: float,
@@ -333,6 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preemptions", type=int, default=None, help="CHESS bound (none: all)")
     parser.add_argument("--max-states", type=int, default=None)
     parser.add_argument("--no-symmetry", action="store_true", help="keep rank-renamed states")
+    parser.add_argument(
+        "--lockstep", action="store_true", help="move as the harness grants (traces translate)"
+    )
     parser.add_argument("--variant", action="append", default=[], help="planted bug flag")
     parser.add_argument("--progress", action="store_true", help="one line per level on stderr")
     args = parser.parse_args(argv)
@@ -352,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         symmetry=not args.no_symmetry,
         max_states=args.max_states,
         on_level=report if args.progress else None,
+        lockstep=args.lockstep,
     )
     print(result.summary())
     if not result.ok:  # the search is deterministic: the same command finds the same trace

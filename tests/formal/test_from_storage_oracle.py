@@ -81,6 +81,109 @@ def test_an_oracle_trace_fails_0_5_23_with_the_bug_planted(flag: str, tmp_path: 
 
 
 def test_an_interleaving_the_harness_cannot_take_is_named() -> None:
-    config = StorageConfig(ops=(OpSpec("prefetch", 1),), pages=1, ranks=2, preloaded=(1, 1))
-    with pytest.raises(UntranslatableStorageTrace, match="one rank"):
+    config = StorageConfig(ops=(OpSpec("prefetch", 1),), pages=1, ranks=2, preloaded=(1, 0))
+    with pytest.raises(UntranslatableStorageTrace, match="preloaded unlike"):
         storage_trace_for(config, (Prefetch(0), Advance(0, 0)))
+
+
+def _two_ranks(shape: dict[str, object]) -> dict[str, object]:
+    preloaded = tuple(shape.get("preloaded", (0,)))  # type: ignore[arg-type]
+    return {**shape, "ranks": 2, "preloaded": (preloaded[0],) * 2}
+
+
+LOCKSTEP_WORLDS: dict[str, tuple[dict[str, object], str | None]] = {
+    "backup_ack_before_write": (
+        _two_ranks(PLANTED["backup_ack_before_write"][1]),
+        "backup_acks_before_write",
+    ),
+    "backup_skips_failed_batch": (
+        {"ranks": 2, "ops": (OpSpec("backup", 2),), "pages": 2, "preloaded": (0, 0)},
+        "backup_skips_failed_batch",
+    ),
+    "clear_wipes_every_namespace": (
+        {"ranks": 2, "ops": (OpSpec("backup", 1),), "pages": 1, "preloaded": (1, 1), "clear": True},
+        "keys_without_rank",
+    ),
+    "detach_with_work_in_flight": (
+        {
+            "ranks": 2,
+            "ops": (OpSpec("prefetch", 1),),
+            "pages": 1,
+            "preloaded": (1, 1),
+            "detach": True,
+        },
+        None,
+    ),
+    "hit_sync_per_batch": (
+        {"ranks": 2, "ops": (OpSpec("prefetch", 2),), "pages": 2, "preloaded": (2, 2)},
+        "hit_sync_per_batch",
+    ),
+    "io_counts_past_hole": (
+        {
+            "ranks": 2,
+            "ops": (OpSpec("prefetch", 2),),
+            "pages": 2,
+            "batch_pages": 2,
+            "preloaded": (2, 2),
+        },
+        "io_counts_past_hole",
+    ),
+    "io_ignores_termination": (
+        _two_ranks(PLANTED["io_ignores_termination"][1]),
+        "io_ignores_termination",
+    ),
+    "io_raise_skips_final_ack": (
+        {"ranks": 2, "ops": (OpSpec("prefetch", 1),), "pages": 1, "preloaded": (1, 1)},
+        "io_exception_doubles_final_ack",
+    ),
+    "progress_not_reduced": (
+        {"ranks": 2, "ops": (OpSpec("prefetch", 1),), "pages": 1, "preloaded": (1, 1)},
+        "progress_not_reduced",
+    ),
+    "reset_keeps_old_thread": (
+        {"ranks": 2, "ops": (OpSpec("prefetch", 1),), "pages": 1, "preloaded": (1, 1)},
+        "reset_forgets_parked_threads",
+    ),
+    "reset_keeps_release_queue": (
+        {"ranks": 2, "ops": (OpSpec("prefetch", 1),), "pages": 1, "preloaded": (1, 1)},
+        "reset_keeps_release_queue",
+    ),
+    "terminate_releases_tail": (
+        {"ranks": 2, "ops": (OpSpec("prefetch", 1),), "pages": 1, "preloaded": (1, 1)},
+        "terminate_releases_tail",
+    ),
+}
+"""Every planted protocol bug of the storage oracle in a two-rank world, and the catalogue
+mutant of the same bug on the reference's tier (None: the catalogue has none)."""
+
+
+def test_every_planted_bug_has_a_two_rank_world() -> None:
+    from hicache_ref.oracle.storage import PLANTED_STORAGE_BUGS
+
+    assert sorted(LOCKSTEP_WORLDS) == sorted(PLANTED_STORAGE_BUGS)
+
+
+@pytest.mark.parametrize("flag", sorted(LOCKSTEP_WORLDS))
+def test_a_two_rank_trace_found_as_the_harness_grants_runs_on_the_implementations(
+    flag: str,
+) -> None:
+    """The search moves as the harness does (a grant advances one thread kind on every rank),
+    so the shortest violation it finds translates step for step: the reference passes it, the
+    mutant of the same bug fails it."""
+    from hicache_ref.oracle.storage import PLANTED_STORAGE_BUGS
+
+    shape, mutant = LOCKSTEP_WORLDS[flag]
+    config = StorageConfig(variant=make_storage_variant(flag), **shape)  # type: ignore[arg-type]
+    result = explore_storage(config, max_depth=60, lockstep=True)
+    assert PLANTED_STORAGE_BUGS[flag] in {v.inv_id for v in result.violations}, result.summary()
+    trace = storage_trace_for(config, result.trace)
+    assert not replay(trace).failed
+    if mutant is not None:
+        assert replay(trace, implementation=f"mutant:{mutant}").failed
+
+
+def test_the_correct_protocol_is_clean_as_the_harness_grants_on_two_ranks() -> None:
+    config = StorageConfig(ranks=2, pages=2, ops=(OpSpec("prefetch", 2),), preloaded=(2, 2))
+    result = explore_storage(config, max_depth=200, lockstep=True)
+    assert result.ok and result.complete, result.summary()
+    assert "harness grants" in result.summary()

@@ -250,6 +250,8 @@ def _out_of_order(
         inv_id = "INV-32"  # the ack before the write of the pages it counts
     elif (thread, point.kind) == (IO, PUT) and record.point in ("land", "recheck"):
         inv_id = "INV-19"  # a progress ack before the bytes of a page it counts
+    elif (thread, point.kind, record.point) == (SYNC, PUT, "reduce"):
+        inv_id = "INV-21"  # progress published without the MIN over ranks
     elif (thread, point.kind) == (IO, PAGE_WRITE):
         inv_id = "INV-19"  # a page written that the oracle's IO does not land (after a cut)
     elif (thread, point.kind) == (IO, BATCH_GET):
