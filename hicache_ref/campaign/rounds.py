@@ -106,7 +106,9 @@ def run_rounds(
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="hicache-fuzz-"))
-    sink = CampaignSink(report, scratch, clock=lambda: time.monotonic() - start)
+    sink = CampaignSink(
+        report, scratch, clock=lambda: time.monotonic() - start, known=tuple(plan.known)
+    )
 
     def time_up() -> bool:
         """No further case starts once the time is up (a campaign's first case always runs):

@@ -73,6 +73,9 @@ class CaseSink(Protocol):
         """A case failed: keep its trace and say where (Hypothesis may re-run it many times);
         ``schedule``: its PCT bias (``schedule/pct.py``), under the ``campaign`` profile."""
 
+    def on_known(self, exc: BaseException) -> bool:
+        """Whether the failure is a written-up finding (then counted, and the case rejected)."""
+
 
 @dataclass
 class FailureFolder:
@@ -89,6 +92,9 @@ class FailureFolder:
         name = trace.header.implementation.replace(":", "-")
         self.last_failure = trace.write(self.folder / f"failure-{name}.jsonl")
         return self.last_failure
+
+    def on_known(self, exc: BaseException) -> bool:
+        return False  # a plain pytest run knows no findings: every failure fails
 
 
 # the strategies a case's configuration draws from, built once (not once per case)
@@ -390,11 +396,18 @@ class HiCacheMachine(RuleBasedStateMachine):
             self.s.apply(step)
         except Exception as exc:
             self.failed = True  # teardown must not replace this error with a consequence
+            self._pass_known(exc)
             self.reported = self._report_failure(exc)
             raise
         except KeyboardInterrupt:
             self.failed = True  # Ctrl-C cut the step short: its half-done state proves nothing
             raise
+
+    def _pass_known(self, exc: BaseException) -> None:
+        """A written-up finding ends the case as invalid (counted by the sink), so the round
+        goes on with its next case instead of shrinking it and starting over."""
+        if self.sink.on_known(exc):
+            reject()
 
     def _report_failure(self, exc: BaseException) -> Path | None:
         """Hand this case's trace to the sink, note the replay line, and say where it went.
@@ -449,6 +462,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         try:
             self.session.finish()
         except Exception as exc:
+            self._pass_known(exc)
             self.reported = self._report_failure(exc)
             raise
         finally:
