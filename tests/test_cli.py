@@ -472,10 +472,15 @@ def test_a_known_finding_turns_the_mutant_gate_green(
     argv = ["gate", "--impl", MUTANT, "--budget", "3s", "--out", str(tmp_path), "--no-progress"]
     argv += ["--workers", "1", "--seed", "1000"]  # seed 1000 hits the mutant in its 2nd case
     # the same mutant, its bug baselined -> counted, not failed
-    assert cli.main([*argv, "--known", EXTRA_ACK.id]) == 0
+    report_path = tmp_path / "known.json"
+    assert cli.main([*argv, "--known", EXTRA_ACK.id, "--json", str(report_path)]) == 0
     out = capsys.readouterr().out
     assert f"gate: known findings: {EXTRA_ACK.id} (INV-02) hit x" in out
     assert not _replay_lines(out)
+    # a hit ends its case, not its round: the round goes on with the next case (a round that
+    # ended at each hit restarted from Hypothesis' simplest case and shrank a known failure)
+    report = json.loads(report_path.read_text())
+    assert report["known_hits"][EXTRA_ACK.id] > report["rounds"], report["known_hits"]
 
 
 def test_spins_reach_every_worker_as_the_perturbation_it_records(
