@@ -99,6 +99,20 @@ class Story:
             self.apply("storage_step", kind=kind)
         raise AssertionError(f"the {kind} threads did not finish in {STORY_STEPS_MAX} grants")
 
+    def round_trip(self) -> None:
+        """A chain of two pages (one per batch) to L3 and back, every thread kind granted to
+        the end of its bodies, the first backend call of the backup and of the IO deferred."""
+        self.apply("write_storage", pick=1, new=True)
+        self.run("backup", defer=True)
+        self.apply("drain_backup_acks")
+        self.apply("prefetch", pick=0)
+        self.run("hit_query")
+        self.apply("drain_prefetch_acks")
+        self.run("io", defer=True)
+        self.run("sync")
+        self.apply("drain_prefetch_acks")
+        self.session.finish()
+
     def apply_defer(self, kind: str) -> bool:
         from hicache_ref.harness.rules.schedule import SCHEDULE_POINT
 
@@ -114,16 +128,7 @@ def test_every_storage_thread_parks_at_every_kind_of_point(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     story = Story(implementation(name, monkeypatch), name)
-    story.apply("write_storage", pick=1, new=True)  # a chain of two pages, one per batch
-    story.run("backup", defer=True)
-    story.apply("drain_backup_acks")
-    story.apply("prefetch", pick=0)
-    story.run("hit_query")
-    story.apply("drain_prefetch_acks")
-    story.run("io", defer=True)
-    story.run("sync")
-    story.apply("drain_prefetch_acks")
-    story.session.finish()
+    story.round_trip()
 
     has_sync = "sync" in story.parked  # 0.5.10 and the seed have no sync thread
     expected = {
@@ -244,7 +249,6 @@ print(json.dumps({"cores": len(os.sched_getaffinity(0)), "outcomes": list(result
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
 def test_a_trace_with_schedule_steps_replays_alike_on_one_core(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,16 +260,7 @@ def test_a_trace_with_schedule_steps_replays_alike_on_one_core(
     import sys
 
     story = Story(implementation("reference", monkeypatch), "reference")
-    story.apply("write_storage", pick=1, new=True)
-    story.run("backup", defer=True)
-    story.apply("drain_backup_acks")
-    story.apply("prefetch", pick=0)
-    story.run("hit_query")
-    story.apply("drain_prefetch_acks")
-    story.run("io", defer=True)
-    story.run("sync")
-    story.apply("drain_prefetch_acks")
-    story.session.finish()
+    story.round_trip()
     trace = Trace(header=TraceHeader(config=story.config), steps=tuple(story.steps))
     path = tmp_path / "story.jsonl"
     path.write_text(trace.to_jsonl())
