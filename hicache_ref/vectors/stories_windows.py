@@ -29,6 +29,16 @@ def grant(r: Recorder, kind: str, times: int = 1, inv: str | None = None, note: 
         r.apply("storage_step", {"kind": kind}, inv=inv, note=note or f"the {kind} threads move")
 
 
+def hit_to_io(r: Recorder, pick: int, note: str) -> str:
+    """A chain to L3, then a prefetch of it whose hit query runs to its wait and whose hit is
+    drained (the bounce pages allocated): the IO is next. Returns the prefetch's request id."""
+    to_l3(r, pick=pick, note=note)
+    rid = hit(r)
+    grant(r, "hit_query", times=GRANTS_MAX, note="the hit query runs to its wait")
+    r.apply("drain_prefetch_acks", note="the hit: bounce pages allocated")
+    return rid
+
+
 def finish_all(r: Recorder, inv: str | None = None, note: str = "") -> None:
     """Every thread to its wait, with drains, until nothing can move."""
     for _ in range(GRANTS_MAX):
@@ -62,10 +72,7 @@ def _inv32(r: Recorder) -> None:
     **POINTS_WORLD,
 )
 def _inv33(r: Recorder) -> None:
-    to_l3(r, pick=2, note="a chain of three pages")
-    rid = hit(r)
-    grant(r, "hit_query", times=GRANTS_MAX, note="the hit query runs to its wait")
-    r.apply("drain_prefetch_acks", note="the hit: bounce pages allocated")
+    rid = hit_to_io(r, pick=2, note="a chain of three pages")
     grant(r, "io", times=2, note="the first batch read; parked at its progress ack's put")
     r.apply("terminate_prefetch", {"request": rid}, note="terminated between two batches")
     finish_all(r, inv="INV-33", note="the IO looked before its next batch: no read after")
@@ -78,10 +85,7 @@ def _inv33(r: Recorder) -> None:
     **{**POINTS_WORLD, "storage_batch_pages": 2},
 )
 def _inv34(r: Recorder) -> None:
-    to_l3(r, pick=1, note="a chain of two pages, one batch")
-    hit(r)
-    grant(r, "hit_query", times=GRANTS_MAX, note="the hit query runs to its wait")
-    r.apply("drain_prefetch_acks", note="the hit: bounce pages allocated")
+    hit_to_io(r, pick=1, note="a chain of two pages, one batch")
     grant(r, "io", note="the IO takes the prefetch and parks at its batch_get")
     r.apply(
         "schedule_point",
@@ -111,10 +115,7 @@ def _inv35(r: Recorder) -> None:
     **POINTS_WORLD,
 )
 def _inv25_points(r: Recorder) -> None:
-    to_l3(r, pick=1, note="a chain of two pages")
-    hit(r)
-    grant(r, "hit_query", times=GRANTS_MAX, note="the hit query runs to its wait")
-    r.apply("drain_prefetch_acks", note="the hit: bounce pages allocated")
+    hit_to_io(r, pick=1, note="a chain of two pages")
     grant(r, "io", note="the IO takes the prefetch and parks at its batch_get")
     r.apply(
         "schedule_point",
@@ -131,10 +132,7 @@ def _inv25_points(r: Recorder) -> None:
     **{**POINTS_WORLD, "storage_page_points": True, "storage_ranks": 1},
 )
 def _inv19_pages(r: Recorder) -> None:
-    to_l3(r, pick=1, note="a chain of two pages, one per batch")
-    hit(r)
-    grant(r, "hit_query", times=GRANTS_MAX, note="the hit query runs to its wait")
-    r.apply("drain_prefetch_acks", note="the hit: bounce pages allocated")
+    hit_to_io(r, pick=1, note="a chain of two pages, one per batch")
     grant(
         r,
         "io",
