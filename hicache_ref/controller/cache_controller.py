@@ -51,6 +51,7 @@ from hicache_ref.errors import (
     UnknownOptionError,
 )
 from hicache_ref.pools.page_index import get_small_cpu_values
+from hicache_ref.storage.pool_transfers import DRAFT_POOL
 
 if TYPE_CHECKING:
     from hicache_ref.invariants.models import HiCacheWriteFailure, HiCacheWriteResult
@@ -201,6 +202,8 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
         self.draft_mem_pool_host = draft_mem_pool_host
         self.layer_done_counter.set_num_draft_layers(device_pool.layer_num)
         self._register_draft_hooks(device_pool)
+        if not self.storage.uses_cp_hicache:  # its pages ride on the KV's slots into L3 too
+            self.storage.add_sidecar_pool(DRAFT_POOL, draft_mem_pool_host)
 
     def _check_draft_attachable(
         self, draft_mem_pool_device: KVCache | None, draft_mem_pool_host: HostKVCache | None

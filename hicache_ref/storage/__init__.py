@@ -8,7 +8,9 @@ Primitives, in the order data flows through them:
   (``operations``), queued on ``BoundedQueue``s (``queues``); what the tier needs of a host pool
   (``protocols``) and page-granular views of its index tensors (``pages``);
 - ``HiCacheStorage`` (``backend``): ``batch_set`` -> ``batch_exists`` -> ``batch_get``, keyed by
-  ``compute_storage_key`` (content key + rank split + layout-independent format tag);
+  ``compute_storage_key`` (content key + rank split + layout-independent format tag), and the v2
+  calls that move a sidecar pool's pages beside the KV's (``pool_transfers``: ``PoolTransfer``,
+  ``component_key``, ``PoolTransferResult``);
 - backends: ``MemoryStorage`` (``memory_backend``), ``FileStorage`` (``file_backend``), and
   ``FaultInjectingStorage`` (``fault_injection``) around either;
 - ``StorageBackendFactory`` (``factory``): names -> backends, for ``attach_storage_backend``.

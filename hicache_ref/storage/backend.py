@@ -11,24 +11,35 @@ stored key, and ``clear`` removes only its own namespace (INV-28).
 
 Calls, in the order data flows: ``register_mem_pool_host`` -> ``batch_set`` (backup) ->
 ``batch_exists`` (prefetch hit query: length of the leading run of hits) -> ``batch_get``
-(prefetch transfer) -> ``clear`` / ``close``.
+(prefetch transfer) -> ``clear`` / ``close``. Sidecar pools (``pool_transfers.py``) add
+``register_mem_host_pool_v2`` and the v2 calls, which store a sidecar page under its component
+key through the same v1 calls.
 """
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from hicache_ref.errors import HiCacheInputError
+from hicache_ref.storage.pages import get_page_head
+from hicache_ref.storage.pool_transfers import (
+    ALL_PAGES,
+    PoolTransferResult,
+    component_key,
+    pool_name,
+)
 from hicache_ref.storage.protocols import StorageHostPool
 
 FLAT_PAGE_FORMAT_VERSION = "kvflat1"
 """Version of the flat page byte format that ``get_data_page`` produces."""
 
+_T = TypeVar("_T")
 _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -122,6 +133,7 @@ class HiCacheStorage(ABC):
         self.mem_pool_host: StorageHostPool | None = None
         self.format_tag = compute_format_tag(None)
         self._keys: tuple[str, dict[str, str]] = (self.format_tag, {})
+        self.registered_pools: dict[str, StorageHostPool] = {}
 
     def register_mem_pool_host(self, mem_pool_host: StorageHostPool) -> None:
         """Remember the host pool: its flat page format becomes part of every key."""
@@ -220,6 +232,114 @@ class HiCacheStorage(ABC):
             if not self.exists(key):
                 return i
         return len(keys)
+
+    # -- sidecar pools (SGLang's v2 calls; ``pool_transfers.py``) ---------------------------------
+    def register_mem_host_pool_v2(self, host_pool: StorageHostPool, host_pool_name: object) -> None:
+        """Remember a pool of a group by name; a v2 call moves that pool's pages."""
+        self.registered_pools[pool_name(host_pool_name)] = host_pool
+
+    def on_host_pools_registered(self) -> None:  # noqa: B027 - optional hook
+        """Every pool of the group is registered (the default needs nothing more)."""
+
+    def _registered_pool(self, name: str) -> StorageHostPool:
+        pool = self.registered_pools.get(name)
+        if pool is None:
+            raise HiCacheInputError(
+                f"a v2 call names pool {name!r}, which was never registered (call "
+                "register_mem_host_pool_v2 for every pool of the group at attach)"
+            )
+        return pool
+
+    def batch_exists_v2(
+        self,
+        keys: Sequence[str],
+        pool_transfers: Sequence[object] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> PoolTransferResult:
+        """The usable prefix of ``keys``: the KV pages' leading run, cut where a sidecar's
+        page is missing (``all_pages``: a sidecar must hold every page of the KV hit, INV-37)."""
+        kv_pages = max(0, min(int(self.batch_exists(keys, extra_info)), len(keys)))
+        hits: dict[str, int] = {}
+        usable = kv_pages
+        for transfer in pool_transfers or ():
+            name = pool_name(getattr(transfer, "name", ""))
+            policy = pool_name(getattr(transfer, "hit_policy", ALL_PAGES))
+            if policy != ALL_PAGES:
+                raise HiCacheInputError(
+                    f"pool {name!r} asks hit policy {policy!r}; this backend stores sidecars "
+                    f"under {ALL_PAGES!r} only (every page of the KV hit)"
+                )
+            run = 0
+            if kv_pages:
+                sidecar_keys = [component_key(k, name) for k in keys[:kv_pages]]
+                answer = self._sidecar_call(name, self.batch_exists, sidecar_keys, extra_info)
+                run = max(0, min(int(answer), kv_pages))
+            hits[name] = run
+            usable = min(usable, run)
+        return PoolTransferResult(usable, hits, list(range(1, usable + 1)))
+
+    def batch_get_v2(
+        self, transfers: Sequence[object], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Read each transfer's pages into its pool's host slots; per page, whether its bytes
+        were set (nothing after the first page that did not come back)."""
+        results: dict[str, list[bool]] = {}
+        for transfer in transfers:
+            name, pool, keys, host = self._transfer_parts(transfer)
+            targets = [pool.get_dummy_flat_data_page() for _ in keys]
+            pages = self._sidecar_call(
+                name, self.batch_get, [component_key(k, name) for k in keys], targets
+            )
+            flags = [False] * len(keys)
+            for i in range(len(keys)):
+                data = pages[i] if i < len(pages) else None
+                if data is None:
+                    break
+                pool.set_from_flat_data_page(get_page_head(host, i, pool.page_size), data)
+                flags[i] = True
+            results[name] = flags
+        return results
+
+    def batch_set_v2(
+        self, transfers: Sequence[object], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Write each transfer's pages from its pool's host slots; ``batch_set`` is
+        all-or-nothing, so every page of a transfer reports its outcome."""
+        results: dict[str, list[bool]] = {}
+        for transfer in transfers:
+            name, pool, keys, host = self._transfer_parts(transfer)
+            pages = [
+                pool.get_data_page(get_page_head(host, i, pool.page_size), True)
+                for i in range(len(keys))
+            ]
+            sidecar_keys = [component_key(k, name) for k in keys]
+            ok = (
+                bool(self._sidecar_call(name, self.batch_set, sidecar_keys, pages))
+                if keys
+                else True
+            )
+            results[name] = [ok] * len(keys)
+        return results
+
+    def _sidecar_call(self, pool: str, call: Callable[..., _T], *args: object) -> _T:
+        """One v1 batch call on a sidecar's component keys (a layer that records calls tags
+        it with the pool)."""
+        return call(*args)
+
+    def _transfer_parts(
+        self, transfer: object
+    ) -> tuple[str, StorageHostPool, list[str], torch.Tensor]:
+        name = pool_name(getattr(transfer, "name", ""))
+        pool = self._registered_pool(name)
+        keys = [str(k) for k in (getattr(transfer, "keys", None) or [])]
+        host = getattr(transfer, "host_indices", None)
+        if not isinstance(host, torch.Tensor) or host.numel() != len(keys) * pool.page_size:
+            got = "none" if not isinstance(host, torch.Tensor) else f"{host.numel()} slots"
+            raise HiCacheInputError(
+                f"pool {name!r}: {len(keys)} key(s) need {len(keys) * pool.page_size} host "
+                f"slots, got {got} (give one page of slots per key)"
+            )
+        return name, pool, keys, host
 
     @abstractmethod
     def clear(self) -> None:

@@ -22,6 +22,7 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import StorageOperation
 from hicache_ref.storage.pages import get_page_head
+from hicache_ref.storage.pool_transfers import count_pool_hits
 
 if TYPE_CHECKING:
     from hicache_ref.controller.storage.ports import StepTier
@@ -94,9 +95,19 @@ class Backup:
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo,
     ) -> bool:
-        """Write one batch of host pages (flat, layout-independent) to the backend."""
+        """Write one batch of host pages (flat, layout-independent) to the backend: every
+        sidecar pool's pages first, then the KV pages only if they all landed, so no KV page
+        of this batch is stored without its sidecars (INV-37)."""
         tier = self.tier
         backend = tier.require_backend("a backup")
+        sidecars = tier.sidecar_transfers(hash_values, host_indices)
+        if sidecars:
+            results = backend.batch_set_v2(sidecars, extra_info)
+            if any(
+                count_pool_hits({t.name: results.get(t.name, [])}).get(t.name, 0) < len(hash_values)
+                for t in sidecars
+            ):
+                return False
         pages = [
             tier.mem_pool_host.get_data_page(get_page_head(host_indices, i, tier.page_size), True)
             for i in range(len(hash_values))

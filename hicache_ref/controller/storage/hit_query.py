@@ -85,8 +85,14 @@ class HitQuery:
     def query_batch_exists(
         self, backend: HiCacheStorage, keys: list[str], prefix_keys: tuple[str, ...] | None
     ) -> int:
-        """The backend's leading hit run over ``keys``, clamped to ``[0, len(keys)]``."""
-        hit_pages = backend.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=prefix_keys))
+        """The backend's leading hit run over ``keys``, clamped to ``[0, len(keys)]``; with
+        sidecar pools, cut at the first page a sidecar lacks (INV-37)."""
+        extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys)
+        sidecars = self.tier.sidecar_transfers(keys)
+        if sidecars:
+            hit_pages = backend.batch_exists_v2(keys, sidecars, extra_info).kv_hit_pages
+        else:
+            hit_pages = backend.batch_exists(keys, extra_info)
         return max(0, min(int(hit_pages), len(keys)))
 
     def sync_prefetch_hit_query(self, operation: PrefetchOperation, storage_hit_count: int) -> int:

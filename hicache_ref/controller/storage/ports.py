@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import torch
+
 from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.controller.storage.queues import StorageQueues
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.storage.backend import HiCacheStorage
 from hicache_ref.storage.hashing import Token
 from hicache_ref.storage.operations import StorageOperation
+from hicache_ref.storage.pool_transfers import PoolTransfer
 from hicache_ref.storage.protocols import StorageHostPool
 
 
@@ -41,6 +44,11 @@ class StepTier(Protocol):
     collectives: Collectives
     mem_pool_host: StorageHostPool
     backup_skip: bool
+    sidecar_pools: dict[str, StorageHostPool]
+
+    def sidecar_transfers(
+        self, keys: Sequence[str], host_indices: torch.Tensor | None = None
+    ) -> list[PoolTransfer]: ...
 
     def require_backend(self, what: str) -> HiCacheStorage: ...
 

@@ -25,6 +25,7 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation
 from hicache_ref.storage.pages import get_page_head, require_page_aligned
+from hicache_ref.storage.pool_transfers import count_pool_hits
 
 if TYPE_CHECKING:
     from hicache_ref.controller.storage.ports import StepTier
@@ -192,4 +193,29 @@ class PrefetchIO:
             # Set the bytes BEFORE counting the page: a counted page may be read at once
             host_pool.set_from_flat_data_page(get_page_head(host_indices, i, tier.page_size), data)
             count += 1
+        return self.sidecar_get(operation, hash_values[:count], host_indices, extra_info)
+
+    def sidecar_get(
+        self,
+        operation: PrefetchOperation,
+        hash_values: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo,
+    ) -> int:
+        """The pages of ``hash_values`` (the KV pages that landed) whose every sidecar page
+        landed too: a page is counted whole or not at all (INV-37). Nothing is read once the
+        prefetch is terminated (INV-33), and then nothing of the batch counts."""
+        tier = self.tier
+        count = len(hash_values)
+        sidecars = tier.sidecar_transfers(hash_values, host_indices[: count * tier.page_size])
+        if not sidecars or not count:
+            return count
+        if operation.is_terminated():
+            return 0
+        results = tier.require_backend("a prefetch transfer").batch_get_v2(sidecars, extra_info)
+        for transfer in sidecars:
+            count = min(
+                count,
+                count_pool_hits({transfer.name: results.get(transfer.name, [])})[transfer.name],
+            )
         return count

@@ -52,6 +52,7 @@ from hicache_ref.storage.factory import StorageBackendFactory
 from hicache_ref.storage.hashing import Token, get_hash_str
 from hicache_ref.storage.operations import PrefetchOperation, StorageOperation
 from hicache_ref.storage.pages import require_page_aligned
+from hicache_ref.storage.pool_transfers import PoolTransfer
 from hicache_ref.storage.protocols import StorageHostPool
 
 logger = logging.getLogger("hicache_ref.controller.storage")
@@ -102,6 +103,7 @@ class StorageTier:
         self.prefetch_capacity_limit = 0
         self.prefetch_tokens_occupied = 0
         self.storage_batch_size = self.STORAGE_BATCH_PAGES_DEFAULT
+        self.sidecar_pools: dict[str, StorageHostPool] = {}
         self.get_hash_str: Callable[[Sequence[Token], str | None], str] = get_hash_str
         self.epoch = 0
         self.queues = StorageQueues.create(self._host_pages())
@@ -174,12 +176,37 @@ class StorageTier:
             storage_backend, self.storage_config, self.mem_pool_host
         )
         self.storage_backend.register_mem_pool_host(self.mem_pool_host)
+        for name, pool in self.sidecar_pools.items():
+            self.storage_backend.register_mem_host_pool_v2(pool, name)
+        self.storage_backend.on_host_pools_registered()
         self.prefetch_threshold = max(prefetch_threshold, self.page_size)
         self.prefetch_capacity_limit = compute_prefetch_capacity_limit(self.mem_pool_host)
         self.prefetch_tokens_occupied = 0
         self._begin_epoch()
         self.enable_storage = True
         self.executor.start(self.epoch)
+
+    def add_sidecar_pool(self, name: str, host_pool: StorageHostPool) -> None:
+        """A KV-derived sidecar: ``host_pool`` is indexed by the KV host slots, and every page
+        this tier stores, queries or reads carries the pool's page along (INV-37)."""
+        if host_pool.page_size != self.page_size or host_pool.size < self.mem_pool_host.size:
+            raise HiCacheInputError(
+                f"sidecar pool {name!r} (page_size={host_pool.page_size}, size={host_pool.size})"
+                f" must be indexed by the KV host slots: page_size={self.page_size} and size >= "
+                f"{self.mem_pool_host.size}"
+            )
+        self.sidecar_pools[name] = host_pool
+        if self.storage_backend is not None:
+            self.storage_backend.register_mem_host_pool_v2(host_pool, name)
+
+    def sidecar_transfers(
+        self, keys: Sequence[str], host_indices: torch.Tensor | None = None
+    ) -> list[PoolTransfer]:
+        """One transfer per sidecar pool over ``keys`` (at the KV's ``host_indices``)."""
+        return [
+            PoolTransfer(name, host_indices=host_indices, keys=list(keys))
+            for name in self.sidecar_pools
+        ]
 
     def generate_storage_config(
         self, model_name: str | None, storage_backend_extra_config: Mapping[str, object] | None

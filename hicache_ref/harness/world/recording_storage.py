@@ -6,7 +6,10 @@ answered, which pages were stored (and the digest of their bytes), and what ever
 The storage driver takes the calls after each step (``take``) and turns them into its L3 model
 (``invariants/storage_snapshot.L3Model``). Calls are recorded in the order they were made. In a
 world with schedule points, each ``batch_*`` call is also a point where the calling storage
-thread parks and learns the call's drawn outcome (``harness/schedule/outcomes.py``).
+thread parks and learns the call's drawn outcome (``harness/schedule/outcomes.py``). A sidecar
+pool's page calls (the v2 calls, ``storage/pool_transfers.py``) are recorded as
+``sidecar_exists`` / ``sidecar_get`` / ``sidecar_set`` with the pool's name, so what counts KV
+pages never counts them.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -25,6 +29,7 @@ from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
 from hicache_ref.storage.fault_injection import FaultInjectingStorage
 from hicache_ref.storage.protocols import StorageHostPool
 
+_T = TypeVar("_T")
 CALLS_MAX = 1_000_000
 """Bound on calls held between two ``take``s (TigerStyle)."""
 
@@ -48,6 +53,7 @@ class BackendCall:
     stored_keys: tuple[str, ...] = ()
     raised: bool = False  # the backend raised instead of answering
     thread: str = ""  # the storage thread function that called (its loop body's, under points)
+    pool: str = ""  # a sidecar pool's call (kind ``sidecar_<kind>``, component keys), else ""
 
 
 class RecordingStorage(HiCacheStorage):
@@ -60,11 +66,15 @@ class RecordingStorage(HiCacheStorage):
         self._lock = threading.Lock()
         self._calls: list[BackendCall] = []
         self._faults = inner if isinstance(inner, FaultInjectingStorage) else None
+        self._sidecar = threading.local()  # the pool of the v2 call in progress on this thread
 
     def _record(self, call: BackendCall) -> None:
         function = getattr(threading.current_thread(), "function", "")
         if function:
             call = dataclasses.replace(call, thread=str(function))
+        pool = getattr(self._sidecar, "pool", "")
+        if pool:  # a sidecar's page call: its own kind, so KV observers never count it
+            call = dataclasses.replace(call, kind=f"sidecar_{call.kind}", pool=pool)
         with self._lock:
             if len(self._calls) >= CALLS_MAX:
                 del self._calls[0]
@@ -83,6 +93,13 @@ class RecordingStorage(HiCacheStorage):
     @property
     def namespace(self) -> str:
         return self.inner.namespace
+
+    def _sidecar_call(self, pool: str, call: Callable[..., _T], *args: object) -> _T:
+        self._sidecar.pool = pool
+        try:
+            return call(*args)
+        finally:
+            self._sidecar.pool = ""
 
     # -- HiCacheStorage ----------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: StorageHostPool) -> None:
