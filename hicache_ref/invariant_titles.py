@@ -51,6 +51,7 @@ INVARIANT_TITLES: dict[str, str] = {
     "INV-34": "no-progress-past-a-hole",
     "INV-35": "no-old-epoch-thread",
     "INV-36": "pool-own-indices",
+    "INV-37": "sidecar-all-or-nothing",
 }
 _ID_LINE = re.compile(r"^(INV-\d\d) ([a-z0-9-]+):")
 

@@ -11,7 +11,11 @@ defeats the controller's own INV-04 check (``_append_layer_write_ack`` sees the 
 done) and the machine has no independent one, so what catches it is the byte oracle:
 ``TreeDriver.writing_check`` reads the draft host copy when the write ack drains (``drain_acks``
 or quiescence) and finds an untouched row (INV-09: a drained ack covers bytes that never
-landed); INV-06 if a later step drains it and the quiescence byte check runs first.
+landed); INV-06 if a later step drains it and the quiescence byte check runs first. In a CP
+world with per-layer writes, a cancel right after the first layer is caught by the lockstep
+oracle first (INV-07): the mutant's write state no longer matches the copies the device ran,
+so the cancel frees the node's draft host pages while the oracle still has a copy queued on
+them (a three-step trace; the reference passes it).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.harness.adapters.mutant import MutantImplementation
 
 NAME = "draft_layer_counted_with_target"
-INVARIANTS = ("INV-09", "INV-06")
+INVARIANTS = ("INV-09", "INV-06", "INV-07")
 INVARIANT = INVARIANTS[0]
 NEEDS_GUARDS = False
 BUG = "bug class 5; sglang#16964 -> #17338, #21125 (draft KV not offloaded with the target)"

@@ -1,4 +1,4 @@
-"""Checkers of the prefetch half of the storage tier (INV-19 .. INV-24, INV-29).
+"""Checkers of the prefetch half of the storage tier (INV-19 .. INV-24, INV-29, INV-37).
 
 Each takes a ``StorageSnapshot`` (``storage_snapshot.py``) and raises ``InvariantViolation``
 naming the id, the rank, the request and what would have been right. In the order a prefetch
@@ -6,7 +6,8 @@ meets them: its hit is an endpoint every rank can serve (INV-29); every rank iss
 collectives (INV-20) and publishes the MIN over ranks (INV-21); no verdict "complete" before the
 hit (INV-22); progress only grows over landed pages and its buffer splits once (INV-19); the IO
 owns the unpublished pages until the final ack (INV-23); nothing of an old epoch survives a
-reset (INV-24).
+reset (INV-24); in a world with a sidecar pool, progress counts a page only with its sidecar's
+bytes (INV-37).
 """
 
 from __future__ import annotations
@@ -181,7 +182,12 @@ def check_inv_21_min_progress(evidence: Evidence) -> None:
             )
     if snapshot.world_size < 2:
         return
-    completions = [_by_group(log).get(COMPLETION_GROUP, []) for log in snapshot.collectives]
+    # a progress reduce has one value; 0.5.19+'s hybrid controller also reduces a pool-hit
+    # vector (one value per pool name) on the same group after a sidecar read
+    completions = [
+        [c for c in _by_group(log).get(COMPLETION_GROUP, []) if len(c.contribution) == 1]
+        for log in snapshot.collectives
+    ]
     for rank, stream in enumerate(snapshot.acks):
         numeric = [a for a in stream if a.completed_tokens is not None]
         for k, ack in enumerate(numeric):
@@ -306,15 +312,46 @@ def check_inv_29_hit_endpoint(evidence: Evidence) -> None:
                 f"prefetch {request!r}: published hits {published} for rank runs {local} "
                 f"(one hit, whole pages, the MIN over ranks of each rank's leading run)",
             )
+        cuts = {rec.cut_tokens for _, rec in ranked}
         for rank, rec in ranked:
             pages = rec.hash_pages
             bounce = rec.bounce_tokens
+            served = hit if rec.cut_tokens is None else rec.cut_tokens
+            # Verify a cut (host pressure) is whole pages below the hit, the same on every rank
+            if rec.cut_tokens is not None and (served % page or served >= hit or len(cuts) > 1):
+                raise InvariantViolation(
+                    "INV-29",
+                    f"rank {rank} prefetch {request!r}: hit {hit} tokens cut to {served} (cuts "
+                    f"{sorted(cuts, key=str)}; a cut is whole pages below the hit, alike on "
+                    "every rank)",
+                )
             # Verify the hit is served whole: its keys and its buffer cover it (sglang#40193)
-            if (pages is not None and pages * page != hit) or (
-                bounce is not None and bounce != hit
+            if (pages is not None and pages * page != served) or (
+                bounce is not None and bounce != served
             ):
                 raise InvariantViolation(
                     "INV-29",
-                    f"rank {rank} prefetch {request!r}: hit {hit} tokens but {pages} page keys "
-                    f"and a {bounce}-token bounce buffer (a hit is not shortened on the way)",
+                    f"rank {rank} prefetch {request!r}: hit {hit} tokens (served {served}) but "
+                    f"{pages} page keys and a {bounce}-token bounce buffer (a hit is not "
+                    "shortened on the way; the tree's cut for host room shortens all three)",
                 )
+
+
+# -- INV-37 ---------------------------------------------------------------------------------------
+@registered("INV-37", StorageSnapshot, storage=0)
+def check_inv_37_sidecar_all_or_nothing(evidence: Evidence) -> None:
+    """Progress counts a page only once its sidecar (draft) page holds the oracle's bytes too."""
+    snapshot = storage_snapshot_of("INV-37", evidence)
+    page = snapshot.page_size
+    for rank, records in enumerate(snapshot.prefetches):
+        for record in records:
+            for after, pages in zip(record.published_progress, record.sidecar_pages, strict=False):
+                if after // page > pages:
+                    raise InvariantViolation(
+                        "INV-37",
+                        f"rank {rank} prefetch {record.request_id!r}: published progress "
+                        f"counts {after // page} page(s) but only {pages} hold the draft "
+                        "sidecar's bytes (count a page only once its KV page and every "
+                        "sidecar page of it were read; clamp to the fewest, as "
+                        "_page_transfer_kv_batch's min)",
+                    )

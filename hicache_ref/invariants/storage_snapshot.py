@@ -79,6 +79,9 @@ class PrefetchRecord:
     bounce_tokens: int | None  # the bounce buffer the tree allocated (None: none)
     published_progress: tuple[int, ...] = ()  # completed_tokens the tree applied, in order
     landed_pages: tuple[int, ...] = ()  # per applied value: leading pages with oracle bytes
+    sidecar_pages: tuple[int, ...] = ()  # per applied value: leading pages whose sidecar
+    # (draft) page holds the oracle's bytes too; empty outside a sidecar world (INV-37)
+    cut_tokens: int | None = None  # host pressure: the tree served this much of the hit
     terminated_at: int | None = None  # what terminate_prefetch returned
     io_counted: tuple[tuple[int, int, int], ...] = ()  # IO acks as put: before, after, landed
     completed_now: int | None = None  # completed_tokens read at this snapshot

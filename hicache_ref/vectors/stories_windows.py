@@ -1,5 +1,5 @@
 """Scenes of the windows inside a storage thread's loop body: one story per INV-32 .. INV-35,
-and INV-19's page window.
+INV-19's page window and INV-37's draft sidecar read.
 
 Worlds with schedule points (``storage_points``): every storage step runs one thread, on every
 rank, to its next point (a backend call, a collective, a put, its wait), and ``schedule_point``
@@ -141,3 +141,21 @@ def _inv19_pages(r: Recorder) -> None:
         note="one point at a time: a batch_get, its page write, its progress ack",
     )
     finish_all(r, inv="INV-19", note="the prefetch's pages read back as L3 holds them")
+
+
+@story(
+    "story-inv37-a-page-counts-only-with-its-draft-page",
+    "INV-37",
+    "a draft sidecar's read comes back empty at one page: progress stops before it",
+    **{**POINTS_WORLD, "storage_batch_pages": 2, "draft_layer_num": 2},
+)
+def _inv37_sidecar(r: Recorder) -> None:
+    hit_to_io(r, pick=1, note="a chain of two pages, one batch, its draft pages beside them")
+    grant(r, "io", note="the IO takes the prefetch and parks at its KV batch_get")
+    grant(r, "io", note="both KV pages land; parked at the draft pages' batch_get")
+    r.apply(
+        "schedule_point",
+        {"thread": "io", "outcome": "hole", "rank": 0, "at": 1},
+        note="rank 0's draft read: its second page comes back empty",
+    )
+    finish_all(r, inv="INV-37", note="rank 0 counted one page, not the KV's two")

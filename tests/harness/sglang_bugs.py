@@ -554,6 +554,58 @@ BUGS_0523_SIDES: tuple[type[PlantedBug], ...] = (
 once the gate draws independent side pools (``pool_group="swa"``)."""
 
 
+# -- 0.5.23's storage of a KV-derived sidecar (issue 27): caught in sidecar storage worlds ----------
+class SidecarHitsIgnored(PlantedBug):
+    NAME = "sidecar_hits_ignored"
+    BUG_CLASS = "sidecar storage"
+    DESCRIPTION = (
+        "_page_transfer_kv_batch counts the KV pages it read, not the fewest of the KV's and "
+        "the sidecar's, so a page whose draft page was not read is inserted"
+    )
+    OLD = "        return min([kv_hits, *sidecar_hits.values()])\n"
+    NEW = "        return kv_hits  # BUG: the sidecar's hits ignored\n"
+    INVARIANTS = ("INV-37", "INV-06", "INV-09")
+
+
+class SidecarKeysOfTheFirstBatch(PlantedBug):
+    NAME = "sidecar_keys_of_the_first_batch"
+    BUG_CLASS = "sidecar storage"
+    DESCRIPTION = (
+        "the sidecar read of every batch asks the keys of the prefetch's first batch, so a "
+        "later batch's draft pages hold an earlier page's bytes"
+    )
+    OLD = "                    keys=batch_hashes,\n"
+    NEW = "                    keys=operation.hash_value[: len(batch_hashes)],  # BUG\n"
+    INVARIANTS = ("INV-37", "INV-06", "INV-09")
+
+
+class PartialBounceReportedAsTheHit(PlantedBug):
+    NAME = "partial_bounce_reported_as_the_hit"
+    TARGET = HYBRID
+    BUG_CLASS = "storage host pressure"
+    DESCRIPTION = (
+        "allocate_storage_hit gives a bounce buffer shorter than the hit but reports the whole "
+        "hit, so the tree cuts nothing and the IO reads past the buffer"
+    )
+    OLD = "        return host_indices, alloc_len\n"
+    NEW = "        return host_indices, hit_tokens  # BUG: the partial length not reported\n"
+    INVARIANTS = ("INV-29", "INV-05", "INV-23")
+
+
+BUGS_0523_SIDECAR_STORAGE: tuple[type[PlantedBug], ...] = (
+    SidecarHitsIgnored,
+    SidecarKeysOfTheFirstBatch,
+)
+"""Planted in 0.5.23's storage of a KV-derived sidecar (the ``DRAFT`` entry of a
+``HostPoolGroup``, read through ``batch_get_v2`` beside each KV batch): caught once the gate
+draws storage worlds with a sidecar (``pool_group="sidecar"``, ``storage:sidecar``)."""
+
+BUGS_0523_HOST_PRESSURE: tuple[type[PlantedBug], ...] = (PartialBounceReportedAsTheHit,)
+"""Planted in 0.5.23's hybrid controller's bounce under host pressure (``allocate_storage_hit``):
+caught once the gate draws hits cut to the host room (``storage_host_pressure``) in sidecar
+storage worlds (the plain controller has no ``allocate_storage_hit``)."""
+
+
 # -- 0.5.23's storage threads inside one loop body (issue 32): caught under schedule points -------
 class BackupAcksBeforeWrite(PlantedBug):
     NAME = "backup_acks_before_write"

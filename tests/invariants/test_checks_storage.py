@@ -1,4 +1,5 @@
-"""Each storage checker fires on a bad state and stays quiet on a healthy one (INV-19..INV-31).
+"""Each storage checker fires on a bad state and stays quiet on a healthy one (INV-19..INV-31,
+INV-37).
 
 The healthy state is a two-rank world after one prefetch of 16 tokens (rank 0 holds all four
 pages, rank 1 two, so the published hit is 8 tokens) and one backup of two pages per rank.
@@ -123,7 +124,7 @@ def fires(inv_id: str, snapshot: StorageSnapshot, match: str) -> None:
 
 def test_a_healthy_world_passes_every_storage_check() -> None:
     CheckRunner().run_all(STORAGE_IDS, healthy())
-    assert sorted(STORAGE_CHECKS) == [f"INV-{n}" for n in range(19, 36)]
+    assert sorted(STORAGE_CHECKS) == [*(f"INV-{n}" for n in range(19, 36)), "INV-37"]
 
 
 # -- INV-19 ---------------------------------------------------------------------------------------
@@ -318,3 +319,31 @@ def test_inv31_a_page_without_its_predecessor_is_caught() -> None:
 def test_inv31_a_page_a_fault_lost_is_no_hole() -> None:
     model = replace(healthy().l3, present=((0, "k1"),), lost=((0, "k0"),))
     STORAGE_CHECKS["INV-31"](replace(healthy(), l3=model))
+
+
+def test_inv29_a_bounce_shorter_than_the_hit_without_a_cut_is_caught() -> None:
+    # allocate_storage_hit reported the whole hit for a partial bounce: the tree cut nothing
+    bad = with_prefetch(healthy(), 0, bounce_tokens=4, published_progress=(4,), landed_pages=(1,))
+    fires("INV-29", bad, "a 4-token bounce buffer")
+
+
+def test_inv29_a_cut_for_host_room_is_served_whole_and_alike_on_every_rank() -> None:
+    # host pressure: the tree served 4 of the 8-token hit on both ranks, keys and buffer alike
+    cut = {"cut_tokens": 4, "hash_pages": 1, "bounce_tokens": 4}
+    good = with_prefetch(with_prefetch(healthy(), 0, **cut), 1, **cut)
+    CheckRunner().run_all(["INV-29"], good)
+    fires("INV-29", with_prefetch(good, 1, cut_tokens=6, hash_pages=1), r"cuts \[4, 6\]")
+    fires("INV-29", with_prefetch(good, 0, hash_pages=2), "2 page keys")
+
+
+# -- INV-37 ---------------------------------------------------------------------------------------
+def test_inv37_progress_counting_a_page_whose_sidecar_was_not_read_is_caught() -> None:
+    # _page_transfer_kv_batch without its min: the KV pages counted, the draft page's read failed
+    bad = with_prefetch(healthy(), 0, sidecar_pages=(1, 1))
+    fires("INV-37", bad, r"counts 2 page\(s\) but only 1 hold the draft sidecar's bytes")
+    CheckRunner().run_all(["INV-37"], with_prefetch(healthy(), 0, sidecar_pages=(1, 2)))
+
+
+def test_inv37_is_silent_outside_a_sidecar_world() -> None:
+    # no draft pool: no sidecar record, nothing to compare
+    CheckRunner().run_all(["INV-37"], healthy())

@@ -87,6 +87,17 @@ LOCK_POINTS_CAPABILITY = "storage:lock_points"
 """The tier parks its threads at an operation's lock only where the world asks
 (``storage_lock_points``); the machines draw the field only for such an implementation."""
 
+STORAGE_SIDECAR_CAPABILITY = "storage:sidecar"
+"""A storage world carries the draft pool as a KV-derived sidecar into L3 (``batch_*_v2``,
+``storage/pool_transfers.py``): the reference's draft pair, upstream 0.5.19+'s ``DRAFT`` entry
+of a ``HostPoolGroup`` (``pool_group="sidecar"``). Not in ``CAPABILITIES``: an outside
+implementation declares it once its storage stores a draft pool."""
+
+HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
+"""The tier serves a prefetch whose hit the tree cut to a shorter bounce buffer (host pressure:
+``storage_host_pressure``): every implementation whose tree allocates the bounce at the hit
+(0.5.16+; the reference). Not in ``CAPABILITIES``: an outside tier declares it."""
+
 SIDE_POOL_CAPABILITY = "pool_group:swa"
 """An independent side pool: the controller's ``side_pools`` (a ``SidePoolsLike``) names it on
 every write, load and host release (``pool_group="swa"`` worlds)."""
@@ -398,6 +409,10 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("pool:hybrid")
     if config.uses_storage:
         needed.add("storage")
+        if config.has_draft:  # the draft pool's pages go to L3 beside the KV's (v2 calls)
+            needed.add(STORAGE_SIDECAR_CAPABILITY)
+        if config.storage_host_pressure:  # the tree cuts a hit to the room it has
+            needed.add(HOST_PRESSURE_CAPABILITY)
     if config.forward_stream:
         needed.add("fence_streams")
     if config.pool_group == "anchor":

@@ -38,6 +38,8 @@ from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
+    HOST_PRESSURE_CAPABILITY,
+    STORAGE_SIDECAR_CAPABILITY,
     BuildRequest,
     ControllerLike,
     RankLike,
@@ -178,12 +180,15 @@ def check_hooks(obj: object, origin: str) -> None:
             f"implementation {origin!r}: 'capabilities' must be a frozenset of names, got "
             f"{type(capabilities).__name__}"
         )
-    unknown = sorted(str(c) for c in capabilities if c not in CAPABILITIES | GROUP_CAPABILITIES)
+    legal = (
+        CAPABILITIES | GROUP_CAPABILITIES | {STORAGE_SIDECAR_CAPABILITY, HOST_PRESSURE_CAPABILITY}
+    )
+    unknown = sorted(str(c) for c in capabilities if c not in legal)
     # Verify every declared capability is one the harness knows
     if unknown:
         raise ContractError(
             f"implementation {origin!r} declares unknown capabilities {unknown}; legal: "
-            f"{', '.join(sorted(CAPABILITIES))}"
+            f"{', '.join(sorted(legal))}"
         )
 
 

@@ -11,7 +11,13 @@ from typing import cast
 
 from hicache_ref.controller.cache_controller import HiCacheController
 from hicache_ref.controller.storage.collectives import Collectives
-from hicache_ref.harness.adapters.base import CAPABILITIES, SIDE_POOL_CAPABILITY, BuildRequest
+from hicache_ref.harness.adapters.base import (
+    CAPABILITIES,
+    HOST_PRESSURE_CAPABILITY,
+    SIDE_POOL_CAPABILITY,
+    STORAGE_SIDECAR_CAPABILITY,
+    BuildRequest,
+)
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.schedule.reference import gated_executor
 
@@ -20,7 +26,13 @@ class ReferenceImplementation(ImplementationBase):
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"
-    capabilities = CAPABILITIES | {SIDE_POOL_CAPABILITY}  # it holds a side pool itself
+    # it holds a side pool itself, stores its draft pair's pages beside the KV's, and serves a
+    # hit the tree cut to a shorter bounce buffer
+    capabilities = CAPABILITIES | {
+        SIDE_POOL_CAPABILITY,
+        STORAGE_SIDECAR_CAPABILITY,
+        HOST_PRESSURE_CAPABILITY,
+    }
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:

@@ -48,7 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from hicache_ref.errors import HiCacheSetupError
-from hicache_ref.harness.adapters.base import CAPABILITIES, GROUP_CAPABILITIES, BuildRequest
+from hicache_ref.harness.adapters.base import (
+    CAPABILITIES,
+    GROUP_CAPABILITIES,
+    HOST_PRESSURE_CAPABILITY,
+    STORAGE_SIDECAR_CAPABILITY,
+    BuildRequest,
+)
 from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.sglang_group import build_group_controller
 from hicache_ref.harness.adapters.sglang_hashes import tree_hash_functions
@@ -60,7 +66,10 @@ from hicache_ref.harness.adapters.sglang_shapes import (
     wire_draft_pools,
 )
 from hicache_ref.harness.adapters.sglang_storage import (
+    PROTOCOL_POLL,
     build_storage_controller,
+    prefetch_protocol,
+    storage_controller_class,
     supports_storage,
 )
 from hicache_ref.harness.adapters.sglang_stubs import (
@@ -265,10 +274,14 @@ class SglangImplementation(ImplementationBase):
         self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
         if self._storage_driven():
             self.capabilities = self.capabilities | {"storage"}
+            if self._allocates_at_the_hit():  # 0.5.16+: a hit may be cut to the host room
+                self.capabilities = self.capabilities | {HOST_PRESSURE_CAPABILITY}
         if "hybrid" in self.shape.features:
             self.group_refused = self._try_hybrid()
             if not self.group_refused:
                 self.capabilities = self.capabilities | GROUP_CAPABILITIES
+                if "storage" in self.capabilities:  # v2 calls for its DRAFT sidecar
+                    self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
 
     def _storage_driven(self) -> bool:
         """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``) and
@@ -288,6 +301,14 @@ class SglangImplementation(ImplementationBase):
             return callable(getattr(hashes, "get_hash_str", None))  # 0.5.10's own place
         return True
 
+    def _allocates_at_the_hit(self) -> bool:
+        """The tree gives the bounce buffer when it drains the hit (0.5.16+), so it can cut
+        the hit to its host room; 0.5.10 - 0.5.15 allocate the whole prefetch up front."""
+        from hicache_ref.device.sim import SimDevice
+
+        module = self.loader.module_for(SimDevice())
+        return prefetch_protocol(module.HiCacheController) != PROTOCOL_POLL
+
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice
 
@@ -304,8 +325,15 @@ class SglangImplementation(ImplementationBase):
         if self._producer_slots is None:
             self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
         update: dict[str, object] = {"num_counters": self._producer_slots}
-        if config.uses_storage and (config.pool_group != "none" or config.has_draft):
-            update["storage_ranks"] = 0  # storage is driven on the plain controller only
+        stored_group = config.pool_group == "sidecar" and STORAGE_SIDECAR_CAPABILITY in (
+            self.capabilities
+        )
+        if (
+            config.uses_storage
+            and not stored_group
+            and (config.pool_group != "none" or config.has_draft)
+        ):
+            update["storage_ranks"] = 0  # the plain controller, or a DRAFT sidecar group
         return config.model_copy(update=update)
 
     def build_controller(self, request: BuildRequest) -> Any:
@@ -318,8 +346,11 @@ class SglangImplementation(ImplementationBase):
         host_pool = host_pool_shim(shape, request.host_pool)
         if request.config.pool_group != "none":  # 0.5.19+: HybridCacheController over a group
             hybrid = self.loader.hybrid_module_for(request.device_module)
+            storage_class = None
+            if request.config.uses_storage:  # its DRAFT sidecar stored beside the KV pages
+                storage_class = storage_controller_class(module, self.tree, hybrid)
             controller = build_group_controller(
-                hybrid, request, allocator, request.config.io_backend
+                hybrid, request, allocator, request.config.io_backend, storage_class
             )
         elif request.config.uses_storage:  # upstream's storage threads, served step by step
             controller = build_storage_controller(

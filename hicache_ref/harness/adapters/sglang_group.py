@@ -125,9 +125,15 @@ def _layer_mapper(layers: range, bound: int) -> Callable[[int], int | None]:
 
 
 def build_group_controller(
-    hybrid: types.ModuleType, request: BuildRequest, allocator: Any, io_backend: str
+    hybrid: types.ModuleType,
+    request: BuildRequest,
+    allocator: Any,
+    io_backend: str,
+    storage_class: type[Any] | None = None,
 ) -> Any:
-    """A ``HybridCacheController`` over the harness's pools grouped as ``config.pool_group``."""
+    """A ``HybridCacheController`` over the harness's pools grouped as ``config.pool_group``;
+    in a storage world ``storage_class`` (``sglang_storage.storage_controller_class``: upstream's
+    hybrid controller, its storage threads served step by step) instead."""
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # type: ignore
     from sglang.srt.mem_cache.pool_host import HostPoolGroup, PoolEntry  # type: ignore
 
@@ -205,15 +211,24 @@ def build_group_controller(
     bound = (
         "transfer_layer_id_max" if "transfer_layer_id_max" in parameters else "transfer_layer_num"
     )
+    storage: dict[str, Any] = {}
+    if storage_class is not None:
+        controller_class = storage_class
+        storage = {
+            "collectives": request.storage_collectives,
+            "schedule_points": config.storage_points,
+            "page_points": config.storage_page_points,
+        }
     controller = controller_class(
         allocator,
         HostPoolGroup(entries),
         config.page_size,
-        None,  # tp_group: TP 1, no storage
+        None,  # tp_group: TP 1 without storage (a storage class hands upstream its group)
         threading.Event(),
         write_policy="write_through",
         io_backend=io_backend,
         **{bound: transfer_layers},
+        **storage,
     )
     counter = controller.layer_done_counter
     if config.has_side_pools:  # each pool's forward waits by its layers' transfer ids

@@ -286,29 +286,38 @@ def build_storage_controller(
     return storage_controller_class(module, tree)(*args, **kwargs)
 
 
-def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
-    """Upstream's ``HiCacheController`` with the shapes the harness's tree half calls.
+def storage_controller_class(
+    module: types.ModuleType, tree: Path, hybrid: types.ModuleType | None = None
+) -> type[Any]:
+    """Upstream's ``HiCacheController`` (with ``hybrid``: 0.5.19+'s ``HybridCacheController``
+    over a ``HostPoolGroup``) with the shapes the harness's tree half calls.
 
-    The module's ``Queue``, ``threading`` and ``torch`` become the served queue, the gated thread
-    and the harness's process group; the storage tier's own code is upstream's, unchanged.
+    The modules' ``Queue``, ``threading`` and ``torch`` become the served queue, the gated
+    thread and the harness's process group; the storage tier's own code is upstream's,
+    unchanged. A hybrid controller's prefetches and backups name the group's ``DRAFT``
+    sidecar (``extra_pools``, as the hybrid radix cache passes them), riding on the KV's slots.
     """
-    cached = module.__dict__.get("_harness_storage_class")
+    owner = hybrid if hybrid is not None else module
+    cached = owner.__dict__.get("_harness_storage_class")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    protocol = prefetch_protocol(module.HiCacheController)
+    base: type[Any] = module.HiCacheController if hybrid is None else hybrid.HybridCacheController
+    protocol = prefetch_protocol(base)
     acks = protocol == PROTOCOL_ACK
     page_keys = page_keys_function(tree)
-    module.__dict__["Queue"] = ServedQueue
-    module.__dict__["threading"] = types.SimpleNamespace(
-        **{k: getattr(threading, k) for k in ("RLock", "Condition")},
-        Thread=GatedThread,
-        Lock=GatedLock,  # an operation's lock: its acquire by a storage thread is a point
-        Event=GatedEvent,  # a set or wait by a storage thread is a point
-    )
-    module.__dict__["torch"] = harness_torch
-    # upstream logs every backend failure with its traceback; the harness checks what follows
-    logging.getLogger(module.__name__).setLevel(logging.CRITICAL)
-    base: type[Any] = module.HiCacheController
+    for patched in (module, owner):
+        patched.__dict__["Queue"] = ServedQueue
+        patched.__dict__["threading"] = types.SimpleNamespace(
+            **{k: getattr(threading, k) for k in ("RLock", "Condition")},
+            Thread=GatedThread,
+            Lock=GatedLock,  # an operation's lock: its acquire by a storage thread is a point
+            Event=GatedEvent,  # a set or wait by a storage thread is a point
+        )
+        patched.__dict__["torch"] = harness_torch
+        # upstream logs every backend failure with its traceback; the harness checks what follows
+        logging.getLogger(patched.__name__).setLevel(logging.CRITICAL)
+    takes_handle = "handle" in inspect.signature(base.prefetch).parameters
+    sidecars = _sidecar_transfers if hybrid is not None else None
 
     class HarnessStorageController(base):  # type: ignore[misc]
         """Upstream's controller; only the tree-facing shapes are added (see the module doc)."""
@@ -354,6 +363,8 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             self.storage.epoch += 1
             self._harness_gate.epoch = self.storage.epoch  # the threads about to start
             self.storage.name_queues()
+            if hybrid is not None:  # the group's pools, as the hybrid radix cache passes them
+                kwargs.setdefault("host_pools", self.mem_pool_host.entries)
             with attaching(module, self._harness_tp, tree):
                 super().attach_storage_backend(*args, **kwargs)
             self.storage.name_queues()
@@ -385,7 +396,11 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 if protocol == PROTOCOL_POLL
                 else ((), args[0], args[1:])
             )
-            operation = super().prefetch(request_id, *head, list(tokens), *rest)
+            request: Any = request_id
+            if takes_handle:  # 0.5.20+'s hybrid controller: a CacheRequestHandle's fields
+                request = types.SimpleNamespace(rid=request_id, attempt_id=0)
+            extra = {} if sidecars is None else {"extra_pools": sidecars()}
+            operation = super().prefetch(request, *head, list(tokens), *rest, **extra)
             self.storage.live[operation.id] = operation
             return operation
 
@@ -402,8 +417,9 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
                 prior = prefix_keys[-1] if prefix_keys else None
                 hash_value = page_keys(list(token_ids), prior, self.page_size)
             keys = None if prefix_keys is None else list(prefix_keys)
+            extra = {} if sidecars is None else {"extra_pools": sidecars()}
             op_id: int = super().write_storage(
-                host_indices, list(token_ids), list(hash_value), keys
+                host_indices, list(token_ids), list(hash_value), keys, **extra
             )
             return op_id
 
@@ -434,5 +450,14 @@ def storage_controller_class(module: types.ModuleType, tree: Path) -> type[Any]:
             )
 
     HarnessStorageController.__name__ = base.__name__
-    module.__dict__["_harness_storage_class"] = HarnessStorageController
+    owner.__dict__["_harness_storage_class"] = HarnessStorageController
     return HarnessStorageController
+
+
+def _sidecar_transfers() -> list[Any]:
+    """The hybrid radix cache's ``extra_pools`` for a group whose draft pool is the ``DRAFT``
+    sidecar: one transfer riding on the KV's slots (fresh per call: upstream fills it in)."""
+    import sys
+
+    names = sys.modules["sglang.srt.mem_cache.hicache_storage"]
+    return [names.PoolTransfer(name=names.PoolName.DRAFT, indices_from_pool=names.PoolName.KV)]

@@ -32,7 +32,13 @@ from hypothesis import note, reject
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from hicache_ref.harness.adapters.base import LOCK_POINTS_CAPABILITY, Implementation, supports
+from hicache_ref.harness.adapters.base import (
+    HOST_PRESSURE_CAPABILITY,
+    LOCK_POINTS_CAPABILITY,
+    STORAGE_SIDECAR_CAPABILITY,
+    Implementation,
+    supports,
+)
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.rules import RULES
 from hicache_ref.harness.rules.record import Param, draw_small_int, integers_once
@@ -111,6 +117,9 @@ _POLICIES: st.SearchStrategy[AllocPolicy] = st.sampled_from(["fifo", "lifo", "ra
 _COUNTERS = st.sampled_from([2, 5])
 _HYBRID = st.sampled_from([False, False, True])
 _BOOLS = st.booleans()
+_PRESSURE = st.sampled_from([False, False, False, True])
+"""A quarter of the storage worlds cut a hit to the host room (the storage oracle follows the
+others: it serves hits whole)."""
 
 
 @functools.cache
@@ -168,6 +177,9 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     fields.update(_side_pool_fields(draw, capabilities, fields))
     if fields.get("storage_points") and _asks_lock_points(capabilities):
         fields["storage_lock_points"] = draw(_BOOLS)
+    fields.update(_storage_sidecar_fields(draw, capabilities, fields))
+    if fields.get("storage_ranks") and HOST_PRESSURE_CAPABILITY in capabilities:
+        fields["storage_host_pressure"] = draw(_PRESSURE)
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
@@ -220,6 +232,24 @@ def _side_pool_fields(
         "side_device_pages": draw(integers_once(2, 24)),
         "draft_host_pages": draw(integers_once(1, 24)),
         "storage_ranks": 0,
+    }
+
+
+def _storage_sidecar_fields(
+    draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
+) -> dict[str, Any]:
+    """Half the storage worlds of an implementation that stores a draft pool
+    (``storage:sidecar``) gain one: its layers (drawn last, so no other world's draws move).
+    Upstream's rides in its ``HostPoolGroup`` as the ``DRAFT`` sidecar (``pool_group=
+    "sidecar"``); the reference's is a draft pair."""
+    if not fields.get("storage_ranks") or STORAGE_SIDECAR_CAPABILITY not in capabilities:
+        return {}
+    if fields["pool_group"] != "none" or not draw(_BOOLS):
+        return {}
+    grouped = "pool_group:sidecar" in capabilities
+    return {
+        "draft_layer_num": draw(integers_once(1, 3)),
+        "pool_group": "sidecar" if grouped else "none",
     }
 
 

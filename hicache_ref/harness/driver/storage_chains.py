@@ -102,16 +102,22 @@ class ChainBook:
 
 
 def fill_chain(
-    host_pool: HostKVCache, uid: int, chain: Chain, slots: torch.Tensor, layer_num: int
+    host_pool: HostKVCache,
+    uid: int,
+    chain: Chain,
+    slots: torch.Tensor,
+    layer_num: int,
+    draft: bool = False,
 ) -> Iterator[tuple[Prefix, str]]:
-    """The oracle's rows of content ``uid`` into ``slots``; (prefix, digest) of every page."""
+    """The oracle's rows of content ``uid`` (its draft layers' with ``draft``) into ``slots``;
+    (prefix, digest) of every page."""
     page = host_pool.page_size
     positions = torch.arange(slots.numel())
     for c, name in enumerate(host_pool.device_pool.component_names()):
         shape = tuple(host_pool.row_shapes[name])
         for layer in range(layer_num):
             host_pool.write_rows(
-                name, layer, slots, expected_rows(uid, False, layer, c, positions, shape)
+                name, layer, slots, expected_rows(uid, draft, layer, c, positions, shape)
             )
     prefix = chain.prefix(page)
     start = len(prefix) - slots.numel()

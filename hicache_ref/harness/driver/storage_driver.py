@@ -120,6 +120,7 @@ class StorageDriver:
             on_event=self._event_callback(rank.rank),
             policy=self.config.storage_policy,
             timeout_steps=TIMEOUT_STEPS,
+            host_pressure=self.config.storage_host_pressure,
         )
 
     @property
@@ -163,11 +164,17 @@ class StorageDriver:
         return chain
 
     def _fill(self, rank: int, chain: Chain, slots: torch.Tensor) -> None:
-        host_pool = self.l3.ranks[rank].host_pool
+        storage_rank = self.l3.ranks[rank]
+        uid = self.book.content_uid(rank, chain)
         for prefix, digest in fill_chain(
-            host_pool, self.book.content_uid(rank, chain), chain, slots, self.config.layer_num
+            storage_rank.host_pool, uid, chain, slots, self.config.layer_num
         ):
             self.log.expected[(rank, prefix)] = digest
+        draft = storage_rank.draft_host_pool
+        if draft is not None:  # a sidecar world: the draft layers at the same slots (INV-37)
+            layers = self.config.draft_layer_num
+            for prefix, digest in fill_chain(draft, uid, chain, slots, layers, draft=True):
+                self.log.expected_sidecar[(rank, prefix)] = digest
 
     # -- write_storage -------------------------------------------------------------------------
     def write_storage(self, pick: int, new: bool) -> Outcome:

@@ -89,6 +89,26 @@ def _landed_pages(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> i
     return landed
 
 
+def _judge_sidecar(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> None:
+    """In a sidecar world: how many leading pages of the progress just published also hold
+    the oracle's draft bytes (INV-37 compares it with the progress)."""
+    draft = driver.l3.ranks[rank].draft_host_pool
+    host: Any = getattr(op, "host_indices", None)
+    if draft is None:
+        return
+    page = driver.page
+    tokens = driver.chains[log.chain_uid].tokens(page)
+    progress = log.published_progress[-1] if log.published_progress else 0
+    pages = 0
+    for i in range(progress // page if host is not None else 0):
+        prefix = log.anchor_prefix + tokens[: (i + 1) * page]
+        want = driver.log.expected_sidecar.get((rank, prefix))
+        if want != page_digest(draft.get_data_page(int(host[i * page]), True)):
+            break
+        pages += 1
+    log.sidecar_pages.append(pages)
+
+
 def on_io_ack_put(driver: DriverView, rank: int, ack: Any) -> None:
     """Under schedule points, an IO progress ack just became visible on ``prefetch_sync_queue``:
     the pages it counts beyond the last one must hold the oracle's bytes now (INV-19), before
@@ -166,16 +186,21 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         if _current(driver, rank, op, "prefetch_hit_queue entry") and log and data["current"]:
             log.published_hit_tokens = int(op.storage_hit_count)
             log.hash_pages = len(op.hash_value)
+    elif kind == "shorten" and log is not None:  # host pressure: the tree serves less
+        log.cut_tokens = int(data["tokens"])
+        log.hash_pages = len(op.hash_value)
     elif kind == "bounce" and log is not None:
         host: torch.Tensor = data["host_indices"]
         log.operation = op
         log.bounce_tokens = int(host.numel())
         log.owned_slots = {int(s): i for i, s in enumerate(host.tolist())}
+        _reowned(driver, rank, log.owned_slots)
     elif kind == "ack":
         _on_ack(driver, rank, data)
     elif kind == "allocated" and log is not None:  # 0.5.10: every token's page up front
         log.operation = op
         log.owned_slots = {int(s): i for i, s in enumerate(data["host_indices"].tolist())}
+        _reowned(driver, rank, log.owned_slots)
     elif kind == "release" and log is not None and "end" in data:  # 0.5.10's tree releases
         log.released.append((int(data["start"]), int(data["end"]), str(data["how"])))
     elif kind == "release" and log is not None and op.host_indices is not None:
@@ -199,11 +224,12 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
                 bool(data["complete"]),
                 log.published_hit_tokens is not None,
                 log.published_tokens,
-                log.published_hit_tokens,
+                log.published_hit_tokens if log.cut_tokens is None else log.cut_tokens,
             )
         )
     elif kind == "free":
         freed = [int(s) for s in data["slots"].tolist()]
+        _judge_late_release(driver, rank, freed)
         for each in logs.values():
             owned = [s for s in freed if s in each.owned_slots]
             if owned:
@@ -216,6 +242,27 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
                 driver.check()  # before the pool frees them: an IO may still write (INV-23)
     elif kind == "backup_ack":
         _on_backup_ack(driver, rank, data["operation"])
+
+
+def _reowned(driver: DriverView, rank: int, slots: dict[int, int]) -> None:
+    """A current prefetch owns these slots now: no ended epoch's release is judged on them."""
+    stale = driver.log.stale_slots[rank]
+    for slot in slots:
+        stale.pop(slot, None)
+
+
+def _judge_late_release(driver: DriverView, rank: int, freed: list[int]) -> None:
+    """A release of bounce slots a reset already took back (still free) is the ended epoch's
+    thread acting after the reset: recorded as its act (INV-24), before the pool's double free
+    could hide whose release it was."""
+    stale = driver.log.stale_slots[rank]
+    pool = driver.l3.ranks[rank].host_pool
+    late = [s for s in freed if s in stale and pool.is_page_free(s // driver.page)]
+    if not late:
+        return
+    request, epoch = stale[late[0]]
+    driver.log.stale.append(StaleAct(rank, "io step", f"prefetch {request!r}", epoch))
+    driver.check()
 
 
 def _on_ack(driver: DriverView, rank: int, data: dict[str, Any]) -> None:
@@ -231,6 +278,7 @@ def _on_ack(driver: DriverView, rank: int, data: dict[str, Any]) -> None:
     if ack.completed_tokens is not None and data["current"]:
         log.published_progress.append(int(ack.completed_tokens))
         log.landed_pages.append(_landed_pages(driver, rank, log, ack.operation))
+        _judge_sidecar(driver, rank, log, ack.operation)
     if ack.completed_req:
         log.final_acks += 1
 
@@ -319,8 +367,9 @@ def observe_calls(
             if not stopped:
                 run += call.answer
                 stopped = call.answer < len(call.keys)
+        run = _sidecar_run(calls, list(chain_keys_of(calls)), run)
         # a query the backend failed (raised) is a miss for the whole prefetch, as the tier has it
-        failed = any(c.raised for c in calls if c.kind == "exists")
+        failed = any(c.raised for c in calls if c.kind in ("exists", "sidecar_exists"))
         log.local_hit_tokens = 0 if failed else run * page
     elif result.kind is StorageStepKind.IO:
         ran_in = steps if steps is not None else [driver.steps_run] * len(calls)
@@ -331,6 +380,23 @@ def observe_calls(
                     driver.log.reads.append(StoreRead(rank, key, digest))
     elif result.kind is StorageStepKind.BACKUP:
         _observe_backup(driver, result, calls)
+
+
+def chain_keys_of(calls: list[BackendCall]) -> list[str]:
+    """The KV keys the hit query asked, in order."""
+    return [key for call in calls if call.kind == "exists" for key in call.keys]
+
+
+def _sidecar_run(calls: list[BackendCall], keys: list[str], run: int) -> int:
+    """The KV run ``run`` cut at the first page a sidecar's exists did not find (a sidecar
+    must hold every page of the hit: the usable run is the fewest, INV-37)."""
+    found: dict[str, set[str]] = {}
+    for call in (c for c in calls if c.kind == "sidecar_exists"):
+        hit = found.setdefault(call.pool, set())
+        hit.update(k.rsplit(".", 1)[0] for k in call.keys[: max(0, call.answer)])
+    for present in found.values():
+        run = next((i for i, key in enumerate(keys[:run]) if key not in present), run)
+    return run
 
 
 def _observe_backup(driver: DriverView, result: StepResult, calls: list[BackendCall]) -> None:

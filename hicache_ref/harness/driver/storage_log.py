@@ -48,9 +48,13 @@ class PrefetchLog:
     local_hit_tokens: int | None = None
     published_hit_tokens: int | None = None
     hash_pages: int | None = None
+    cut_tokens: int | None = None  # the tree cut the hit to this for lack of host room
     bounce_tokens: int | None = None
     published_progress: list[int] = field(default_factory=list)
     landed_pages: list[int] = field(default_factory=list)
+    sidecar_pages: list[int] = field(default_factory=list)
+    """In a sidecar world, per published progress value: leading pages whose draft page holds
+    the oracle's bytes too (INV-37)."""
     terminated_at: int | None = None
     landed_at_termination: int | None = None
     """Leading pages with the oracle's bytes when ``terminate_prefetch`` froze the progress:
@@ -86,9 +90,11 @@ class PrefetchLog:
             local_hit_tokens=self.local_hit_tokens,
             published_hit_tokens=self.published_hit_tokens,
             hash_pages=self.hash_pages,
+            cut_tokens=self.cut_tokens,
             bounce_tokens=self.bounce_tokens,
             published_progress=tuple(self.published_progress),
             landed_pages=tuple(self.landed_pages),
+            sidecar_pages=tuple(self.sidecar_pages),
             terminated_at=self.terminated_at,
             io_counted=tuple(self.io_counted),
             completed_now=self.completed_now,
@@ -140,6 +146,7 @@ class StorageLog:
     reads: list[StoreRead] = field(default_factory=list)
     clears: list[ClearRecord] = field(default_factory=list)
     expected: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # (rank, prefix)
+    expected_sidecar: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # draft page
     written: set[tuple[int, str]] = field(default_factory=set)
     believed: set[tuple[int, str]] = field(default_factory=set)
     lost: set[tuple[int, str]] = field(default_factory=set)
@@ -156,11 +163,21 @@ class StorageLog:
     in_flight: set[tuple[int, str]] = field(default_factory=set)  # one read may still run
     read_started: set[tuple[int, str]] = field(default_factory=set)  # the IO read its pages
 
+    stale_slots: list[dict[int, tuple[str, int]]] = field(default_factory=list)
+    """Per rank, bounce slots a prefetch of an ended epoch owned when the reset took them back:
+    slot -> (request, epoch), until a current prefetch is given the slot again. A release of
+    one while it is still free is that epoch's thread acting after the reset (INV-24)."""
+
     def __post_init__(self) -> None:
+        self.stale_slots = [{} for _ in range(self.ranks)]
         self.forget_epoch([0] * self.ranks)
 
     def forget_epoch(self, collective_base: list[int]) -> None:
         """A reset: the operations and their acks are gone; what L3 holds stays."""
+        for rank, logs in enumerate(self.prefetches):
+            for log in logs.values():
+                for slot in log.owned_slots:
+                    self.stale_slots[rank][slot] = (log.request_id, log.epoch)
         self.prefetches = [{} for _ in range(self.ranks)]
         self.backups = [{} for _ in range(self.ranks)]
         self.acks = [[] for _ in range(self.ranks)]
@@ -191,6 +208,9 @@ class StorageLog:
         (INV-26). What a fault dropped stays ``lost``: a rewrite of it may be dropped again, and
         one a reset's stopping threads make goes unobserved (INV-31)."""
         self.expected = {k: v for k, v in self.expected.items() if k[0] not in ranks}
+        self.expected_sidecar = {
+            k: v for k, v in self.expected_sidecar.items() if k[0] not in ranks
+        }
         self.believed = {k for k in self.believed if k[0] not in ranks}
         self.reads = [r for r in self.reads if r.rank not in ranks]  # checked when they were made
 

@@ -6,7 +6,10 @@
   (``host_locks``), ``cc.prefetch(...)``, remember it in ``ongoing_prefetch`` and reserve its
   tokens in ``prefetch_tokens_occupied``;
 - ``drain_hits``: each rank-reduced hit is revoked (terminated, or below threshold, or no host
-  room) or given a bounce buffer of exactly the hit and put on ``prefetch_buffer``;
+  room) or given a bounce buffer of exactly the hit and put on ``prefetch_buffer``; under host
+  pressure (``host_pressure``) a hit that does not fit is cut to the room every rank has, when
+  that reaches the threshold (``cut_hit``; 0.5.23's hybrid controller decides the cut itself,
+  ``allocate_storage_hit``);
 - ``drain_acks``: progress is applied to the operation while it is current; on the final ack a
   current prefetch's ``[0:completed]`` goes to ``on_insert`` (the tree's host-only node) and the
   rest of the buffer is released, whether or not it was current (INV-23);
@@ -108,6 +111,7 @@ class StorageTreeRank:
     on_event: EventFn = field(default=lambda kind, data: None)
     policy: str = "best_effort"
     timeout_steps: int = TIMEOUT_STEPS_DEFAULT
+    host_pressure: bool = False  # serve a hit that does not fit with a shorter bounce buffer
     ongoing_prefetch: dict[str, OngoingPrefetch] = field(default_factory=dict)
     ongoing_backup: dict[int, object] = field(default_factory=dict)
     host_locks: dict[object, int] = field(default_factory=dict)
@@ -185,6 +189,20 @@ class StorageTreeRank:
 
     def alloc_bounce(self, operation: PrefetchOperation) -> torch.Tensor | None:
         return self.cc.alloc_prefetch_host_buffers(operation, operation.storage_hit_count)
+
+    def room(self) -> int:
+        """The whole pages of host room this rank has now (what a cut hit may take)."""
+        available: Callable[[], int] = getattr(self.host_pool, "available_size")  # noqa: B009
+        free = int(available())
+        return free - free % self.page_size
+
+    def cut_hit(self, operation: PrefetchOperation, tokens: int) -> None:
+        """Host pressure: serve ``tokens`` of the hit (whole pages, below it) and no more, as
+        the radix cache does before it hands the bounce buffer over: the hit count and the keys
+        the IO reads shrink to it (INV-29 judges the buffer against this cut)."""
+        operation.storage_hit_count = tokens
+        operation.hash_value = list(operation.hash_value[: tokens // self.page_size])
+        self.on_event("shorten", {"operation": operation, "tokens": tokens})
 
     def revoke(self, operation: PrefetchOperation) -> None:
         self._retire(operation.request_id, "revoked")
@@ -307,6 +325,11 @@ class StorageTreeRank:
         self.host_locks.clear()
 
 
+def _has_storage_hit_alloc(cc: object) -> bool:
+    """Whether the controller decides a hit's bounce itself (0.5.23's hybrid controller)."""
+    return callable(getattr(cc, "allocate_storage_hit", None))
+
+
 QUEUES = ("prefetch_hit_queue", "ack_prefetch_queue", "ack_backup_queue", "host_mem_release_queue")
 
 
@@ -331,7 +354,13 @@ class StorageTree:
                 for rank, op in current:
                     rank.revoke(op)
                 continue
-            hosts = [rank.alloc_bounce(op) for rank, op in current]
+            pressure = all(rank.host_pressure for rank, _ in current)
+            if pressure and all(_has_storage_hit_alloc(rank.cc) for rank, _ in current):
+                hosts = self._allocate_storage_hits(current)
+            else:
+                hosts = [rank.alloc_bounce(op) for rank, op in current]
+                if pressure and any(host is None for host in hosts):
+                    hosts = self._cut_to_room(current, hosts)
             if any(host is None for host in hosts):
                 for (rank, op), host in zip(current, hosts, strict=True):
                     if host is not None:
@@ -341,6 +370,58 @@ class StorageTree:
             for (rank, op), host in zip(current, hosts, strict=True):
                 assert host is not None
                 rank.start_transfer(op, host)
+
+    @staticmethod
+    def _cut_to_room(
+        current: list[tuple[StorageTreeRank, PrefetchOperation]],
+        hosts: list[torch.Tensor | None],
+    ) -> list[torch.Tensor | None]:
+        """No room for the whole hit on some rank: the room every rank has, in whole pages,
+        if it reaches the threshold; the hit cut to it on every rank (0.5.16 - 0.5.21's radix
+        caches after ``evict_host``; the driver's chains pin their host pages, so no eviction
+        makes room here)."""
+        for (rank, _), host in zip(current, hosts, strict=True):
+            if host is not None:
+                rank.host_pool.free(host)
+        hit = int(current[0][1].storage_hit_count)
+        cut = min(hit, *(rank.room() for rank, _ in current))
+        if cut < max(rank.cc.prefetch_threshold for rank, _ in current) or cut >= hit:
+            return [None] * len(current)
+        cut_hosts = [rank.cc.alloc_prefetch_host_buffers(op, cut) for rank, op in current]
+        if all(host is not None for host in cut_hosts):
+            for rank, op in current:
+                rank.cut_hit(op, cut)
+        return cut_hosts
+
+    @staticmethod
+    def _allocate_storage_hits(
+        current: list[tuple[StorageTreeRank, PrefetchOperation]],
+    ) -> list[torch.Tensor | None]:
+        """0.5.23's hybrid controller decides the bounce itself (``allocate_storage_hit``,
+        ``allow_partial``): each rank's answer, agreed on the shortest (upstream's ranks see the
+        same room; the harness's rank 0 also holds its tree's nodes), the hit cut to it."""
+        answers = [
+            rank.cc.allocate_storage_hit(  # type: ignore[attr-defined]
+                op,
+                int(op.storage_hit_count),
+                allow_partial=True,
+                min_tokens=rank.cc.prefetch_threshold,
+                evict_host=lambda tokens: 0,  # the driver's chains pin their host pages
+            )
+            for rank, op in current
+        ]
+        hosts: list[torch.Tensor | None] = [host for host, _ in answers]
+        if any(host is None for host in hosts):
+            return hosts
+        agreed = min(int(length) for _, length in answers)
+        for index, ((rank, op), host) in enumerate(zip(current, hosts, strict=True)):
+            assert host is not None
+            if host.numel() > agreed:
+                rank.host_pool.free(host[agreed:])
+                hosts[index] = host[:agreed]
+            if agreed < int(op.storage_hit_count):
+                rank.cut_hit(op, agreed)
+        return hosts
 
     def drain_storage_control_queues(self) -> int:
         """Drain each control queue by its MIN length over the ranks; returns items taken."""

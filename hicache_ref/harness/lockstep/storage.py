@@ -119,6 +119,10 @@ def unsupported_storage_reason(driver: StorageDriver) -> str | None:
         return f"the storage driver has no verb {missing[0]} (update lockstep/storage.py VERBS)"
     if driver.mla:
         return "an MLA world (one namespace every rank shares)"
+    if driver.config.storage_host_pressure:
+        return "a tree that cuts hits to its host room (the oracle serves every hit whole)"
+    if driver.config.has_draft:
+        return "a sidecar pool (the oracle models KV pages; a sidecar's are INV-37's and bytes')"
     if driver.polled is not None or not all(isinstance(t, StorageTier) for t in driver.l3.tiers):
         return "a tier of another protocol than this project's StorageTier"
     if any(t.executor.name != "manual" for t in driver.l3.tiers):

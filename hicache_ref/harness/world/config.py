@@ -20,6 +20,9 @@ StoragePolicy = Literal["best_effort", "wait_complete", "timeout"]
 STORAGE_RANKS_MAX = 4
 PoolGroup = Literal["none", "anchor", "packed", "sidecar", "swa"]
 SIDE_POOL_GROUPS = ("swa",)
+STORAGE_DRAFT_GROUPS = ("none", "sidecar")
+"""How a storage world may carry a draft pool: as a draft pair (the reference) or upstream's
+``DRAFT`` sidecar; either way its pages are stored beside the KV's (``storage/pool_transfers.py``)."""
 """Pool groups whose side pool has its own device rows and host slots (an independent pool)."""
 
 LEGAL_LAYOUTS: dict[str, tuple[str, ...]] = {
@@ -83,7 +86,8 @@ class HarnessConfig(BaseModel):
     zero-copy kernel, under Triton's interpreter here), so each is fuzzed on any machine."""
     storage_ranks: int = 0
     """0: no L3 storage tier; n in 1..4: a storage world of n TP ranks (rank 0 is the tree's
-    controller, the others storage peers), all stepped in lockstep (``harness/world/storage_world.py``)."""
+    controller, the others storage peers), all stepped in lockstep (``harness/world/storage_world.py``).
+    With a draft pool (``storage_sidecar``) every rank's draft pages go to L3 beside its KV."""
     storage_backend: StorageBackendName = "memory"
     """The shared L3: one ``MemoryStore``, one directory of ``FileStorage`` files, or upstream's
     own ``HiCacheFile`` (0.5.23, read from the wheel tree) over one directory."""
@@ -110,6 +114,12 @@ class HarnessConfig(BaseModel):
     termination by the tree lands right before a thread looks. Upstream's threads park at their
     operation locks in every world with points (their traces always had these grants); a field
     of its own so the reference's older traces replay with the same grants."""
+    storage_host_pressure: bool = False
+    """The tree half serves a hit that does not fit the free host pages with a shorter bounce
+    buffer (the free whole pages every rank has, at least the prefetch threshold) and cuts the
+    hit to it, as 0.5.16 - 0.5.21's radix caches do when ``evict_host`` made no room (0.5.23:
+    the hybrid controller's ``allocate_storage_hit(allow_partial=True)``, called where the
+    controller has it). Off: such a hit is revoked. Drawn last, so older traces replay alike."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -153,12 +163,17 @@ class HarnessConfig(BaseModel):
             )
         if self.storage_page_points and not self.storage_points:
             raise ValueError("storage_page_points needs storage_points (a page point is one)")
+        if self.storage_host_pressure and not self.storage_ranks:
+            raise ValueError("storage_host_pressure is a storage world's (storage_ranks >= 1)")
         if self.storage_lock_points and not self.storage_points:
             raise ValueError("storage_lock_points needs storage_points (a lock point is one)")
-        if self.storage_ranks and (self.uses_cp or self.has_draft):
+        if self.storage_ranks and (
+            self.uses_cp or (self.has_draft and self.pool_group not in STORAGE_DRAFT_GROUPS)
+        ):
             raise ValueError(
-                "a storage world has no CP and no draft pool (CP HiCache refuses a storage "
-                "attach; draft KV is not stored in L3)"
+                "a storage world has no CP (CP HiCache refuses a storage attach), and a draft "
+                "pool only as a KV-derived sidecar (pool_group 'none' for a draft pair, or "
+                "'sidecar'), whose pages ride into L3 with the KV's"
             )
         return self
 
@@ -193,6 +208,7 @@ class HarnessConfig(BaseModel):
             faults += "+points" if self.storage_points else ""
             faults += "+pages" if self.storage_page_points else ""
             faults += "+locks" if self.storage_lock_points else ""
+            faults += "+pressure" if self.storage_host_pressure else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

@@ -83,12 +83,14 @@ class StorageRank:
     backend_name: str
     recording: RecordingStorage | None = None
     faults: FaultInjectingStorage | None = None
+    draft_host_pool: HostKVCache | None = None  # a sidecar world's draft pool (KV's slots)
 
 
 def _peer_rank(
     config: HarnessConfig, implementation: Implementation, rank: int, group: RankGroup
-) -> tuple[ControllerLike, HostKVCache]:
-    """A storage peer: pools of the world's geometry and a controller of the implementation."""
+) -> tuple[ControllerLike, HostKVCache, HostKVCache | None]:
+    """A storage peer: pools of the world's geometry (a draft pair too in a sidecar world) and a
+    controller of the implementation."""
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
 
     device = SimDevice(seed=config.seed + rank)
@@ -100,6 +102,14 @@ def _peer_rank(
     host_pool = make_host_pool(
         device_pool, layout=config.layout, size_tokens=config.host_pages * page
     )
+    draft_device_pool = draft_host_pool = None
+    if config.has_draft:  # a sidecar world: the peer's draft pages go to L3 beside its KV
+        draft_device_pool = make_device_pool(
+            config, config.draft_layer_num, physical_size_tokens(config), device
+        )
+        draft_host_pool = make_host_pool(
+            draft_device_pool, layout=config.layout, size_tokens=config.host_pages * page
+        )
     request = BuildRequest(
         config=config,
         rank=rank,
@@ -107,11 +117,11 @@ def _peer_rank(
         allocator=allocator,
         host_pool=host_pool,
         cp_layout=None,
-        draft_device_pool=None,
-        draft_host_pool=None,
+        draft_device_pool=draft_device_pool,
+        draft_host_pool=draft_host_pool,
         storage_collectives=group.view(rank),
     )
-    return implementation.build_controller(request), host_pool
+    return implementation.build_controller(request), host_pool, draft_host_pool
 
 
 class StorageWorld:
@@ -130,11 +140,14 @@ class StorageWorld:
         self.ranks: list[StorageRank] = []
         for rank in range(config.storage_ranks):
             if rank == 0:
-                controller, host_pool = world.ranks[0].controller, world.ranks[0].host_pool
+                first = world.ranks[0]
+                controller, host_pool, draft = first.controller, first.host_pool, None
+                if config.has_draft:
+                    draft = first.draft_host_pool
             else:
-                controller, host_pool = _peer_rank(config, implementation, rank, group)
+                controller, host_pool, draft = _peer_rank(config, implementation, rank, group)
             name = f"harness-l3-{tag}-r{rank}"
-            self.ranks.append(StorageRank(rank, controller, host_pool, name))
+            self.ranks.append(StorageRank(rank, controller, host_pool, name, draft_host_pool=draft))
         weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self.threads = LockstepThreads()  # the lockstep steps' rank threads, ended with the world
         self._closer = weakref.finalize(
