@@ -9,7 +9,8 @@ files, never from a finding's absence):
 - ``features_of``: the tree's parts that matter to the gate, each detected by a file or a name
   in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, the draft
   releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
-  in pool groups, buffer mode, PP prefetch, decode context parallel);
+  sidecars in pool groups and of independent pools, buffer mode, PP prefetch, decode context
+  parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
 - ``not_driven``: each part the tree has and the implementation's capabilities leave out.
 """
@@ -36,21 +37,28 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "side pools": "independent side pools need the hybrid controller's side-pool surface",
     "mamba side pool": "the harness models no per-request state pool (one slot per node, "
     "TRAILING_PAGES); only the SWA side pool is drawn (issue 27)",
-    "draft storage copies": "storage worlds draw no draft pool, so the best-effort draft L3 "
-    "copies (_draft_page_set / _draft_page_get, '{key}.draft' keys) are never called (issue 27)",
-    "storage memory-pressure fallback": "the tree half never evicts host nodes for room and "
-    "refuses or revokes a prefetch it cannot give whole, so the shortened prefetch or bounce "
-    "buffer (available_size rounded to a page) is never built (issue 27)",
-    "storage in pool groups": "storage worlds draw no pool group (the gate builds the "
-    "tree's HybridCacheController only from 0.5.19, and never with storage): its storage "
-    "(pool transfers through batch_get_v2 / batch_set_v2 / batch_exists_v2, "
-    "_page_transfer_sidecar, _sync_trailing_keys, layout leases) needs v2 batch calls this "
-    "project's backends lack and a tree half modelled on the hybrid radix cache (issue 27)",
+    "draft storage copies": "storage worlds carry a draft pool only as 0.5.19+'s DRAFT "
+    "sidecar of a HostPoolGroup, so the draft releases' best-effort draft L3 copies "
+    "(_draft_page_set / _draft_page_get, '{key}.draft' keys) are never called (issue 27)",
+    "storage memory-pressure fallback": "0.5.13 - 0.5.15 shorten the prefetch they allocate up "
+    "front (before the hit query) to the free pages; the harness's up-front tree half gives "
+    "the whole prefetch or refuses it (the cut at the hit, 0.5.16+, is drawn: "
+    "storage_host_pressure) (issue 27)",
+    "storage sidecars in pool groups": "storage worlds with a pool group need the tree's "
+    "HybridCacheController (0.5.19+) with its storage threads: write_storage and prefetch "
+    "with the DRAFT sidecar riding on the KV slots (batch_set_v2 / batch_exists_v2 / "
+    "batch_get_v2, _page_transfer_kv_batch's min)",
+    "independent-pool storage": "storage worlds draw the KV-derived DRAFT sidecar only: an "
+    "independent side pool's L3 pages (_page_transfer_sidecar's non-KV-derived read, "
+    "_sync_trailing_keys, TRAILING_PAGES hits, allocate_storage_hit's per-pool bounce) need "
+    "the SWA side pool in storage worlds and a tree half that allocates its window (issue 27)",
     "buffer mode": "buffer_only mode is the unified radix cache's BufferModePipeline "
     "(mem_cache/buffer_mode/: staging, existence beliefs, storage writes at the D2H ack), a "
-    "tree half over storage in pool groups, which is not driven (issue 27)",
+    "tree half of its own (staging, beliefs, the D2H-ack write) the harness does not model: "
+    "the gate runs the cache mode only (issue 27)",
     "pp prefetch": "the PP command thread serves PPPrefetchState tickets of the hybrid "
-    "controller's storage prefetch, not driven in pool-group worlds (issue 27)",
+    "controller's storage prefetch only in buffer_only mode with a PP group of 2+ ranks "
+    "(enable_pp_ticket); the gate draws neither (issue 27)",
     "decode context parallel": "DCP lives in upstream's MLA host pool and index translation; "
     "the gate runs this project's pools (issue 27)",
 }
@@ -67,9 +75,11 @@ def features_of(tree: Path) -> list[str]:
         "draft storage copies": _mentions(tree / CONTROLLER, "def _draft_page_set("),
         "storage memory-pressure fallback": any(
             _mentions(tree / MEM_CACHE / name, SHORTENED_PREFETCH) for name in RADIX_CACHES
-        ),
+        )
+        or "def allocate_storage_hit" in hybrid_text,
         "mamba side pool": bool(hybrid_text) and (tree / MEM_CACHE / "pool_host/mamba.py").exists(),
-        "storage in pool groups": "def write_storage" in hybrid_text,
+        "storage sidecars in pool groups": "def write_storage" in hybrid_text,
+        "independent-pool storage": "def _page_transfer_sidecar" in hybrid_text,
         "buffer mode": (tree / MEM_CACHE / "buffer_mode").is_dir(),
         "pp prefetch": "pp_prefetch_command_thread_func" in hybrid_text,
         "decode context parallel": _mentions(tree / MEM_CACHE / "pool_host" / "mla.py", "dcp_size"),
@@ -86,6 +96,9 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
     driven = {
         "storage": "storage" in capabilities,
         "side pools": "pool_group:swa" in capabilities,
+        "storage sidecars in pool groups": {"storage:sidecar", "pool_group:sidecar"}
+        <= set(capabilities),
+        "storage memory-pressure fallback": "storage:host_pressure" in capabilities,
     }
     return [
         (name, NOT_DRIVEN_REASONS[name])
@@ -104,9 +117,14 @@ def drove(report: CampaignReport) -> list[str]:
         for kind, world in report.world_shares().items()
         if kind != "none" and world["cases"]
     ]
-    for feature, off, label in (("storage", "none", "storage"), ("forward", "default", "fences")):
+    for feature, off, label in (
+        ("storage", "none", "storage"),
+        ("storage sidecar", ("none", "no storage"), "storage sidecar"),
+        ("forward", "default", "fences"),
+    ):
         counts: Mapping[str, int] = report.features.get(feature, {})
-        share = sum(c for value, c in counts.items() if value != off) / report.cases
+        offs = (off,) if isinstance(off, str) else off
+        share = sum(c for value, c in counts.items() if value not in offs) / report.cases
         if share:
             parts.append(f"{label} {share:.0%}")
     return parts

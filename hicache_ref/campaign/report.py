@@ -45,6 +45,7 @@ FEATURES = (
     "forward",
     "pool group",
     "storage",
+    "storage sidecar",
 )
 
 
@@ -91,6 +92,9 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
             + ("+faults" if config.storage_faults else "")
             if config.uses_storage
             else "none"
+        ),
+        "storage sidecar": (
+            ("draft" if config.has_draft else "none") if config.uses_storage else "no storage"
         ),
     }
 
@@ -256,6 +260,17 @@ class CampaignReport:
             for kind, drives in POOL_GROUP_WORLDS.items()
         }
 
+    def sidecar_shares(self) -> dict[str, Any]:
+        """Storage worlds that carried a draft sidecar into L3 (``batch_*_v2``): their cases
+        and their share of the storage worlds (0 cases when none was drawn)."""
+        counts = self.features.get("storage sidecar", Counter())
+        storage = counts.get("draft", 0) + counts.get("none", 0)
+        return {
+            "cases": counts.get("draft", 0),
+            "share_of_storage": round(counts.get("draft", 0) / storage, 4) if storage else 0.0,
+            "drives": "a draft pool's pages stored, queried and read beside the KV's",
+        }
+
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
         return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
@@ -291,7 +306,10 @@ class CampaignReport:
                 for family, share in self.family_shares().items()
             },
             "features": {name: dict(sorted(c.items())) for name, c in self.features.items()},
-            "worlds": {"pool group": self.world_shares()},
+            "worlds": {
+                "pool group": self.world_shares(),
+                "storage sidecar": self.sidecar_shares(),
+            },
             "distinct_configs": len(self.configs),
             "configs": {
                 config: {"cases": count, "first_s": self.config_first_s.get(config)}
