@@ -29,6 +29,8 @@ HYBRID_CONTROLLER = f"{MEM_CACHE}/hybrid_cache/hybrid_cache_controller.py"
 CONTROLLER = "sglang/srt/managers/cache_controller.py"
 RADIX_CACHES = ("hiradix_cache.py", "unified_radix_cache.py")
 SHORTENED_PREFETCH = "available_size - (available_size % self.page_size)"
+GROUP_CONTROLLER_MARK = "packed_draft_device_pools"
+"""What marks 0.5.19+'s pool-group HybridCacheController (the one before serves Mamba alone)."""
 """0.5.13 - 0.5.21's radix caches: what is fetched, cut to the free host pages."""
 
 NOT_DRIVEN_REASONS: dict[str, str] = {
@@ -36,7 +38,9 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "page-key hash the gate can compute (sglang_storage.supports_storage, sglang_hashes)",
     "side pools": "independent side pools need the hybrid controller's side-pool surface",
     "mamba side pool": "the harness models no per-request state pool (one slot per node, "
-    "TRAILING_PAGES); only the SWA side pool is drawn (issue 27)",
+    "TRAILING_PAGES): before 0.5.19 the HybridCacheController serves the Mamba radix cache "
+    "alone (its pool transfers and their L3 pages included), from 0.5.19 only the SWA side "
+    "pool is drawn (issue 27)",
     "draft storage copies": "storage worlds carry a draft pool only as 0.5.19+'s DRAFT "
     "sidecar of a HostPoolGroup, so the draft releases' best-effort draft L3 copies "
     "(_draft_page_set / _draft_page_get, '{key}.draft' keys) are never called (issue 27)",
@@ -77,8 +81,14 @@ def features_of(tree: Path) -> list[str]:
             _mentions(tree / MEM_CACHE / name, SHORTENED_PREFETCH) for name in RADIX_CACHES
         )
         or "def allocate_storage_hit" in hybrid_text,
-        "mamba side pool": bool(hybrid_text) and (tree / MEM_CACHE / "pool_host/mamba.py").exists(),
-        "storage sidecars in pool groups": "def write_storage" in hybrid_text,
+        "mamba side pool": bool(hybrid_text)
+        and (
+            (tree / MEM_CACHE / "pool_host/mamba.py").exists()
+            or _mentions(tree / MEM_CACHE / "memory_pool_host.py", "class MambaPoolHost")
+        ),
+        # a HostPoolGroup's storage (0.5.19+: the controller that packs draft pools)
+        "storage sidecars in pool groups": "def write_storage" in hybrid_text
+        and GROUP_CONTROLLER_MARK in hybrid_text,
         "independent-pool storage": "def _page_transfer_sidecar" in hybrid_text,
         "buffer mode": (tree / MEM_CACHE / "buffer_mode").is_dir(),
         "pp prefetch": "pp_prefetch_command_thread_func" in hybrid_text,

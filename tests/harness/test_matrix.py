@@ -157,6 +157,28 @@ def test_a_release_part_no_world_drives_is_named_with_its_reason(tmp_path: Path)
     assert "group swa 12%" in table and "0.5.99: not driven: buffer mode: " in table
 
 
+def test_a_hybrid_controller_before_pool_groups_is_named_as_the_mamba_cache_it_serves(
+    tmp_path: Path,
+) -> None:
+    # 0.5.10 - 0.5.18 ship a HybridCacheController with write_storage for the Mamba radix
+    # cache alone; only 0.5.19+'s (the one that packs draft pools) stores a pool group
+    hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
+    hybrid.mkdir(parents=True)
+    (hybrid.parent / "hicache_storage.py").write_text("")
+    (hybrid.parent / "memory_pool_host.py").write_text("class MambaPoolHost: ...\n")
+    controller = hybrid / "hybrid_cache_controller.py"
+    controller.write_text("class HybridCacheController:\n    def write_storage(self): ...\n")
+    parts = dict(not_driven(tmp_path, {"storage"}))
+    assert set(parts) == {"mamba side pool"}
+    assert "before 0.5.19" in parts["mamba side pool"]
+    controller.write_text(controller.read_text() + "    packed_draft_device_pools = ()\n")
+    parts = dict(not_driven(tmp_path, {"storage"}))
+    assert set(parts) == {"mamba side pool", "storage sidecars in pool groups"}
+    assert "storage sidecars in pool groups" not in dict(
+        not_driven(tmp_path, {"storage", "storage:sidecar", "pool_group:sidecar"})
+    )
+
+
 # -- the command line -------------------------------------------------------------------------
 def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
