@@ -103,7 +103,7 @@ def measure(rows: str, tokens: int, layers: int, page: int, reps: int) -> dict[s
             warm.append(clock() - start)
     first: list[int] = []
     fresh: list[int] = []
-    pairs = max(5, reps // 20)
+    pairs = max(10, reps // 5)
     for _ in range(pairs):
         # a new pair, as each load batch of the controller is: layer 0 validates and plans it,
         # the later layers reuse that work

@@ -107,6 +107,9 @@ class BatchLayers:
         """The stream work of ``layer_ids`` (each a row of the table)."""
         copier, rows, device = self.copier, self.rows, self.device
         if copier is not None and rows is not None:
+            if len(layer_ids) == 1:  # a per-layer load or backup
+                layer = layer_ids[0]
+                return functools.partial(copier.issue_rows, rows, device, layer, layer + 1)
             spans = _consecutive(layer_ids)
             if len(spans) == 1:
                 start, stop = spans[0]
