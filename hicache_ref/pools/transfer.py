@@ -35,8 +35,10 @@ Four ways to execute the same semantics, chosen per launch by ``copy_path``:
   Measured on an H200 (32,768 tokens x 61 layers, random pages, ``benchmarks/transfer.py``):
   page 64 (64-74 KB copies) reaches 98% of a pinned copy per direction with no SM used (a
   matmul beside it slows by ~1-2%), and 66-101% of both pinned directions with load and backup
-  at once; the caller's CPU is 13-28 us per layer and 0.1-0.5 ms per all-layer backup through
-  the issuing thread (0.3-1.1 ms and 15-64 ms when the runtime's ~0.46 us per copy is paid on
+  at once; the caller's CPU was 13-28 us per layer (2026-12-04, ~5-10 us of it the pool API's
+  Python, which ``layer_launch`` cuts to ~0.4-2 us on the 2-core dev machine: RESULTS.md
+  2026-12-06, the runner not measured again) and 0.1-0.5 ms per all-layer backup through the
+  issuing thread (0.3-1.1 ms and 15-64 ms when the runtime's ~0.46 us per copy is paid on
   the caller's thread, ``HICACHE_COPY_ISSUE=inline``); page 16 (16-18
   KB copies) falls to 7% for H2D (the copy engine reads small host copies slowly) and 34-69%
   for D2H.

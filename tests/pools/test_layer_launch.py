@@ -15,10 +15,14 @@ import torch
 from hicache_ref.device import SimDevice
 from hicache_ref.errors import HiCacheInputError, IndexOutsidePoolError, LayerOutsidePoolError
 from hicache_ref.pools import HostKVCache, KVCache
+from hicache_ref.pools.triton_copy import TritonLaunch, is_triton_available
 
 from .builders import SENTINEL, fill_with_sentinel, make_pools, pages_to_locs, row_values
 
-PATHS = ("gather", "runs", "batch")
+NEEDS_TRITON = pytest.mark.skipif(
+    not is_triton_available(), reason="needs the triton package (its CPU interpreter)"
+)
+PATHS = ("gather", "runs", "batch", pytest.param("triton", marks=NEEDS_TRITON))
 PAGE = 4
 
 
@@ -116,6 +120,10 @@ def test_setting_the_copy_path_between_layers_checks_the_new_path() -> None:
     host_pool.load_to_device_per_layer(device_pool, host, device, 1, "kernel")
     sim.run_until_idle()
     assert_layer_landed(device_pool, host_pool, 1, host, device)
+    # a new Triton launch shape drops the pair too (its kernels were built for the old one)
+    assert len(host_pool.layer_launches) == 1
+    host_pool.triton_launch = TritonLaunch(grid=4)
+    assert len(host_pool.layer_launches) == 0
 
 
 def test_clearing_the_host_pool_forgets_its_prepared_pairs() -> None:
