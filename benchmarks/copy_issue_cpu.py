@@ -154,6 +154,18 @@ def run_tree(tree: str, argv: list[str]) -> dict[str, object]:
     return result
 
 
+def describe_tree(tree: str) -> str:
+    """``tree (commit)``, ``+`` where its package differs from that commit."""
+    git = ["git", "-C", tree]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "hicache_ref"], capture_output=True, text=True
+    ).stdout.strip()
+    return f"{tree} ({head or 'no git'}{'+' if dirty else ''})"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parent.parent)])
@@ -193,7 +205,7 @@ def main(argv: list[str]) -> int:
             warm = statistics.median(samples[(tree, rows, "per_layer_ns")]) / 1e3
             fresh = statistics.median(samples[(tree, rows, "fresh_layer_ns")]) / 1e3
             first = statistics.median(samples[(tree, rows, "first_layer_ns")]) / 1e3
-            print(f"| {tree} | {rows} | {warm:.2f} | {fresh:.2f} | {first:.0f} |")
+            print(f"| {describe_tree(tree)} | {rows} | {warm:.2f} | {fresh:.2f} | {first:.0f} |")
     return 0
 
 
