@@ -124,9 +124,12 @@ class LayerLaunches:
 
         The entry holds the objects whose ids key it, so an id match is the same object; this
         runs on every per-layer launch, so it reads no more than the key and two versions."""
-        pair = self._entries.get(
-            (id(host_indices), id(device_indices), id(device_pool), direction, io_backend)
-        )
+        try:
+            pair = self._entries.get(
+                (id(host_indices), id(device_indices), id(device_pool), direction, io_backend)
+            )
+        except TypeError:  # an unhashable io_backend: the checks name the legal values
+            return None
         if (
             pair is None
             or pair.host_version != host_indices._version

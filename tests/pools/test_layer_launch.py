@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from hicache_ref.device import SimDevice
-from hicache_ref.errors import HiCacheInputError, IndexOutsidePoolError, LayerOutsidePoolError
+from hicache_ref.errors import (
+    HiCacheInputError,
+    IndexOutsidePoolError,
+    LayerOutsidePoolError,
+    UnknownOptionError,
+)
 from hicache_ref.pools import HostKVCache, KVCache
 from hicache_ref.pools.triton_copy import TritonLaunch, is_triton_available
 
@@ -185,3 +190,14 @@ def test_per_layer_backups_of_one_pair_each_write_their_own_layer(copy_path: str
                 host_pool.read_rows(name, layer, host),
             )
     assert host_pool.layer_launches.prepared_pairs == 2  # one load pair, one backup pair
+
+
+def test_a_misspelled_io_backend_is_refused_naming_the_legal_ones_after_a_prepared_pair() -> None:
+    sim, device_pool, host_pool = loaded_world("batch")
+    host, device = pages_to_locs([2, 0], PAGE), pages_to_locs([1, 3], PAGE)
+    host_pool.load_to_device_per_layer(device_pool, host, device, 0, "kernel")
+    # the pair is kept for "kernel"; another backend (or an unhashable one) is checked anew
+    for io_backend in ("kernal", ["kernel"]):
+        with pytest.raises(UnknownOptionError, match=r"legal values: direct, kernel"):
+            host_pool.load_to_device_per_layer(device_pool, host, device, 1, io_backend)  # type: ignore[arg-type]
+    sim.run_until_idle()
