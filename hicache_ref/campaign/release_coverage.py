@@ -41,9 +41,10 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "TRAILING_PAGES): before 0.5.19 the HybridCacheController serves the Mamba radix cache "
     "alone (its pool transfers and their L3 pages included), from 0.5.19 only the SWA side "
     "pool is drawn (issue 27)",
-    "draft storage copies": "storage worlds carry a draft pool only as 0.5.19+'s DRAFT "
-    "sidecar of a HostPoolGroup, so the draft releases' best-effort draft L3 copies "
-    "(_draft_page_set / _draft_page_get, '{key}.draft' keys) are never called (issue 27)",
+    "draft storage copies": "the draft releases' best-effort draft L3 copies "
+    "(_draft_page_set / _draft_page_get, 'd:{key}' then '{key}.draft' keys) run only in "
+    "storage worlds with a draft pair, drawn where the gate drives the release's storage "
+    "threads and its set_draft_kv_pool (capabilities storage:sidecar and draft)",
     "storage memory-pressure fallback": "0.5.13 - 0.5.15 shorten the prefetch they allocate up "
     "front (before the hit query) to the free pages; the harness's up-front tree half gives "
     "the whole prefetch or refuses it (the cut at the hit, 0.5.16+, is drawn: "
@@ -109,6 +110,7 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         "storage sidecars in pool groups": {"storage:sidecar", "pool_group:sidecar"}
         <= set(capabilities),
         "storage memory-pressure fallback": "storage:host_pressure" in capabilities,
+        "draft storage copies": {"storage:sidecar", "draft"} <= set(capabilities),
     }
     return [
         (name, NOT_DRIVEN_REASONS[name])

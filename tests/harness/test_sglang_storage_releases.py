@@ -130,8 +130,17 @@ CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
         ("f23_reset_leaves_the_io_release_to_the_next_epoch.jsonl", ("0.5.17",), ("0.5.19",)),
         # F25: 0.5.13.post1's reset() is 0.5.13's; 0.5.14 zeroes the occupancy
         ("f25_reset_keeps_the_prefetch_occupancy.jsonl", ("0.5.13.post1",), ("0.5.14",)),
+        # F27 on the draft releases with the prefetch allocated up front (0.5.19+ and 0.5.10
+        # have no draft pair to replay it on; the reference passes it, test_sglang_adapter)
+        (
+            "f27_draft_page_read_best_effort_counts_the_kv_page.jsonl",
+            ("0.5.11", "0.5.12", "0.5.13", "0.5.14"),
+            (),
+        ),
+        # ... and with the bounce buffer given at the hit, a drawn hole on one draft read
+        ("f27_draft_page_hole_at_the_hit_counts_the_kv_page.jsonl", ("0.5.16", "0.5.18"), ()),
     ],
-    ids=["F23-parked-io", "F23-late-release", "F25-post1"],
+    ids=["F23-parked-io", "F23-late-release", "F25-post1", "F27-up-front", "F27-at-the-hit"],
 )
 def test_a_finding_seen_first_in_the_matrix_is_baselined_only_in_its_releases(
     name: str, fails_on: tuple[str, ...], passes_on: tuple[str, ...], monkeypatch: Any

@@ -276,6 +276,9 @@ class SglangImplementation(ImplementationBase):
             self.capabilities = self.capabilities | {"storage"}
             if self._allocates_at_the_hit():  # 0.5.16+: a hit may be cut to the host room
                 self.capabilities = self.capabilities | {HOST_PRESSURE_CAPABILITY}
+        if "storage" in self.capabilities and "draft" in self.shape.features:
+            # 0.5.11 - 0.5.18: set_draft_kv_pool's draft pages go to L3 beside the KV's
+            self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
         if "hybrid" in self.shape.features:
             self.group_refused = self._try_hybrid()
             if not self.group_refused:
@@ -325,12 +328,15 @@ class SglangImplementation(ImplementationBase):
         if self._producer_slots is None:
             self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
         update: dict[str, object] = {"num_counters": self._producer_slots}
-        stored_group = config.pool_group == "sidecar" and STORAGE_SIDECAR_CAPABILITY in (
-            self.capabilities
+        stores_draft = STORAGE_SIDECAR_CAPABILITY in self.capabilities
+        stored_group = config.pool_group == "sidecar" and stores_draft
+        stored_pair = (
+            config.pool_group == "none" and stores_draft and "draft" in self.shape.features
         )
         if (
             config.uses_storage
             and not stored_group
+            and not stored_pair
             and (config.pool_group != "none" or config.has_draft)
         ):
             update["storage_ranks"] = 0  # the plain controller, or a DRAFT sidecar group

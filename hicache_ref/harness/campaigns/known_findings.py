@@ -281,6 +281,18 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         releases="0.5.10..0.5.21",
     ),
     KnownFinding(
+        id="F27",
+        implementations=("sglang",),
+        invariant="INV-37",
+        message_pattern=r"published progress counts \d+ page\(s\) but only \d+ hold the "
+        r"draft sidecar's bytes",
+        summary="the draft releases read a batch's draft pages best-effort (0.5.11 - 0.5.18): "
+        "a draft page that is missing, short or raises is skipped and the batch's KV pages "
+        "are counted, so the node's draft layers hold whatever the bounce slot held "
+        "(sglang#30393's class; 0.5.19 moves drafts to an all-or-nothing sidecar)",
+        releases="0.5.11..0.5.18",
+    ),
+    KnownFinding(
         id="F24",
         implementations=("sglang", "seed"),  # the fork runs its tree's HiCacheFile
         invariant="INV-28",

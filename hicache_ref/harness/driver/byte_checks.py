@@ -36,11 +36,18 @@ fractional at its first element, both differ from the tree's freed-page poison
 moves a value that does not belong where it lands."""
 
 
+BOUNCE_DRAFT_ROW_VALUE = 0.875
+"""What the storage driver writes into a fresh bounce buffer's draft rows (a sidecar world):
+no draft page is there until L3's is read in (INV-37); distinct from the free-slot scribbles."""
+
+
 def describe(row: torch.Tensor) -> str:
     value = float(row.reshape(-1)[0])
     for pool, scribble in SCRIBBLE_ROW_VALUE.items():
         if value == scribble:
             return f"the harness's scribble into a free {pool} slot"
+    if value == BOUNCE_DRAFT_ROW_VALUE:
+        return "the harness's scribble into a fresh bounce buffer's draft rows (no draft page read into it)"
     return describe_row(value)
 
 

@@ -124,3 +124,13 @@ def fill_chain(
     for i in range(chain.pages):
         digest = page_digest(host_pool.get_data_page(int(slots[i * page]), True))
         yield prefix[: start + (i + 1) * page], digest
+
+
+def scribble_draft_rows(draft_pool: HostKVCache, slots: torch.Tensor, value: float) -> None:
+    """Every draft layer's rows at ``slots`` set to ``value``: a bounce buffer the tree just
+    gave a prefetch holds no draft page until L3's is read into it, so a page counted without
+    its draft read shows the scribble, not a stale copy of the same content (INV-37)."""
+    for name in draft_pool.device_pool.component_names():
+        for layer in range(draft_pool.device_pool.layer_num):
+            rows = draft_pool.read_rows(name, layer, slots)
+            draft_pool.write_rows(name, layer, slots, torch.full_like(rows, value))

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import torch
 
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
-from hicache_ref.harness.driver.storage_chains import Chain
+from hicache_ref.harness.driver.byte_checks import BOUNCE_DRAFT_ROW_VALUE
+from hicache_ref.harness.driver.storage_chains import Chain, scribble_draft_rows
 from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_windows import (
     note_termination,
@@ -92,13 +93,23 @@ def _landed_pages(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> i
 def _judge_sidecar(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> None:
     """In a sidecar world: how many leading pages of the progress just published also hold
     the oracle's draft bytes (INV-37 compares it with the progress)."""
+    progress = log.published_progress[-1] if log.published_progress else 0
+    pages = _sidecar_pages(driver, rank, log, op, progress)
+    if pages is not None:
+        log.sidecar_pages.append(pages)
+
+
+def _sidecar_pages(
+    driver: DriverView, rank: int, log: PrefetchLog, op: Any, progress: int
+) -> int | None:
+    """The leading pages of ``progress`` whose draft rows hold the oracle's bytes at the
+    bounce slots; None outside a sidecar world."""
     draft = driver.l3.ranks[rank].draft_host_pool
     host: Any = getattr(op, "host_indices", None)
     if draft is None:
-        return
+        return None
     page = driver.page
     tokens = driver.chains[log.chain_uid].tokens(page)
-    progress = log.published_progress[-1] if log.published_progress else 0
     pages = 0
     for i in range(progress // page if host is not None else 0):
         prefix = log.anchor_prefix + tokens[: (i + 1) * page]
@@ -106,7 +117,7 @@ def _judge_sidecar(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> 
         if want != page_digest(draft.get_data_page(int(host[i * page]), True)):
             break
         pages += 1
-    log.sidecar_pages.append(pages)
+    return pages
 
 
 def on_io_ack_put(driver: DriverView, rank: int, ack: Any) -> None:
@@ -195,12 +206,14 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         log.bounce_tokens = int(host.numel())
         log.owned_slots = {int(s): i for i, s in enumerate(host.tolist())}
         _reowned(driver, rank, log.owned_slots)
+        _scribble_bounce(driver, rank, host)
     elif kind == "ack":
         _on_ack(driver, rank, data)
     elif kind == "allocated" and log is not None:  # 0.5.10: every token's page up front
         log.operation = op
         log.owned_slots = {int(s): i for i, s in enumerate(data["host_indices"].tolist())}
         _reowned(driver, rank, log.owned_slots)
+        _scribble_bounce(driver, rank, data["host_indices"])
     elif kind == "release" and log is not None and "end" in data:  # 0.5.10's tree releases
         log.released.append((int(data["start"]), int(data["end"]), str(data["how"])))
     elif kind == "release" and log is not None and op.host_indices is not None:
@@ -214,6 +227,7 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         log.terminated_at = int(data["completed"])
         if op is not None and int(op.completed_tokens) == log.terminated_at:
             log.landed_at_termination = _landed_pages(driver, rank, log, op)
+            log.sidecar_at_termination = _sidecar_pages(driver, rank, log, op, log.terminated_at)
         note_termination(driver, rank, log.request_id)
     elif kind == "retire" and log is not None:
         log.retired = True
@@ -242,6 +256,14 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
                 driver.check()  # before the pool frees them: an IO may still write (INV-23)
     elif kind == "backup_ack":
         _on_backup_ack(driver, rank, data["operation"])
+
+
+def _scribble_bounce(driver: DriverView, rank: int, host: torch.Tensor) -> None:
+    """A sidecar world's fresh bounce buffer: its draft rows scribbled (INV-37 then tells a
+    draft page read from L3 from one the slot held before)."""
+    draft = driver.l3.ranks[rank].draft_host_pool
+    if draft is not None and host.numel():
+        scribble_draft_rows(draft, host, BOUNCE_DRAFT_ROW_VALUE)
 
 
 def _reowned(driver: DriverView, rank: int, slots: dict[int, int]) -> None:
@@ -463,8 +485,11 @@ def observe_polled_step(
         # frozen at termination: those pages went to the tree then, and it may have freed and
         # reused them since; their bytes were judged when the progress froze
         log.landed_pages.append(log.landed_at_termination)
+        if log.sidecar_at_termination is not None:
+            log.sidecar_pages.append(log.sidecar_at_termination)
     else:
         log.landed_pages.append(_landed_pages(driver, rank, log, op))
+        _judge_sidecar(driver, rank, log, op)  # the draft releases' draft pages (INV-37)
     log.final_acks += 1
     for tensor in released:
         indices = sorted(log.owned_slots[s] for s in tensor.tolist() if s in log.owned_slots)

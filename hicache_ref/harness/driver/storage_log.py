@@ -57,6 +57,7 @@ class PrefetchLog:
     the oracle's bytes too (INV-37)."""
     terminated_at: int | None = None
     landed_at_termination: int | None = None
+    sidecar_at_termination: int | None = None  # its draft pages judged then too (INV-37)
     """Leading pages with the oracle's bytes when ``terminate_prefetch`` froze the progress:
     the tree owns ``[0:terminated_at)`` from then on and may free and reuse those pages before
     the IO's body ends, so they are judged then (INV-19)."""

@@ -85,10 +85,11 @@ def observe_reads(
     terminated = driver.log.terminated_step.get((rank, log.request_id))
     chain = driver.chains.get(log.chain_uid)
     keys = list(chain.keys) if chain is not None else []
+    begun = _batches_begun_before(calls, steps, terminated)
     for call, step in zip(calls, steps, strict=True):
         if call.kind != "get":
             continue
-        if terminated is not None and step > terminated:
+        if terminated is not None and step > terminated and call.keys not in begun:
             op_key = (rank, log.request_id)
             in_flight = op_key in driver.log.in_flight
             driver.log.in_flight.discard(op_key)  # one read may still run, and only the first
@@ -97,6 +98,22 @@ def observe_reads(
             if digest is None and page_key in keys:
                 driver.log.holes.append(ReadHole(rank, log.request_id, keys.index(page_key)))
                 break
+
+
+def _batches_begun_before(
+    calls: Sequence[BackendCall], steps: Sequence[int], terminated: int | None
+) -> set[tuple[str, ...]]:
+    """The KV keys of each batch whose sidecar read ran before the termination: the draft
+    releases (0.5.11 - 0.5.18) read a batch's draft pages, then its KV pages, and look at
+    termination only after both, so the KV read of a batch begun before the termination is
+    that batch's in-flight read, as a parked read is (INV-33)."""
+    if terminated is None:
+        return set()
+    return {
+        tuple(key.rsplit(".", 1)[0] for key in call.keys)
+        for call, step in zip(calls, steps, strict=True)
+        if call.kind == "sidecar_get" and step <= terminated
+    }
 
 
 def read_acked_pages(driver: WindowsDriver, rank: int, op: Any, acked_pages: int) -> None:

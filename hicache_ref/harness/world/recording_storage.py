@@ -27,6 +27,7 @@ from hicache_ref.harness.schedule.outcomes import after_backend_call, at_backend
 from hicache_ref.harness.schedule.points import BATCH_EXISTS, BATCH_GET, BATCH_SET
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
 from hicache_ref.storage.fault_injection import FaultInjectingStorage
+from hicache_ref.storage.pool_transfers import DRAFT_POOL, component_key
 from hicache_ref.storage.protocols import StorageHostPool
 
 _T = TypeVar("_T")
@@ -56,6 +57,27 @@ class BackendCall:
     pool: str = ""  # a sidecar pool's call (kind ``sidecar_<kind>``, component keys), else ""
 
 
+LEGACY_DRAFT_PREFIX = "d:"
+"""0.5.11 - 0.5.12 store a draft page under ``d:<key>`` (0.5.13 - 0.5.18: ``<key>.draft``)."""
+
+
+def legacy_draft_call(keys: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """A v1 call the draft releases (0.5.11 - 0.5.18) make for their draft pool's pages, which
+    they store beside the KV's through plain ``batch_set`` / ``batch_get`` (``d:<key>``, then
+    ``<key>.draft``): the pool (``draft``) and the keys in component form, else ``("", keys)``.
+    Page keys are hex digests, so neither spelling can be a KV key (INV-37 judges them, F27)."""
+    suffix = f".{DRAFT_POOL}"
+    if not keys:
+        return "", tuple(keys)
+    if all(k.startswith(LEGACY_DRAFT_PREFIX) for k in keys):
+        return DRAFT_POOL, tuple(
+            component_key(k[len(LEGACY_DRAFT_PREFIX) :], DRAFT_POOL) for k in keys
+        )
+    if all(k.endswith(suffix) for k in keys):
+        return DRAFT_POOL, tuple(keys)
+    return "", tuple(keys)
+
+
 class RecordingStorage(HiCacheStorage):
     """Forwards every call to ``inner`` and records it."""
 
@@ -73,8 +95,11 @@ class RecordingStorage(HiCacheStorage):
         if function:
             call = dataclasses.replace(call, thread=str(function))
         pool = getattr(self._sidecar, "pool", "")
+        keys = call.keys
+        if not pool:
+            pool, keys = legacy_draft_call(call.keys)
         if pool:  # a sidecar's page call: its own kind, so KV observers never count it
-            call = dataclasses.replace(call, kind=f"sidecar_{call.kind}", pool=pool)
+            call = dataclasses.replace(call, kind=f"sidecar_{call.kind}", pool=pool, keys=keys)
         with self._lock:
             if len(self._calls) >= CALLS_MAX:
                 del self._calls[0]
