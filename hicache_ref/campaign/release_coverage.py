@@ -21,6 +21,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hicache_ref.harness.adapters.sglang_storage import SHORTENED_PREFETCH
+
 if TYPE_CHECKING:
     from hicache_ref.campaign.report import CampaignReport
 
@@ -28,10 +30,8 @@ MEM_CACHE = "sglang/srt/mem_cache"
 HYBRID_CONTROLLER = f"{MEM_CACHE}/hybrid_cache/hybrid_cache_controller.py"
 CONTROLLER = "sglang/srt/managers/cache_controller.py"
 RADIX_CACHES = ("hiradix_cache.py", "unified_radix_cache.py")
-SHORTENED_PREFETCH = "available_size - (available_size % self.page_size)"
 GROUP_CONTROLLER_MARK = "packed_draft_device_pools"
 """What marks 0.5.19+'s pool-group HybridCacheController (the one before serves Mamba alone)."""
-"""0.5.13 - 0.5.21's radix caches: what is fetched, cut to the free host pages."""
 
 NOT_DRIVEN_REASONS: dict[str, str] = {
     "storage": "its controller lacks one of upstream's storage threads, or its tree no "
@@ -45,10 +45,10 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "(_draft_page_set / _draft_page_get, 'd:{key}' then '{key}.draft' keys) run only in "
     "storage worlds with a draft pair, drawn where the gate drives the release's storage "
     "threads and its set_draft_kv_pool (capabilities storage:sidecar and draft)",
-    "storage memory-pressure fallback": "0.5.13 - 0.5.15 shorten the prefetch they allocate up "
-    "front (before the hit query) to the free pages; the harness's up-front tree half gives "
-    "the whole prefetch or refuses it (the cut at the hit, 0.5.16+, is drawn: "
-    "storage_host_pressure) (issue 27)",
+    "storage memory-pressure fallback": "the radix cache's cut to the free host pages (0.5.13 "
+    "- 0.5.15: the prefetch allocated up front, 0.5.16+: the hit at its bounce buffer) is drawn "
+    "as storage_host_pressure only where the gate drives the release's storage threads "
+    "(capability storage:host_pressure)",
     "storage sidecars in pool groups": "storage worlds with a pool group need the tree's "
     "HybridCacheController (0.5.19+) with its storage threads: write_storage and prefetch "
     "with the DRAFT sidecar riding on the KV slots (batch_set_v2 / batch_exists_v2 / "

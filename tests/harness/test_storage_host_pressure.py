@@ -125,3 +125,38 @@ def test_host_pressure_bug_planted_in_0_5_23_is_caught(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     check_planted_bug_is_caught(bug, fetch_wheel_tree("0.5.23"), tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("pressure", [True, False], ids=["pressure", "no-pressure"])
+def test_0_5_14_cuts_a_prefetch_that_does_not_fit_before_its_hit_query(pressure: bool) -> None:
+    # 0.5.13 - 0.5.15 allocate a prefetch's pages up front: with three of five host pages held,
+    # a three-page prefetch is cut to the two free pages before the hit query, so the keys
+    # queried, the hit, the bounce buffer and the progress are two pages on every rank
+    impl = SglangImplementation(fetch_wheel_tree("0.5.14"))
+    config = HarnessConfig(  # fewer device than host pages: 0.5.14's prefetch capacity is the gap
+        page_size=PAGE, layer_num=2, storage_ranks=2, storage_batch_pages=2, host_pages=5,
+        device_pages=2, storage_host_pressure=pressure,
+    )  # fmt: skip
+    session = Session(impl.refine_config(config), impl, impl.name)
+    apply(session, "write_storage", pick=2, new=True)  # three pages
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "write_storage", pick=2, new=True)  # holds three of the five host pages
+    started = apply(session, "prefetch", pick=0)
+    if not pressure:  # no room for the whole prefetch: it is not started
+        assert started == "refused: host full", started
+        session.finish()
+        return
+    rid = started.split()[1]
+    storage = session.storage
+    assert storage is not None
+    for _ in range(8):
+        for kind in [k.value for k in storage.runnable() if k.value != "backup"]:
+            apply(session, "storage_step", kind=kind)
+        apply(session, "drain_prefetch_acks")
+    apply(session, "check_prefetch", request=rid)
+    for rank in range(2):
+        log = storage.log.prefetches[rank][rid]
+        assert (log.published_hit_tokens, log.hash_pages) == (2 * PAGE, 2), log
+        assert log.published_progress[-1] == 2 * PAGE, log
+    session.finish()

@@ -67,6 +67,7 @@ from hicache_ref.harness.adapters.sglang_shapes import (
 )
 from hicache_ref.harness.adapters.sglang_storage import (
     PROTOCOL_POLL,
+    SHORTENED_PREFETCH,
     build_storage_controller,
     prefetch_protocol,
     storage_controller_class,
@@ -274,7 +275,8 @@ class SglangImplementation(ImplementationBase):
         self.capabilities = UPSTREAM_CAPABILITIES | shape_capabilities(self.shape)
         if self._storage_driven():
             self.capabilities = self.capabilities | {"storage"}
-            if self._allocates_at_the_hit():  # 0.5.16+: a hit may be cut to the host room
+            if self._allocates_at_the_hit() or self._shortens_up_front():
+                # 0.5.16+: a hit may be cut to the host room; 0.5.13 - 0.5.15: the prefetch
                 self.capabilities = self.capabilities | {HOST_PRESSURE_CAPABILITY}
         if "storage" in self.capabilities and "draft" in self.shape.features:
             # 0.5.11 - 0.5.18: set_draft_kv_pool's draft pages go to L3 beside the KV's
@@ -311,6 +313,12 @@ class SglangImplementation(ImplementationBase):
 
         module = self.loader.module_for(SimDevice())
         return prefetch_protocol(module.HiCacheController) != PROTOCOL_POLL
+
+    def _shortens_up_front(self) -> bool:
+        """0.5.13 - 0.5.15's radix cache cuts a prefetch it allocates up front to the free
+        whole pages when the whole one does not fit (read in the tree's ``hiradix_cache.py``)."""
+        radix = self.tree / "sglang" / "srt" / "mem_cache" / "hiradix_cache.py"
+        return radix.is_file() and SHORTENED_PREFETCH in radix.read_text(errors="replace")
 
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice

@@ -91,6 +91,9 @@ PROTOCOL_HIT_POLL = "hit-poll"
 hands the agreed hit back on ``prefetch_hit_queue`` and the tree allocates the bounce buffer
 when it drains it (as 0.5.19+'s tree does), then polls ``completed_tokens`` as 0.5.10's does."""
 POLLING_PROTOCOLS = (PROTOCOL_POLL, PROTOCOL_HIT_POLL)
+SHORTENED_PREFETCH = "available_size - (available_size % self.page_size)"
+"""0.5.13 - 0.5.21's radix caches: what is fetched, cut to the free host pages (0.5.13 - 0.5.15
+cut the prefetch they allocate up front, 0.5.16+ the hit they allocate a bounce buffer for)."""
 
 
 def supports_storage(module: types.ModuleType) -> bool:

@@ -222,7 +222,7 @@ class StorageDriver:
         if any(r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks):
             return refused("prefetch rate limited")  # decided alike on every rank
         tokens = chain.pages * self.page
-        if self.up_front and any(r.host_pool.available_size() < tokens for r in self.l3.ranks):
+        if self.up_front and not self._up_front_room(tokens):
             return refused("host full")  # 0.5.10 allocates the whole prefetch up front
         for rank, tree_rank in enumerate(self.storage_tree.ranks):
             self.log.prefetches[rank][rid] = PrefetchLog(
@@ -236,6 +236,20 @@ class StorageDriver:
                 return refused("prefetch not started (rate limited)")
             self.known_ops[id(operation)] = (operation, self.epoch)
         return done(f"prefetch {rid} of chain {chain.uid}")
+
+    def _up_front_room(self, tokens: int) -> bool:
+        """Whether every rank can allocate the prefetch up front (0.5.10 - 0.5.15), all of it
+        or, under host pressure, the free whole pages cut to at least the threshold (0.5.13 -
+        0.5.15's fallback; each rank's tree half cuts to its own room): decided alike on every
+        rank, since a rank that does not start the prefetch joins none of its hit queries."""
+        page, threshold = self.page, max(self.page, self.config.page_size)
+        for rank in self.l3.ranks:
+            free = int(rank.host_pool.available_size())
+            if free >= tokens:
+                continue
+            if not self.config.storage_host_pressure or free - free % page < threshold:
+                return False
+        return True
 
     def ongoing(self) -> list[str]:
         common = set.intersection(*(set(r.ongoing_prefetch) for r in self.storage_tree.ranks))

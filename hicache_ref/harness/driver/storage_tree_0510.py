@@ -6,7 +6,9 @@ and reduces it over the TP group itself. ``PollTreeRank`` is one rank's side of 
 protocol order:
 
 - ``prefetch_from_storage``: page-align, threshold, rate limit, pin the anchor, allocate host
-  pages for every token and ``cc.prefetch(rid, host_indices, tokens, last_hash, prefix_keys)``.
+  pages for every token and ``cc.prefetch(rid, host_indices, tokens, last_hash, prefix_keys)``;
+  under host pressure (0.5.13 - 0.5.15) a prefetch that does not fit is cut to the free whole
+  pages first, if they reach the threshold (the radix cache's fallback).
   The hit thread later gives back ``[hit:]`` itself and cuts ``host_indices`` to the hit, or
   gives back all of it and puts the rid on ``prefetch_revoke_queue`` (hit below threshold);
 - ``drain_revokes``: each revoked rid still ongoing is retired (anchor unpinned, occupancy
@@ -119,6 +121,14 @@ class PollTreeRank(StorageTreeRank):
             return None
         self.protect_host(anchor)
         host_indices = self.host_pool.alloc(len(tokens))
+        if host_indices is None and self.host_pressure:
+            # 0.5.13 - 0.5.15: no room for the whole prefetch (evict_host frees nothing here: the
+            # harness's host nodes are pinned), so fetch the free whole pages if they reach the
+            # threshold: the prefetch, its keys and the hit it can find are cut before the query
+            room = self.room()
+            if room >= max(self.cc.prefetch_threshold, self.page_size):
+                tokens = tokens[:room]
+                host_indices = self.host_pool.alloc(room)
         if host_indices is None:  # 0.5.10 evicts host nodes first; the harness's are pinned
             self.release_host(anchor)
             return None
