@@ -132,6 +132,7 @@ def drove(report: CampaignReport) -> list[str]:
     for feature, off, label in (
         ("storage", "none", "storage"),
         ("storage sidecar", ("none", "no storage"), "storage sidecar"),
+        ("storage pressure", ("none", "no storage"), "host pressure"),
         ("forward", "default", "fences"),
     ):
         counts: Mapping[str, int] = report.features.get(feature, {})

@@ -46,6 +46,7 @@ FEATURES = (
     "pool group",
     "storage",
     "storage sidecar",
+    "storage pressure",
 )
 
 
@@ -95,6 +96,11 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         ),
         "storage sidecar": (
             ("draft" if config.has_draft else "none") if config.uses_storage else "no storage"
+        ),
+        "storage pressure": (
+            ("pressure" if config.storage_host_pressure else "none")
+            if config.uses_storage
+            else "no storage"
         ),
     }
 
@@ -271,6 +277,18 @@ class CampaignReport:
             "drives": "a draft pool's pages stored, queried and read beside the KV's",
         }
 
+    def pressure_shares(self) -> dict[str, Any]:
+        """Storage worlds under host pressure (a prefetch or a hit cut to the free host pages):
+        their cases and their share of the storage worlds (0 cases when none was drawn)."""
+        counts = self.features.get("storage pressure", Counter())
+        storage = counts.get("pressure", 0) + counts.get("none", 0)
+        return {
+            "cases": counts.get("pressure", 0),
+            "share_of_storage": round(counts.get("pressure", 0) / storage, 4) if storage else 0.0,
+            "drives": "a prefetch or a hit cut to the free host pages (the radix caches' "
+            "fallback, allocate_storage_hit(allow_partial=True))",
+        }
+
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
         return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
@@ -309,6 +327,7 @@ class CampaignReport:
             "worlds": {
                 "pool group": self.world_shares(),
                 "storage sidecar": self.sidecar_shares(),
+                "storage pressure": self.pressure_shares(),
             },
             "distinct_configs": len(self.configs),
             "configs": {

@@ -130,7 +130,7 @@ CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
         ("f23_reset_leaves_the_io_release_to_the_next_epoch.jsonl", ("0.5.17",), ("0.5.19",)),
         # F25: 0.5.13.post1's reset() is 0.5.13's; 0.5.14 zeroes the occupancy
         ("f25_reset_keeps_the_prefetch_occupancy.jsonl", ("0.5.13.post1",), ("0.5.14",)),
-        # F27 on the draft releases with the prefetch allocated up front (0.5.19+ and 0.5.10
+        # F27 (INV-37) on the draft releases with the prefetch allocated up front (0.5.19+ and 0.5.10
         # have no draft pair to replay it on; the reference passes it, test_sglang_adapter)
         (
             "f27_draft_page_read_best_effort_counts_the_kv_page.jsonl",
