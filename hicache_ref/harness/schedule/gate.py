@@ -46,6 +46,12 @@ GRANTS_MAX = 100_000
 """Bound on the grant record (TigerStyle); the oldest entries go first."""
 
 
+def _holds_work(point: Point) -> bool:
+    """A wait on a queue that is not empty now."""
+    empty = getattr(point.source, "empty", None)
+    return point.kind == WAIT and callable(empty) and not empty()
+
+
 class GateClosed(BaseException):
     """The interpreter is exiting: a parked gated thread unwinds instead of waiting on (a
     ``BaseException``, so no ``except Exception`` of the thread's own code keeps it)."""
@@ -210,6 +216,12 @@ class StepGate:
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
                 if self._stopping() and (thread in self._released or self._closing):
+                    self._parked.pop(thread, None)
+                    self._cond.notify_all()
+                    return None
+                if thread in self._released and _holds_work(point):
+                    # joined by a stopper that signals through the queue, not the stop event
+                    # (0.5.23's PP ticket thread: a None put before the join): it takes it
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     return None

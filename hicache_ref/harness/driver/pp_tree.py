@@ -1,0 +1,479 @@
+"""The tree's half of 0.5.23's PP prefetch protocol, over a world of 2 PP storage ranks.
+
+A PP world (``HarnessConfig.storage_pp``) is a storage world whose 2 ranks are pipeline-parallel
+ranks (TP 1 each) of upstream's own ``HybridCacheController`` in ``buffer_only`` host memory,
+in one process: its storage threads and its PP command thread (``pp_prefetch_command_thread_func``)
+run upstream's code on gated threads, the PP group and its command group are the harness's
+(``adapters/sglang_world.py``: ``broadcast_pyobj`` on ``PpBroadcast``), and every rank's backend
+is a client of one shared L3 (``world/storage_world.py``). ``PpTree`` is the scheduler side of
+every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protocol order:
+
+- ``back_up``: a chain's pages, filled with each rank's own bytes, go to L3 through every rank's
+  ``write_storage`` and backup thread (a PP rank stores its own layers: its keys carry its rank);
+- ``submit``: PP rank 0 alone asks ``get_prefetch_submission`` and, with none, ``submit_prefetch``
+  (a ticket recorded under ``pp_prefetch_state_lock`` and queued for the command thread), as
+  ``prefetch_from_storage`` does in buffer mode; the other ranks follow the tickets;
+- ``command_step``: one loop body of every rank's PP command thread together: rank 0 takes the
+  ticket and broadcasts it, then every rank queries its backend, allocates its host slots
+  (``_allocate_pp_prefetch_buffers``, off the scheduler thread), MIN-reduces the hit over the PP
+  ranks and stages the operation for its IO thread;
+- ``storage_step``: the IO or sync thread of every rank in lockstep (the sync thread publishes
+  a ticket's completion by setting its ``ready_event``);
+- ``check_progress``: ``_check_pp_prefetch_progress``: PP rank 0's readiness (MAX over the ranks),
+  then ``take_ready_pp_prefetch`` on every rank; a staged hit is consumed as the buffer pipeline
+  consumes it (the tail past the completed tokens goes back through ``append_host_mem_release``,
+  the landed pages are read back against the rank's bytes, then freed after their load);
+- ``release``: the request finished: ``release_pp_prefetch`` on every rank (``claim_kv_row``);
+- ``reset``: every rank's ``reset()``, PP rank 0 first (its command thread broadcasts the stop).
+
+The harness's own records, never the controller's word: which ticket each rank took off the
+broadcast (``PpBroadcast.received``), which keys its command thread queried (the recording
+backend), which host slots it allocated for the ticket and which came back (the host pool's own
+alloc and free, wrapped here). After every step they become ``PpTicketRecord``s of a
+``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket holds no slot).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hicache_ref.controller.storage.lockstep import run_lockstep
+from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC
+from hicache_ref.harness.adapters.sglang_stubs import RadixKey
+from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.storage_world import StorageWorld
+from hicache_ref.harness.world.world import build_world
+from hicache_ref.invariants.registry import CheckRunner
+from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
+
+PP_RANKS = 2
+TICKET_WAIT_S = 10.0
+"""How long a command step waits for PP rank 0's broadcast to reach a follower's inbox."""
+COMMAND = "pp_command"
+WRITE = "write"
+
+
+def pp_config(**fields: Any) -> HarnessConfig:
+    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools."""
+    base: dict[str, Any] = {
+        "page_size": 2,
+        "layer_num": 2,
+        "pool_group": "anchor",
+        "storage_ranks": PP_RANKS,
+        "storage_pp": True,
+        "storage_batch_pages": 2,
+        "host_pages": 16,
+        "device_pages": 16,
+    }
+    return HarnessConfig(**{**base, **fields})
+
+
+def page_value(rank: int, chain: int, page: int) -> float:
+    """The first element of page ``page`` of chain ``chain`` on PP rank ``rank`` (its layers)."""
+    return float((rank + 1) * 1_000_000 + chain * 1_000 + page + 1)
+
+
+@dataclass(frozen=True)
+class RequestHandle:
+    """Upstream's ``CacheRequestHandle`` (the harness stubs its module): a ticket pickles it."""
+
+    rid: str
+    attempt_id: int = 0
+
+
+@dataclass
+class TicketLog:
+    """The harness's record of one ticket on one rank (``PpTicketRecord`` when judged)."""
+
+    request_id: str
+    epoch: int
+    keys: tuple[str, ...] = ()
+    hit_tokens: int | None = None
+    ready: bool = False
+
+
+@dataclass
+class RankBook:
+    """What the harness saw of one rank's host slots and tickets."""
+
+    owners: dict[int, str] = field(default_factory=dict)  # host slot -> ticket or WRITE
+    label: str = WRITE  # what an allocation now is for (the command step's: COMMAND)
+    tickets: list[TicketLog] = field(default_factory=list)
+    seen: int = 0  # broadcasts of this rank already turned into tickets
+    relayed: set[str] = field(default_factory=set)  # requests this rank's scheduler received
+    released: set[tuple[int, str]] = field(default_factory=set)  # (epoch, request) it finished
+
+    def ticket(self, rid: str, epoch: int) -> TicketLog | None:
+        return next(
+            (t for t in reversed(self.tickets) if t.request_id == rid and t.epoch == epoch), None
+        )
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain the world backed up: its tokens and, per rank, its page keys."""
+
+    index: int
+    tokens: tuple[int, ...]
+    keys: tuple[str, ...]
+
+
+class PpTree:
+    """Every PP rank's scheduler side of the storage protocol (see the module doc)."""
+
+    def __init__(self, implementation: Implementation, config: HarnessConfig) -> None:
+        if not config.storage_pp:
+            raise HiCacheInputError("a PP tree needs a PP world (storage_pp=True)")
+        refine = getattr(implementation, "refine_config", None)
+        config = refine(config) if callable(refine) else config
+        if not config.storage_pp or config.storage_ranks != PP_RANKS:
+            raise HiCacheSetupError(
+                f"{implementation.name} draws no PP storage world (capability storage:pp)"
+            )
+        self.config = config
+        self.page = config.page_size
+        self.world = build_world(config, implementation)
+        self.storage = StorageWorld(self.world, implementation)
+        self.storage.attach()
+        self.cc: list[Any] = self.storage.controllers
+        if any(getattr(c, "pp_prefetch_command_group", None) is None for c in self.cc):
+            raise HiCacheSetupError(
+                "upstream's attach made no PP command group (enable_pp_ticket: buffer_only "
+                "host memory and a PP group of 2+ ranks)"
+            )
+        self.hybrid = sys.modules[type(self.cc[0]).__mro__[1].__module__]
+        self.broadcast: PpBroadcast = pp_broadcast_for(self.cc[0]._harness_collectives)
+        self.books = [RankBook() for _ in self.cc]
+        for rank, controller in enumerate(self.cc):
+            self._watch_host_pool(rank, controller)
+        self.epoch = 0
+        self.chains: list[Chain] = []
+        self.requests = 0
+        self.live: set[str] = set()  # submitted, not yet released
+        self.checks = CheckRunner()
+        self.steps = 0
+
+    # -- the harness's own view of the host slots --------------------------------------------------
+    def _watch_host_pool(self, rank: int, controller: Any) -> None:
+        """Wrap the KV host pool's ``alloc`` / ``free``: who holds each slot (the harness's)."""
+        pool = controller.mem_pool_host.anchor_entry.host_pool
+        alloc, free = pool.alloc, pool.free
+        book = self.books[rank]
+        lock = threading.Lock()
+
+        def watched_alloc(need_size: int, *args: Any, **kwargs: Any) -> Any:
+            indices = alloc(need_size, *args, **kwargs)
+            if indices is not None:
+                with lock:
+                    for slot in indices.tolist():
+                        book.owners[int(slot)] = book.label
+            return indices
+
+        def watched_free(indices: Any, *args: Any, **kwargs: Any) -> Any:
+            freed = free(indices, *args, **kwargs)
+            with lock:
+                for slot in indices.tolist():
+                    book.owners.pop(int(slot), None)
+            return freed
+
+        pool.alloc, pool.free = watched_alloc, watched_free
+
+    def held_by(self, rank: int, rid: str) -> int:
+        return sum(1 for owner in self.books[rank].owners.values() if owner == rid)
+
+    # -- L3 ----------------------------------------------------------------------------------------
+    def back_up(self, pages: int) -> Chain:
+        """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
+        index = len(self.chains)
+        tokens = tuple(range(index * 4096 + 1, index * 4096 + 1 + pages * self.page))
+        keys: tuple[str, ...] = ()
+        slots: list[Any] = []
+        for rank, controller in enumerate(self.cc):
+            book = self.books[rank]
+            book.label = WRITE
+            host = controller.mem_pool_host.alloc(pages * self.page)
+            if host is None:
+                raise HiCacheInputError(f"no host room for a {pages}-page backup on rank {rank}")
+            pool = controller.mem_pool_host.anchor_entry.host_pool
+            for page in range(pages):
+                first = int(host[page * self.page])
+                flat = pool.get_dummy_flat_data_page()
+                ramp = torch.arange(flat.numel(), dtype=flat.dtype) / 1024
+                pool.set_from_flat_data_page(first, ramp + page_value(rank, index, page))
+            controller.write_storage(host, list(tokens))
+            slots.append(host)
+        self.run_until_idle()
+        for rank, controller in enumerate(self.cc):
+            while not controller.ack_backup_queue.empty():
+                controller.ack_backup_queue.get_nowait()
+            controller.mem_pool_host.free(slots[rank])
+            keys = tuple(self._stored_keys(rank)) or keys
+        chain = Chain(index, tokens, keys)
+        self.chains.append(chain)
+        return chain
+
+    def _stored_keys(self, rank: int) -> list[str]:
+        recording = self.storage.ranks[rank].recording
+        calls = [] if recording is None else recording.take()
+        return [k for c in calls if c.kind == "set" for k in c.keys]
+
+    # -- a request's prefetch ----------------------------------------------------------------------
+    def submit(self, chain: Chain, skip_pages: int) -> str | None:
+        """PP rank 0's ``prefetch_from_storage`` of ``chain`` after its first ``skip_pages``
+        pages (already on the device): the request's id, or None when it asked for nothing."""
+        rid = f"req-{self.requests}"
+        self.requests += 1
+        controller = self.cc[0]
+        if controller.get_prefetch_submission(rid) is not None:
+            return None
+        start = skip_pages * self.page
+        tokens = chain.tokens[start:]
+        if len(tokens) < controller.prefetch_threshold:
+            return None
+        last_hash = chain.keys[skip_pages - 1] if skip_pages and chain.keys else None
+        prefix_keys = list(chain.keys[:skip_pages]) if skip_pages else None
+        handle = RequestHandle(rid)
+        key = RadixKey(array("q", tokens)).page_aligned(self.page)
+        submission = controller.submit_prefetch(
+            handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), None
+        )
+        if submission.operation is None:
+            return None
+        self._bind(0, rid, bool(submission.decision))
+        self.live.add(rid)
+        return rid
+
+    def _bind(self, rank: int, rid: str, decision: bool = True) -> None:
+        """``bind_prefetch_ticket``: PP rank 0 records its decision; another rank records the
+        one the request relay carries, when the request reaches its scheduler."""
+        controller, decisions = self.cc[rank], self.hybrid.PPPrefetchDecision
+        with controller.pp_prefetch_state_lock:
+            controller.pp_prefetch_decisions[rid] = (
+                decisions.TICKETED if decision else decisions.SKIPPED
+            )
+        self.books[rank].relayed.add(rid)
+
+    def relay(self, rid: str) -> None:
+        """The request (ticketed) reaches every other PP rank's scheduler."""
+        for rank in range(1, len(self.cc)):
+            if rid not in self.books[rank].relayed:
+                self._bind(rank, rid)
+
+    def command_step(self) -> bool:
+        """One loop body of every rank's PP command thread (False: no ticket was queued)."""
+        source = self.cc[0].pp_prefetch_command_queue
+        if not any(item is not None for item in list(source.queue)):
+            return False
+        errors: list[BaseException | None] = [None] * len(self.cc)
+        group = self.storage.group
+
+        def serve(rank: int) -> None:
+            gate = self.cc[rank]._harness_gate
+            try:
+                if rank == 0:
+                    gate.serve(source, COMMAND, rank)
+                else:
+                    inbox = self.broadcast.inboxes[rank]
+                    deadline = time.monotonic() + TICKET_WAIT_S
+                    while inbox.empty() and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    gate.serve(inbox, COMMAND, rank)
+            except BaseException as exc:  # re-raised below, on the caller's thread
+                errors[rank] = exc
+            finally:
+                group.rank_finished(rank)
+
+        for book in self.books:
+            book.label = COMMAND
+        group.begin_step()
+        threads = [
+            threading.Thread(target=serve, args=(rank,), name=f"pp-command-r{rank}", daemon=True)
+            for rank in range(len(self.cc))
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(TICKET_WAIT_S + group.timeout_s)
+        finally:
+            group.end_step()
+            for book in self.books:
+                book.label = WRITE
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        self._take_broadcasts()
+        self.check()
+        return True
+
+    def _take_broadcasts(self) -> None:
+        """Each ticket a rank took off the broadcast since the last step: its keys, hit, slots."""
+        for rank, book in enumerate(self.books):
+            received = self.broadcast.received[rank][book.seen :]
+            book.seen += len(received)
+            recording = self.storage.ranks[rank].recording
+            calls = [] if recording is None else recording.take()
+            queried = tuple(
+                k
+                for c in calls
+                if c.kind == "exists" and c.thread == PP_TICKET_FUNC
+                for k in c.keys
+            )
+            for message in received:
+                ticket = message.objects[0] if message.objects else None
+                if ticket is None:
+                    continue
+                rid = str(ticket.handle.rid)
+                log = TicketLog(rid, self.epoch, keys=queried)
+                state = self.cc[rank].pp_prefetch_states.get(rid)
+                if state is not None:
+                    log.hit_tokens = int(state.operation.storage_hit_count)
+                book.tickets.append(log)
+                for slot, owner in list(book.owners.items()):
+                    if owner == COMMAND:
+                        book.owners[slot] = rid
+
+    def storage_step(self, kind: StorageStepKind) -> bool:
+        """The ``kind`` thread of every rank in lockstep (False: no rank had work)."""
+        tiers = [c.storage for c in self.cc]
+        if not any(t.has_work(kind) for t in tiers):
+            return False
+        run_lockstep(tiers, self.storage.group, kind, self.storage.threads)
+        self._mark_ready()
+        self.check()
+        return True
+
+    def _mark_ready(self) -> None:
+        for rank, book in enumerate(self.books):
+            for log in book.tickets:
+                if log.epoch != self.epoch or log.ready:
+                    continue
+                state = self.cc[rank].pp_prefetch_states.get(log.request_id)
+                log.ready = state is None or bool(state.ready_event.is_set())
+
+    def run_until_idle(self, steps_max: int = 200) -> None:
+        """Every queued ticket, IO, sync and backup, until no rank has work."""
+        for _ in range(steps_max):
+            ran = self.command_step()
+            for kind in (StorageStepKind.IO, StorageStepKind.SYNC, StorageStepKind.BACKUP):
+                ran = self.storage_step(kind) or ran
+            if not ran:
+                return
+        raise HiCacheSetupError(f"the PP world did not go idle within {steps_max} rounds")
+
+    def check_progress(self, rid: str) -> bool:
+        """``_check_pp_prefetch_progress``: whether the ticket was ready and taken."""
+        self.relay(rid)  # every rank's scheduler polls the request it holds
+        ready = bool(self.cc[0].is_pp_prefetch_ready(rid))  # MAX over ranks: PP rank 0 decides
+        if not ready:
+            return False
+        for rank, controller in enumerate(self.cc):
+            state_of = controller.pp_prefetch_states.get(rid)
+            log = self.books[rank].ticket(rid, self.epoch)
+            if state_of is None or not state_of.ready_event.is_set():
+                if log is not None:
+                    log.ready = False
+                self.check()  # every rank holds the ticket, ready, once PP rank 0's is (INV-38)
+                raise HiCacheSetupError(f"rank {rank} has no ready state for {rid}")
+            state = controller.take_ready_pp_prefetch(rid)
+            operation = state.operation
+            host, completed = operation.host_indices, int(operation.completed_tokens)
+            if host is not None and completed > 0:
+                controller.append_host_mem_release(host[completed:])
+                self._drain_releases(controller)
+                self._consume(rank, host[:completed])
+        self.check()
+        return True
+
+    def _consume(self, rank: int, host: Any) -> None:
+        """The buffer pipeline loads the staged pages to the device, then frees them."""
+        self.cc[rank].mem_pool_host.free(host)
+
+    @staticmethod
+    def _drain_releases(controller: Any) -> None:
+        release = controller.host_mem_release_queue
+        while not release.empty():
+            indices = release.get_nowait()
+            if indices is not None and len(indices):
+                controller.mem_pool_host.free(indices)
+
+    def release(self, rid: str) -> None:
+        """The request finished: every rank retires its ticket (``claim_kv_row``)."""
+        self.relay(rid)  # a rank finishes only a request it received
+        for rank, controller in enumerate(self.cc):
+            controller.release_pp_prefetch(rid)
+            self._drain_releases(controller)
+            self.books[rank].released.add((self.epoch, rid))
+        self.live.discard(rid)
+        self.check()
+
+    def reset(self) -> None:
+        """Every rank's ``reset()``, PP rank 0 first; the tree's host pools are cleared."""
+        for rank, controller in enumerate(self.cc):
+            controller.reset()
+            controller.mem_pool_host.anchor_entry.host_pool.clear()
+            self.books[rank].owners.clear()
+            self.books[rank].relayed.clear()
+            self._stored_keys(rank)
+        self.epoch += 1
+        self.live.clear()
+        self.check()
+
+    # -- INV-38 ------------------------------------------------------------------------------------
+    def snapshot(self) -> StorageSnapshot:
+        tickets = tuple(
+            tuple(
+                PpTicketRecord(
+                    log.request_id,
+                    log.epoch,
+                    log.keys,
+                    log.hit_tokens,
+                    held_tokens=self.held_by(rank, log.request_id)
+                    if log.epoch == self.epoch
+                    else 0,
+                    ready=log.ready,
+                    retired=(log.epoch, log.request_id) in book.released,
+                )
+                for log in book.tickets
+            )
+            for rank, book in enumerate(self.books)
+        )
+        return StorageSnapshot(
+            page_size=self.page,
+            world_size=len(self.cc),
+            epoch=self.epoch,
+            tiers=(),
+            prefetches=tuple(() for _ in self.cc),
+            backups=tuple(() for _ in self.cc),
+            acks=tuple(() for _ in self.cc),
+            collectives=tuple(() for _ in self.cc),
+            pp_tickets=tickets,
+        )
+
+    def check(self) -> None:
+        self.steps += 1
+        self.checks.run("INV-38", self.snapshot())
+
+    def finish(self) -> None:
+        """Release every live request, run to idle, take what is ready: nothing stays held."""
+        for rid in sorted(self.live):
+            self.run_until_idle()
+            self.check_progress(rid)
+            self.release(rid)
+        self.run_until_idle()
+        self.storage.close()
+
+
+Step = Callable[[PpTree], object]
