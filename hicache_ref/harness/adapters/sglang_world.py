@@ -26,7 +26,6 @@ import copy
 import queue
 import threading
 import types
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,8 +50,6 @@ PP_COMMAND = SyncGroup("pp_prefetch_command")
 PP_SYNC_GROUP_NAMES = (PP_COMMAND, PREFETCH_HITS, PREFETCH_COMPLETION)
 """In a PP world 0.5.23's hybrid attach creates the PP command group first (``enable_pp_ticket``),
 then the base attach its hit-query and completion groups (TP 1: one of each, on the PP ranks)."""
-PP_STOP_WAIT_S = 5.0
-"""A follower stopping with an empty inbox waits this long for the source's last broadcast."""
 
 
 class TpHandle:
@@ -221,8 +218,8 @@ class PpBroadcast:
         inbox = self.inboxes[rank]
         try:
             objects: list[Any] = inbox.get()
-        except queue.Empty:  # stopping before the source's last broadcast reached this rank
-            objects = queue.Queue.get(inbox, True, PP_STOP_WAIT_S)
+        except queue.Empty:  # the world went with nothing broadcast: an empty broadcast
+            objects = []
         self._log(rank, objects)
         return objects
 
@@ -236,15 +233,12 @@ class PpBroadcast:
         return self.inboxes[rank].qsize() if rank else 0
 
 
-_broadcasts: weakref.WeakKeyDictionary[Any, PpBroadcast] = weakref.WeakKeyDictionary()
-
-
 def pp_broadcast_for(collectives: Any) -> PpBroadcast:
-    """The command-group broadcast of the PP world ``collectives`` (a rank's view) belongs to."""
-    group = collectives.group
-    found = _broadcasts.get(group)
-    if found is None:
-        found = _broadcasts[group] = PpBroadcast(int(collectives.world_size))
+    """The command-group broadcast of the PP world ``collectives`` (a rank's view) belongs to,
+    kept with its rank group (one per world)."""
+    attachments: dict[str, object] = collectives.group.attachments
+    found = attachments.setdefault("pp_broadcast", PpBroadcast(int(collectives.world_size)))
+    assert isinstance(found, PpBroadcast)
     return found
 
 

@@ -421,8 +421,10 @@ class PpTree:
 
     def reset(self) -> None:
         """Every rank's ``reset()``, PP rank 0 first; the tree's host pools are cleared."""
-        for rank, controller in enumerate(self.cc):
+        for controller in self.cc:
             controller.reset()
+        self._take_broadcasts()  # a stopping command thread drains its ticket: the old epoch's
+        for rank, controller in enumerate(self.cc):
             controller.mem_pool_host.anchor_entry.host_pool.clear()
             self.books[rank].owners.clear()
             self.books[rank].relayed.clear()

@@ -170,6 +170,7 @@ class StepGate:
         self._released: set[GatedThread] = set()  # joined by upstream while stopping
         self._exited: set[GatedThread] = set()  # left run(): no grant waits for them
         self._closing = False
+        self._closed_seen: set[GatedThread] = set()  # left a park since the world went
         self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
         self.grants: list[GrantRecord] = []
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
@@ -215,7 +216,15 @@ class StepGate:
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
+                if self._closing and thread in self._closed_seen:
+                    # the world is gone and the thread parks again: a loop that exits only on
+                    # an item (0.5.23's PP ticket thread) would spin on empty gets; it unwinds
+                    self._parked.pop(thread, None)
+                    self._cond.notify_all()
+                    raise GateClosed(thread.name)
                 if self._stopping() and (thread in self._released or self._closing):
+                    if self._closing:
+                        self._closed_seen.add(thread)
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     return None
