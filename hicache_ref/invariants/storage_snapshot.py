@@ -246,6 +246,8 @@ class PpTicketRecord:
     held_tokens: int = 0  # host slots the harness saw allocated for it and not yet freed
     ready: bool = False  # the rank's sync thread published its completion
     retired: bool = False  # the rank's tree released the request (release_pp_prefetch)
+    ended: bool = True  # the rank's command thread ended its loop body for it (keys and hit
+    # are final; under schedule points a body is judged in parts until then)
 
 
 @dataclass(frozen=True)
@@ -268,3 +270,4 @@ class StorageSnapshot:
     detached: bool = False  # taken right after a detach (INV-24)
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
     pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
+    pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it

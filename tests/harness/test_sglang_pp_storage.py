@@ -106,3 +106,25 @@ def test_pp_bug_planted_in_0_5_23_is_caught(
     report = run_pp_gate(SglangImplementation(planted), seconds=BUG_SECONDS)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
     assert report.program.count("(") <= 6, report.program  # shrunk to a handful of steps
+
+
+def test_a_release_between_the_followers_receipt_and_its_state_is_honoured_under_points(
+    tree_0523: Path,
+) -> None:
+    # points: the follower takes the ticket off the broadcast and parks before the state lock;
+    # the request finishes right then (its relay binds TICKETED, the release makes it CANCELLED)
+    tree = PpTree(SglangImplementation(tree_0523), pp_config(), points=True)
+    rid = tree.submit(tree.back_up(2), 0)
+    assert rid is not None
+    assert tree.point(0)  # PP rank 0 takes the ticket: parked at its broadcast's put
+    assert tree.point(0)  # the broadcast reaches the follower's inbox
+    assert tree.point(1)  # the follower takes it: parked before pp_prefetch_state_lock
+    at = tree.position(1)
+    assert at is not None and at[1].kind == "lock", at
+    assert rid not in tree.cc[1].pp_prefetch_states
+    tree.release(rid)
+    assert tree.cc[1].pp_prefetch_decisions[rid] is tree.hybrid.PPPrefetchDecision.CANCELLED
+    tree.run_until_idle()  # the follower registers the ticket as released; its sync frees it
+    assert all(tree.held_by(rank, rid) == 0 for rank in range(2))
+    assert [t.ended for t in tree.books[1].tickets] == [True]
+    tree.finish()

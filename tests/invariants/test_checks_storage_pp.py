@@ -91,3 +91,14 @@ def test_inv38_a_released_ticket_holding_slots_is_caught() -> None:
     done = tuple(replace(t, ready=True, held_tokens=0) for t in snapshot.pp_tickets[0])
     leaked = (done[0], replace(done[1], held_tokens=4))
     fires(replace(snapshot, pp_tickets=(done, leaked)), "still holds 4 host slot")
+
+
+def test_inv38_a_body_still_running_is_judged_only_by_its_order() -> None:
+    # under schedule points: rank 1 has taken b but not queried it yet, nor taken a third
+    snapshot = healthy(keys=(), hit_tokens=None, held_tokens=0, ended=False)
+    third = PpTicketRecord("c", 0, (), None, ended=False)
+    ahead = replace(
+        snapshot, pp_tickets=(snapshot.pp_tickets[0] + (third,), snapshot.pp_tickets[1])
+    )
+    STORAGE_CHECKS["INV-38"](replace(ahead, pp_at_rest=False))
+    fires(ahead, "took 2 ticket")  # at rest, every rank took every ticket

@@ -8,7 +8,9 @@ machine's storage rules do not model. A case draws the world's faults and a prog
 to idle, so every ticket is retired and judged (INV-38 after every step). ``run_pp_gate`` runs
 cases until its budget is spent or one fails; Hypothesis then shrinks the failing program.
 
-- ``PpProgram``: the drawn world (faults, backend) and steps (``PpOp``: a verb and a number the
+- ``PpProgram``: the drawn world (faults, backend, schedule points: half the worlds park the
+  command threads at every point of their loop bodies, so a submit, a release or another
+  thread's step lands between a ticket's query, allocation and state lookups) and steps (``PpOp``: a verb and a number the
   verb reads as its pick);
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
@@ -31,7 +33,18 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
 
-VERBS = ("back_up", "submit", "relay", "command", "io", "sync", "progress", "release", "reset")
+VERBS = (
+    "back_up",
+    "submit",
+    "relay",
+    "command",
+    "point",
+    "io",
+    "sync",
+    "progress",
+    "release",
+    "reset",
+)
 """The steps of a program, in the order a request meets them."""
 STEPS_MAX = 24
 CHAIN_PAGES_MAX = 4
@@ -51,11 +64,12 @@ class PpOp:
 class PpProgram:
     faults: bool
     backend: str
+    points: bool  # the command threads park at every schedule point of their loop bodies
     ops: tuple[PpOp, ...]
 
     def describe(self) -> str:
         steps = " ".join(op.describe() for op in self.ops)
-        return f"faults={self.faults} backend={self.backend}: {steps}"
+        return f"faults={self.faults} backend={self.backend} points={self.points}: {steps}"
 
 
 FIRST = PpOp("back_up", 1)
@@ -63,6 +77,7 @@ PROGRAMS = st.builds(
     PpProgram,
     faults=st.booleans(),
     backend=st.sampled_from(["memory", "file"]),
+    points=st.booleans(),
     ops=st.lists(
         st.builds(PpOp, verb=st.sampled_from(VERBS), pick=st.integers(0, 7)),
         min_size=1,
@@ -86,6 +101,8 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
         tree.submit(chain, (op.pick // len(tree.chains)) % (len(chain.tokens) // tree.page))
     elif op.verb == "command":
         tree.command_step()
+    elif op.verb == "point":
+        tree.command_point(op.pick % 2)
     elif op.verb in ("io", "sync"):
         tree.storage_step(StorageStepKind(op.verb))
     elif op.verb == "reset":
@@ -105,7 +122,7 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
 def run_program(implementation: Implementation, program: PpProgram, seed: int = 0) -> PpTree:
     """One case: a fresh PP world, the program, then every request released and run to idle."""
     config = pp_config(storage_faults=program.faults, storage_backend=program.backend, seed=seed)
-    tree = PpTree(implementation, config)
+    tree = PpTree(implementation, config, points=program.points)
     try:
         for op in program.ops:
             apply_op(tree, op)

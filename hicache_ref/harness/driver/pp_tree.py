@@ -16,7 +16,9 @@ every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protoc
 - ``command_step``: one loop body of every rank's PP command thread together: rank 0 takes the
   ticket and broadcasts it, then every rank queries its backend, allocates its host slots
   (``_allocate_pp_prefetch_buffers``, off the scheduler thread), MIN-reduces the hit over the PP
-  ranks and stages the operation for its IO thread;
+  ranks and stages the operation for its IO thread; with ``points`` (only the command threads
+  park at schedule points: ``StepGate.points_only``), ``point(rank)`` runs one rank's to its
+  next point (the collective on every rank at once), so the scheduler's steps land in between;
 - ``storage_step``: the IO or sync thread of every rank in lockstep (the sync thread publishes
   a ticket's completion by setting its ``ready_event``);
 - ``check_progress``: ``_check_pp_prefetch_progress``: PP rank 0's readiness (MAX over the ranks),
@@ -37,9 +39,7 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from array import array
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,8 @@ from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC
 from hicache_ref.harness.adapters.sglang_stubs import RadixKey
 from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
+from hicache_ref.harness.driver.pp_commands import PpCommandThreads
+from hicache_ref.harness.schedule.points import WAIT
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.storage_world import StorageWorld
 from hicache_ref.harness.world.world import build_world
@@ -59,8 +61,6 @@ from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
 
 PP_RANKS = 2
-TICKET_WAIT_S = 10.0
-"""How long a command step waits for PP rank 0's broadcast to reach a follower's inbox."""
 COMMAND = "pp_command"
 WRITE = "write"
 
@@ -102,6 +102,7 @@ class TicketLog:
     keys: tuple[str, ...] = ()
     hit_tokens: int | None = None
     ready: bool = False
+    ended: bool = False  # the rank's command thread finished its loop body for it
 
 
 @dataclass
@@ -109,7 +110,6 @@ class RankBook:
     """What the harness saw of one rank's host slots and tickets."""
 
     owners: dict[int, str] = field(default_factory=dict)  # host slot -> ticket or WRITE
-    label: str = WRITE  # what an allocation now is for (the command step's: COMMAND)
     tickets: list[TicketLog] = field(default_factory=list)
     seen: int = 0  # broadcasts of this rank already turned into tickets
     relayed: set[str] = field(default_factory=set)  # requests this rank's scheduler received
@@ -133,7 +133,9 @@ class Chain:
 class PpTree:
     """Every PP rank's scheduler side of the storage protocol (see the module doc)."""
 
-    def __init__(self, implementation: Implementation, config: HarnessConfig) -> None:
+    def __init__(
+        self, implementation: Implementation, config: HarnessConfig, *, points: bool = False
+    ) -> None:
         if not config.storage_pp:
             raise HiCacheInputError("a PP tree needs a PP world (storage_pp=True)")
         refine = getattr(implementation, "refine_config", None)
@@ -158,6 +160,15 @@ class PpTree:
         self.books = [RankBook() for _ in self.cc]
         for rank, controller in enumerate(self.cc):
             self._watch_host_pool(rank, controller)
+        self.points = points
+        self.commands = PpCommandThreads(self.cc, self.broadcast, self.storage.group)
+        if points:  # the command threads alone park at every point of their loop bodies
+            for controller in self.cc:
+                gate = controller._harness_gate
+                gate.points = gate.lock_points = True
+                gate.points_only = frozenset({PP_TICKET_FUNC})
+        for rank, inbox in enumerate(self.broadcast.inboxes[1:], start=1):
+            self.cc[rank]._harness_gate.queue_names[id(inbox)] = "pp_command_inbox"
         self.epoch = 0
         self.chains: list[Chain] = []
         self.requests = 0
@@ -172,13 +183,22 @@ class PpTree:
         alloc, free = pool.alloc, pool.free
         book = self.books[rank]
         lock = threading.Lock()
+        received = self.broadcast.received[rank]
+
+        def owner() -> str:
+            """The command thread allocates for the last ticket it took; anyone else writes."""
+            if getattr(threading.current_thread(), "function", "") != PP_TICKET_FUNC:
+                return WRITE
+            tickets = [m.objects[0] for m in received if m.objects and m.objects[0] is not None]
+            return str(tickets[-1].handle.rid) if tickets else COMMAND
 
         def watched_alloc(need_size: int, *args: Any, **kwargs: Any) -> Any:
             indices = alloc(need_size, *args, **kwargs)
             if indices is not None:
+                held_by = owner()
                 with lock:
                     for slot in indices.tolist():
-                        book.owners[int(slot)] = book.label
+                        book.owners[int(slot)] = held_by
             return indices
 
         def watched_free(indices: Any, *args: Any, **kwargs: Any) -> Any:
@@ -201,8 +221,6 @@ class PpTree:
         keys: tuple[str, ...] = ()
         slots: list[Any] = []
         for rank, controller in enumerate(self.cc):
-            book = self.books[rank]
-            book.label = WRITE
             host = controller.mem_pool_host.alloc(pages * self.page)
             if host is None:
                 raise HiCacheInputError(f"no host room for a {pages}-page backup on rank {rank}")
@@ -272,54 +290,37 @@ class PpTree:
                 self._bind(rank, rid)
 
     def command_step(self) -> bool:
-        """One loop body of every rank's PP command thread (False: no ticket was queued)."""
-        source = self.cc[0].pp_prefetch_command_queue
-        if not any(item is not None for item in list(source.queue)):
-            return False
-        errors: list[BaseException | None] = [None] * len(self.cc)
-        group = self.storage.group
+        """One loop body of every rank's PP command thread (False: no ticket was queued); with
+        points, every point of it (the ticket's whole round)."""
+        ran = self.commands.round() if self.points else self.commands.bodies()
+        if ran:
+            self._take_broadcasts()
+            self.check()
+        return ran
 
-        def serve(rank: int) -> None:
-            gate = self.cc[rank]._harness_gate
-            try:
-                if rank == 0:
-                    gate.serve(source, COMMAND, rank)
-                else:
-                    inbox = self.broadcast.inboxes[rank]
-                    deadline = time.monotonic() + TICKET_WAIT_S
-                    while inbox.empty() and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                    gate.serve(inbox, COMMAND, rank)
-            except BaseException as exc:  # re-raised below, on the caller's thread
-                errors[rank] = exc
-            finally:
-                group.rank_finished(rank)
+    def point(self, rank: int, *, start: bool = True) -> bool:
+        return self.commands.point(rank, start=start)
 
-        for book in self.books:
-            book.label = COMMAND
-        group.begin_step()
-        threads = [
-            threading.Thread(target=serve, args=(rank,), name=f"pp-command-r{rank}", daemon=True)
-            for rank in range(len(self.cc))
-        ]
-        try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(TICKET_WAIT_S + group.timeout_s)
-        finally:
-            group.end_step()
-            for book in self.books:
-                book.label = WRITE
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-        self._take_broadcasts()
-        self.check()
-        return True
+    def position(self, rank: int) -> tuple[Any, Any] | None:
+        return self.commands.position(rank)
 
-    def _take_broadcasts(self) -> None:
-        """Each ticket a rank took off the broadcast since the last step: its keys, hit, slots."""
+    def at_rest(self, rank: int) -> bool:
+        return self.commands.at_rest(rank)
+
+    def command_point(self, rank: int) -> bool:
+        """One point of one rank's command thread (a program's ``point`` step)."""
+        if not self.points:
+            return self.command_step()
+        moved = self.commands.point(rank) or self.commands.point(1 - rank)
+        if moved:
+            self._take_broadcasts()
+            self.check()
+        return moved
+
+    def _take_broadcasts(self, *, ending: bool = False) -> None:
+        """What each rank's command thread did since the last look: the tickets it took off
+        the broadcast, the keys it queried (for the ticket it is on), and, once its loop body
+        ended (it waits again, or ``ending``: a reset stopped it), the hit it staged."""
         for rank, book in enumerate(self.books):
             received = self.broadcast.received[rank][book.seen :]
             book.seen += len(received)
@@ -333,17 +334,18 @@ class PpTree:
             )
             for message in received:
                 ticket = message.objects[0] if message.objects else None
-                if ticket is None:
-                    continue
-                rid = str(ticket.handle.rid)
-                log = TicketLog(rid, self.epoch, keys=queried)
-                state = self.cc[rank].pp_prefetch_states.get(rid)
-                if state is not None:
-                    log.hit_tokens = int(state.operation.storage_hit_count)
-                book.tickets.append(log)
-                for slot, owner in list(book.owners.items()):
-                    if owner == COMMAND:
-                        book.owners[slot] = rid
+                if ticket is not None:
+                    book.tickets.append(TicketLog(str(ticket.handle.rid), self.epoch))
+            current = [t for t in book.tickets if t.epoch == self.epoch and not t.ended]
+            if current and queried:
+                current[-1].keys += queried
+            position = self.position(rank)
+            if ending or position is None or position[1].kind == WAIT:
+                for log in current:
+                    log.ended = True
+                    state = self.cc[rank].pp_prefetch_states.get(log.request_id)
+                    if state is not None and not ending:
+                        log.hit_tokens = int(state.operation.storage_hit_count)
 
     def storage_step(self, kind: StorageStepKind) -> bool:
         """The ``kind`` thread of every rank in lockstep (False: no rank had work)."""
@@ -423,7 +425,7 @@ class PpTree:
         """Every rank's ``reset()``, PP rank 0 first; the tree's host pools are cleared."""
         for controller in self.cc:
             controller.reset()
-        self._take_broadcasts()  # a stopping command thread drains its ticket: the old epoch's
+        self._take_broadcasts(ending=True)  # a stopping command thread drains its ticket
         for rank, controller in enumerate(self.cc):
             controller.mem_pool_host.anchor_entry.host_pool.clear()
             self.books[rank].owners.clear()
@@ -447,6 +449,7 @@ class PpTree:
                     else 0,
                     ready=log.ready,
                     retired=(log.epoch, log.request_id) in book.released,
+                    ended=log.ended,
                 )
                 for log in book.tickets
             )
@@ -462,6 +465,7 @@ class PpTree:
             acks=tuple(() for _ in self.cc),
             collectives=tuple(() for _ in self.cc),
             pp_tickets=tickets,
+            pp_at_rest=all(self.at_rest(rank) for rank in range(len(self.cc))),
         )
 
     def check(self) -> None:
@@ -476,6 +480,3 @@ class PpTree:
             self.release(rid)
         self.run_until_idle()
         self.storage.close()
-
-
-Step = Callable[[PpTree], object]

@@ -161,6 +161,9 @@ class StepGate:
         # also before each operation-lock acquire (upstream's gates always; the reference's
         # with ``storage_lock_points``)
         self.lock_points = points and lock_points
+        # only these thread functions park at points inside their loop bodies (None: all); a
+        # PP world parks its command thread alone (``driver/pp_tree.py``)
+        self.points_only: frozenset[str] | None = None
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
         self._cond = threading.Condition()
         self.threads: list[GatedThread] = []
@@ -205,6 +208,8 @@ class StepGate:
             return Grant()
         if kind == LOCK and not self.lock_points:
             return Grant()
+        if self.points_only is not None and thread.function not in self.points_only:
+            return Grant()
         return self._wait(thread, Point(kind, detail)) or Grant()
 
     def _wait(self, thread: GatedThread, point: Point) -> Grant | None:
@@ -228,8 +233,9 @@ class StepGate:
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     return None
-                if thread in self._released and _holds_work(point):
-                    # joined by a stopper that signals through the queue, not the stop event
+                if thread in self._released and (point.kind != WAIT or _holds_work(point)):
+                    # joined mid-body: it runs on (its stopper waits for it), as with a stop
+                    # event; at its wait, joined by a stopper that signals through the queue
                     # (0.5.23's PP ticket thread: a None put before the join): it takes it
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
