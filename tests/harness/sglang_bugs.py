@@ -728,6 +728,23 @@ class PpReleasedTicketKeepsSlots(PlantedBug):
     INVARIANTS = ("INV-38",)
 
 
-BUGS_0523_PP: tuple[type[PlantedBug], ...] = (PpFollowerDropsLastHash, PpReleasedTicketKeepsSlots)
-"""Planted in 0.5.23's PP ticket protocol (``pp_prefetch_command_thread_func`` and the sync
-thread's ticket completion): caught by the PP gate (``harness/campaigns/pp_gate.py``)."""
+class PpShardsShareOneNamespace(PlantedBug):
+    NAME = "pp_shards_share_one_namespace"
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "the storage config says PP size 1, so the PP ranks' shards share one key namespace "
+        "and a rank reads back the pages another rank's layers wrote"
+    )
+    OLD = "            pp_size=parallel.pp_size,\n"
+    NEW = "            pp_size=1,  # BUG: the PP ranks' shards in one namespace\n"
+    INVARIANTS = ("INV-30", "INV-28")
+
+
+BUGS_0523_PP: tuple[type[PlantedBug], ...] = (
+    PpFollowerDropsLastHash,
+    PpReleasedTicketKeepsSlots,
+    PpShardsShareOneNamespace,
+)
+"""Planted in 0.5.23's PP ticket protocol (``pp_prefetch_command_thread_func``, the sync thread's
+ticket completion) and its PP storage shards (the storage config's PP rank): caught by the PP
+gate (``harness/campaigns/pp_gate.py``)."""

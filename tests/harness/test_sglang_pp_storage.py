@@ -8,7 +8,7 @@ ranks with the same keys and hit and freed once taken; a ticket released before 
 freed by the sync thread; a reset stops both command threads (PP rank 0's broadcast of None ends
 the follower's); the PP gate on the unmodified tree finds nothing; and each bug of
 ``sglang_bugs.BUGS_0523_PP``, planted in 0.5.23 at test time, is caught by INV-38 and shrunk to a
-few steps.
+few steps (INV-30 for the shards sharing one namespace: a rank reads another's bytes).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_pp_bug_is_one_small_substitution(bug: type[PlantedBug], tree_0523: Path
     source = (tree_0523 / bug.TARGET).read_text()
     assert bug.apply(source) != source
     assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
-    assert bug.INVARIANTS == ("INV-38",)
+    assert set(bug.INVARIANTS) <= {"INV-38", "INV-30", "INV-28"} and bug.INVARIANTS
 
 
 @pytest.mark.parametrize("bug", BUGS_0523_PP, ids=lambda bug: bug.NAME)

@@ -368,6 +368,10 @@ def storage_controller_class(
             if not acks:  # 0.5.10 - 0.5.18: no ack queue
                 self.ack_prefetch_queue: queue.Queue[Any] = queue.Queue()
 
+        def _harness_page_keys(self, tokens: list[Any], prior: str | None, page: int) -> list[str]:
+            """The page keys the tree's radix cache computes for ``tokens`` after ``prior``."""
+            return page_keys(tokens, prior, page)
+
         def _harness_sidecar(self) -> bool:
             """The group has a ``DRAFT`` entry (a sidecar world; a PP world's is KV alone)."""
             if sidecars is None:

@@ -24,15 +24,17 @@ every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protoc
 - ``check_progress``: ``_check_pp_prefetch_progress``: PP rank 0's readiness (MAX over the ranks),
   then ``take_ready_pp_prefetch`` on every rank; a staged hit is consumed as the buffer pipeline
   consumes it (the tail past the completed tokens goes back through ``append_host_mem_release``,
-  the landed pages are read back against the rank's bytes, then freed after their load);
+  the landed pages are freed after their load);
 - ``release``: the request finished: ``release_pp_prefetch`` on every rank (``claim_kv_row``);
 - ``reset``: every rank's ``reset()``, PP rank 0 first (its command thread broadcasts the stop).
 
 The harness's own records, never the controller's word: which ticket each rank took off the
 broadcast (``PpBroadcast.received``), which keys its command thread queried (the recording
 backend), which host slots it allocated for the ticket and which came back (the host pool's own
-alloc and free, wrapped here). After every step they become ``PpTicketRecord``s of a
-``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket holds no slot).
+alloc and free, wrapped here), which pages each rank's IO read back from L3 (the recording
+backend's digests) against the bytes ``back_up`` wrote for that rank. After every step they become
+a ``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket holds no
+slot) and INV-30 (a rank reads back its own shard's bytes).
 """
 
 from __future__ import annotations
@@ -55,10 +57,16 @@ from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
 from hicache_ref.harness.schedule.points import WAIT
 from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.recording_storage import page_digest
 from hicache_ref.harness.world.storage_world import StorageWorld
 from hicache_ref.harness.world.world import build_world
 from hicache_ref.invariants.registry import CheckRunner
-from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
+from hicache_ref.invariants.storage_snapshot import (
+    L3Model,
+    PpTicketRecord,
+    StorageSnapshot,
+    StoreRead,
+)
 
 PP_RANKS = 2
 COMMAND = "pp_command"
@@ -78,6 +86,12 @@ def pp_config(**fields: Any) -> HarnessConfig:
         "device_pages": 16,
     }
     return HarnessConfig(**{**base, **fields})
+
+
+def page_keys_of(tokens: tuple[int, ...], page: int, controller: Any) -> list[str]:
+    """The content keys of a chain from the root, as upstream's radix cache computes them."""
+    keys: list[str] = controller._harness_page_keys(list(tokens), None, page)
+    return keys
 
 
 def page_value(rank: int, chain: int, page: int) -> float:
@@ -174,6 +188,10 @@ class PpTree:
         self.requests = 0
         self.live: set[str] = set()  # submitted, not yet released
         self.checks = CheckRunner()
+        self.stored: list[list[str]] = [[] for _ in self.cc]
+        self.queried: list[list[str]] = [[] for _ in self.cc]
+        self.reads: list[StoreRead] = []  # pages read back from L3, by rank and content key
+        self.expected: dict[tuple[int, str], str] = {}  # (rank, content key) -> oracle digest
         self.steps = 0
 
     # -- the harness's own view of the host slots --------------------------------------------------
@@ -218,8 +236,8 @@ class PpTree:
         """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
         index = len(self.chains)
         tokens = tuple(range(index * 4096 + 1, index * 4096 + 1 + pages * self.page))
-        keys: tuple[str, ...] = ()
         slots: list[Any] = []
+        digests: list[tuple[int, str]] = []  # (rank, the oracle's digest) per page, in order
         for rank, controller in enumerate(self.cc):
             host = controller.mem_pool_host.alloc(pages * self.page)
             if host is None:
@@ -229,7 +247,9 @@ class PpTree:
                 first = int(host[page * self.page])
                 flat = pool.get_dummy_flat_data_page()
                 ramp = torch.arange(flat.numel(), dtype=flat.dtype) / 1024
-                pool.set_from_flat_data_page(first, ramp + page_value(rank, index, page))
+                data = ramp + page_value(rank, index, page)
+                pool.set_from_flat_data_page(first, data)
+                digests.append((rank, page_digest(data)))
             controller.write_storage(host, list(tokens))
             slots.append(host)
         self.run_until_idle()
@@ -237,15 +257,35 @@ class PpTree:
             while not controller.ack_backup_queue.empty():
                 controller.ack_backup_queue.get_nowait()
             controller.mem_pool_host.free(slots[rank])
-            keys = tuple(self._stored_keys(rank)) or keys
-        chain = Chain(index, tokens, keys)
+            self._stored_keys(rank)  # what the backups stored is INV-30's expectation's
+        page_keys = page_keys_of(tokens, self.page, self.cc[0])
+        for position, (rank, digest) in enumerate(digests):
+            self.expected[(rank, page_keys[position % pages])] = digest
+        chain = Chain(index, tokens, tuple(page_keys))  # whether or not a fault kept one out
         self.chains.append(chain)
         return chain
 
     def _stored_keys(self, rank: int) -> list[str]:
-        recording = self.storage.ranks[rank].recording
-        calls = [] if recording is None else recording.take()
-        return [k for c in calls if c.kind == "set" for k in c.keys]
+        self._take_calls()
+        stored, self.stored[rank] = self.stored[rank], []
+        return stored
+
+    def _take_calls(self) -> None:
+        """Every backend call since the last look, routed: the keys each rank stored, the keys
+        its command thread queried (for ``_take_broadcasts``), the pages it read back (INV-30)."""
+        for rank, storage_rank in enumerate(self.storage.ranks):
+            recording = storage_rank.recording
+            for call in [] if recording is None else recording.take():
+                if call.kind == "set":
+                    self.stored[rank].extend(call.keys)
+                elif call.kind == "exists" and call.thread == PP_TICKET_FUNC:
+                    self.queried[rank].extend(call.keys)
+                elif call.kind == "get":
+                    self.reads.extend(
+                        StoreRead(rank, key, digest)
+                        for key, digest in zip(call.keys, call.digests, strict=False)
+                        if digest is not None
+                    )
 
     # -- a request's prefetch ----------------------------------------------------------------------
     def submit(self, chain: Chain, skip_pages: int) -> str | None:
@@ -321,17 +361,11 @@ class PpTree:
         """What each rank's command thread did since the last look: the tickets it took off
         the broadcast, the keys it queried (for the ticket it is on), and, once its loop body
         ended (it waits again, or ``ending``: a reset stopped it), the hit it staged."""
+        self._take_calls()
         for rank, book in enumerate(self.books):
             received = self.broadcast.received[rank][book.seen :]
             book.seen += len(received)
-            recording = self.storage.ranks[rank].recording
-            calls = [] if recording is None else recording.take()
-            queried = tuple(
-                k
-                for c in calls
-                if c.kind == "exists" and c.thread == PP_TICKET_FUNC
-                for k in c.keys
-            )
+            queried, self.queried[rank] = tuple(self.queried[rank]), []
             for message in received:
                 ticket = message.objects[0] if message.objects else None
                 if ticket is not None:
@@ -353,6 +387,7 @@ class PpTree:
         if not any(t.has_work(kind) for t in tiers):
             return False
         run_lockstep(tiers, self.storage.group, kind, self.storage.threads)
+        self._take_calls()
         self._mark_ready()
         self.check()
         return True
@@ -466,11 +501,18 @@ class PpTree:
             collectives=tuple(() for _ in self.cc),
             pp_tickets=tickets,
             pp_at_rest=all(self.at_rest(rank) for rank in range(len(self.cc))),
+            l3=L3Model(
+                reads=tuple(self.reads),
+                expected=tuple((r, k, d) for (r, k), d in sorted(self.expected.items())),
+            ),
         )
 
     def check(self) -> None:
         self.steps += 1
-        self.checks.run("INV-38", self.snapshot())
+        snapshot = self.snapshot()
+        self.checks.run("INV-38", snapshot)
+        self.checks.run("INV-30", snapshot)  # each rank reads back its own shard's bytes
+        self.reads.clear()  # judged: the next snapshot carries the reads since
 
     def finish(self) -> None:
         """Release every live request, run to idle, take what is ready: nothing stays held."""
