@@ -128,3 +128,14 @@ def test_a_release_between_the_followers_receipt_and_its_state_is_honoured_under
     assert all(tree.held_by(rank, rid) == 0 for rank in range(2))
     assert [t.ended for t in tree.books[1].tickets] == [True]
     tree.finish()
+
+
+def test_the_state_machine_refuses_a_pp_world_and_names_the_pp_gate(tree_0523: Path) -> None:
+    from hicache_ref.errors import HiCacheInputError
+    from hicache_ref.harness.steps.session import Session
+
+    implementation = SglangImplementation(tree_0523)
+    config = implementation.refine_config(pp_config())
+    assert config.storage_pp and "+pp" in config.describe()  # kept: 0.5.23 has storage:pp
+    with pytest.raises(HiCacheInputError, match="run it with the PP gate"):
+        Session(config, implementation, implementation.name)

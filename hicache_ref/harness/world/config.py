@@ -219,6 +219,7 @@ class HarnessConfig(BaseModel):
             faults += "+pages" if self.storage_page_points else ""
             faults += "+locks" if self.storage_lock_points else ""
             faults += "+pressure" if self.storage_host_pressure else ""
+            faults += "+pp" if self.storage_pp else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""
