@@ -12,7 +12,8 @@ them:
 - ``GatedThread``: a thread that knows its gate (``gate=``, or its target's owner's
   ``_harness_gate``: upstream's controller); it parks through ``park_at_point``, keeps its
   exception for the grant that ran it, and sees a stop only once it is joined;
-- ``StepGate``: ``park`` / ``park_point`` (the thread's side), ``serve`` / ``resume`` (the
+- ``StepGate``: ``park`` / ``park_point`` (the thread's side; ``points_only`` narrows the points
+  to some thread functions: a PP world's command threads), ``serve`` / ``resume`` (the
   harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
   ``grants``: the harness's own record of every grant (which thread, of which epoch, at which
   point), which the window checks read (INV-35);
