@@ -52,6 +52,7 @@ INVARIANT_TITLES: dict[str, str] = {
     "INV-35": "no-old-epoch-thread",
     "INV-36": "pool-own-indices",
     "INV-37": "sidecar-all-or-nothing",
+    "INV-38": "pp-ticket-agreement",
 }
 _ID_LINE = re.compile(r"^(INV-\d\d) ([a-z0-9-]+):")
 

@@ -63,7 +63,9 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "the gate runs the cache mode only (issue 27)",
     "pp prefetch": "the PP command thread serves PPPrefetchState tickets of the hybrid "
     "controller's storage prefetch only in buffer_only mode with a PP group of 2+ ranks "
-    "(enable_pp_ticket); the gate draws neither (issue 27)",
+    "(enable_pp_ticket); the PP gate (harness/campaigns/pp_gate.py, run by the matrix) drives "
+    "0.5.23's protocol, where every PP rank queries its own shard (storage:pp); 0.5.21 - "
+    "0.5.22's tickets carry PP rank 0's hit instead, which it does not model (issue 27)",
     "decode context parallel": "DCP lives in upstream's MLA host pool and index translation; "
     "the gate runs this project's pools (issue 27)",
 }
@@ -111,6 +113,8 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         <= set(capabilities),
         "storage memory-pressure fallback": "storage:host_pressure" in capabilities,
         "draft storage copies": {"storage:sidecar", "draft"} <= set(capabilities),
+        # the matrix runs the PP gate on such a tree (matrix.gate_release)
+        "pp prefetch": "storage:pp" in capabilities,
     }
     return [
         (name, NOT_DRIVEN_REASONS[name])

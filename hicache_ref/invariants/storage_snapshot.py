@@ -235,6 +235,22 @@ class WindowEvidence:
 
 
 @dataclass(frozen=True)
+class PpTicketRecord:
+    """INV-38: one PP prefetch ticket as one PP rank's command thread took it off the command
+    group's broadcast (a PP world, ``HarnessConfig.storage_pp``), in the rank's take order."""
+
+    request_id: str
+    epoch: int  # the harness's epoch (resets it drove) when the rank took it
+    keys: tuple[str, ...]  # the page keys the rank's command thread queried for it
+    hit_tokens: int | None  # the rank-agreed hit it staged (None: no state to stage it in)
+    held_tokens: int = 0  # host slots the harness saw allocated for it and not yet freed
+    ready: bool = False  # the rank's sync thread published its completion
+    retired: bool = False  # the rank's tree released the request (release_pp_prefetch)
+    ended: bool = True  # the rank's command thread ended its loop body for it (keys and hit
+    # are final; under schedule points a body is judged in parts until then)
+
+
+@dataclass(frozen=True)
 class StorageSnapshot:
     """Every rank's storage state, the harness's records and its L3 model, at one moment."""
 
@@ -253,3 +269,5 @@ class StorageSnapshot:
     just_reset: bool = False  # taken right after a reset (INV-24)
     detached: bool = False  # taken right after a detach (INV-24)
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
+    pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
+    pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it

@@ -12,16 +12,19 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import INVARIANT_TITLES
 from hicache_ref.vectors.models import Vector
 
 INVARIANT_IDS = tuple(sorted(INVARIANT_TITLES))
-UNREACHABLE: Mapping[str, str] = {}
+UNREACHABLE: Mapping[str, str] = {"INV-38": STORAGE_PP_CAPABILITY}
 """Invariant ids no rule of the harness can reach without a capability the reference does not
-declare yet, each with the capability it needs; exempt while so (none today: INV-36 was, until
-the reference held an independent side pool, ``pool_group:swa``)."""
+declare yet, each with the capability it needs; exempt while so (INV-36 was, until the reference
+held an independent side pool, ``pool_group:swa``). INV-38 judges PP prefetch tickets, which only
+upstream 0.5.23 has, driven by the PP gate (``harness/campaigns/pp_gate.py``), not by a rule: a
+vector's storage checks call it with no PP ticket to judge, and no story can show it."""
 
 
 @dataclass

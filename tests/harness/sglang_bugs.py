@@ -699,3 +699,52 @@ BUGS_0523_WINDOWS: tuple[type[PlantedBug], ...] = (
 )
 """Planted inside one loop body of 0.5.23's storage threads: caught once the gate draws schedule
 points (``storage_points``), each window class of issue 32."""
+
+
+# -- 0.5.23's PP prefetch tickets (issue 27): caught in PP storage worlds (storage:pp) --------------
+class PpFollowerDropsLastHash(PlantedBug):
+    NAME = "pp_follower_drops_last_hash"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "a PP follower rebuilds the ticket's operation without its last_hash, so it queries the "
+        "chain from the root instead of after the request's prefix (and the MIN hit is lost)"
+    )
+    OLD = "                            ticket.last_hash,\n"
+    NEW = "                            None,  # BUG: the ticket's last_hash dropped\n"
+    INVARIANTS = ("INV-38",)
+
+
+class PpReleasedTicketKeepsSlots(PlantedBug):
+    NAME = "pp_released_ticket_keeps_slots"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "the sync thread retires a ticket released before its completion without freeing its "
+        "staged host slots, so they leak"
+    )
+    OLD = "                        self._free_pp_prefetch_state(state)\n"
+    NEW = "                        pass  # BUG: the released ticket's slots are not freed\n"
+    INVARIANTS = ("INV-38",)
+
+
+class PpShardsShareOneNamespace(PlantedBug):
+    NAME = "pp_shards_share_one_namespace"
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "the storage config says PP size 1, so the PP ranks' shards share one key namespace "
+        "and a rank reads back the pages another rank's layers wrote"
+    )
+    OLD = "            pp_size=parallel.pp_size,\n"
+    NEW = "            pp_size=1,  # BUG: the PP ranks' shards in one namespace\n"
+    INVARIANTS = ("INV-30", "INV-28")
+
+
+BUGS_0523_PP: tuple[type[PlantedBug], ...] = (
+    PpFollowerDropsLastHash,
+    PpReleasedTicketKeepsSlots,
+    PpShardsShareOneNamespace,
+)
+"""Planted in 0.5.23's PP ticket protocol (``pp_prefetch_command_thread_func``, the sync thread's
+ticket completion) and its PP storage shards (the storage config's PP rank): caught by the PP
+gate (``harness/campaigns/pp_gate.py``)."""

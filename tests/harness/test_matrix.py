@@ -179,6 +179,20 @@ def test_a_hybrid_controller_before_pool_groups_is_named_as_the_mamba_cache_it_s
     )
 
 
+def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> None:
+    # 0.5.21+'s hybrid controller has a PP ticket thread; the matrix runs the PP gate only on a
+    # tree whose tickets carry no hit (storage:pp, 0.5.23): elsewhere the part is named
+    hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
+    hybrid.mkdir(parents=True)
+    (hybrid.parent / "hicache_storage.py").write_text("")
+    (hybrid / "hybrid_cache_controller.py").write_text(
+        "class HybridCacheController:\n    def pp_prefetch_command_thread_func(self): ...\n"
+    )
+    parts = dict(not_driven(tmp_path, {"storage"}))
+    assert set(parts) == {"pp prefetch"} and "0.5.21 - 0.5.22" in parts["pp prefetch"]
+    assert not_driven(tmp_path, {"storage", "storage:pp"}) == []
+
+
 # -- the command line -------------------------------------------------------------------------
 def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -205,6 +219,10 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     # storage on every release: 0.5.19 keys its pages with utils.py's get_hash_str
     assert all("storage" not in row["not_driven"] for row in rows), out
     assert "0.5.23: not driven: buffer mode: " in out
+    # 0.5.23's PP tickets: the matrix ran the PP gate on it, and only on it
+    assert "pp prefetch" not in rows[2]["not_driven"], out
+    assert any(part.startswith("pp tickets ") for part in rows[2]["drove"]), out
+    assert not any(part.startswith("pp tickets ") for row in rows[:2] for part in row["drove"])
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hicache_ref.invariants import (
     checks_storage_l3,
+    checks_storage_pp,
     checks_storage_prefetch,
     checks_storage_windows,
     registry,
@@ -35,7 +36,13 @@ def test_every_checker_cites_the_invariant_it_is_registered_for() -> None:
 
 
 def test_every_check_inv_function_is_registered() -> None:
-    modules = [registry, checks_storage_l3, checks_storage_prefetch, checks_storage_windows]
+    modules = [
+        registry,
+        checks_storage_l3,
+        checks_storage_prefetch,
+        checks_storage_windows,
+        checks_storage_pp,
+    ]
     public = {
         name
         for module in modules

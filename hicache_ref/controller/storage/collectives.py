@@ -140,6 +140,8 @@ class RankGroup:
         self._step_start: list[int] = [0] * world_size
         self._interrupted = False
         self.violations: list[InvariantViolation] = []
+        self.attachments: dict[str, object] = {}
+        """What a layer above keeps per group (a PP world's command-group broadcast)."""
 
     def view(self, rank: int) -> RankCollectives:
         if not 0 <= rank < self.world_size:

@@ -93,6 +93,12 @@ STORAGE_SIDECAR_CAPABILITY = "storage:sidecar"
 of a ``HostPoolGroup`` (``pool_group="sidecar"``). Not in ``CAPABILITIES``: an outside
 implementation declares it once its storage stores a draft pool."""
 
+STORAGE_PP_CAPABILITY = "storage:pp"
+"""The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.23's hybrid
+controller in ``buffer_only`` mode, whose PP rank 0 submits prefetch tickets that a PP command
+thread broadcasts to every rank (``harness/driver/pp_tree.py``, INV-38). Upstream 0.5.23+ only:
+not in ``CAPABILITIES``."""
+
 HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
 """The tier serves a prefetch whose hit the tree cut to a shorter bounce buffer (host pressure:
 ``storage_host_pressure``): every implementation whose tree allocates the bounce at the hit
@@ -413,6 +419,8 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
             needed.add(STORAGE_SIDECAR_CAPABILITY)
         if config.storage_host_pressure:  # the tree cuts a hit to the room it has
             needed.add(HOST_PRESSURE_CAPABILITY)
+        if config.storage_pp:  # PP ranks exchanging prefetch tickets
+            needed.add(STORAGE_PP_CAPABILITY)
     if config.forward_stream:
         needed.add("fence_streams")
     if config.pool_group == "anchor":

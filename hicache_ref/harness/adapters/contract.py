@@ -39,6 +39,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
+    STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     BuildRequest,
     ControllerLike,
@@ -181,7 +182,9 @@ def check_hooks(obj: object, origin: str) -> None:
             f"{type(capabilities).__name__}"
         )
     legal = (
-        CAPABILITIES | GROUP_CAPABILITIES | {STORAGE_SIDECAR_CAPABILITY, HOST_PRESSURE_CAPABILITY}
+        CAPABILITIES
+        | GROUP_CAPABILITIES
+        | {STORAGE_SIDECAR_CAPABILITY, HOST_PRESSURE_CAPABILITY, STORAGE_PP_CAPABILITY}
     )
     unknown = sorted(str(c) for c in capabilities if c not in legal)
     # Verify every declared capability is one the harness knows

@@ -52,6 +52,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
+    STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     BuildRequest,
 )
@@ -66,6 +67,7 @@ from hicache_ref.harness.adapters.sglang_shapes import (
     wire_draft_pools,
 )
 from hicache_ref.harness.adapters.sglang_storage import (
+    PP_TICKET_FUNC,
     PROTOCOL_POLL,
     SHORTENED_PREFETCH,
     build_storage_controller,
@@ -287,6 +289,8 @@ class SglangImplementation(ImplementationBase):
                 self.capabilities = self.capabilities | GROUP_CAPABILITIES
                 if "storage" in self.capabilities:  # v2 calls for its DRAFT sidecar
                     self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
+                    if self._has_pp_tickets():  # 0.5.23+: PP prefetch tickets
+                        self.capabilities = self.capabilities | {STORAGE_PP_CAPABILITY}
 
     def _storage_driven(self) -> bool:
         """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``) and
@@ -320,6 +324,16 @@ class SglangImplementation(ImplementationBase):
         radix = self.tree / "sglang" / "srt" / "mem_cache" / "hiradix_cache.py"
         return radix.is_file() and SHORTENED_PREFETCH in radix.read_text(errors="replace")
 
+    def _has_pp_tickets(self) -> bool:
+        """The hybrid controller's PP prefetch protocol of 0.5.23+: its ticket thread, and tickets
+        that carry no hit (every rank queries; 0.5.21 - 0.5.22's carry PP rank 0's hit)."""
+        from hicache_ref.device.sim import SimDevice
+
+        hybrid = self.loader.hybrid_module_for(SimDevice())
+        cls = getattr(hybrid, "HybridCacheController", None)
+        fields = getattr(getattr(hybrid, "PPPrefetchTicket", None), "__dataclass_fields__", {})
+        return callable(getattr(cls, PP_TICKET_FUNC, None)) and "storage_hit_count" not in fields
+
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice
 
@@ -337,7 +351,9 @@ class SglangImplementation(ImplementationBase):
             self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
         update: dict[str, object] = {"num_counters": self._producer_slots}
         stores_draft = STORAGE_SIDECAR_CAPABILITY in self.capabilities
-        stored_group = config.pool_group == "sidecar" and stores_draft
+        stored_group = (config.pool_group == "sidecar" and stores_draft) or (
+            config.storage_pp and STORAGE_PP_CAPABILITY in self.capabilities
+        )
         stored_pair = (
             config.pool_group == "none" and stores_draft and "draft" in self.shape.features
         )

@@ -219,6 +219,8 @@ def build_group_controller(
             "schedule_points": config.storage_points,
             "page_points": config.storage_page_points,
         }
+        if config.storage_pp:  # PP ranks in buffer_only mode: 0.5.23's PP prefetch tickets
+            storage["pp"] = True
     controller = controller_class(
         allocator,
         HostPoolGroup(entries),

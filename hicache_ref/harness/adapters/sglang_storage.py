@@ -52,7 +52,12 @@ from hicache_ref.harness.adapters.sglang_gate import (
     StepGate,
 )
 from hicache_ref.harness.adapters.sglang_hashes import page_keys_function
-from hicache_ref.harness.adapters.sglang_world import TpHandle, attaching, harness_torch
+from hicache_ref.harness.adapters.sglang_world import (
+    TpHandle,
+    attaching,
+    harness_torch,
+    pp_broadcast_pyobj,
+)
 from hicache_ref.harness.schedule.points import ALL_REDUCE, WAIT, Grant, Point
 
 THREAD_FUNCS: dict[StorageStepKind, str] = {
@@ -68,6 +73,7 @@ SOURCE_QUEUES: dict[StorageStepKind, str] = {
     StorageStepKind.BACKUP: "backup_queue",
 }
 CONTROL_QUEUES = (
+    "pp_prefetch_command_queue",
     "prefetch_queue",
     "prefetch_buffer",
     "prefetch_sync_queue",
@@ -94,6 +100,9 @@ POLLING_PROTOCOLS = (PROTOCOL_POLL, PROTOCOL_HIT_POLL)
 SHORTENED_PREFETCH = "available_size - (available_size % self.page_size)"
 """0.5.13 - 0.5.21's radix caches: what is fetched, cut to the free host pages (0.5.13 - 0.5.15
 cut the prefetch they allocate up front, 0.5.16+ the hit they allocate a bounce buffer for)."""
+PP_TICKET_FUNC = "pp_prefetch_command_thread_func"
+"""0.5.23's PP ticket thread: PP rank 0 takes a ticket off ``pp_prefetch_command_queue``, every
+rank takes it off the command group's broadcast, queries, allocates and stages it in order."""
 
 
 def supports_storage(module: types.ModuleType) -> bool:
@@ -317,6 +326,8 @@ def storage_controller_class(
             Event=GatedEvent,  # a set or wait by a storage thread is a point
         )
         patched.__dict__["torch"] = harness_torch
+        if "broadcast_pyobj" in patched.__dict__:  # 0.5.23's PP command group (PP worlds only)
+            patched.__dict__["broadcast_pyobj"] = pp_broadcast_pyobj
         # upstream logs every backend failure with its traceback; the harness checks what follows
         logging.getLogger(patched.__name__).setLevel(logging.CRITICAL)
     takes_handle = "handle" in inspect.signature(base.prefetch).parameters
@@ -331,6 +342,7 @@ def storage_controller_class(
             collectives: Any = None,
             schedule_points: bool = False,
             page_points: bool = False,
+            pp: bool = False,
             **kwargs: Any,
         ) -> None:
             self._harness_gate = StepGate(
@@ -339,7 +351,12 @@ def storage_controller_class(
                 page_points=page_points,
             )
             self._harness_collectives = collectives or SingleRank()
-            self._harness_tp = TpHandle(self._harness_collectives, SyncGroup("tp"))
+            # a PP world's group is its PP ranks (TP 1): upstream's pp_group, and its tp_group
+            # too (both name the same ranks, so its sync groups are one of each, as with TP 1)
+            self._harness_tp = TpHandle(self._harness_collectives, SyncGroup("tp"), pp=pp)
+            if pp:
+                kwargs["pp_group"] = TpHandle(self._harness_collectives, SyncGroup("pp"), pp=True)
+                kwargs["host_memory_mode"] = "buffer_only"  # 0.5.23's enable_pp_ticket needs it
             super().__init__(*args, **kwargs)
             self.storage_stop_event = GateStopEvent(self._harness_gate)  # no thread runs yet
             self.tp_group = self._harness_tp
@@ -353,6 +370,17 @@ def storage_controller_class(
                 self.prefetch_hit_queue: queue.Queue[Any] = queue.Queue()
             if not acks:  # 0.5.10 - 0.5.18: no ack queue
                 self.ack_prefetch_queue: queue.Queue[Any] = queue.Queue()
+
+        def _harness_page_keys(self, tokens: list[Any], prior: str | None, page: int) -> list[str]:
+            """The page keys the tree's radix cache computes for ``tokens`` after ``prior``."""
+            return page_keys(tokens, prior, page)
+
+        def _harness_sidecar(self) -> bool:
+            """The group has a ``DRAFT`` entry (a sidecar world; a PP world's is KV alone)."""
+            if sidecars is None:
+                return False
+            entries = getattr(self.mem_pool_host, "entry_map", {})
+            return any(getattr(name, "value", name) == "draft" for name in entries)
 
         @property
         def storage_batch_size(self) -> int:
@@ -402,7 +430,7 @@ def storage_controller_class(
             request: Any = request_id
             if takes_handle:  # 0.5.20+'s hybrid controller: a CacheRequestHandle's fields
                 request = types.SimpleNamespace(rid=request_id, attempt_id=0)
-            extra = {} if sidecars is None else {"extra_pools": sidecars()}
+            extra = {"extra_pools": _sidecar_transfers()} if self._harness_sidecar() else {}
             operation = super().prefetch(request, *head, list(tokens), *rest, **extra)
             self.storage.live[operation.id] = operation
             return operation
@@ -420,7 +448,7 @@ def storage_controller_class(
                 prior = prefix_keys[-1] if prefix_keys else None
                 hash_value = page_keys(list(token_ids), prior, self.page_size)
             keys = None if prefix_keys is None else list(prefix_keys)
-            extra = {} if sidecars is None else {"extra_pools": sidecars()}
+            extra = {"extra_pools": _sidecar_transfers()} if self._harness_sidecar() else {}
             op_id: int = super().write_storage(
                 host_indices, list(token_ids), list(hash_value), keys, **extra
             )

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import types
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -257,6 +258,56 @@ class _StubClass:
     """A class the gate's pools are never instances of (an ``isinstance`` target)."""
 
 
+class RadixKey:
+    """Upstream's ``RadixKey`` as 0.5.23's PP tickets use it (``radix_cache.py`` is not
+    loaded): a namespaced token sequence, sliced and page-aligned, picklable; the storage hash
+    reads its tokens by iterating it. Non-bigram only (the gate draws no EAGLE bigram keys)."""
+
+    __slots__ = ("cache_salt", "extra_key", "is_bigram", "limit", "token_ids")
+
+    def __init__(
+        self,
+        token_ids: Any,
+        extra_key: str | None = None,
+        is_bigram: bool = False,
+        limit: int | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.token_ids = token_ids
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt or None
+        self.is_bigram = is_bigram
+        self.limit = limit
+
+    def _tokens(self) -> list[int]:
+        tokens = [int(t) for t in self.token_ids]
+        return tokens if self.limit is None else tokens[: self.limit]
+
+    def __len__(self) -> int:
+        return len(self._tokens())
+
+    def __iter__(self) -> Any:
+        return iter(self._tokens())
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return RadixKey(
+                array("q", self._tokens()[index]), self.extra_key, self.is_bigram, None,
+                self.cache_salt,
+            )  # fmt: skip
+        return self._tokens()[index]
+
+    def page_aligned(self, page_size: int) -> RadixKey:
+        return self if page_size == 1 else self[: len(self) // page_size * page_size]
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for name, value in zip(self.__slots__, state, strict=True):
+            setattr(self, name, value)
+
+
 def install_group_stubs(tree: Path) -> None:
     """What ``hybrid_cache_controller.py`` imports besides the controller: upstream's own
     ``HostPoolGroup``/``PoolEntry`` (``pool_host/group.py``, run as it is) and classes the
@@ -274,7 +325,7 @@ def install_group_stubs(tree: Path) -> None:
         "sglang.srt.mem_cache.base_prefix_cache",
         CacheRequestHandle=type("CacheRequestHandle", (_StubClass,), {}),
     )
-    _stub("sglang.srt.mem_cache.radix_cache", RadixKey=type("RadixKey", (_StubClass,), {}))
+    _stub("sglang.srt.mem_cache.radix_cache", RadixKey=RadixKey)
     base = sys.modules["sglang.srt.mem_cache.pool_host.base"]
     base.__dict__.update(HostKVCache=host_pool.HostKVCache, uses_shared_host_layout=lambda p: False)
     _stub("sglang.srt.mem_cache.pool_host.mha", MHATokenToKVPoolHost=host_pool.MHATokenToKVPoolHost)

@@ -9,6 +9,12 @@ In the order a rank meets them:
 - ``attaching(module, handle, tree)``: while one rank attaches, ``create_custom_parallel_group``
   (upstream's gloo sync groups, ``SyncGroups``) and the TP coordinates upstream reads for its
   storage config answer for that rank, passed in, never through a module-level variable;
+- ``PpBroadcast`` / ``pp_broadcast_pyobj``: in a PP world (``HarnessConfig.storage_pp``),
+  0.5.23's ``broadcast_pyobj`` on the PP command group: a copy of PP rank 0's objects (upstream
+  pickles them; the controller module here is per device, so a deep copy stands in) reaches
+  every other rank's inbox in order; a follower's command thread waits at its
+  inbox like a served ``get`` (the harness grants it once the source broadcast), and every rank's
+  received tickets are logged (INV-38);
 - ``UpstreamFacingFactory`` / ``install_storage_factory``: the backend factory upstream's attach
   imports, which builds this project's backend (the world's recording layer) from upstream's
   storage config.
@@ -16,9 +22,13 @@ In the order a rank meets them:
 
 from __future__ import annotations
 
+import copy
+import queue
+import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +46,25 @@ from hicache_ref.harness.adapters.sglang_stubs import install_stubs, sync_groups
 
 SYNC_GROUP_NAMES = (PREFETCH_HITS, PREFETCH_COMPLETION)
 """0.5.23's attach creates the hit-query groups, then the completion groups, in that order."""
+PP_COMMAND = SyncGroup("pp_prefetch_command")
+PP_SYNC_GROUP_NAMES = (PP_COMMAND, PREFETCH_HITS, PREFETCH_COMPLETION)
+"""In a PP world 0.5.23's hybrid attach creates the PP command group first (``enable_pp_ticket``),
+then the base attach its hit-query and completion groups (TP 1: one of each, on the PP ranks)."""
 
 
 class TpHandle:
     """What upstream holds as ``tp_group`` (and as each gloo sync group): one rank's view of the
     storage world's ``RankGroup``, under one group name."""
 
-    def __init__(self, collectives: RankCollectives | SingleRank, name: SyncGroup) -> None:
+    def __init__(
+        self, collectives: RankCollectives | SingleRank, name: SyncGroup, *, pp: bool = False
+    ) -> None:
         self.collectives = collectives
         self.name = name
+        self.pp = pp  # the group's ranks are PP ranks (TP 1): a PP world's handles
 
     def sync_group(self, name: SyncGroup) -> TpHandle:
-        return TpHandle(self.collectives, name)
+        return TpHandle(self.collectives, name, pp=self.pp)
 
 
 class _HarnessDistributed:
@@ -68,6 +85,8 @@ class _HarnessDistributed:
         return int(self._handle(group, "get_world_size").collectives.world_size)
 
     def get_rank(self, group: object = None) -> int:
+        if group is None:  # the global rank: the PP command thread asks it of its controller
+            return _calling_rank()
         return int(self._handle(group, "get_rank").collectives.rank)
 
     def get_process_group_ranks(self, group: object) -> list[int]:
@@ -82,6 +101,20 @@ class _HarnessDistributed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.distributed, name)
+
+
+def _calling_rank() -> int:
+    """The global rank of the calling storage thread: its controller's rank in the world."""
+    import threading
+
+    owner = getattr(getattr(threading.current_thread(), "_target", None), "__self__", None)
+    collectives = getattr(owner, "_harness_collectives", None)
+    if collectives is None:
+        raise HiCacheSetupError(
+            "upstream called torch.distributed.get_rank() off a storage thread of a harness "
+            "controller; only a controller's own threads have a global rank here"
+        )
+    return int(collectives.rank)
 
 
 class _HarnessTorch:
@@ -106,20 +139,22 @@ class SyncGroups:
         self.created = 0
 
     def __call__(self, group_ranks: Sequence[int], backend: str = "gloo") -> TpHandle:
-        name = SYNC_GROUP_NAMES[self.created % len(SYNC_GROUP_NAMES)]
+        names = PP_SYNC_GROUP_NAMES if self.handle.pp else SYNC_GROUP_NAMES
+        name = names[self.created % len(names)]
         self.created += 1
         return self.handle.sync_group(name)
 
 
 def _rank_parallel(handle: TpHandle) -> types.SimpleNamespace:
     rank, size = int(handle.collectives.rank), int(handle.collectives.world_size)
+    tp_rank, tp_size, pp_rank, pp_size = (0, 1, rank, size) if handle.pp else (rank, size, 0, 1)
     return types.SimpleNamespace(
-        tp_rank=rank,
-        tp_size=size,
-        pp_rank=0,
-        pp_size=1,
-        attn_tp_rank=rank,
-        attn_tp_size=size,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=pp_rank,
+        pp_size=pp_size,
+        attn_tp_rank=tp_rank,
+        attn_tp_size=tp_size,
         attn_dp_rank=0,
         attn_dp_size=1,
         attn_cp_rank=0,
@@ -151,6 +186,77 @@ def attaching(module: types.ModuleType, handle: TpHandle, tree: Path) -> Iterato
             yield
         finally:
             module.__dict__.update(saved)
+
+
+# -- the PP command group's broadcast --------------------------------------------------------------
+@dataclass(frozen=True)
+class ReceivedObjects:
+    """One ``broadcast_pyobj`` as one rank returned from it: the objects, in the rank's copy."""
+
+    rank: int
+    seq: int
+    objects: tuple[Any, ...]
+
+
+class PpBroadcast:
+    """One PP world's command group: rank 0 broadcasts, every other rank takes from its inbox
+    (a ``ServedQueue``: its command thread waits there until the harness grants it)."""
+
+    def __init__(self, world_size: int) -> None:
+        from hicache_ref.harness.adapters.sglang_gate import ServedQueue
+
+        self.inboxes: list[ServedQueue] = [ServedQueue() for _ in range(world_size)]
+        self.received: list[list[ReceivedObjects]] = [[] for _ in range(world_size)]
+        self._lock = threading.Lock()
+
+    def broadcast(self, data: list[Any], rank: int) -> list[Any]:
+        if rank == 0:
+            for inbox in self.inboxes[1:]:  # each rank its own copy, as the pickled bytes give
+                inbox.put(copy.deepcopy(list(data)))
+            self._log(rank, data)
+            return data
+        inbox = self.inboxes[rank]
+        try:
+            objects: list[Any] = inbox.get()
+        except queue.Empty:  # the world went with nothing broadcast: an empty broadcast
+            objects = []
+        self._log(rank, objects)
+        return objects
+
+    def _log(self, rank: int, objects: list[Any]) -> None:
+        with self._lock:
+            log = self.received[rank]
+            log.append(ReceivedObjects(rank, len(log), tuple(objects)))
+
+    def pending(self, rank: int) -> int:
+        """Broadcasts waiting in ``rank``'s inbox (none for the source)."""
+        return self.inboxes[rank].qsize() if rank else 0
+
+
+def pp_broadcast_for(collectives: Any) -> PpBroadcast:
+    """The command-group broadcast of the PP world ``collectives`` (a rank's view) belongs to,
+    kept with its rank group (one per world)."""
+    attachments: dict[str, object] = collectives.group.attachments
+    found = attachments.setdefault("pp_broadcast", PpBroadcast(int(collectives.world_size)))
+    assert isinstance(found, PpBroadcast)
+    return found
+
+
+def pp_broadcast_pyobj(
+    data: list[Any],
+    rank: int,
+    dist_group: object = None,
+    src: int = 0,
+    force_cpu_device: bool = True,
+) -> list[Any]:
+    """0.5.23's ``sglang.srt.utils.broadcast_pyobj`` on a harness PP command group."""
+    handle = _HarnessDistributed._handle(dist_group, "broadcast_pyobj")
+    if handle.name != PP_COMMAND or src != 0:
+        raise HiCacheSetupError(
+            f"upstream broadcast on group {handle.name.name!r} from rank {src}; the harness "
+            "serves broadcast_pyobj on the PP command group from PP rank 0 only"
+        )
+    return pp_broadcast_for(handle.collectives).broadcast(data, int(handle.collectives.rank))
 
 
 # -- the backend factory upstream's attach imports -----------------------------------------------

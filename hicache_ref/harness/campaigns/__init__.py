@@ -5,7 +5,8 @@
   ``machine_for`` binding it to an implementation and a sink;
   ``profiles``: its settings (ci, dev, campaign);
 - ``known_findings``: the findings written up per implementation, which a gate baselines;
-- ``storage_soak``: the storage tier on real threads for minutes, faults on.
+- ``storage_soak``: the storage tier on real threads for minutes, faults on;
+- ``pp_gate``: Hypothesis programs of the PP tree half's steps on 0.5.23's PP worlds (INV-38).
 
 The campaign runner itself, the mutant catalogue and the release matrix (which run campaigns)
 are ``hicache_ref.campaign``; workers, shards and the failure database are ``hicache_ref.fleet``.

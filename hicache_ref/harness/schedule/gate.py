@@ -12,7 +12,8 @@ them:
 - ``GatedThread``: a thread that knows its gate (``gate=``, or its target's owner's
   ``_harness_gate``: upstream's controller); it parks through ``park_at_point``, keeps its
   exception for the grant that ran it, and sees a stop only once it is joined;
-- ``StepGate``: ``park`` / ``park_point`` (the thread's side), ``serve`` / ``resume`` (the
+- ``StepGate``: ``park`` / ``park_point`` (the thread's side; ``points_only`` narrows the points
+  to some thread functions: a PP world's command threads), ``serve`` / ``resume`` (the
   harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
   ``grants``: the harness's own record of every grant (which thread, of which epoch, at which
   point), which the window checks read (INV-35);
@@ -44,6 +45,12 @@ EXIT_JOIN_S = 2.0
 """How long interpreter exit waits, in all, for the gated threads to unwind."""
 GRANTS_MAX = 100_000
 """Bound on the grant record (TigerStyle); the oldest entries go first."""
+
+
+def _holds_work(point: Point) -> bool:
+    """A wait on a queue that is not empty now."""
+    empty = getattr(point.source, "empty", None)
+    return point.kind == WAIT and callable(empty) and not empty()
 
 
 class GateClosed(BaseException):
@@ -155,6 +162,9 @@ class StepGate:
         # also before each operation-lock acquire (upstream's gates always; the reference's
         # with ``storage_lock_points``)
         self.lock_points = points and lock_points
+        # only these thread functions park at points inside their loop bodies (None: all); a
+        # PP world parks its command thread alone (``driver/pp_tree.py``)
+        self.points_only: frozenset[str] | None = None
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
         self._cond = threading.Condition()
         self.threads: list[GatedThread] = []
@@ -164,6 +174,7 @@ class StepGate:
         self._released: set[GatedThread] = set()  # joined by upstream while stopping
         self._exited: set[GatedThread] = set()  # left run(): no grant waits for them
         self._closing = False
+        self._closed_seen: set[GatedThread] = set()  # left a park since the world went
         self.deaths: list[str] = []  # storage threads upstream's code let die, and of what
         self.grants: list[GrantRecord] = []
         self.queue_names: dict[int, str] = {}  # id(queue) -> its attribute name (the trace's)
@@ -198,6 +209,8 @@ class StepGate:
             return Grant()
         if kind == LOCK and not self.lock_points:
             return Grant()
+        if self.points_only is not None and thread.function not in self.points_only:
+            return Grant()
         return self._wait(thread, Point(kind, detail)) or Grant()
 
     def _wait(self, thread: GatedThread, point: Point) -> Grant | None:
@@ -209,7 +222,22 @@ class StepGate:
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
+                if self._closing and thread in self._closed_seen:
+                    # the world is gone and the thread parks again: a loop that exits only on
+                    # an item (0.5.23's PP ticket thread) would spin on empty gets; it unwinds
+                    self._parked.pop(thread, None)
+                    self._cond.notify_all()
+                    raise GateClosed(thread.name)
                 if self._stopping() and (thread in self._released or self._closing):
+                    if self._closing:
+                        self._closed_seen.add(thread)
+                    self._parked.pop(thread, None)
+                    self._cond.notify_all()
+                    return None
+                if thread in self._released and (point.kind != WAIT or _holds_work(point)):
+                    # joined mid-body: it runs on (its stopper waits for it), as with a stop
+                    # event; at its wait, joined by a stopper that signals through the queue
+                    # (0.5.23's PP ticket thread: a None put before the join): it takes it
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     return None

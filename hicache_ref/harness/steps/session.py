@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hicache_ref.errors import InvariantViolation
+from hicache_ref.errors import HiCacheInputError, InvariantViolation
 from hicache_ref.harness.adapters.base import (
     Implementation,
     RankLike,
@@ -95,6 +95,12 @@ class Session:
         """``build`` makes the case's world (``world.world_builder``: a GPU campaign's device,
         one rank of a CP world across processes; default: a ``SimDevice`` and every rank)."""
         reasons = unsupported_reasons(implementation.capabilities, config)
+        if config.storage_pp:  # its tree half is the radix cache's PP path, not the rules'
+            raise HiCacheInputError(
+                f"{config.describe()} is a PP storage world (storage_pp): the state machine's "
+                "storage rules do not drive PP tickets; run it with the PP gate "
+                "(harness/campaigns/pp_gate.run_pp_gate)"
+            )
         if reasons:
             raise ValueError(
                 f"implementation {impl_name!r} does not support {config.describe()}: needs {reasons}"

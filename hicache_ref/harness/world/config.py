@@ -120,6 +120,11 @@ class HarnessConfig(BaseModel):
     hit to it, as 0.5.16 - 0.5.21's radix caches do when ``evict_host`` made no room (0.5.23:
     the hybrid controller's ``allocate_storage_hit(allow_partial=True)``, called where the
     controller has it). Off: such a hit is revoked. Drawn last, so older traces replay alike."""
+    storage_pp: bool = False
+    """The storage ranks are 2 pipeline-parallel ranks (TP 1 each) of 0.5.23's hybrid controller
+    in ``buffer_only`` host memory: PP rank 0 submits prefetch tickets, its PP command thread
+    broadcasts them over the PP command group, and every rank queries and allocates in ticket
+    order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38)."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -167,6 +172,11 @@ class HarnessConfig(BaseModel):
             raise ValueError("storage_host_pressure is a storage world's (storage_ranks >= 1)")
         if self.storage_lock_points and not self.storage_points:
             raise ValueError("storage_lock_points needs storage_points (a lock point is one)")
+        if self.storage_pp and (self.storage_ranks != 2 or self.pool_group != "anchor"):
+            raise ValueError(
+                "storage_pp is a world of 2 PP storage ranks over a KV-only pool group "
+                "(storage_ranks=2, pool_group='anchor')"
+            )
         if self.storage_ranks and (
             self.uses_cp or (self.has_draft and self.pool_group not in STORAGE_DRAFT_GROUPS)
         ):
@@ -209,6 +219,7 @@ class HarnessConfig(BaseModel):
             faults += "+pages" if self.storage_page_points else ""
             faults += "+locks" if self.storage_lock_points else ""
             faults += "+pressure" if self.storage_host_pressure else ""
+            faults += "+pp" if self.storage_pp else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

@@ -1,0 +1,208 @@
+"""The PP gate: Hypothesis draws programs of the PP tree half's steps on fresh PP worlds.
+
+A PP world (``HarnessConfig.storage_pp``, capability ``storage:pp``: 0.5.23's hybrid controller)
+is driven by ``driver/pp_tree.PpTree``, not by the state machine's rules: its tree half is the
+unified radix cache's PP path (PP rank 0 submits, the others follow the tickets), which the
+machine's storage rules do not model. A case draws the world's faults and a program of steps;
+``run_program`` applies it and ends the case by releasing every request and running every thread
+to idle, so every ticket is retired and judged (INV-38 after every step). ``run_pp_gate`` runs
+cases until its budget is spent or one fails; Hypothesis then shrinks the failing program.
+
+- ``PpProgram``: the drawn world (faults, backend, schedule points: half the worlds park the
+  command threads at every point of their loop bodies, so a submit, a release or another
+  thread's step lands between a ticket's query, allocation and state lookups) and steps (``PpOp``: a verb and a number the
+  verb reads as its pick);
+- ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
+  id; anything else upstream's code raised on the scheduler side is a failure too);
+- ``run_pp_gate``: the budgeted search, its ``PpGateReport`` (cases, checks, the failure).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky, NoSuchExample
+
+from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+
+VERBS = (
+    "back_up",
+    "submit",
+    "relay",
+    "command",
+    "point",
+    "io",
+    "sync",
+    "progress",
+    "release",
+    "reset",
+)
+"""The steps of a program, in the order a request meets them."""
+STEPS_MAX = 24
+CHAIN_PAGES_MAX = 4
+CASES_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class PpOp:
+    verb: str
+    pick: int
+
+    def describe(self) -> str:
+        return f"{self.verb}({self.pick})"
+
+
+@dataclass(frozen=True)
+class PpProgram:
+    faults: bool
+    backend: str
+    points: bool  # the command threads park at every schedule point of their loop bodies
+    ops: tuple[PpOp, ...]
+
+    def describe(self) -> str:
+        steps = " ".join(op.describe() for op in self.ops)
+        return f"faults={self.faults} backend={self.backend} points={self.points}: {steps}"
+
+
+FIRST = PpOp("back_up", 1)
+PROGRAMS = st.builds(
+    PpProgram,
+    faults=st.booleans(),
+    backend=st.sampled_from(["memory", "file"]),
+    points=st.booleans(),
+    ops=st.lists(
+        st.builds(PpOp, verb=st.sampled_from(VERBS), pick=st.integers(0, 7)),
+        min_size=1,
+        max_size=STEPS_MAX,
+    ).map(lambda ops: (FIRST, *ops)),
+)
+"""A program starts with a chain in L3, so its first submit has something to fetch."""
+
+
+def _pick(items: list[str], pick: int) -> str | None:
+    return items[pick % len(items)] if items else None
+
+
+def apply_op(tree: PpTree, op: PpOp) -> None:
+    """One step of a program on ``tree`` (a step with nothing to act on does nothing)."""
+    live = sorted(tree.live)
+    if op.verb == "back_up":
+        tree.back_up(1 + op.pick % CHAIN_PAGES_MAX)
+    elif op.verb == "submit" and tree.chains:
+        chain = tree.chains[op.pick % len(tree.chains)]
+        tree.submit(chain, (op.pick // len(tree.chains)) % (len(chain.tokens) // tree.page))
+    elif op.verb == "command":
+        tree.command_step()
+    elif op.verb == "point":
+        tree.command_point(op.pick % 2)
+    elif op.verb in ("io", "sync"):
+        tree.storage_step(StorageStepKind(op.verb))
+    elif op.verb == "reset":
+        tree.reset()
+    else:
+        rid = _pick(live, op.pick)
+        if rid is None:
+            return
+        if op.verb == "relay":
+            tree.relay(rid)
+        elif op.verb == "progress":
+            tree.check_progress(rid)
+        elif op.verb == "release":
+            tree.release(rid)
+
+
+def run_program(implementation: Implementation, program: PpProgram, seed: int = 0) -> PpTree:
+    """One case: a fresh PP world, the program, then every request released and run to idle."""
+    config = pp_config(storage_faults=program.faults, storage_backend=program.backend, seed=seed)
+    tree = PpTree(implementation, config, points=program.points)
+    try:
+        for op in program.ops:
+            apply_op(tree, op)
+        tree.finish()
+    finally:
+        tree.storage.close()
+    return tree
+
+
+@dataclass
+class PpGateReport:
+    """What one PP gate run did and found."""
+
+    cases: int = 0
+    checks: dict[str, int] = field(default_factory=dict)
+    failure: str = ""  # the violation's id (or the exception's type) and message
+    failure_id: str = ""  # the invariant id, when a check fired
+    program: str = ""  # the shrunk failing program
+    flaky: bool = False  # the failure did not repeat on a replay (thread timing): the first one
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure)
+
+
+def run_pp_gate(implementation: Implementation, *, seconds: float, seed: int = 0) -> PpGateReport:
+    """Draw programs until ``seconds`` are spent or one fails (then shrink it)."""
+    report = PpGateReport()
+    deadline = time.monotonic() + seconds
+    shrink_deadline = deadline + seconds  # shrinking a failure gets as long again
+
+    first: list[tuple[str, str, str]] = []  # the first failure: (failure, id, program)
+
+    def failed(program: PpProgram, failure: str, failure_id: str) -> None:
+        report.failure, report.failure_id = failure, failure_id
+        if not first:
+            first.append((failure, failure_id, program.describe()))
+
+    def fails(program: PpProgram) -> bool:
+        now = time.monotonic()
+        if now >= deadline and not report.failed:
+            raise _BudgetSpent
+        if now >= shrink_deadline:
+            return False  # shrinking stops: every further candidate is rejected
+        report.cases += 1
+        try:
+            tree = run_program(implementation, program, seed)
+        except InvariantViolation as exc:
+            failed(program, f"{exc.inv_id}: {exc}", exc.inv_id)
+            return True
+        except Exception as exc:  # upstream's scheduler-side code raised: a finding too
+            failed(program, f"{type(exc).__name__}: {exc}", "")
+            return True
+        for inv_id, count in tree.checks.counts.items():
+            report.checks[inv_id] = report.checks.get(inv_id, 0) + count
+        return False
+
+    search = settings(
+        max_examples=CASES_MAX,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    try:
+        found: Any = find(PROGRAMS, fails, settings=search, random=random.Random(seed))
+    except (NoSuchExample, _BudgetSpent):
+        report.failure = report.failure_id = ""
+        return report
+    except Flaky:  # the failure hangs on how the rank threads interleaved: the first one stands
+        report.failure, report.failure_id, report.program = first[0]
+        report.flaky = True
+        return report
+    report.program = found.describe()
+    shrink_deadline = float("inf")
+    if not fails(found):  # the shrunk program's own failure is the one reported, if it repeats
+        report.failure, report.failure_id, report.program = first[0]
+        report.flaky = True
+    return report
+
+
+class _BudgetSpent(Exception):
+    """The gate's budget ran out with no failure: the search ends."""

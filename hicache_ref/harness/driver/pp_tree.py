@@ -1,0 +1,524 @@
+"""The tree's half of 0.5.23's PP prefetch protocol, over a world of 2 PP storage ranks.
+
+A PP world (``HarnessConfig.storage_pp``) is a storage world whose 2 ranks are pipeline-parallel
+ranks (TP 1 each) of upstream's own ``HybridCacheController`` in ``buffer_only`` host memory,
+in one process: its storage threads and its PP command thread (``pp_prefetch_command_thread_func``)
+run upstream's code on gated threads, the PP group and its command group are the harness's
+(``adapters/sglang_world.py``: ``broadcast_pyobj`` on ``PpBroadcast``), and every rank's backend
+is a client of one shared L3 (``world/storage_world.py``). ``PpTree`` is the scheduler side of
+every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protocol order:
+
+- ``back_up``: a chain's pages, filled with each rank's own bytes, go to L3 through every rank's
+  ``write_storage`` and backup thread (a PP rank stores its own layers: its keys carry its rank);
+- ``submit``: PP rank 0 alone asks ``get_prefetch_submission`` and, with none, ``submit_prefetch``
+  (a ticket recorded under ``pp_prefetch_state_lock`` and queued for the command thread), as
+  ``prefetch_from_storage`` does in buffer mode; the other ranks follow the tickets;
+- ``command_step``: one loop body of every rank's PP command thread together: rank 0 takes the
+  ticket and broadcasts it, then every rank queries its backend, allocates its host slots
+  (``_allocate_pp_prefetch_buffers``, off the scheduler thread), MIN-reduces the hit over the PP
+  ranks and stages the operation for its IO thread; with ``points`` (only the command threads
+  park at schedule points: ``StepGate.points_only``), ``point(rank)`` runs one rank's to its
+  next point (the collective on every rank at once), so the scheduler's steps land in between;
+- ``storage_step``: the IO or sync thread of every rank in lockstep (the sync thread publishes
+  a ticket's completion by setting its ``ready_event``);
+- ``check_progress``: ``_check_pp_prefetch_progress``: PP rank 0's readiness (MAX over the ranks),
+  then ``take_ready_pp_prefetch`` on every rank; a staged hit is consumed as the buffer pipeline
+  consumes it (the tail past the completed tokens goes back through ``append_host_mem_release``,
+  the landed pages are freed after their load);
+- ``release``: the request finished: ``release_pp_prefetch`` on every rank (``claim_kv_row``);
+- ``reset``: every rank's ``reset()``, PP rank 0 first (its command thread broadcasts the stop).
+
+The harness's own records, never the controller's word: which ticket each rank took off the
+broadcast (``PpBroadcast.received``), which keys its command thread queried (the recording
+backend), which host slots it allocated for the ticket and which came back (the host pool's own
+alloc and free, wrapped here), which pages each rank's IO read back from L3 (the recording
+backend's digests) against the bytes ``back_up`` wrote for that rank. After every step they become
+a ``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket holds no
+slot) and INV-30 (a rank reads back its own shard's bytes).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hicache_ref.controller.storage.lockstep import run_lockstep
+from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC
+from hicache_ref.harness.adapters.sglang_stubs import RadixKey
+from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
+from hicache_ref.harness.driver.pp_commands import PpCommandThreads
+from hicache_ref.harness.schedule.points import WAIT
+from hicache_ref.harness.world.config import HarnessConfig
+from hicache_ref.harness.world.recording_storage import page_digest
+from hicache_ref.harness.world.storage_world import StorageWorld
+from hicache_ref.harness.world.world import build_world
+from hicache_ref.invariants.registry import CheckRunner
+from hicache_ref.invariants.storage_snapshot import (
+    L3Model,
+    PpTicketRecord,
+    StorageSnapshot,
+    StoreRead,
+)
+
+PP_RANKS = 2
+COMMAND = "pp_command"
+WRITE = "write"
+
+
+def pp_config(**fields: Any) -> HarnessConfig:
+    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools."""
+    base: dict[str, Any] = {
+        "page_size": 2,
+        "layer_num": 2,
+        "pool_group": "anchor",
+        "storage_ranks": PP_RANKS,
+        "storage_pp": True,
+        "storage_batch_pages": 2,
+        "host_pages": 16,
+        "device_pages": 16,
+    }
+    return HarnessConfig(**{**base, **fields})
+
+
+def page_keys_of(tokens: tuple[int, ...], page: int, controller: Any) -> list[str]:
+    """The content keys of a chain from the root, as upstream's radix cache computes them."""
+    keys: list[str] = controller._harness_page_keys(list(tokens), None, page)
+    return keys
+
+
+def page_value(rank: int, chain: int, page: int) -> float:
+    """The first element of page ``page`` of chain ``chain`` on PP rank ``rank`` (its layers)."""
+    return float((rank + 1) * 1_000_000 + chain * 1_000 + page + 1)
+
+
+@dataclass(frozen=True)
+class RequestHandle:
+    """Upstream's ``CacheRequestHandle`` (the harness stubs its module): a ticket pickles it."""
+
+    rid: str
+    attempt_id: int = 0
+
+
+@dataclass
+class TicketLog:
+    """The harness's record of one ticket on one rank (``PpTicketRecord`` when judged)."""
+
+    request_id: str
+    epoch: int
+    keys: tuple[str, ...] = ()
+    hit_tokens: int | None = None
+    ready: bool = False
+    ended: bool = False  # the rank's command thread finished its loop body for it
+
+
+@dataclass
+class RankBook:
+    """What the harness saw of one rank's host slots and tickets."""
+
+    owners: dict[int, str] = field(default_factory=dict)  # host slot -> ticket or WRITE
+    tickets: list[TicketLog] = field(default_factory=list)
+    seen: int = 0  # broadcasts of this rank already turned into tickets
+    relayed: set[str] = field(default_factory=set)  # requests this rank's scheduler received
+    released: set[tuple[int, str]] = field(default_factory=set)  # (epoch, request) it finished
+
+    def ticket(self, rid: str, epoch: int) -> TicketLog | None:
+        return next(
+            (t for t in reversed(self.tickets) if t.request_id == rid and t.epoch == epoch), None
+        )
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain the world backed up: its tokens and, per rank, its page keys."""
+
+    index: int
+    tokens: tuple[int, ...]
+    keys: tuple[str, ...]
+
+
+class PpTree:
+    """Every PP rank's scheduler side of the storage protocol (see the module doc)."""
+
+    def __init__(
+        self, implementation: Implementation, config: HarnessConfig, *, points: bool = False
+    ) -> None:
+        if not config.storage_pp:
+            raise HiCacheInputError("a PP tree needs a PP world (storage_pp=True)")
+        refine = getattr(implementation, "refine_config", None)
+        config = refine(config) if callable(refine) else config
+        if not config.storage_pp or config.storage_ranks != PP_RANKS:
+            raise HiCacheSetupError(
+                f"{implementation.name} draws no PP storage world (capability storage:pp)"
+            )
+        self.config = config
+        self.page = config.page_size
+        self.world = build_world(config, implementation)
+        self.storage = StorageWorld(self.world, implementation)
+        self.storage.attach()
+        self.cc: list[Any] = self.storage.controllers
+        if any(getattr(c, "pp_prefetch_command_group", None) is None for c in self.cc):
+            raise HiCacheSetupError(
+                "upstream's attach made no PP command group (enable_pp_ticket: buffer_only "
+                "host memory and a PP group of 2+ ranks)"
+            )
+        self.hybrid = sys.modules[type(self.cc[0]).__mro__[1].__module__]
+        self.broadcast: PpBroadcast = pp_broadcast_for(self.cc[0]._harness_collectives)
+        self.books = [RankBook() for _ in self.cc]
+        for rank, controller in enumerate(self.cc):
+            self._watch_host_pool(rank, controller)
+        self.points = points
+        self.commands = PpCommandThreads(self.cc, self.broadcast, self.storage.group)
+        if points:  # the command threads alone park at every point of their loop bodies
+            for controller in self.cc:
+                gate = controller._harness_gate
+                gate.points = gate.lock_points = True
+                gate.points_only = frozenset({PP_TICKET_FUNC})
+        for rank, inbox in enumerate(self.broadcast.inboxes[1:], start=1):
+            self.cc[rank]._harness_gate.queue_names[id(inbox)] = "pp_command_inbox"
+        self.epoch = 0
+        self.chains: list[Chain] = []
+        self.requests = 0
+        self.live: set[str] = set()  # submitted, not yet released
+        self.checks = CheckRunner()
+        self.stored: list[list[str]] = [[] for _ in self.cc]
+        self.queried: list[list[str]] = [[] for _ in self.cc]
+        self.reads: list[StoreRead] = []  # pages read back from L3, by rank and content key
+        self.expected: dict[tuple[int, str], str] = {}  # (rank, content key) -> oracle digest
+        self.steps = 0
+
+    # -- the harness's own view of the host slots --------------------------------------------------
+    def _watch_host_pool(self, rank: int, controller: Any) -> None:
+        """Wrap the KV host pool's ``alloc`` / ``free``: who holds each slot (the harness's)."""
+        pool = controller.mem_pool_host.anchor_entry.host_pool
+        alloc, free = pool.alloc, pool.free
+        book = self.books[rank]
+        lock = threading.Lock()
+        received = self.broadcast.received[rank]
+
+        def owner() -> str:
+            """The command thread allocates for the last ticket it took; anyone else writes."""
+            if getattr(threading.current_thread(), "function", "") != PP_TICKET_FUNC:
+                return WRITE
+            tickets = [m.objects[0] for m in received if m.objects and m.objects[0] is not None]
+            return str(tickets[-1].handle.rid) if tickets else COMMAND
+
+        def watched_alloc(need_size: int, *args: Any, **kwargs: Any) -> Any:
+            indices = alloc(need_size, *args, **kwargs)
+            if indices is not None:
+                held_by = owner()
+                with lock:
+                    for slot in indices.tolist():
+                        book.owners[int(slot)] = held_by
+            return indices
+
+        def watched_free(indices: Any, *args: Any, **kwargs: Any) -> Any:
+            freed = free(indices, *args, **kwargs)
+            with lock:
+                for slot in indices.tolist():
+                    book.owners.pop(int(slot), None)
+            return freed
+
+        pool.alloc, pool.free = watched_alloc, watched_free
+
+    def held_by(self, rank: int, rid: str) -> int:
+        return sum(1 for owner in self.books[rank].owners.values() if owner == rid)
+
+    # -- L3 ----------------------------------------------------------------------------------------
+    def back_up(self, pages: int) -> Chain:
+        """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
+        index = len(self.chains)
+        tokens = tuple(range(index * 4096 + 1, index * 4096 + 1 + pages * self.page))
+        slots: list[Any] = []
+        digests: list[tuple[int, str]] = []  # (rank, the oracle's digest) per page, in order
+        for rank, controller in enumerate(self.cc):
+            host = controller.mem_pool_host.alloc(pages * self.page)
+            if host is None:
+                raise HiCacheInputError(f"no host room for a {pages}-page backup on rank {rank}")
+            pool = controller.mem_pool_host.anchor_entry.host_pool
+            for page in range(pages):
+                first = int(host[page * self.page])
+                flat = pool.get_dummy_flat_data_page()
+                ramp = torch.arange(flat.numel(), dtype=flat.dtype) / 1024
+                data = ramp + page_value(rank, index, page)
+                pool.set_from_flat_data_page(first, data)
+                digests.append((rank, page_digest(data)))
+            controller.write_storage(host, list(tokens))
+            slots.append(host)
+        self.run_until_idle()
+        for rank, controller in enumerate(self.cc):
+            while not controller.ack_backup_queue.empty():
+                controller.ack_backup_queue.get_nowait()
+            controller.mem_pool_host.free(slots[rank])
+            self._stored_keys(rank)  # what the backups stored is INV-30's expectation's
+        page_keys = page_keys_of(tokens, self.page, self.cc[0])
+        for position, (rank, digest) in enumerate(digests):
+            self.expected[(rank, page_keys[position % pages])] = digest
+        chain = Chain(index, tokens, tuple(page_keys))  # whether or not a fault kept one out
+        self.chains.append(chain)
+        return chain
+
+    def _stored_keys(self, rank: int) -> list[str]:
+        self._take_calls()
+        stored, self.stored[rank] = self.stored[rank], []
+        return stored
+
+    def _take_calls(self) -> None:
+        """Every backend call since the last look, routed: the keys each rank stored, the keys
+        its command thread queried (for ``_take_broadcasts``), the pages it read back (INV-30)."""
+        for rank, storage_rank in enumerate(self.storage.ranks):
+            recording = storage_rank.recording
+            for call in [] if recording is None else recording.take():
+                if call.kind == "set":
+                    self.stored[rank].extend(call.keys)
+                elif call.kind == "exists" and call.thread == PP_TICKET_FUNC:
+                    self.queried[rank].extend(call.keys)
+                elif call.kind == "get":
+                    self.reads.extend(
+                        StoreRead(rank, key, digest)
+                        for key, digest in zip(call.keys, call.digests, strict=False)
+                        if digest is not None
+                    )
+
+    # -- a request's prefetch ----------------------------------------------------------------------
+    def submit(self, chain: Chain, skip_pages: int) -> str | None:
+        """PP rank 0's ``prefetch_from_storage`` of ``chain`` after its first ``skip_pages``
+        pages (already on the device): the request's id, or None when it asked for nothing."""
+        rid = f"req-{self.requests}"
+        self.requests += 1
+        controller = self.cc[0]
+        if controller.get_prefetch_submission(rid) is not None:
+            return None
+        start = skip_pages * self.page
+        tokens = chain.tokens[start:]
+        if len(tokens) < controller.prefetch_threshold:
+            return None
+        last_hash = chain.keys[skip_pages - 1] if skip_pages and chain.keys else None
+        prefix_keys = list(chain.keys[:skip_pages]) if skip_pages else None
+        handle = RequestHandle(rid)
+        key = RadixKey(array("q", tokens)).page_aligned(self.page)
+        submission = controller.submit_prefetch(
+            handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), None
+        )
+        if submission.operation is None:
+            return None
+        self._bind(0, rid, bool(submission.decision))
+        self.live.add(rid)
+        return rid
+
+    def _bind(self, rank: int, rid: str, decision: bool = True) -> None:
+        """``bind_prefetch_ticket``: PP rank 0 records its decision; another rank records the
+        one the request relay carries, when the request reaches its scheduler."""
+        controller, decisions = self.cc[rank], self.hybrid.PPPrefetchDecision
+        with controller.pp_prefetch_state_lock:
+            controller.pp_prefetch_decisions[rid] = (
+                decisions.TICKETED if decision else decisions.SKIPPED
+            )
+        self.books[rank].relayed.add(rid)
+
+    def relay(self, rid: str) -> None:
+        """The request (ticketed) reaches every other PP rank's scheduler."""
+        for rank in range(1, len(self.cc)):
+            if rid not in self.books[rank].relayed:
+                self._bind(rank, rid)
+
+    def command_step(self) -> bool:
+        """One loop body of every rank's PP command thread (False: no ticket was queued); with
+        points, every point of it (the ticket's whole round)."""
+        ran = self.commands.round() if self.points else self.commands.bodies()
+        if ran:
+            self._take_broadcasts()
+            self.check()
+        return ran
+
+    def point(self, rank: int, *, start: bool = True) -> bool:
+        return self.commands.point(rank, start=start)
+
+    def position(self, rank: int) -> tuple[Any, Any] | None:
+        return self.commands.position(rank)
+
+    def at_rest(self, rank: int) -> bool:
+        return self.commands.at_rest(rank)
+
+    def command_point(self, rank: int) -> bool:
+        """One point of one rank's command thread (a program's ``point`` step)."""
+        if not self.points:
+            return self.command_step()
+        moved = self.commands.point(rank) or self.commands.point(1 - rank)
+        if moved:
+            self._take_broadcasts()
+            self.check()
+        return moved
+
+    def _take_broadcasts(self, *, ending: bool = False) -> None:
+        """What each rank's command thread did since the last look: the tickets it took off
+        the broadcast, the keys it queried (for the ticket it is on), and, once its loop body
+        ended (it waits again, or ``ending``: a reset stopped it), the hit it staged."""
+        self._take_calls()
+        for rank, book in enumerate(self.books):
+            received = self.broadcast.received[rank][book.seen :]
+            book.seen += len(received)
+            queried, self.queried[rank] = tuple(self.queried[rank]), []
+            for message in received:
+                ticket = message.objects[0] if message.objects else None
+                if ticket is not None:
+                    book.tickets.append(TicketLog(str(ticket.handle.rid), self.epoch))
+            current = [t for t in book.tickets if t.epoch == self.epoch and not t.ended]
+            if current and queried:
+                current[-1].keys += queried
+            position = self.position(rank)
+            if ending or position is None or position[1].kind == WAIT:
+                for log in current:
+                    log.ended = True
+                    state = self.cc[rank].pp_prefetch_states.get(log.request_id)
+                    if state is not None and not ending:
+                        log.hit_tokens = int(state.operation.storage_hit_count)
+
+    def storage_step(self, kind: StorageStepKind) -> bool:
+        """The ``kind`` thread of every rank in lockstep (False: no rank had work)."""
+        tiers = [c.storage for c in self.cc]
+        if not any(t.has_work(kind) for t in tiers):
+            return False
+        run_lockstep(tiers, self.storage.group, kind, self.storage.threads)
+        self._take_calls()
+        self._mark_ready()
+        self.check()
+        return True
+
+    def _mark_ready(self) -> None:
+        for rank, book in enumerate(self.books):
+            for log in book.tickets:
+                if log.epoch != self.epoch or log.ready:
+                    continue
+                state = self.cc[rank].pp_prefetch_states.get(log.request_id)
+                log.ready = state is None or bool(state.ready_event.is_set())
+
+    def run_until_idle(self, steps_max: int = 200) -> None:
+        """Every queued ticket, IO, sync and backup, until no rank has work."""
+        for _ in range(steps_max):
+            ran = self.command_step()
+            for kind in (StorageStepKind.IO, StorageStepKind.SYNC, StorageStepKind.BACKUP):
+                ran = self.storage_step(kind) or ran
+            if not ran:
+                return
+        raise HiCacheSetupError(f"the PP world did not go idle within {steps_max} rounds")
+
+    def check_progress(self, rid: str) -> bool:
+        """``_check_pp_prefetch_progress``: whether the ticket was ready and taken."""
+        self.relay(rid)  # every rank's scheduler polls the request it holds
+        ready = bool(self.cc[0].is_pp_prefetch_ready(rid))  # MAX over ranks: PP rank 0 decides
+        if not ready:
+            return False
+        for rank, controller in enumerate(self.cc):
+            state_of = controller.pp_prefetch_states.get(rid)
+            log = self.books[rank].ticket(rid, self.epoch)
+            if state_of is None or not state_of.ready_event.is_set():
+                if log is not None:
+                    log.ready = False
+                self.check()  # every rank holds the ticket, ready, once PP rank 0's is (INV-38)
+                raise HiCacheSetupError(f"rank {rank} has no ready state for {rid}")
+            state = controller.take_ready_pp_prefetch(rid)
+            operation = state.operation
+            host, completed = operation.host_indices, int(operation.completed_tokens)
+            if host is not None and completed > 0:
+                controller.append_host_mem_release(host[completed:])
+                self._drain_releases(controller)
+                self._consume(rank, host[:completed])
+        self.check()
+        return True
+
+    def _consume(self, rank: int, host: Any) -> None:
+        """The buffer pipeline loads the staged pages to the device, then frees them."""
+        self.cc[rank].mem_pool_host.free(host)
+
+    @staticmethod
+    def _drain_releases(controller: Any) -> None:
+        release = controller.host_mem_release_queue
+        while not release.empty():
+            indices = release.get_nowait()
+            if indices is not None and len(indices):
+                controller.mem_pool_host.free(indices)
+
+    def release(self, rid: str) -> None:
+        """The request finished: every rank retires its ticket (``claim_kv_row``)."""
+        self.relay(rid)  # a rank finishes only a request it received
+        for rank, controller in enumerate(self.cc):
+            controller.release_pp_prefetch(rid)
+            self._drain_releases(controller)
+            self.books[rank].released.add((self.epoch, rid))
+        self.live.discard(rid)
+        self.check()
+
+    def reset(self) -> None:
+        """Every rank's ``reset()``, PP rank 0 first; the tree's host pools are cleared."""
+        for controller in self.cc:
+            controller.reset()
+        self._take_broadcasts(ending=True)  # a stopping command thread drains its ticket
+        for rank, controller in enumerate(self.cc):
+            controller.mem_pool_host.anchor_entry.host_pool.clear()
+            self.books[rank].owners.clear()
+            self.books[rank].relayed.clear()
+            self._stored_keys(rank)
+        self.epoch += 1
+        self.live.clear()
+        self.check()
+
+    # -- INV-38 ------------------------------------------------------------------------------------
+    def snapshot(self) -> StorageSnapshot:
+        tickets = tuple(
+            tuple(
+                PpTicketRecord(
+                    log.request_id,
+                    log.epoch,
+                    log.keys,
+                    log.hit_tokens,
+                    held_tokens=self.held_by(rank, log.request_id)
+                    if log.epoch == self.epoch
+                    else 0,
+                    ready=log.ready,
+                    retired=(log.epoch, log.request_id) in book.released,
+                    ended=log.ended,
+                )
+                for log in book.tickets
+            )
+            for rank, book in enumerate(self.books)
+        )
+        return StorageSnapshot(
+            page_size=self.page,
+            world_size=len(self.cc),
+            epoch=self.epoch,
+            tiers=(),
+            prefetches=tuple(() for _ in self.cc),
+            backups=tuple(() for _ in self.cc),
+            acks=tuple(() for _ in self.cc),
+            collectives=tuple(() for _ in self.cc),
+            pp_tickets=tickets,
+            pp_at_rest=all(self.at_rest(rank) for rank in range(len(self.cc))),
+            l3=L3Model(
+                reads=tuple(self.reads),
+                expected=tuple((r, k, d) for (r, k), d in sorted(self.expected.items())),
+            ),
+        )
+
+    def check(self) -> None:
+        self.steps += 1
+        snapshot = self.snapshot()
+        self.checks.run("INV-38", snapshot)
+        self.checks.run("INV-30", snapshot)  # each rank reads back its own shard's bytes
+        self.reads.clear()  # judged: the next snapshot carries the reads since
+
+    def finish(self) -> None:
+        """Release every live request, run to idle, take what is ready: nothing stays held."""
+        for rid in sorted(self.live):
+            self.run_until_idle()
+            self.check_progress(rid)
+            self.release(rid)
+        self.run_until_idle()
+        self.storage.close()

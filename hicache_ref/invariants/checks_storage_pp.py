@@ -1,0 +1,85 @@
+"""Checker of the PP prefetch tickets of a PP storage world (INV-38).
+
+In a PP world (``HarnessConfig.storage_pp``) PP rank 0 submits a prefetch ticket and every PP
+rank's command thread takes it off the command group's broadcast, queries it and stages the
+rank-agreed hit into host slots of its own. The snapshot's ``pp_tickets`` is the harness's record
+of that per rank (``harness/driver/pp_tree.py``); it is empty in every other world, where the
+checker has nothing to judge.
+"""
+
+from __future__ import annotations
+
+from hicache_ref.errors import InvariantViolation
+from hicache_ref.invariants.checker import registered
+from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
+from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
+
+
+def _agree(rank: int, mine: PpTicketRecord, first: PpTicketRecord, position: int) -> None:
+    where = f"PP rank {rank}'s ticket #{position} of epoch {mine.epoch}"
+    if mine.request_id != first.request_id:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where} is {mine.request_id!r} but PP rank 0's is {first.request_id!r} (every rank "
+            "takes the same tickets off the command group in the same order)",
+        )
+    if not (mine.ended and first.ended):
+        return  # under schedule points a body is judged once it ended on both ranks
+    if mine.keys != first.keys:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where} ({mine.request_id!r}) queried page keys {list(mine.keys)} but PP rank 0 "
+            f"queried {list(first.keys)} (every rank queries the ticket's chain: its tokens "
+            "after its last_hash)",
+        )
+    if None not in (mine.hit_tokens, first.hit_tokens) and mine.hit_tokens != first.hit_tokens:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where} ({mine.request_id!r}) staged a hit of {mine.hit_tokens} tokens but PP rank "
+            f"0 staged {first.hit_tokens} (the hit is the MIN over the PP ranks)",
+        )
+    if first.ready and not mine.ready:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where} ({mine.request_id!r}) is not ready while PP rank 0's is (its completion "
+            "is published on every rank by the same synchronized ack)",
+        )
+
+
+def _holds(rank: int, ticket: PpTicketRecord) -> None:
+    where = f"PP rank {rank}'s ticket {ticket.request_id!r} (epoch {ticket.epoch})"
+    if ticket.ended and ticket.held_tokens > (ticket.hit_tokens or 0):
+        raise InvariantViolation(
+            "INV-38",
+            f"{where} holds {ticket.held_tokens} host slot(s) for a staged hit of "
+            f"{ticket.hit_tokens} tokens (the slots past the agreed hit go back at once)",
+        )
+    if ticket.retired and ticket.ready and ticket.held_tokens:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where} was released and its completion published, but it still holds "
+            f"{ticket.held_tokens} host slot(s) (a retired ticket's slots are freed exactly "
+            "once: by the release, or by the sync thread when the release came first)",
+        )
+
+
+# -- INV-38 ---------------------------------------------------------------------------------------
+@registered("INV-38", StorageSnapshot, storage=0)
+def check_inv_38_pp_ticket_agreement(evidence: Evidence) -> None:
+    """PP ranks take, query and stage the same tickets in the same order; a retired ticket
+    holds no host slot."""
+    snapshot = storage_snapshot_of("INV-38", evidence)
+    if not snapshot.pp_tickets:
+        return
+    first = snapshot.pp_tickets[0]
+    for rank, tickets in enumerate(snapshot.pp_tickets):
+        for position, (mine, theirs) in enumerate(zip(tickets, first, strict=False)):
+            _agree(rank, mine, theirs, position)
+        if snapshot.pp_at_rest and len(tickets) != len(first):
+            raise InvariantViolation(
+                "INV-38",
+                f"PP rank {rank} took {len(tickets)} ticket(s) off the command group but PP "
+                f"rank 0 broadcast {len(first)} (every rank takes each ticket in the same step)",
+            )
+        for ticket in tickets:
+            _holds(rank, ticket)
