@@ -132,18 +132,25 @@ def read_program_file(path_text: str) -> tuple[PpProgramHeader, PpProgram]:
             "header line, then the program line (the PP gate writes it under --out)"
         )
     (header_no, header_line), (program_no, program_line) = lines
-    header = _parse(path_text, header_no, header_line, PpProgramHeader, "header")
-    record = _parse(path_text, program_no, program_line, PpProgramRecord, "program")
+    header = _parse(path_text, header_no, header_line, PpProgramHeader, HEADER_HINT)
+    record = _parse(path_text, program_no, program_line, PpProgramRecord, PROGRAM_HINT)
     return header, record.to_program()
 
 
-def _parse(path_text: str, line_no: int, line: str, model: Any, what: str) -> Any:
+HEADER_HINT = "header", "a header holds version, implementation, source and seed"
+PROGRAM_HINT = (
+    "program",
+    "a program holds faults, backend, points and ops; verbs: " + ", ".join(VERBS),
+)
+
+
+def _parse(path_text: str, line_no: int, line: str, model: Any, hint: tuple[str, str]) -> Any:
     try:
         return model.model_validate_json(line)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"]) or "the line"
         raise HiCacheInputError(
-            f"PP program {path_text} line {line_no} is not a valid {what} ({where}: "
-            f"{error['msg']}); legal verbs: {', '.join(VERBS)}; re-run the PP gate to write it"
+            f"PP program {path_text} line {line_no} is not a valid {hint[0]} ({where}: "
+            f"{error['msg']}); {hint[1]}"
         ) from None
