@@ -8,6 +8,7 @@ hicache-fuzz run --cp-processes 2 --budget 60   # CP ranks one per process (gloo
 hicache-fuzz run --device cuda --budget 60   # the same machines on a GPU, timing perturbed
 hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m   # written-up findings baselined
 hicache-fuzz replay fuzz/out/failure-reference-seed3-<digest>-min.jsonl
+hicache-fuzz replay fuzz/out/pp-failure-sglang-seed0-<digest>.jsonl   # a PP gate's program
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
 hicache-fuzz mutants                  # every seeded mutant must be caught
 hicache-fuzz report shard*.json -o report.html   # one page: plots, coverage, failures
@@ -23,7 +24,8 @@ command or flag gets the nearest one); 130 when Ctrl-C or SIGINT ended a campaig
 SIGTERM did (its summary and --json report say what ran; the last line says INTERRUPTED).
 The gate counts failures explained by known findings (--known, by default those written up for
 the implementation gated; hicache-fuzz list known) and fails only on a new one, printing one
-replay line for each, runnable as printed.
+replay line for each, runnable as printed. On a tree with storage:pp (0.5.23's PP prefetch
+tickets) a fifth of the budget goes to the PP gate, whose failure is a new one too.
 """
 
 from __future__ import annotations
@@ -472,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --matrix: how long to fuzz each release (default 60s)",
     )
     gate.set_defaults(func=cmd_gate)
-    rep = sub.add_parser("replay", help="replay a trace without Hypothesis")
+    rep = sub.add_parser(
+        "replay", help="replay a trace (or a PP gate's program file) without Hypothesis"
+    )
     _add_trace_arguments(rep)
     rep.set_defaults(func=cmd_replay)
     mini = sub.add_parser("minimize", help="delta-debug a failing trace to fewer steps")
