@@ -19,12 +19,16 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+from hicache_ref.campaign.pp_share import PpShare, gate_pp_share
+from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.cli import main
 from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree, fork_tree
 from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
@@ -214,3 +218,21 @@ def test_a_pp_bug_fails_the_gate_with_a_replay_line_that_replays_it(
     # ... and on the unmodified tree -> passes
     assert main(["replay", str(program), "--sglang-src", str(tree_0523)]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("passed: ")
+
+
+def test_the_pp_share_is_skipped_after_a_new_failure_unless_keep_going(tmp_path: Path) -> None:
+    # a tree without storage:pp -> no share; with it, after a new failure -> not run, said why
+    report = CampaignReport("sglang", "ci", 0)
+    report.failures.append({"invariant": "INV-02", "error": "x", "trace": "", "seed": "0"})
+
+    def share(capability: str, keep_going: bool) -> PpShare | None:
+        tree = cast(Implementation, SimpleNamespace(capabilities=frozenset({capability})))
+        return gate_pp_share(
+            report, tree, impl="sglang", budget_s=10.0, seed=0, out_dir=tmp_path,
+            keep_going=keep_going,
+        )  # fmt: skip
+
+    assert share("storage", keep_going=True) is None
+    pp = share("storage:pp", keep_going=False)
+    assert pp is not None and "--keep-going runs it" in pp.skipped
+    assert pp.as_json()["ran"] is False and len(report.failures) == 1
