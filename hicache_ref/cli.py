@@ -8,6 +8,7 @@ hicache-fuzz run --cp-processes 2 --budget 60   # CP ranks one per process (gloo
 hicache-fuzz run --device cuda --budget 60   # the same machines on a GPU, timing perturbed
 hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m   # written-up findings baselined
 hicache-fuzz replay fuzz/out/failure-reference-seed3-<digest>-min.jsonl
+hicache-fuzz replay fuzz/out/pp-failure-sglang-seed0-<digest>.jsonl   # a PP gate's program
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
 hicache-fuzz mutants                  # every seeded mutant must be caught
 hicache-fuzz report shard*.json -o report.html   # one page: plots, coverage, failures
@@ -23,7 +24,8 @@ command or flag gets the nearest one); 130 when Ctrl-C or SIGINT ended a campaig
 SIGTERM did (its summary and --json report say what ran; the last line says INTERRUPTED).
 The gate counts failures explained by known findings (--known, by default those written up for
 the implementation gated; hicache-fuzz list known) and fails only on a new one, printing one
-replay line for each, runnable as printed.
+replay line for each, runnable as printed. On a tree with storage:pp (0.5.23's PP prefetch
+tickets) a fifth of the budget goes to the PP gate, whose failure is a new one too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import difflib
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,9 +64,11 @@ from hicache_ref.campaign.gate import (
 )
 from hicache_ref.campaign.interrupts import EXIT_INTERRUPTED, Interrupt, catching_stop_signals
 from hicache_ref.campaign.interrupts import get_exit_status as get_signal_exit_status
+from hicache_ref.campaign.pp_share import gate_pp_share, get_pp_share, replay_program
 from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.campaign.run import run_campaign
 from hicache_ref.campaign.summary import render_summary, render_verdict
+from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.fleet.commands import (
     add_fleet_arguments,
@@ -74,6 +79,7 @@ from hicache_ref.fleet.commands import (
 from hicache_ref.fleet.progress import ProgressView
 from hicache_ref.fleet.workers import run_fleet
 from hicache_ref.harness.adapters.base import unsupported_reasons
+from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.registry import checked_implementation
 from hicache_ref.harness.adapters.sglang_tree import recorded_tree
 from hicache_ref.harness.campaigns.known_findings import (
@@ -81,6 +87,7 @@ from hicache_ref.harness.campaigns.known_findings import (
     KNOWN_FINDINGS,
     KnownFinding,
 )
+from hicache_ref.harness.campaigns.pp_program_file import is_program_file
 from hicache_ref.harness.campaigns.profiles import PROFILES, get_profile_help
 from hicache_ref.harness.steps.replay import minimize, replay
 from hicache_ref.harness.steps.trace import Trace
@@ -117,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "spawns one process per rank itself: drop one of them"
             )
         return run_cp_command(args)
-    report = _campaign(args, known=())
+    report = _campaign(args, _campaign_inputs(args), known=())
     print(render_summary(report, verdict=False))
     _write_json(args, report.as_json())
     print(render_verdict(report))  # the last line
@@ -131,36 +138,78 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
         return cmd_matrix(args)
     known = get_gate_known(args.known, args.impl)
-    report = _campaign(args, known=known)
+    inputs = _campaign_inputs(args)
+    share = get_pp_share(inputs.implementation.capabilities)  # storage:pp: the PP gate's share
+    report = _campaign(args, inputs, known=known, seconds=args.budget * (1 - share))
+    pp = gate_pp_share(
+        report,
+        inputs.implementation,
+        impl=args.impl,
+        budget_s=args.budget,
+        seed=args.seed + args.shard.index - 1,  # each runner of a --shard fleet its own programs
+        out_dir=inputs.out_dir,
+        keep_going=args.keep_going,
+    )
     print(render_summary(report, replay_lines=False, verdict=False))
+    if pp is not None:
+        print(pp.render())
     gate_lines = render_gate(report, known)
     if gate_lines:
         print(gate_lines)
-    _write_json(args, {**report.as_json(), "gate": gate_json(report, known)})
-    print(render_verdict(report, prog="gate"))  # the last line
+    pp_json = {"pp_gate": pp.as_json() if pp is not None else None}
+    _write_json(args, {**report.as_json(), "gate": gate_json(report, known), **pp_json})
+    print(render_verdict(report, prog="gate", pp=pp))  # the last line
     return get_exit_status(report)
 
 
-def _campaign(args: argparse.Namespace, *, known: tuple[KnownFinding, ...]) -> CampaignReport:
-    """Check every input first, then run the workers; a bad one is one line before any work."""
+@dataclass(frozen=True)
+class CampaignInputs:
+    """A campaign's command line, checked: the implementation after the contract's preflight
+    (a break is exit 2), the --out folder, the tree it names and the --spins it takes."""
+
+    implementation: ImplementationBase
+    out_dir: Path
+    source: str
+    perturbation: Perturbation | None
+
+
+def _campaign_inputs(args: argparse.Namespace) -> CampaignInputs:
+    """Every input checked, a bad one one line before any work."""
     out_dir = check_out_dir("--out", args.out)
     if args.json:
         check_output_file("--json", args.json)
     source = get_tree_argument(args)
     perturbation = check_spins_device("--spins", args.spins, args.device)
-    checked_implementation(args.impl, source)  # the contract's preflight: a break is exit 2
+    implementation = checked_implementation(args.impl, source)
+    return CampaignInputs(implementation, out_dir, source, perturbation)
+
+
+def _campaign(
+    args: argparse.Namespace,
+    inputs: CampaignInputs,
+    *,
+    known: tuple[KnownFinding, ...],
+    seconds: float | None = None,
+) -> CampaignReport:
+    """Run the workers for ``seconds`` each (default: --budget)."""
+    budget = args.budget if seconds is None else seconds
     tasks = plan_from_args(
-        args, out_dir=out_dir, known=known, perturbation=perturbation, source=source
+        args,
+        out_dir=inputs.out_dir,
+        known=known,
+        perturbation=inputs.perturbation,
+        source=inputs.source,
+        seconds=budget,
     )
     if len(tasks) > 1:  # what a worker would find out after starting, found out once, here
         if args.device == "cuda":
             from hicache_ref.device.cuda import require_cuda
 
             require_cuda()
-    view = None if args.no_progress else ProgressView(args.budget, workers=len(tasks))
+    view = None if args.no_progress else ProgressView(budget, workers=len(tasks))
     if view is not None:
         view.say(
-            f"{PROG}: fuzzing {args.impl} for {args.budget:g}s on {len(tasks)} worker(s), "
+            f"{PROG}: fuzzing {args.impl} for {budget:g}s on {len(tasks)} worker(s), "
             f"seeds from {args.seed}, shard {args.shard.label}; Ctrl-C stops and reports"
         )
     try:
@@ -194,6 +243,12 @@ def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 # -- traces ----------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
+    if is_program_file(args.trace):  # a PP gate's failing program (pp_share.py), not a trace
+        if args.device not in (None, "sim"):
+            raise HiCacheInputError(
+                f"PP program {args.trace} replays on the simulated device; drop --device"
+            )
+        return replay_program(args.trace, impl=args.impl, sglang_src=args.sglang_src)
     trace, source = _trace_for(args)
     if trace.header.cp_processes:  # recorded across processes: spawn them again
         from hicache_ref.distributed.commands import replay_cp_command
@@ -419,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --matrix: how long to fuzz each release (default 60s)",
     )
     gate.set_defaults(func=cmd_gate)
-    rep = sub.add_parser("replay", help="replay a trace without Hypothesis")
+    rep = sub.add_parser(
+        "replay", help="replay a trace (or a PP gate's program file) without Hypothesis"
+    )
     _add_trace_arguments(rep)
     rep.set_defaults(func=cmd_replay)
     mini = sub.add_parser("minimize", help="delta-debug a failing trace to fewer steps")

@@ -50,6 +50,7 @@ from hicache_ref.harness.campaigns.known_findings import (
     get_known_findings,
     match_known_finding,
 )
+from hicache_ref.harness.campaigns.pp_program_file import PP_PROGRAM_VERSION
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import TRACE_VERSION, Trace
 from hicache_ref.harness.world.config import HarnessConfig
@@ -77,6 +78,13 @@ def _header_line(**changes: object) -> str:
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
+
+
+def _pp_program(op: str) -> str:
+    """A PP gate program file (``pp_program_file``) whose one op is ``op``."""
+    header = {"version": PP_PROGRAM_VERSION, "implementation": "sglang", "seed": 0}
+    program = f'{{"faults": false, "backend": "memory", "points": false, "ops": [{op}]}}'
+    return json.dumps(header) + "\n" + program + "\n"
 
 
 ADVANCE_H2D = '{"rule": "advance", "args": {"stream": "h2d", "n": 1}}\n'
@@ -113,6 +121,32 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
             _write(d / "t.jsonl", _header_line() + '\n{"rule": "noop", "args": {"x": []}}\n'),
         ],
         "line 2 is not a valid step",
+    ),
+    "pp_program_with_an_unknown_verb": (
+        lambda d: ["replay", _write(d / "p.jsonl", _pp_program('{"verb": "fly", "pick": 1}'))],
+        "line 2 is not a valid program (ops.0.verb: Value error, 'fly' is not a PP program verb)",
+    ),
+    "pp_program_without_its_program_line": (
+        lambda d: ["replay", _write(d / "p.jsonl", _pp_program("").splitlines()[0] + "\n")],
+        "has 1 line(s), not 2",
+    ),
+    "pp_program_on_an_implementation_without_pp": (
+        lambda d: [
+            "replay",
+            _write(d / "p.jsonl", _pp_program('{"verb": "submit", "pick": 1}')),
+            "--impl",
+            "reference",
+        ],
+        "lacks storage:pp",
+    ),
+    "pp_program_given_to_minimize": (
+        lambda d: [
+            "minimize",
+            _write(d / "p.jsonl", _pp_program('{"verb": "submit", "pick": 1}')),
+            "-o",
+            str(d / "small.jsonl"),
+        ],
+        "is a PP gate program, not a trace: hicache-fuzz replay runs it",
     ),
     "replay_unknown_implementation": (
         lambda d: ["replay", str(CORPUS_TRACE), "--impl", "nope"],

@@ -21,6 +21,8 @@ In the order a campaign flows through them:
 - ``gate``: the gate's known findings, new failures, JSON verdict and exit status;
 - ``catalogue`` and ``cli_mutants``: every seeded mutant against the machines, and its
   subcommand;
+- ``pp_share``: the PP gate's share of a gate on a tree with ``storage:pp`` (``gate`` and the
+  matrix alike), its failure a new one, and ``replay`` of the program file it writes;
 - ``matrix``: every upstream release of a range gated, one table; ``release_coverage``: what a
   release's gate drove, and what the release has that the gate does not drive;
 - ``cli_lists``: ``hicache-fuzz list {invariants,known,mutants,rules}``.

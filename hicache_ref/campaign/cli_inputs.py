@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from hicache_ref.device.perturb import Perturbation
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_tree import CONTROLLER_RELPATH, check_tree
+from hicache_ref.harness.campaigns.pp_program_file import PP_PROGRAM_VERSION
 from hicache_ref.harness.rules import STREAMS, step_argument_types
 from hicache_ref.harness.step_types import RuleName
 from hicache_ref.harness.steps.trace import TRACE_VERSION, Step, Trace, TraceHeader
@@ -243,6 +244,11 @@ def _parse_lines(path_text: str, text: str) -> list[tuple[int, dict[str, Any]]]:
 
 def _check_header(path_text: str, line_no: int, record: dict[str, Any]) -> None:
     version = record.get("version")
+    if version == PP_PROGRAM_VERSION:  # the PP gate's program file (campaign/pp_share.py)
+        raise HiCacheInputError(
+            f"{path_text} is a PP gate program, not a trace: hicache-fuzz replay runs it (the "
+            "PP gate shrank it already)"
+        )
     if version != TRACE_VERSION:
         raise HiCacheInputError(
             f"trace {path_text} has version {version!r} on line {line_no}; this hicache_ref "

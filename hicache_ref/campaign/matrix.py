@@ -13,8 +13,9 @@ the gate on it for the budget with the written-up findings baselined (``--known`
 - ``refused: <reason>``: the release could not be gated (its one-line setup error).
 
 Each row also says what its gate drove (``drove``: the pool-group worlds, storage and fences by
-share of cases, and the PP gate's cases on a release with 0.5.23's PP tickets, ``gate_pp``) and, below the table, what the release has that no world drove, with the reason
-(``not driven``; ``release_coverage.py``): a finding that disappears where its code was not
+share of cases, and the PP gate's cases on a release with 0.5.23's PP tickets:
+``pp_share.gate_pp_share``, as ``gate`` runs it) and, below the table, what the release has
+that no world drove, with the reason (``not driven``; ``release_coverage.py``): a finding that disappears where its code was not
 driven is not a fix.
 
 When the set of findings changes between two consecutive releases that ran, the row names what
@@ -26,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hicache_ref.campaign.pp_share import gate_pp_share, get_pp_share
 from hicache_ref.campaign.release_coverage import drove, not_driven
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY
 from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
 
 MATRIX_IMPL = "sglang"
@@ -110,11 +110,6 @@ def mark_transitions(rows: Sequence[ReleaseRow]) -> None:
         previous = row
 
 
-PP_GATE_SHARE = 0.2
-"""A release with 0.5.23's PP prefetch tickets (``storage:pp``) spends this share of its budget on
-the PP gate (``harness/campaigns/pp_gate.py``): PP worlds are not drawn by the state machine."""
-
-
 def gate_release(
     release: str,
     *,
@@ -134,19 +129,19 @@ def gate_release(
     from hicache_ref.harness.adapters.sglang_releases import fetch_release_tree
 
     row = ReleaseRow(release)
+    release_out = out_dir / f"sglang-{release}"
     try:
         tree = fetch_release_tree(release, "--matrix")
         implementation = SglangImplementation(tree)
         row.shape = implementation.shape.label
         row.not_driven = not_driven(tree, implementation.capabilities)
         checked_implementation(MATRIX_IMPL, str(tree))  # the contract's preflight
-        pp_share = PP_GATE_SHARE if STORAGE_PP_CAPABILITY in implementation.capabilities else 0.0
         report = run_campaign(
             MATRIX_IMPL,
-            seconds=budget_s * (1 - pp_share),
+            seconds=budget_s * (1 - get_pp_share(implementation.capabilities)),
             profile=profile,
             seed=seed,
-            out_dir=out_dir / f"sglang-{release}",
+            out_dir=release_out,
             stop_on_failure=not keep_going,
             progress=progress,
             shrink=shrink,
@@ -156,31 +151,28 @@ def gate_release(
     except HiCacheInputError as exc:  # a HiCacheSetupError too: the release cannot be gated
         row.refused = " ".join(str(exc).split())
         return row
+    pp = gate_pp_share(
+        report,
+        implementation,
+        impl=MATRIX_IMPL,
+        budget_s=budget_s,
+        seed=seed,
+        out_dir=release_out,
+        keep_going=keep_going,
+    )
+    if pp is not None and pp.interrupted:  # Ctrl-C ends the matrix, as in its campaigns
+        raise KeyboardInterrupt
     row.cases, row.steps, row.seconds = report.cases, report.steps, report.seconds
     row.drove = drove(report)
+    if pp is not None and not pp.skipped:  # the PP gate's cases are a part the row drove
+        row.seconds += pp.seconds
+        row.drove.append(f"pp tickets {pp.cases} cases")
     row.known_hits = dict(report.known_hits)
     row.new_failures = [
         {"invariant": f["invariant"], "error": f["error"], "trace": f["trace"]}
         for f in report.failures
     ]
-    if pp_share and (keep_going or not row.new_failures):
-        gate_pp(row, implementation, budget_s * pp_share, seed)
     return row
-
-
-def gate_pp(row: ReleaseRow, implementation: Any, seconds: float, seed: int) -> None:
-    """The PP gate on a tree with 0.5.23's PP tickets (``storage:pp``): its cases are a part
-    the row drove, its failure (the shrunk program stands for a trace) a new failure."""
-    from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
-
-    started = time.monotonic()
-    pp = run_pp_gate(implementation, seconds=seconds, seed=seed)
-    row.seconds += time.monotonic() - started
-    row.drove.append(f"pp tickets {pp.cases} cases")
-    if pp.failed:
-        invariant = pp.failure_id or "PP gate"
-        error = f"{pp.failure} (PP program: {pp.program})"  # no trace: the program replays it
-        row.new_failures.append({"invariant": invariant, "error": error, "trace": ""})
 
 
 def render_matrix(rows: Sequence[ReleaseRow]) -> str:

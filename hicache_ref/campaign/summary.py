@@ -20,6 +20,7 @@ from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import get_invariant_label
 
 if TYPE_CHECKING:
+    from hicache_ref.campaign.pp_share import PpShare
     from hicache_ref.campaign.report import CampaignReport
 
 SUMMARY_WIDTH = 100
@@ -70,8 +71,11 @@ def render_summary(
     return "\n".join(lines)
 
 
-def render_verdict(report: CampaignReport, prog: str = "hicache-fuzz") -> str:
-    """The last line: INTERRUPTED (a signal cut it short), FAILED, or passed."""
+def render_verdict(
+    report: CampaignReport, prog: str = "hicache-fuzz", pp: PpShare | None = None
+) -> str:
+    """The last line: INTERRUPTED (a signal cut it short), FAILED, or passed (with the PP
+    gate's cases, when ``pp`` ran: ``pp_share.py``)."""
     new = len(report.failures)
     if report.interrupted:
         found = f"{new} new failure(s) found before it" if new else "no new failure so far"
@@ -82,7 +86,10 @@ def render_verdict(report: CampaignReport, prog: str = "hicache-fuzz") -> str:
     if new:
         return f"{prog}: FAILED: {new} new failure(s), each with its replay line above"
     known = " new" if report.known_hits else ""
-    return f"{prog}: passed: no{known} failure in {report.cases} cases ({report.seconds:.0f}s)"
+    also = f" and {pp.cases} PP gate cases ({pp.seconds:.0f}s)" if pp and not pp.skipped else ""
+    return (
+        f"{prog}: passed: no{known} failure in {report.cases} cases ({report.seconds:.0f}s){also}"
+    )
 
 
 def _render_worlds(report: CampaignReport) -> list[str]:

@@ -92,16 +92,17 @@ def plan_from_args(
     known: tuple[Any, ...],
     perturbation: Any,
     source: str = "",
+    seconds: float | None = None,
 ) -> list[WorkerTask]:
     """The workers' tasks for a ``run``/``gate`` command line (inputs checked already;
-    ``source``: the sglang tree it named)."""
+    ``source``: the sglang tree it named; ``seconds``: each worker's, default --budget)."""
     database = _checked_database(args.database) if args.database else None
     return plan_workers(
         args.impl,
         seed=args.seed,
         shard=args.shard,
         workers=args.workers or get_default_workers(),
-        seconds=args.budget,
+        seconds=args.budget if seconds is None else seconds,
         profile=args.profile,
         out_dir=str(out_dir),
         stop_on_failure=not args.keep_going,

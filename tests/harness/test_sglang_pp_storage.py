@@ -8,26 +8,40 @@ ranks with the same keys and hit and freed once taken; a ticket released before 
 freed by the sync thread; a reset stops both command threads (PP rank 0's broadcast of None ends
 the follower's); the PP gate on the unmodified tree finds nothing; and each bug of
 ``sglang_bugs.BUGS_0523_PP``, planted in 0.5.23 at test time, is caught by INV-38 and shrunk to a
-few steps (INV-30 for the shards sharing one namespace: a rank reads another's bytes).
+few steps (INV-30 for the shards sharing one namespace: a rank reads another's bytes). The gate
+command spends its PP share there (``campaign/pp_share.py``): on 0.5.23 its --json counts the PP
+cases and it passes; with a PP bug planted it exits 1 with one replay line, and the program file
+that line names fails on the planted tree and passes on the unmodified one.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+from hicache_ref.campaign.pp_share import PpShare, gate_pp_share
+from hicache_ref.campaign.report import CampaignReport
+from hicache_ref.cli import main
 from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
-from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree, fork_tree
+from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree, fork_tree
 from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
 from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.replay_lines import get_cli_command
 
 from .sglang_bugs import BUGS_0523_PP, PlantedBug
 from .test_sglang_gate import SNIPPET_LINES_MAX
 
 GATE_SECONDS = 8.0
 BUG_SECONDS = 30.0
+GATE_BUDGET = "6s"  # the gate command: a fifth of it on the PP gate
+BUG_GATE_BUDGET = "20s"
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +153,86 @@ def test_the_state_machine_refuses_a_pp_world_and_names_the_pp_gate(tree_0523: P
     assert config.storage_pp and "+pp" in config.describe()  # kept: 0.5.23 has storage:pp
     with pytest.raises(HiCacheInputError, match="run it with the PP gate"):
         Session(config, implementation, implementation.name)
+
+
+# -- the gate command's PP share, and its replay line ----------------------------------------
+def run_gate(
+    tree: Path, out_dir: Path, budget: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any], str]:
+    """``hicache-fuzz gate --impl sglang --sglang-src TREE --workers 1``: (status, --json, stdout)."""
+    report = out_dir / "gate.json"
+    argv = ["gate", "--impl", "sglang", "--sglang-src", str(tree), "--budget", budget]
+    argv += ["--out", str(out_dir), "--json", str(report), "--no-progress", "--workers", "1"]
+    status = main(argv)
+    return status, json.loads(report.read_text()), capsys.readouterr().out
+
+
+def replay_line_path(stdout: str) -> Path:
+    """The file the gate's one replay line names (its last word, as a shell splits it)."""
+    (line,) = [line for line in stdout.splitlines() if f"{get_cli_command()} replay " in line]
+    return Path(shlex.split(line)[-1])
+
+
+@pytest.fixture
+def no_src_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SRC_ENV, raising=False)  # --sglang-src sets it; restored at teardown
+
+
+@pytest.mark.usefixtures("no_src_env")
+def test_the_gate_spends_a_share_on_the_pp_gate_and_passes_on_0_5_23(
+    tree_0523: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gate 0.5.23 (storage:pp) for 6 s -> the PP gate ran its share, found nothing, exit 0
+    status, report, out = run_gate(tree_0523, tmp_path, GATE_BUDGET, capsys)
+    assert status == 0, out
+    pp = report["pp_gate"]
+    assert pp["ran"] and pp["passed"] and pp["cases"] > 0 and pp["checks"]["INV-38"] > 0, pp
+    assert pp["budget_s"] == pytest.approx(6 * pp["share"])
+    assert report["gate"]["passed"] and not report["failures"]
+    assert f"PP gate cases ({pp['seconds']:.0f}s)" in out.splitlines()[-1], out
+
+
+@pytest.mark.usefixtures("no_src_env")
+def test_a_pp_bug_fails_the_gate_with_a_replay_line_that_replays_it(
+    tree_0523: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (bug,) = [bug for bug in BUGS_0523_PP if bug.NAME == "pp_follower_drops_last_hash"]
+    target = Path(bug.TARGET)
+    planted = fork_tree(
+        bug.write_patched(tree_0523 / target, tmp_path / target.name), tree_0523, target
+    )
+    # gate the planted tree -> the PP gate's failure is new: exit 1, one replay line
+    status, report, out = run_gate(planted, tmp_path / "out", BUG_GATE_BUDGET, capsys)
+    assert status == 1, out
+    failure = report["pp_gate"]["failure"]
+    assert failure["invariant"] in bug.INVARIANTS and report["failures"] == [failure], out
+    assert f"gate: NEW {failure['invariant']} " in out
+    program = replay_line_path(out)
+    assert program == Path(failure["trace"]) and program.parent == tmp_path / "out"
+    # the line's replay on the planted tree (its header's) -> the same invariant fails
+    assert main(["replay", str(program)]) == 1
+    replayed = capsys.readouterr().out
+    assert replayed.splitlines()[-1].startswith(
+        f"FAILED: InvariantViolation: {failure['invariant']}"
+    )
+    # ... and on the unmodified tree -> passes
+    assert main(["replay", str(program), "--sglang-src", str(tree_0523)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("passed: ")
+
+
+def test_the_pp_share_is_skipped_after_a_new_failure_unless_keep_going(tmp_path: Path) -> None:
+    # a tree without storage:pp -> no share; with it, after a new failure -> not run, said why
+    report = CampaignReport("sglang", "ci", 0)
+    report.failures.append({"invariant": "INV-02", "error": "x", "trace": "", "seed": "0"})
+
+    def share(capability: str, keep_going: bool) -> PpShare | None:
+        tree = cast(Implementation, SimpleNamespace(capabilities=frozenset({capability})))
+        return gate_pp_share(
+            report, tree, impl="sglang", budget_s=10.0, seed=0, out_dir=tmp_path,
+            keep_going=keep_going,
+        )  # fmt: skip
+
+    assert share("storage", keep_going=True) is None
+    pp = share("storage:pp", keep_going=False)
+    assert pp is not None and "--keep-going runs it" in pp.skipped
+    assert pp.as_json()["ran"] is False and len(report.failures) == 1

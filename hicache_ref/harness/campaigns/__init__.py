@@ -6,7 +6,9 @@
   ``profiles``: its settings (ci, dev, campaign);
 - ``known_findings``: the findings written up per implementation, which a gate baselines;
 - ``storage_soak``: the storage tier on real threads for minutes, faults on;
-- ``pp_gate``: Hypothesis programs of the PP tree half's steps on 0.5.23's PP worlds (INV-38).
+- ``pp_gate``: Hypothesis programs of the PP tree half's steps on 0.5.23's PP worlds (INV-38);
+  ``pp_program_file``: a failing program on disk (``hicache-pp-program/1``), replayed without
+  Hypothesis.
 
 The campaign runner itself, the mutant catalogue and the release matrix (which run campaigns)
 are ``hicache_ref.campaign``; workers, shards and the failure database are ``hicache_ref.fleet``.

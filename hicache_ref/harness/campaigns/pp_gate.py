@@ -141,6 +141,7 @@ class PpGateReport:
     failure: str = ""  # the violation's id (or the exception's type) and message
     failure_id: str = ""  # the invariant id, when a check fired
     program: str = ""  # the shrunk failing program
+    found: PpProgram | None = None  # that program itself (what a program file replays)
     flaky: bool = False  # the failure did not repeat on a replay (thread timing): the first one
 
     @property
@@ -154,12 +155,17 @@ def run_pp_gate(implementation: Implementation, *, seconds: float, seed: int = 0
     deadline = time.monotonic() + seconds
     shrink_deadline = deadline + seconds  # shrinking a failure gets as long again
 
-    first: list[tuple[str, str, str]] = []  # the first failure: (failure, id, program)
+    first: list[tuple[str, str, PpProgram]] = []  # the first failure: (failure, id, program)
 
     def failed(program: PpProgram, failure: str, failure_id: str) -> None:
         report.failure, report.failure_id = failure, failure_id
         if not first:
-            first.append((failure, failure_id, program.describe()))
+            first.append((failure, failure_id, program))
+
+    def keep_first() -> None:  # the shrunk failure did not repeat: the first one stands
+        report.failure, report.failure_id, report.found = first[0]
+        report.program = report.found.describe()
+        report.flaky = True
 
     def fails(program: PpProgram) -> bool:
         now = time.monotonic()
@@ -193,14 +199,12 @@ def run_pp_gate(implementation: Implementation, *, seconds: float, seed: int = 0
         report.failure = report.failure_id = ""
         return report
     except Flaky:  # the failure hangs on how the rank threads interleaved: the first one stands
-        report.failure, report.failure_id, report.program = first[0]
-        report.flaky = True
+        keep_first()
         return report
-    report.program = found.describe()
+    report.found, report.program = found, found.describe()
     shrink_deadline = float("inf")
     if not fails(found):  # the shrunk program's own failure is the one reported, if it repeats
-        report.failure, report.failure_id, report.program = first[0]
-        report.flaky = True
+        keep_first()
     return report
 
 
