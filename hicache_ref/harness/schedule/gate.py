@@ -156,7 +156,13 @@ class StepGate:
         # with ``storage_lock_points``)
         self.lock_points = points and lock_points
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        # the harness's side waits on ``_cond`` (a thread parked, exited or raised); each parked
+        # thread waits on its own condition of the same lock, so a grant wakes only the thread
+        # granted, and a park wakes only the harness (one shared condition woke every parked
+        # thread of the gate at each grant and each park, and each went back to sleep)
+        self._cond = threading.Condition(self._lock)
+        self._wakeups: dict[GatedThread, threading.Condition] = {}
         self.threads: list[GatedThread] = []
         self._parked: dict[GatedThread, Point] = {}
         self._granted: dict[GatedThread, Grant] = {}
@@ -202,6 +208,9 @@ class StepGate:
 
     def _wait(self, thread: GatedThread, point: Point) -> Grant | None:
         with self._cond:
+            wakeup = self._wakeups.get(thread)
+            if wakeup is None:
+                wakeup = self._wakeups[thread] = threading.Condition(self._lock)
             self._parked[thread] = point
             self._cond.notify_all()
             while thread not in self._granted:
@@ -213,9 +222,16 @@ class StepGate:
                     self._parked.pop(thread, None)
                     self._cond.notify_all()
                     return None
-                self._cond.wait(PARK_POLL_S)  # woken by a grant or a stop (GateStopEvent)
+                wakeup.wait(PARK_POLL_S)  # woken by its grant or a stop (GateStopEvent)
             self._parked.pop(thread, None)
             return self._granted.pop(thread)
+
+    def _wake_parked(self) -> None:
+        """Wake every parked thread (a stop, a close, an unwind: each looks at its own stop);
+        the caller holds the lock."""
+        for wakeup in self._wakeups.values():
+            wakeup.notify()
+        self._cond.notify_all()
 
     def register(self, thread: GatedThread) -> None:
         with self._cond:
@@ -248,6 +264,7 @@ class StepGate:
         """``thread`` is leaving ``run``: a grant waiting for it to park again stops waiting."""
         with self._cond:
             self._exited.add(thread)
+            self._wakeups.pop(thread, None)  # it never parks again
             self._cond.notify_all()
 
     def record_error(self, thread: GatedThread, exc: BaseException) -> None:
@@ -258,26 +275,26 @@ class StepGate:
     # -- stopping ----------------------------------------------------------------------------------
     def wake(self) -> None:
         with self._cond:
-            self._cond.notify_all()
+            self._wake_parked()
 
     def release(self, thread: GatedThread) -> None:
         """``thread`` is being joined: once stopped, it leaves its park."""
         with self._cond:
             self._released.add(thread)
-            self._cond.notify_all()
+            self._wake_parked()
 
     def close(self) -> None:
         """The world is gone: every parked thread sees the stop (no step follows)."""
         with self._cond:
             self._closing = True
-            self._cond.notify_all()
+            self._wake_parked()
 
     def unwind(self) -> None:
         """The interpreter exits: every parked thread, and each that parks from now on, ends
         by ``GateClosed`` instead of waiting or running on."""
         with self._cond:
             self._unwinding = self._closing = True
-            self._cond.notify_all()
+            self._wake_parked()
 
     # -- the harness's side ------------------------------------------------------------------------
     def serves(self, function: str) -> bool:
@@ -341,7 +358,9 @@ class StepGate:
                 )
             )
             self._granted[thread] = grant
-            self._cond.notify_all()
+            wakeup = self._wakeups.get(thread)
+            if wakeup is not None:  # None: it has not reached its first park yet
+                wakeup.notify()
             ended = self._cond.wait_for(
                 lambda: (
                     (thread not in self._granted and thread in self._parked)
