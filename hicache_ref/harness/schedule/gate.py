@@ -13,9 +13,9 @@ them:
   ``_harness_gate``: upstream's controller); it parks through ``park_at_point``, keeps its
   exception for the grant that ran it, and sees a stop only once it is joined;
 - ``StepGate``: ``park`` / ``park_point`` (the thread's side), ``serve`` / ``resume`` (the
-  harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
-  ``grants``: the harness's own record of every grant (which thread, of which epoch, at which
-  point), which the window checks read (INV-35);
+  harness's), ``positions`` / ``position`` (who is parked where), ``settle``, ``release`` /
+  ``close``, and ``grants``: the harness's own record of every grant (which thread, of which
+  epoch, at which point), which the window checks read (INV-35);
 - ``close_gates_at_exit``: at interpreter exit every parked gated thread unwinds
   (``GateClosed``) and is joined, so none runs torch code while the interpreter finalizes.
 """
@@ -163,6 +163,10 @@ class StepGate:
         # thread of the gate at each grant and each park, and each went back to sleep)
         self._cond = threading.Condition(self._lock)
         self._wakeups: dict[GatedThread, threading.Condition] = {}
+        # ``positions`` per function, kept until a thread parks, leaves its park or registers
+        # (the driver asks each kind's position several times per step, between two grants)
+        self._positions: dict[str, tuple[tuple[GatedThread, Point], ...]] = {}
+        self._position: dict[str, tuple[GatedThread, Point] | None] = {}
         self.threads: list[GatedThread] = []
         self._parked: dict[GatedThread, Point] = {}
         self._granted: dict[GatedThread, Grant] = {}
@@ -212,19 +216,31 @@ class StepGate:
             if wakeup is None:
                 wakeup = self._wakeups[thread] = threading.Condition(self._lock)
             self._parked[thread] = point
+            self._forget_positions()
             self._cond.notify_all()
             while thread not in self._granted:
                 if self._unwinding:
-                    self._parked.pop(thread, None)
+                    self._unpark(thread)
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
                 if self._stopping() and (thread in self._released or self._closing):
-                    self._parked.pop(thread, None)
+                    self._unpark(thread)
                     self._cond.notify_all()
                     return None
                 wakeup.wait(PARK_POLL_S)  # woken by its grant or a stop (GateStopEvent)
-            self._parked.pop(thread, None)
+            self._unpark(thread)
             return self._granted.pop(thread)
+
+    def _forget_positions(self) -> None:
+        """A thread parked, left its park, registered or was forgotten (the caller holds the
+        lock): ``positions`` and ``position`` are computed afresh."""
+        self._positions.clear()
+        self._position.clear()
+
+    def _unpark(self, thread: GatedThread) -> None:
+        """``thread`` leaves its park (the caller holds the lock)."""
+        self._parked.pop(thread, None)
+        self._forget_positions()
 
     def _wake_parked(self) -> None:
         """Wake every parked thread (a stop, a close, an unwind: each looks at its own stop);
@@ -237,6 +253,7 @@ class StepGate:
         with self._cond:
             thread.epoch = self.epoch
             self.threads.append(thread)
+            self._forget_positions()
             self._cond.notify_all()
 
     def note_put(self, thread: GatedThread, item: Any) -> None:
@@ -302,15 +319,31 @@ class StepGate:
         with self._cond:
             return any(t.function == function and t.is_alive() for t in self.threads)
 
-    def positions(self, function: str) -> list[tuple[GatedThread, Point]]:
+    def positions(self, function: str) -> tuple[tuple[GatedThread, Point], ...]:
         """The live threads of ``function`` and where each is parked, newest first (a thread
-        not parked right now, i.e. exiting, is left out)."""
+        not parked right now, i.e. exiting, is left out). Kept until the next park, unpark or
+        registration: a parked thread is alive (it leaves ``_parked`` before it can end)."""
         with self._cond:
-            return [
-                (t, self._parked[t])
-                for t in reversed(self.threads)
-                if t.function == function and t in self._parked and t.is_alive()
-            ]
+            at = self._positions.get(function)
+            if at is None:
+                at = self._positions[function] = tuple(
+                    (t, self._parked[t])
+                    for t in reversed(self.threads)
+                    if t.function == function and t in self._parked and t.is_alive()
+                )
+            return at
+
+    def position(self, function: str) -> tuple[GatedThread, Point] | None:
+        """Where the ``function`` thread parks: one parked inside its loop body first (of any
+        epoch: a thread a reset left behind is granted, and INV-35 names it), else the newest;
+        None when none is parked. Kept as ``positions`` is."""
+        with self._cond:
+            if function not in self._position:
+                at = self.positions(function)
+                self._position[function] = next(
+                    (a for a in at if a[1].kind != WAIT), at[0] if at else None
+                )
+            return self._position[function]
 
     def settle(self) -> None:
         """Wait until every live thread waits at a point (or exited): a thread that starts
@@ -331,6 +364,7 @@ class StepGate:
     def forget_dead(self) -> None:
         with self._cond:
             self.threads = [t for t in self.threads if t.is_alive()]
+            self._forget_positions()
             self._released = {t for t in self._released if t.is_alive()}
             self._exited = {t for t in self._exited if t.is_alive()}
 
