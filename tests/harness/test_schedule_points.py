@@ -199,6 +199,69 @@ def test_a_storage_thread_parks_at_each_lock_acquire_and_event_set_and_wait() ->
         op.done.wait(0)
 
 
+def test_a_grant_wakes_only_the_thread_granted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads parked at points; twenty grants to one of them. Each grant wakes that
+    thread alone: the other three never return from their wait (one shared condition woke all
+    four at every grant and every park, and three went back to sleep each time)."""
+    stop = threading.Event()
+    gate = StepGate(stop.is_set, points=True)
+    woken: dict[str, int] = {}
+    wait = threading.Condition.wait
+
+    def counted_wait(self: threading.Condition, timeout: float | None = None) -> bool:
+        got = wait(self, timeout)
+        name = threading.current_thread().name
+        woken[name] = woken.get(name, 0) + 1
+        return got
+
+    def body() -> None:
+        thread = threading.current_thread()
+        assert isinstance(thread, GatedThread)
+        for _ in range(20):
+            gate.park_point(thread, "put", "ack")
+
+    threads = [
+        GatedThread(target=body, gate=gate, function=f"f{i}", name=f"t{i}", daemon=True)
+        for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    gate.settle()
+    monkeypatch.setattr(threading.Condition, "wait", counted_wait)
+    for _ in range(20):
+        gate.resume(threads[0], Grant(), "f0")
+    monkeypatch.undo()
+    # t0's first wake returns from a wait entered before the count began
+    assert woken.get("t0") == 19 and not any(woken.get(f"t{i}") for i in (1, 2, 3)), woken
+    stop.set()
+    gate.close()  # the world is gone: every parked thread is woken and sees the stop
+    for thread in threads:
+        threading.Thread.join(thread, 0.5)  # well inside the threads' poll (1 s)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_joined_thread_leaves_its_park_without_waiting_for_its_poll() -> None:
+    """A stopped thread its stopper joins is woken by the join, not by its poll (1 s)."""
+    import time
+
+    from hicache_ref.harness.schedule.gate import PARK_POLL_S
+
+    stop = threading.Event()
+    gate = StepGate(stop.is_set, points=True)
+    thread = GatedThread(
+        target=lambda: gate.park_wait(threading.current_thread(), "queue"),  # type: ignore[arg-type]
+        gate=gate,
+        function="backup",
+        daemon=True,
+    )
+    thread.start()
+    gate.settle()
+    stop.set()
+    started = time.monotonic()
+    thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - started < PARK_POLL_S / 2
+
+
 EXIT_SCRIPT = """
 import atexit, threading
 def count_alive():  # registered first, so it runs after the gate's own exit handler

@@ -184,8 +184,7 @@ class UpstreamTier:
 
     def position(self, kind: StorageStepKind) -> tuple[GatedThread, Point] | None:
         """Where the ``kind`` thread parks (mid-body first, else its wait), or None."""
-        at = self.gate.positions(THREAD_FUNCS[kind])
-        return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
+        return self.gate.position(THREAD_FUNCS[kind])
 
     def current_request(self, kind: StorageStepKind) -> str | None:
         """The request of the item the ``kind`` thread's body took (the harness served it)."""

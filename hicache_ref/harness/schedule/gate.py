@@ -14,9 +14,9 @@ them:
   exception for the grant that ran it, and sees a stop only once it is joined;
 - ``StepGate``: ``park`` / ``park_point`` (the thread's side; ``points_only`` narrows the points
   to some thread functions: a PP world's command threads), ``serve`` / ``resume`` (the
-  harness's), ``positions`` (who is parked where), ``settle``, ``release`` / ``close``, and
-  ``grants``: the harness's own record of every grant (which thread, of which epoch, at which
-  point), which the window checks read (INV-35);
+  harness's), ``positions`` / ``position`` (who is parked where), ``settle``, ``release`` /
+  ``close``, and ``grants``: the harness's own record of every grant (which thread, of which
+  epoch, at which point), which the window checks read (INV-35);
 - ``close_gates_at_exit``: at interpreter exit every parked gated thread unwinds
   (``GateClosed``) and is joined, so none runs torch code while the interpreter finalizes.
 """
@@ -166,7 +166,17 @@ class StepGate:
         # PP world parks its command thread alone (``driver/pp_tree.py``)
         self.points_only: frozenset[str] | None = None
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        # the harness's side waits on ``_cond`` (a thread parked, exited or raised); each parked
+        # thread waits on its own condition of the same lock, so a grant wakes only the thread
+        # granted, and a park wakes only the harness (one shared condition woke every parked
+        # thread of the gate at each grant and each park, and each went back to sleep)
+        self._cond = threading.Condition(self._lock)
+        self._wakeups: dict[GatedThread, threading.Condition] = {}
+        # ``positions`` per function, kept until a thread parks, leaves its park or registers
+        # (the driver asks each kind's position several times per step, between two grants)
+        self._positions: dict[str, tuple[tuple[GatedThread, Point], ...]] = {}
+        self._position: dict[str, tuple[GatedThread, Point] | None] = {}
         self.threads: list[GatedThread] = []
         self._parked: dict[GatedThread, Point] = {}
         self._granted: dict[GatedThread, Grant] = {}
@@ -215,40 +225,63 @@ class StepGate:
 
     def _wait(self, thread: GatedThread, point: Point) -> Grant | None:
         with self._cond:
+            wakeup = self._wakeups.get(thread)
+            if wakeup is None:
+                wakeup = self._wakeups[thread] = threading.Condition(self._lock)
             self._parked[thread] = point
+            self._forget_positions()
             self._cond.notify_all()
             while thread not in self._granted:
                 if self._unwinding:
-                    self._parked.pop(thread, None)
+                    self._unpark(thread)
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
                 if self._closing and thread in self._closed_seen:
                     # the world is gone and the thread parks again: a loop that exits only on
                     # an item (0.5.23's PP ticket thread) would spin on empty gets; it unwinds
-                    self._parked.pop(thread, None)
+                    self._unpark(thread)
                     self._cond.notify_all()
                     raise GateClosed(thread.name)
                 if self._stopping() and (thread in self._released or self._closing):
                     if self._closing:
                         self._closed_seen.add(thread)
-                    self._parked.pop(thread, None)
+                    self._unpark(thread)
                     self._cond.notify_all()
                     return None
                 if thread in self._released and (point.kind != WAIT or _holds_work(point)):
                     # joined mid-body: it runs on (its stopper waits for it), as with a stop
                     # event; at its wait, joined by a stopper that signals through the queue
                     # (0.5.23's PP ticket thread: a None put before the join): it takes it
-                    self._parked.pop(thread, None)
+                    self._unpark(thread)
                     self._cond.notify_all()
                     return None
-                self._cond.wait(PARK_POLL_S)  # woken by a grant or a stop (GateStopEvent)
-            self._parked.pop(thread, None)
+                wakeup.wait(PARK_POLL_S)  # woken by its grant or a stop (GateStopEvent)
+            self._unpark(thread)
             return self._granted.pop(thread)
+
+    def _forget_positions(self) -> None:
+        """A thread parked, left its park, registered or was forgotten (the caller holds the
+        lock): ``positions`` and ``position`` are computed afresh."""
+        self._positions.clear()
+        self._position.clear()
+
+    def _unpark(self, thread: GatedThread) -> None:
+        """``thread`` leaves its park (the caller holds the lock)."""
+        self._parked.pop(thread, None)
+        self._forget_positions()
+
+    def _wake_parked(self) -> None:
+        """Wake every parked thread (a stop, a close, an unwind: each looks at its own stop);
+        the caller holds the lock."""
+        for wakeup in self._wakeups.values():
+            wakeup.notify()
+        self._cond.notify_all()
 
     def register(self, thread: GatedThread) -> None:
         with self._cond:
             thread.epoch = self.epoch
             self.threads.append(thread)
+            self._forget_positions()
             self._cond.notify_all()
 
     def note_put(self, thread: GatedThread, item: Any) -> None:
@@ -276,6 +309,7 @@ class StepGate:
         """``thread`` is leaving ``run``: a grant waiting for it to park again stops waiting."""
         with self._cond:
             self._exited.add(thread)
+            self._wakeups.pop(thread, None)  # it never parks again
             self._cond.notify_all()
 
     def record_error(self, thread: GatedThread, exc: BaseException) -> None:
@@ -286,26 +320,26 @@ class StepGate:
     # -- stopping ----------------------------------------------------------------------------------
     def wake(self) -> None:
         with self._cond:
-            self._cond.notify_all()
+            self._wake_parked()
 
     def release(self, thread: GatedThread) -> None:
         """``thread`` is being joined: once stopped, it leaves its park."""
         with self._cond:
             self._released.add(thread)
-            self._cond.notify_all()
+            self._wake_parked()
 
     def close(self) -> None:
         """The world is gone: every parked thread sees the stop (no step follows)."""
         with self._cond:
             self._closing = True
-            self._cond.notify_all()
+            self._wake_parked()
 
     def unwind(self) -> None:
         """The interpreter exits: every parked thread, and each that parks from now on, ends
         by ``GateClosed`` instead of waiting or running on."""
         with self._cond:
             self._unwinding = self._closing = True
-            self._cond.notify_all()
+            self._wake_parked()
 
     # -- the harness's side ------------------------------------------------------------------------
     def serves(self, function: str) -> bool:
@@ -313,15 +347,31 @@ class StepGate:
         with self._cond:
             return any(t.function == function and t.is_alive() for t in self.threads)
 
-    def positions(self, function: str) -> list[tuple[GatedThread, Point]]:
+    def positions(self, function: str) -> tuple[tuple[GatedThread, Point], ...]:
         """The live threads of ``function`` and where each is parked, newest first (a thread
-        not parked right now, i.e. exiting, is left out)."""
+        not parked right now, i.e. exiting, is left out). Kept until the next park, unpark or
+        registration: a parked thread is alive (it leaves ``_parked`` before it can end)."""
         with self._cond:
-            return [
-                (t, self._parked[t])
-                for t in reversed(self.threads)
-                if t.function == function and t in self._parked and t.is_alive()
-            ]
+            at = self._positions.get(function)
+            if at is None:
+                at = self._positions[function] = tuple(
+                    (t, self._parked[t])
+                    for t in reversed(self.threads)
+                    if t.function == function and t in self._parked and t.is_alive()
+                )
+            return at
+
+    def position(self, function: str) -> tuple[GatedThread, Point] | None:
+        """Where the ``function`` thread parks: one parked inside its loop body first (of any
+        epoch: a thread a reset left behind is granted, and INV-35 names it), else the newest;
+        None when none is parked. Kept as ``positions`` is."""
+        with self._cond:
+            if function not in self._position:
+                at = self.positions(function)
+                self._position[function] = next(
+                    (a for a in at if a[1].kind != WAIT), at[0] if at else None
+                )
+            return self._position[function]
 
     def settle(self) -> None:
         """Wait until every live thread waits at a point (or exited): a thread that starts
@@ -342,6 +392,7 @@ class StepGate:
     def forget_dead(self) -> None:
         with self._cond:
             self.threads = [t for t in self.threads if t.is_alive()]
+            self._forget_positions()
             self._released = {t for t in self._released if t.is_alive()}
             self._exited = {t for t in self._exited if t.is_alive()}
 
@@ -369,7 +420,9 @@ class StepGate:
                 )
             )
             self._granted[thread] = grant
-            self._cond.notify_all()
+            wakeup = self._wakeups.get(thread)
+            if wakeup is not None:  # None: it has not reached its first park yet
+                wakeup.notify()
             ended = self._cond.wait_for(
                 lambda: (
                     (thread not in self._granted and thread in self._parked)

@@ -125,8 +125,7 @@ class GatedExecutor(ThreadExecutor):
     def position(self, kind: StorageStepKind) -> tuple[GatedThread, Point] | None:
         """Where the ``kind`` thread parks: one parked inside its step first (of any epoch:
         a thread a reset left behind is granted, and INV-35 names it), else the newest."""
-        at = self.gate.positions(kind.value)
-        return next((a for a in at if a[1].kind != WAIT), at[0] if at else None)
+        return self.gate.position(kind.value)
 
     def current_request(self, kind: StorageStepKind) -> str | None:
         """The prefetch the IO step works on (the reference's transfer in progress)."""
