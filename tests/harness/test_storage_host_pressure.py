@@ -23,6 +23,7 @@ from hicache_ref.harness.adapters.contract import ImplementationBase
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
+from hicache_ref.harness.driver.storage_driver import StorageDriver
 from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
@@ -51,6 +52,26 @@ def apply(session: Session, rule: str, **args: object) -> str:
     return outcome.text
 
 
+def hold_three_of_five_host_pages(session: Session) -> None:
+    """A chain of three pages backed up (its host pages given back), then a second write of
+    three pages that holds three of the five host pages."""
+    apply(session, "write_storage", pick=2, new=True)
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    apply(session, "write_storage", pick=2, new=True)
+
+
+def run_prefetches_to_idle(session: Session) -> StorageDriver:
+    """Every prefetch thread stepped and every ack drained until nothing is left to run."""
+    storage = session.storage
+    assert storage is not None
+    for _ in range(8):
+        for kind in [k.value for k in storage.runnable() if k.value != "backup"]:
+            apply(session, "storage_step", kind=kind)
+        apply(session, "drain_prefetch_acks")
+    return storage
+
+
 @pytest.mark.parametrize("world", sorted(WORLDS))
 def test_a_hit_larger_than_the_host_room_is_cut_to_it_on_every_rank(world: str) -> None:
     release, extra = WORLDS[world]
@@ -61,19 +82,11 @@ def test_a_hit_larger_than_the_host_room_is_cut_to_it_on_every_rank(world: str) 
     )  # fmt: skip
     session = Session(impl.refine_config(config), impl, impl.name)
     assert session.config.storage_host_pressure  # not refined away
-    apply(session, "write_storage", pick=2, new=True)  # three pages
-    apply(session, "storage_step", kind="backup")
-    apply(session, "drain_backup_acks")
-    apply(session, "write_storage", pick=2, new=True)  # holds three of the five host pages
+    hold_three_of_five_host_pages(session)
     rid = apply(session, "prefetch", pick=0).split()[1]
     apply(session, "storage_step", kind="hit_query")
     apply(session, "drain_prefetch_acks")
-    storage = session.storage
-    assert storage is not None
-    for _ in range(8):
-        for kind in [k.value for k in storage.runnable() if k.value != "backup"]:
-            apply(session, "storage_step", kind=kind)
-        apply(session, "drain_prefetch_acks")
+    storage = run_prefetches_to_idle(session)
     for rank in range(2):
         log = storage.log.prefetches[rank][rid]
         # the hit thread agreed on three pages; the tree served the two it had room for
@@ -89,10 +102,7 @@ def test_without_host_pressure_the_same_hit_is_revoked() -> None:
         device_pages=16,
     )  # fmt: skip
     session = Session(config, ReferenceImplementation(), "reference")
-    apply(session, "write_storage", pick=2, new=True)
-    apply(session, "storage_step", kind="backup")
-    apply(session, "drain_backup_acks")
-    apply(session, "write_storage", pick=2, new=True)
+    hold_three_of_five_host_pages(session)
     rid = apply(session, "prefetch", pick=0).split()[1]
     apply(session, "storage_step", kind="hit_query")
     apply(session, "drain_prefetch_acks")
@@ -138,22 +148,14 @@ def test_0_5_14_cuts_a_prefetch_that_does_not_fit_before_its_hit_query(pressure:
         device_pages=2, storage_host_pressure=pressure,
     )  # fmt: skip
     session = Session(impl.refine_config(config), impl, impl.name)
-    apply(session, "write_storage", pick=2, new=True)  # three pages
-    apply(session, "storage_step", kind="backup")
-    apply(session, "drain_backup_acks")
-    apply(session, "write_storage", pick=2, new=True)  # holds three of the five host pages
+    hold_three_of_five_host_pages(session)
     started = apply(session, "prefetch", pick=0)
     if not pressure:  # no room for the whole prefetch: it is not started
         assert started == "refused: host full", started
         session.finish()
         return
     rid = started.split()[1]
-    storage = session.storage
-    assert storage is not None
-    for _ in range(8):
-        for kind in [k.value for k in storage.runnable() if k.value != "backup"]:
-            apply(session, "storage_step", kind=kind)
-        apply(session, "drain_prefetch_acks")
+    storage = run_prefetches_to_idle(session)
     apply(session, "check_prefetch", request=rid)
     for rank in range(2):
         log = storage.log.prefetches[rank][rid]
