@@ -7,13 +7,14 @@ a query of its own. The harness attaches under the name "mooncake" (those releas
 command group only for it) and keeps the generic page calls. The stories: both ranks stage the
 carried hit and free it once taken; a hit is never more than a rank's own shard holds (INV-38),
 which a follower whose shard lost a page shows; the PP gate on the unmodified trees finds
-nothing new (0.5.21's F26, the IO thread dying of a backend exception, is a known finding); and
-each bug of ``sglang_bugs.BUGS_0522_PP``, planted in 0.5.22, is caught by INV-38.
+nothing new (0.5.21's F26, the IO thread dying of a backend exception, is a known finding, which
+the PP gate counts only inside its releases); and each bug of ``sglang_bugs.BUGS_0522_PP``, planted in 0.5.22, is caught by INV-38.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,9 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree, fork_tree
+from hicache_ref.harness.campaigns import pp_gate
 from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
-from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
+from hicache_ref.harness.campaigns.pp_gate import PpProgram, run_pp_gate
 from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
 
 from .sglang_bugs import BUGS_0522_PP, PlantedBug
@@ -108,3 +110,24 @@ def test_pp_bug_planted_in_0_5_22_is_caught(
     report = run_pp_gate(SglangImplementation(planted), seconds=BUG_SECONDS)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
     assert report.program.count("(") <= 6, report.program  # shrunk to a handful of steps
+
+
+@pytest.mark.parametrize(("release", "counted"), [("0.5.21", True), ("0.5.22", False)])
+def test_the_pp_gate_counts_a_known_finding_only_inside_its_releases(
+    release: str, counted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every case dies as F26 does (0.5.10 - 0.5.21) -> counted on 0.5.21, a failure on 0.5.22
+    def dies(implementation: Any, program: PpProgram, seed: int = 0) -> Any:
+        raise InvariantViolation(
+            "INV-25", "rank 1: upstream's prefetch_io_aux_func died of InjectedBackendError"
+        )
+
+    monkeypatch.setattr(pp_gate, "run_program", dies)
+    report = run_pp_gate(
+        SglangImplementation(fetch_wheel_tree(release)),
+        seconds=0.5,
+        known=get_known_findings([ALL], "sglang"),
+        release=release,
+    )
+    assert (report.known_hits.get("F26", 0) > 0) is counted
+    assert report.failed is not counted and report.failure_id == ("" if counted else "INV-25")
