@@ -149,6 +149,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         seed=args.seed + args.shard.index - 1,  # each runner of a --shard fleet its own programs
         out_dir=inputs.out_dir,
         keep_going=args.keep_going,
+        known=known,
     )
     print(render_summary(report, replay_lines=False, verdict=False))
     if pp is not None:

@@ -159,6 +159,7 @@ def gate_release(
         seed=seed,
         out_dir=release_out,
         keep_going=keep_going,
+        known=get_known_findings(known_ids, MATRIX_IMPL),
     )
     if pp is not None and pp.interrupted:  # Ctrl-C ends the matrix, as in its campaigns
         raise KeyboardInterrupt

@@ -1,7 +1,7 @@
 """The PP gate's share of a gate: the one home of "a tree with ``storage:pp`` spends a share of
 its budget on the PP gate", for ``hicache-fuzz gate`` and the release matrix alike.
 
-PP worlds (0.5.23's PP prefetch tickets, capability ``storage:pp``) are not drawn by the state
+PP worlds (0.5.21+'s PP prefetch tickets, capability ``storage:pp``) are not drawn by the state
 machine: ``harness/campaigns/pp_gate.py`` drives them. A gate on such a tree spends
 ``PP_GATE_SHARE`` of its budget there, after the state machine's campaign, and only when that
 campaign did not stop at a new failure (``--keep-going`` runs it anyway). In the order a gate
@@ -22,13 +22,14 @@ uses them:
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY, Implementation
+from hicache_ref.harness.campaigns.known_findings import KnownFinding
 from hicache_ref.invariant_titles import get_invariant_label
 from hicache_ref.replay_lines import get_replay_line
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from hicache_ref.harness.campaigns.pp_gate import PpGateReport, PpProgram
 
 PP_GATE_SHARE = 0.2
-"""A tree with 0.5.23's PP prefetch tickets (``storage:pp``) spends this share of its budget on
+"""A tree with 0.5.21+'s PP prefetch tickets (``storage:pp``) spends this share of its budget on
 the PP gate: PP worlds are not drawn by the state machine."""
 PP_GATE = "PP gate"
 """The invariant a PP failure is filed under when no check fired (upstream's code raised)."""
@@ -68,6 +69,7 @@ class PpShare:
     flaky: bool = False
     interrupted: bool = False
     skipped: str = ""
+    known_hits: dict[str, int] = field(default_factory=dict)  # cases a known finding explained
 
     @property
     def failed(self) -> bool:
@@ -81,6 +83,7 @@ class PpShare:
             "budget_s": round(self.seconds_budget, 1),
             "cases": self.cases,
             "checks": dict(sorted(self.checks.items())),
+            "known_hits": dict(sorted(self.known_hits.items())),
             "seconds": round(self.seconds, 1),
             "seed": self.seed,
             "passed": not self.failed and not self.interrupted and not self.skipped,
@@ -128,6 +131,7 @@ def gate_pp_share(
     seed: int,
     out_dir: Path,
     keep_going: bool,
+    known: Sequence[KnownFinding] = (),
 ) -> PpShare | None:
     """The PP gate's share of a ``budget_s`` gate whose state machine campaign ran the rest and
     wrote ``report``: None on a tree without ``storage:pp``; not run after a new failure (unless
@@ -142,7 +146,16 @@ def gate_pp_share(
     if report.failures and not keep_going:
         skipped = "the gate stopped at its first new failure (--keep-going runs it)"
         return PpShare(seconds, seed=seed, skipped=skipped)
-    pp = run_pp_share(implementation, impl=impl, seconds=seconds, seed=seed, out_dir=out_dir)
+    pp = run_pp_share(
+        implementation,
+        impl=impl,
+        seconds=seconds,
+        seed=seed,
+        out_dir=out_dir,
+        known=known,
+        release=report.release or None,
+    )
+    report.known_hits.update(pp.known_hits)  # the gate's known line counts the PP cases too
     report.interrupted = report.interrupted or pp.interrupted
     if pp.failed:
         report.failures.append(pp.failure_record())
@@ -156,6 +169,8 @@ def run_pp_share(
     seconds: float,
     seed: int,
     out_dir: Path,
+    known: Sequence[KnownFinding] = (),
+    release: str | None = None,
 ) -> PpShare:
     """The PP gate for ``seconds`` (shrinking a failure may take as long again); a failure's
     program is written under ``out_dir``. Ctrl-C ends it with ``interrupted`` set."""
@@ -165,13 +180,16 @@ def run_pp_share(
     share = PpShare(seconds, seed=seed)
     started = time.monotonic()
     try:
-        pp = run_pp_gate(implementation, seconds=seconds, seed=seed)
+        pp = run_pp_gate(
+            implementation, seconds=seconds, seed=seed, known=known, impl=impl, release=release
+        )
     except KeyboardInterrupt:  # the stop signal's handler raised it: no verdict, no finding
         share.interrupted = True
         share.seconds = time.monotonic() - started
         return share
     share.seconds = time.monotonic() - started
     share.cases, share.checks = pp.cases, dict(pp.checks)
+    share.known_hits = dict(pp.known_hits)
     if pp.failed:
         _keep_program(share, pp, implementation, impl, out_dir)
     return share
@@ -219,7 +237,7 @@ def replay_program(path_text: str, *, impl: str | None, sglang_src: str | None) 
     if STORAGE_PP_CAPABILITY not in implementation.capabilities:
         raise HiCacheInputError(
             f"implementation {name!r} cannot replay PP program {path_text}: it lacks "
-            f"{STORAGE_PP_CAPABILITY} (0.5.23's PP prefetch tickets); pick a tree that has them"
+            f"{STORAGE_PP_CAPABILITY} (0.5.21+'s PP prefetch tickets); pick a tree that has them"
         )
     print(f"  PP program ({len(program.ops)} steps): {program.describe()}")
     try:

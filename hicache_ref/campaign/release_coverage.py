@@ -64,8 +64,9 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "pp prefetch": "the PP command thread serves PPPrefetchState tickets of the hybrid "
     "controller's storage prefetch only in buffer_only mode with a PP group of 2+ ranks "
     "(enable_pp_ticket); the PP gate (harness/campaigns/pp_gate.py, run by the matrix) drives "
-    "0.5.23's protocol, where every PP rank queries its own shard (storage:pp); 0.5.21 - "
-    "0.5.22's tickets carry PP rank 0's hit instead, which it does not model (issue 27)",
+    "it on a tree whose hybrid controller the harness loads (storage:pp: 0.5.21 - 0.5.22's "
+    "tickets carrying PP rank 0's hit, 0.5.23's queried by every PP rank); this tree's was not "
+    "granted (issue 27)",
     "decode context parallel": "DCP lives in upstream's MLA host pool and index translation; "
     "the gate runs this project's pools (issue 27)",
 }

@@ -2,7 +2,10 @@
 
 In a PP world (``HarnessConfig.storage_pp``) PP rank 0 submits a prefetch ticket and every PP
 rank's command thread takes it off the command group's broadcast, queries it and stages the
-rank-agreed hit into host slots of its own. The snapshot's ``pp_tickets`` is the harness's record
+rank-agreed hit into host slots of its own (0.5.23+). On 0.5.21 - 0.5.22 the ticket carries the
+hit: PP rank 0 queried every PP rank's shard when it submitted, and the command threads stage
+that hit without a query of their own, so a rank's staged hit is judged against what its own
+shard held at that query (``PpTicketRecord.shard_tokens``). The snapshot's ``pp_tickets`` is the harness's record
 of that per rank (``harness/driver/pp_tree.py``); it is empty in every other world, where the
 checker has nothing to judge.
 """
@@ -54,6 +57,16 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
             f"{where} holds {ticket.held_tokens} host slot(s) for a staged hit of "
             f"{ticket.hit_tokens} tokens (the slots past the agreed hit go back at once)",
         )
+    if ticket.ended and ticket.shard_tokens is not None:
+        # Verify a hit PP rank 0 carried on the ticket is no longer than this rank's shard held
+        if (ticket.hit_tokens or 0) > ticket.shard_tokens:
+            raise InvariantViolation(
+                "INV-38",
+                f"{where} staged PP rank 0's hit of {ticket.hit_tokens} tokens but its own "
+                f"shard held only the first {ticket.shard_tokens} of the ticket's tokens when "
+                "PP rank 0 decided it (the carried hit is the MIN over every PP rank's shard: "
+                "query each rank's keys, extra_info pp_rank; past its shard a rank reads a hole)",
+            )
     if ticket.retired and ticket.ready and ticket.held_tokens:
         raise InvariantViolation(
             "INV-38",

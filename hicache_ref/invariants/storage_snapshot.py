@@ -248,6 +248,9 @@ class PpTicketRecord:
     retired: bool = False  # the rank's tree released the request (release_pp_prefetch)
     ended: bool = True  # the rank's command thread ended its loop body for it (keys and hit
     # are final; under schedule points a body is judged in parts until then)
+    shard_tokens: int | None = None  # 0.5.21 - 0.5.22 (the ticket carries PP rank 0's hit):
+    # the leading run of the ticket's tokens this rank's shard held when PP rank 0 decided the
+    # hit; None where every rank queries its own shard (0.5.23+)
 
 
 @dataclass(frozen=True)

@@ -748,3 +748,47 @@ BUGS_0523_PP: tuple[type[PlantedBug], ...] = (
 """Planted in 0.5.23's PP ticket protocol (``pp_prefetch_command_thread_func``, the sync thread's
 ticket completion) and its PP storage shards (the storage config's PP rank): caught by the PP
 gate (``harness/campaigns/pp_gate.py``)."""
+
+
+# -- 0.5.21 - 0.5.22's hit-carrying PP tickets: caught in PP storage worlds (storage:pp) ----------
+class PpRankZeroQueriesOnlyItsShard(PlantedBug):
+    NAME = "pp_rank_zero_queries_only_its_shard"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "PP rank 0's submit_prefetch asks every PP rank's hit without naming the rank "
+        "(extra_info pp_rank), so it queries its own shard each time and the ticket carries a "
+        "hit a follower's shard may not hold"
+    )
+    OLD = (
+        "                _, rank_hit_count = self._storage_hit_query(operation, pp_rank=pp_rank)\n"
+    )
+    NEW = (
+        "                _, rank_hit_count = self._storage_hit_query(operation)  # BUG: own shard\n"
+    )
+    INVARIANTS = ("INV-38",)
+
+
+class PpFollowerStagesTheWholeKey(PlantedBug):
+    NAME = "pp_follower_stages_the_whole_key"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "a PP command thread stages the ticket's whole key instead of the hit PP rank 0 "
+        "carried, so it reads pages past the MIN over the shards"
+    )
+    OLD = "                operation.storage_hit_count = ticket.storage_hit_count\n"
+    NEW = (
+        "                operation.storage_hit_count = ticket.storage_hit_count = len(\n"
+        "                    ticket.prefetch_key.token_ids\n"
+        "                )  # BUG: the whole key, not the carried hit\n"
+    )
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0522_PP: tuple[type[PlantedBug], ...] = (
+    PpRankZeroQueriesOnlyItsShard,
+    PpFollowerStagesTheWholeKey,
+)
+"""Planted in 0.5.22's hit-carrying PP tickets (``submit_prefetch``'s query of every PP rank's
+shard, the command thread's staging of the carried hit): caught by the PP gate."""

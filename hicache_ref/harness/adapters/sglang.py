@@ -289,7 +289,7 @@ class SglangImplementation(ImplementationBase):
                 self.capabilities = self.capabilities | GROUP_CAPABILITIES
                 if "storage" in self.capabilities:  # v2 calls for its DRAFT sidecar
                     self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
-                    if self._has_pp_tickets():  # 0.5.23+: PP prefetch tickets
+                    if self._has_pp_tickets():  # 0.5.21+: PP prefetch tickets
                         self.capabilities = self.capabilities | {STORAGE_PP_CAPABILITY}
 
     def _storage_driven(self) -> bool:
@@ -325,14 +325,13 @@ class SglangImplementation(ImplementationBase):
         return radix.is_file() and SHORTENED_PREFETCH in radix.read_text(errors="replace")
 
     def _has_pp_tickets(self) -> bool:
-        """The hybrid controller's PP prefetch protocol of 0.5.23+: its ticket thread, and tickets
-        that carry no hit (every rank queries; 0.5.21 - 0.5.22's carry PP rank 0's hit)."""
+        """The hybrid controller's PP prefetch protocol of 0.5.21+: its ticket thread (0.5.21 -
+        0.5.22's tickets carry PP rank 0's hit, 0.5.23+'s none: ``pp_tree.carries_rank_0_hit``)."""
         from hicache_ref.device.sim import SimDevice
 
         hybrid = self.loader.hybrid_module_for(SimDevice())
         cls = getattr(hybrid, "HybridCacheController", None)
-        fields = getattr(getattr(hybrid, "PPPrefetchTicket", None), "__dataclass_fields__", {})
-        return callable(getattr(cls, PP_TICKET_FUNC, None)) and "storage_hit_count" not in fields
+        return callable(getattr(cls, PP_TICKET_FUNC, None))
 
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice

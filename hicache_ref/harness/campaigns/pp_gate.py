@@ -1,6 +1,6 @@
 """The PP gate: Hypothesis draws programs of the PP tree half's steps on fresh PP worlds.
 
-A PP world (``HarnessConfig.storage_pp``, capability ``storage:pp``: 0.5.23's hybrid controller)
+A PP world (``HarnessConfig.storage_pp``, capability ``storage:pp``: 0.5.21+'s hybrid controller)
 is driven by ``driver/pp_tree.PpTree``, not by the state machine's rules: its tree half is the
 unified radix cache's PP path (PP rank 0 submits, the others follow the tickets), which the
 machine's storage rules do not model. A case draws the world's faults and a program of steps;
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from hypothesis.errors import Flaky, NoSuchExample
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
 from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
 
 VERBS = (
@@ -143,14 +145,25 @@ class PpGateReport:
     program: str = ""  # the shrunk failing program
     found: PpProgram | None = None  # that program itself (what a program file replays)
     flaky: bool = False  # the failure did not repeat on a replay (thread timing): the first one
+    known_hits: dict[str, int] = field(default_factory=dict)  # cases a known finding explained
 
     @property
     def failed(self) -> bool:
         return bool(self.failure)
 
 
-def run_pp_gate(implementation: Implementation, *, seconds: float, seed: int = 0) -> PpGateReport:
-    """Draw programs until ``seconds`` are spent or one fails (then shrink it)."""
+def run_pp_gate(
+    implementation: Implementation,
+    *,
+    seconds: float,
+    seed: int = 0,
+    known: Sequence[KnownFinding] = (),
+    impl: str = "sglang",
+    release: str | None = None,
+) -> PpGateReport:
+    """Draw programs until ``seconds`` are spent or one fails (then shrink it). A case whose
+    failure one of ``known`` explains (for ``impl`` at ``release``) is counted, not failed: a
+    PP world on 0.5.21 meets F26 (the IO thread dies of a backend exception) under faults."""
     report = PpGateReport()
     deadline = time.monotonic() + seconds
     shrink_deadline = deadline + seconds  # shrinking a failure gets as long again
@@ -177,6 +190,10 @@ def run_pp_gate(implementation: Implementation, *, seconds: float, seed: int = 0
         try:
             tree = run_program(implementation, program, seed)
         except InvariantViolation as exc:
+            finding = match_known_finding(known, impl, exc.inv_id, str(exc), release)
+            if finding is not None:
+                report.known_hits[finding.id] = report.known_hits.get(finding.id, 0) + 1
+                return False
             failed(program, f"{exc.inv_id}: {exc}", exc.inv_id)
             return True
         except Exception as exc:  # upstream's scheduler-side code raised: a finding too

@@ -1,4 +1,4 @@
-"""The tree's half of 0.5.23's PP prefetch protocol, over a world of 2 PP storage ranks.
+"""The tree's half of 0.5.21+'s PP prefetch protocol, over a world of 2 PP storage ranks.
 
 A PP world (``HarnessConfig.storage_pp``) is a storage world whose 2 ranks are pipeline-parallel
 ranks (TP 1 each) of upstream's own ``HybridCacheController`` in ``buffer_only`` host memory,
@@ -28,13 +28,18 @@ every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protoc
 - ``release``: the request finished: ``release_pp_prefetch`` on every rank (``claim_kv_row``);
 - ``reset``: every rank's ``reset()``, PP rank 0 first (its command thread broadcasts the stop).
 
+On 0.5.21 - 0.5.22 (``carries_rank_0_hit``) the ticket carries the hit: ``submit`` is where PP
+rank 0 queries every rank's shard (the world attaches as "mooncake", the only backend those
+releases open the command group for, and routes a query naming another PP rank to its backend),
+and ``command_step`` stages that hit on every rank with no query and no hit collective.
+
 The harness's own records, never the controller's word: which ticket each rank took off the
 broadcast (``PpBroadcast.received``), which keys its command thread queried (the recording
 backend), which host slots it allocated for the ticket and which came back (the host pool's own
 alloc and free, wrapped here), which pages each rank's IO read back from L3 (the recording
 backend's digests) against the bytes ``back_up`` wrote for that rank. After every step they become
 a ``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket holds no
-slot) and INV-30 (a rank reads back its own shard's bytes).
+slot; a carried hit is no longer than each rank's shard held at PP rank 0's query) and INV-30 (a rank reads back its own shard's bytes).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from hicache_ref.invariants.storage_snapshot import (
 )
 
 PP_RANKS = 2
+MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
 COMMAND = "pp_command"
 WRITE = "write"
 
@@ -86,6 +92,14 @@ def pp_config(**fields: Any) -> HarnessConfig:
         "device_pages": 16,
     }
     return HarnessConfig(**{**base, **fields})
+
+
+def carries_rank_0_hit(hybrid: Any) -> bool:
+    """0.5.21 - 0.5.22's tickets carry the hit PP rank 0 found (``storage_hit_count``): PP rank
+    0 queries every PP rank's shard in ``submit_prefetch`` and the command threads stage that hit
+    without a query; 0.5.23+'s carry none (every rank queries its own shard, then a MIN)."""
+    fields = getattr(getattr(hybrid, "PPPrefetchTicket", None), "__dataclass_fields__", {})
+    return "storage_hit_count" in fields
 
 
 def page_keys_of(tokens: tuple[int, ...], page: int, controller: Any) -> list[str]:
@@ -117,6 +131,7 @@ class TicketLog:
     hit_tokens: int | None = None
     ready: bool = False
     ended: bool = False  # the rank's command thread finished its loop body for it
+    shard_tokens: int | None = None  # a carried hit's: what this rank's shard held at the query
 
 
 @dataclass
@@ -162,14 +177,19 @@ class PpTree:
         self.page = config.page_size
         self.world = build_world(config, implementation)
         self.storage = StorageWorld(self.world, implementation)
-        self.storage.attach()
         self.cc: list[Any] = self.storage.controllers
+        self.hybrid = sys.modules[type(self.cc[0]).__mro__[1].__module__]
+        self.carries_hit = carries_rank_0_hit(self.hybrid)
+        self.storage.attach(MOONCAKE if self.carries_hit else "")
+        if self.carries_hit:  # Mooncake's zero-copy page calls are its client's, not the PP
+            for controller in self.cc:  # protocol's: the harness's clients take flat pages
+                controller.page_get_func = controller._generic_page_get
+                controller.page_set_func = controller._generic_page_set
         if any(getattr(c, "pp_prefetch_command_group", None) is None for c in self.cc):
             raise HiCacheSetupError(
                 "upstream's attach made no PP command group (enable_pp_ticket: buffer_only "
                 "host memory and a PP group of 2+ ranks)"
             )
-        self.hybrid = sys.modules[type(self.cc[0]).__mro__[1].__module__]
         self.broadcast: PpBroadcast = pp_broadcast_for(self.cc[0]._harness_collectives)
         self.books = [RankBook() for _ in self.cc]
         for rank, controller in enumerate(self.cc):
@@ -192,6 +212,8 @@ class PpTree:
         self.queried: list[list[str]] = [[] for _ in self.cc]
         self.reads: list[StoreRead] = []  # pages read back from L3, by rank and content key
         self.expected: dict[tuple[int, str], str] = {}  # (rank, content key) -> oracle digest
+        # (epoch, request) -> per rank, the tokens its shard held when PP rank 0 queried them
+        self.shards_at_query: dict[tuple[int, str], list[int]] = {}
         self.steps = 0
 
     # -- the harness's own view of the host slots --------------------------------------------------
@@ -307,11 +329,26 @@ class PpTree:
         submission = controller.submit_prefetch(
             handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), None
         )
+        if self.carries_hit:  # PP rank 0 just queried every rank's shard for the hit
+            pages = chain.keys[skip_pages:]
+            self.shards_at_query[(self.epoch, rid)] = [
+                self._shard_run(rank, pages) * self.page for rank in range(len(self.cc))
+            ]
         if submission.operation is None:
             return None
         self._bind(0, rid, bool(submission.decision))
         self.live.add(rid)
         return rid
+
+    def _shard_run(self, rank: int, keys: tuple[str, ...]) -> int:
+        """The leading run of ``keys`` rank ``rank``'s shard holds: the harness's own look at
+        L3, under the recording and the drawn faults (an evicted page is gone)."""
+        faults = self.storage.ranks[rank].faults
+        assert faults is not None, "a storage world's backend is built at attach"
+        for position, key in enumerate(keys):
+            if key in faults.evicted or not faults.inner.exists(key):
+                return position
+        return len(keys)
 
     def _bind(self, rank: int, rid: str, decision: bool = True) -> None:
         """``bind_prefetch_ticket``: PP rank 0 records its decision; another rank records the
@@ -369,7 +406,11 @@ class PpTree:
             for message in received:
                 ticket = message.objects[0] if message.objects else None
                 if ticket is not None:
-                    book.tickets.append(TicketLog(str(ticket.handle.rid), self.epoch))
+                    rid = str(ticket.handle.rid)
+                    log = TicketLog(rid, self.epoch)
+                    shards = self.shards_at_query.get((self.epoch, rid))
+                    log.shard_tokens = None if shards is None else shards[rank]
+                    book.tickets.append(log)
             current = [t for t in book.tickets if t.epoch == self.epoch and not t.ended]
             if current and queried:
                 current[-1].keys += queried
@@ -485,6 +526,7 @@ class PpTree:
                     ready=log.ready,
                     retired=(log.epoch, log.request_id) in book.released,
                     ended=log.ended,
+                    shard_tokens=log.shard_tokens,
                 )
                 for log in book.tickets
             )

@@ -89,6 +89,7 @@ class RecordingStorage(HiCacheStorage):
         self._calls: list[BackendCall] = []
         self._faults = inner if isinstance(inner, FaultInjectingStorage) else None
         self._sidecar = threading.local()  # the pool of the v2 call in progress on this thread
+        self.pp_shards: Sequence[RecordingStorage] = ()  # every PP rank's backend (a PP world)
 
     def _record(self, call: BackendCall) -> None:
         function = getattr(threading.current_thread(), "function", "")
@@ -192,6 +193,9 @@ class RecordingStorage(HiCacheStorage):
     def batch_exists(
         self, keys: Sequence[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
+        shard = self._pp_shard_of(extra_info)
+        if shard is not None:
+            return shard.batch_exists(keys)
         answer, raised = 0, True
         grant = at_backend_call(self._faults, BATCH_EXISTS, keys)
         try:
@@ -201,6 +205,17 @@ class RecordingStorage(HiCacheStorage):
             self._record(BackendCall("exists", tuple(keys), answer=answer, raised=raised))
         after_backend_call(grant, BATCH_EXISTS)
         return answer
+
+    def _pp_shard_of(self, extra_info: HiCacheStorageExtraInfo | None) -> RecordingStorage | None:
+        """The backend of the PP rank a query names (``extra_info={"pp_rank": r}``), when not
+        this one: 0.5.21 - 0.5.22's PP rank 0 asks every PP rank's shard for a ticket's hit, as
+        Mooncake answers it by rewriting the keys' PP suffix. That rank's client answers and
+        records the call (its shard's faults apply)."""
+        hints = getattr(extra_info, "extra_info", None) or {}
+        pp_rank = hints.get("pp_rank") if isinstance(hints, Mapping) else None
+        if pp_rank is None or not self.pp_shards or int(pp_rank) == self.rank:
+            return None
+        return self.pp_shards[int(pp_rank)]
 
     def clear(self) -> None:
         self.inner.clear()

@@ -163,6 +163,11 @@ class StorageWorld:
             faults.rates.update(BACKGROUND_FAULTS)
         recording = RecordingStorage(faults, rank)
         self.ranks[rank].faults, self.ranks[rank].recording = faults, recording
+        if self.config.storage_pp:  # a PP rank's query may name another rank's shard
+            shards = [r.recording for r in self.ranks if r.recording is not None]
+            if len(shards) == len(self.ranks):
+                for shard in shards:
+                    shard.pp_shards = shards
         return recording
 
     def _client(self, cfg: HiCacheStorageConfig) -> HiCacheStorage:
@@ -186,21 +191,22 @@ class StorageWorld:
         """Every rank's storage tier (the reference's ``controller.storage``)."""
         return [r.controller.storage for r in self.ranks]
 
-    def attach(self) -> None:
+    def attach(self, backend_name: str = "") -> None:
         """Every rank attaches through the seed's own path: its builder is registered with
-        ``StorageBackendFactory`` only for the call, so no world leaves a name behind."""
+        ``StorageBackendFactory`` only for the call, so no world leaves a name behind.
+        ``backend_name`` replaces the private names where the seed keys a protocol on the
+        backend's name (0.5.21 - 0.5.22 enable PP tickets only for "mooncake")."""
         for rank in self.ranks:
-            StorageBackendFactory.register_backend(
-                rank.backend_name, _builder(weakref.ref(self), rank.rank)
-            )
+            name = backend_name or rank.backend_name
+            StorageBackendFactory.register_backend(name, _builder(weakref.ref(self), rank.rank))
             try:
                 rank.controller.attach_storage_backend(
-                    rank.backend_name,
+                    name,
                     prefetch_threshold=self.config.page_size,
                     model_name=MODEL_NAME,
                 )
             finally:
-                StorageBackendFactory.unregister_backend(rank.backend_name)
+                StorageBackendFactory.unregister_backend(name)
             rank.controller.storage_batch_size = self.config.storage_batch_pages
         self.attached = True
 
