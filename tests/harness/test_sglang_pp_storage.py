@@ -113,11 +113,17 @@ def test_pp_bug_is_one_small_substitution(bug: type[PlantedBug], tree_0523: Path
 def test_pp_bug_planted_in_0_5_23_is_caught(
     bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
 ) -> None:
+    check_pp_bug_is_caught(bug, tree_0523, tmp_path, BUG_SECONDS)
+
+
+def check_pp_bug_is_caught(
+    bug: type[PlantedBug], tree: Path, tmp_path: Path, seconds: float
+) -> None:
+    """The PP gate on ``tree`` with ``bug`` planted fails under one of the bug's invariants,
+    shrunk to a handful of steps."""
     target = Path(bug.TARGET)
-    planted = fork_tree(
-        bug.write_patched(tree_0523 / target, tmp_path / target.name), tree_0523, target
-    )
-    report = run_pp_gate(SglangImplementation(planted), seconds=BUG_SECONDS)
+    planted = fork_tree(bug.write_patched(tree / target, tmp_path / target.name), tree, target)
+    report = run_pp_gate(SglangImplementation(planted), seconds=seconds)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
     assert report.program.count("(") <= 6, report.program  # shrunk to a handful of steps
 

@@ -22,7 +22,7 @@ from hicache_ref.campaign.release_coverage import not_driven
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY
 from hicache_ref.harness.adapters.sglang import SglangImplementation
-from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree, fork_tree
+from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
 from hicache_ref.harness.campaigns import pp_gate
 from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
 from hicache_ref.harness.campaigns.pp_gate import PpProgram, run_pp_gate
@@ -30,6 +30,7 @@ from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
 
 from .sglang_bugs import BUGS_0522_PP, PlantedBug
 from .test_sglang_gate import SNIPPET_LINES_MAX
+from .test_sglang_pp_storage import check_pp_bug_is_caught
 
 RELEASES = ("0.5.21", "0.5.22")
 GATE_SECONDS = 8.0
@@ -103,13 +104,7 @@ def test_pp_bug_planted_in_0_5_22_is_caught(
 ) -> None:
     source = (tree_0522 / bug.TARGET).read_text()
     assert bug.apply(source) != source and bug.OLD.count("\n") <= SNIPPET_LINES_MAX
-    target = Path(bug.TARGET)
-    planted = fork_tree(
-        bug.write_patched(tree_0522 / target, tmp_path / target.name), tree_0522, target
-    )
-    report = run_pp_gate(SglangImplementation(planted), seconds=BUG_SECONDS)
-    assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
-    assert report.program.count("(") <= 6, report.program  # shrunk to a handful of steps
+    check_pp_bug_is_caught(bug, tree_0522, tmp_path, BUG_SECONDS)
 
 
 @pytest.mark.parametrize(("release", "counted"), [("0.5.21", True), ("0.5.22", False)])
