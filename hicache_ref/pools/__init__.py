@@ -17,7 +17,8 @@ Primitives in the order data flows through them:
    ``host_layout``): ``alloc`` host slots -> ``backup_from_device_*`` (d2h)
    -> ``get_data_page`` to storage / ``set_from_flat_data_page`` from storage ->
    ``load_to_device_per_layer`` (h2d) -> ``free``. Transfers are stream work (``transfer``): they
-   are checked at launch and move bytes when the stream runs.
+   are checked at launch and move bytes when the stream runs; a per-layer load or backup is
+   checked and planned once per index pair, its later layers served by ``layer_launch``.
 6. The copy paths of a transfer (``copy_path``), after ``transfer_checks`` validated its index
    pairs (INV-01): ``gather`` (CPU reference), ``runs`` (one ``copy_`` per merged run), and
    ``fast_transfer``'s two: ``batch``: ``copy_plan`` (index pairs -> byte offsets, once per

@@ -238,9 +238,17 @@ class CudaBatchCopier:
         current.wait_stream(side)
         self.default_stream_reroutes += 1
 
-    def issue_rows(self, rows: RowBatches, device: torch.device) -> None:
-        """Issue ``rows.rows`` batches (one per layer) on torch's current stream of ``device``:
-        through the issuing thread when ``threaded``, else one ``issue_on_stream`` per row."""
+    def issue_rows(
+        self, rows: RowBatches, device: torch.device, start: int = 0, stop: int | None = None
+    ) -> None:
+        """Issue rows ``start .. stop - 1`` of ``rows`` (default: all; one batch per layer) on
+        torch's current stream of ``device``: through the issuing thread when ``threaded``, else
+        one ``issue_on_stream`` per row. A range of a table's rows is pointer arithmetic, so a
+        per-layer launch slices no tensor."""
+        if stop is None:
+            stop = rows.rows_num
+        # Verify a non-empty range of the table's rows (the thread reads memory past the end)
+        assert 0 <= start < stop <= rows.rows_num, (start, stop, rows.rows_num)
         if self.threaded:
             # Verify no graph is being captured: the thread's copies would stay out of it while
             # the caller's stream operations went in (inline issue is refused there by the
@@ -263,13 +271,14 @@ class CudaBatchCopier:
                         self.attributes(d2h=rows.d2h, device_index=rows.device_index)
                     )
                     self._attr_addresses[key] = attrs
+                offset = start * rows.row_bytes
                 issuer.issue(
-                    handle, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, rows.count, attrs,
-                    keep=rows, repeat=rows.rows, stride=rows.count * 8,
+                    handle, rows.dsts_ptr + offset, rows.srcs_ptr + offset, rows.sizes_ptr,
+                    rows.count_num, attrs, keep=rows, repeat=stop - start, stride=rows.row_bytes,
                 )  # fmt: skip
-                self.threaded_batches += rows.rows
+                self.threaded_batches += stop - start
                 return
-        for row in range(rows.rows):
+        for row in range(start, stop):
             self.issue_on_stream(
                 rows.dsts[row], rows.srcs[row], rows.sizes, d2h=rows.d2h, device=device
             )
@@ -351,6 +360,12 @@ class RowBatches:
     dsts_ptr: int = field(init=False)
     srcs_ptr: int = field(init=False)
     sizes_ptr: int = field(init=False)
+    rows_num: int = field(init=False)
+    """``rows``, read once (the issue path asks it per launch)."""
+    count_num: int = field(init=False)
+    """``count``, read once."""
+    row_bytes: int = field(init=False)
+    """Bytes between two rows of ``dsts`` (and of ``srcs``)."""
 
     def __post_init__(self) -> None:
         # Verify the shapes the pointer arithmetic of the issuing thread assumes
@@ -361,17 +376,20 @@ class RowBatches:
         object.__setattr__(self, "dsts_ptr", self.dsts.data_ptr())
         object.__setattr__(self, "srcs_ptr", self.srcs.data_ptr())
         object.__setattr__(self, "sizes_ptr", self.sizes.data_ptr())
+        object.__setattr__(self, "rows_num", int(self.dsts.shape[0]))
+        object.__setattr__(self, "count_num", int(self.dsts.shape[1]))
+        object.__setattr__(self, "row_bytes", self.count_num * 8)
 
     def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.dsts, self.srcs, self.sizes
 
     @property
     def rows(self) -> int:
-        return int(self.dsts.shape[0])
+        return self.rows_num
 
     @property
     def count(self) -> int:
-        return int(self.dsts.shape[1])
+        return self.count_num
 
 
 def _driver_value_functions() -> tuple[int, int, int] | None:

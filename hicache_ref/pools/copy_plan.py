@@ -229,6 +229,17 @@ def check_contiguous(tensor: torch.Tensor, what: str) -> None:
         )
 
 
+def read_versions(
+    host_indices: torch.Tensor, device_indices: torch.Tensor
+) -> tuple[int, int] | None:
+    """Both tensors' in-place versions (every in-place write bumps one), or ``None`` where one
+    has none (a tensor made under ``torch.inference_mode``: never cached)."""
+    try:
+        return host_indices._version, device_indices._version
+    except RuntimeError:
+        return None
+
+
 @dataclass
 class _CacheEntry:
     host_indices: torch.Tensor
@@ -269,8 +280,8 @@ class PlanCache:
             entry is None
             or entry.host_indices is not host_indices
             or entry.device_indices is not device_indices
-            or entry.host_version != host_indices._version
-            or entry.device_version != device_indices._version
+            or read_versions(host_indices, device_indices)
+            != (entry.host_version, entry.device_version)
         ):
             self.misses += 1
             return None
@@ -281,11 +292,13 @@ class PlanCache:
     def put(
         self, host_indices: torch.Tensor, device_indices: torch.Tensor, key: Hashable, value: object
     ) -> None:
-        """Remember ``value`` for these tensors (drops the oldest entry past the bound)."""
+        """Remember ``value`` for these tensors (drops the oldest entry past the bound; nothing
+        for tensors without a version counter)."""
+        versions = read_versions(host_indices, device_indices)
+        if versions is None:
+            return
         full_key = (id(host_indices), id(device_indices), key)
-        entry = _CacheEntry(
-            host_indices, device_indices, host_indices._version, device_indices._version, value
-        )
+        entry = _CacheEntry(host_indices, device_indices, *versions, value)
         with self._lock:
             self._entries[full_key] = entry
             self._entries.move_to_end(full_key)

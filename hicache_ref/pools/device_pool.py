@@ -153,6 +153,15 @@ class KVCache(ABC):
             )
         return self._buffers[component][self.check_layer_id(layer_id)]
 
+    def component_buffers(self, component: str) -> tuple[torch.Tensor, ...]:
+        """Every local layer's buffer of ``component``, in layer order (no wait): one call where
+        a transfer plans all layers at once."""
+        if component not in self._buffers:
+            raise HiCacheInputError(
+                f"unknown component {component!r}; this pool has {self.component_names()}"
+            )
+        return tuple(self._buffers[component])
+
     def layer_buffers(self, layer_id: int) -> list[torch.Tensor]:
         """One buffer per component for local layer ``layer_id``, rows by token loc (no wait)."""
         local_layer_id = self.check_layer_id(layer_id)

@@ -1,28 +1,35 @@
 """The fast copy paths of a transfer: ``batch`` (the copy engine) and ``triton`` (a kernel).
 
-``launch_fast_transfer`` looks the transfer's plan up in ``PLAN_CACHE`` (same index tensors,
+``prepare_fast_transfer`` looks the transfer's plan up in ``PLAN_CACHE`` (same index tensors,
 same in-place version: the per-layer loads of one batch), or validates the pairs (INV-01) and
 builds one (``build_fast_plan``: byte offsets per component for ``batch``, device-side indices
-for ``triton``), then launches one closure on the current stream. ``batch`` builds the plan's
-``DescriptorTable`` once (every layer's source and destination addresses, vectorized) and
-hands a layer's row to ``cudaMemcpyBatchAsync`` (``copy_engine.issue_rows``, through the native
-issuing thread on CUDA) or to ``memmove`` (on the simulator, when the stream runs); ``triton``
-launches ``triton_copy``'s kernel per layer and component, its arguments prepared when the
-transfer is planned. ``transfer.launch_transfer`` decides which path runs and refuses the
-layouts ``batch`` cannot move well.
+for ``triton``), checks the buffers of every layer once, and returns a ``FastLaunch`` whose
+``closure(layer_ids)`` is the stream work of those layers. ``batch`` builds the plan's
+``DescriptorTable`` once per direction and pair of pools (every layer's source and destination
+addresses, vectorized, every copy checked inside its buffers: ``BatchLayers``), so a layer's
+closure is a range of the table's rows handed to ``cudaMemcpyBatchAsync``
+(``copy_engine.issue_rows``, through the native issuing thread on CUDA) or to ``memmove`` (on
+the simulator, when the stream runs); ``triton`` launches ``triton_copy``'s kernel per layer and
+component, its arguments prepared once per layer set. ``transfer.launch_transfer`` decides which
+path runs and refuses the layouts ``batch`` cannot move well.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-from hicache_ref.device.protocol import DeviceModule
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.pools.copy_engine import RowBatches, load_cuda_batch_copier, memmove_copies
+from hicache_ref.pools.copy_engine import (
+    CudaBatchCopier,
+    RowBatches,
+    load_cuda_batch_copier,
+    memmove_copies,
+)
 from hicache_ref.pools.copy_plan import (
     ComponentCopies,
     DescriptorTable,
@@ -72,14 +79,63 @@ class FastPlan:
     closures: dict[tuple[object, ...], Callable[[], None]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    """Launch closures already built from this plan, by ``_closure_key`` (the per-layer loads of
-    one batch build each once). A closure keeps its buffers alive, so a key's addresses cannot
-    be reused by another buffer while it is cached."""
-    tables: dict[tuple[object, ...], DescriptorTable] = field(
+    """``triton``: launch closures already built from this plan, by ``_closure_key`` (the
+    per-layer loads of one batch build each once). A closure keeps its buffers alive, so a key's
+    addresses cannot be reused by another buffer while it is cached."""
+    batches: dict[tuple[object, ...], BatchLayers] = field(
         default_factory=dict, compare=False, repr=False
     )
-    """``batch``: the descriptor table of every layer, per direction and host buffers (built by
-    the first closure of the plan, shared by the per-layer closures)."""
+    """``batch``: the checked descriptor table of every layer, per direction and the addresses
+    of both pools' buffers (``_batch_layers``)."""
+
+
+@dataclass(frozen=True)
+class BatchLayers:
+    """A ``batch`` plan's ``DescriptorTable`` for one direction and pair of pools, every layer's
+    copies checked inside their buffers: ``closure(layer_ids)`` moves those layers with no
+    further check."""
+
+    table: DescriptorTable
+    device: torch.device
+    copier: CudaBatchCopier | None
+    """The process's copier (CUDA and at least one copy), else ``None``: ``memmove`` when the
+    simulator's stream runs."""
+    rows: RowBatches | None
+    """Every layer's row for ``copier`` (a layer is a range of it: no tensor is sliced)."""
+
+    def closure(self, layer_ids: Sequence[int]) -> Callable[[], None]:
+        """The stream work of ``layer_ids`` (each a row of the table)."""
+        copier, rows, device = self.copier, self.rows, self.device
+        if copier is not None and rows is not None:
+            if len(layer_ids) == 1:  # a per-layer load or backup
+                layer = layer_ids[0]
+                return functools.partial(copier.issue_rows, rows, device, layer, layer + 1)
+            spans = _consecutive(layer_ids)
+            if len(spans) == 1:
+                start, stop = spans[0]
+                return functools.partial(copier.issue_rows, rows, device, start, stop)
+
+            def run_cuda() -> None:
+                for start, stop in spans:
+                    copier.issue_rows(rows, device, start, stop)
+
+            return run_cuda
+        table, layers = self.table, tuple(layer_ids)
+
+        def run() -> None:
+            for layer in layers:
+                memmove_copies(table.dsts[layer], table.srcs[layer], table.sizes)
+
+        return run
+
+
+@dataclass(frozen=True)
+class FastLaunch:
+    """One ``batch`` or ``triton`` transfer checked and planned (``prepare_fast_transfer``)."""
+
+    plan: FastPlan
+    closure: Callable[[Sequence[int]], Callable[[], None]]
+    """The stream work of the given layers (no check repeated)."""
 
 
 def _plan_key(
@@ -181,11 +237,10 @@ def build_fast_plan(
 
 
 def _check_fast_buffers(
-    copy_path: FastCopyPath,
-    host_buffers: dict[str, torch.Tensor],
-    device_pool: KVCache,
-    layer_ids: Sequence[int],
+    copy_path: FastCopyPath, host_buffers: dict[str, torch.Tensor], device_pool: KVCache
 ) -> None:
+    """The executor exists here, and every buffer of every layer is where and how the pointer
+    arithmetic (or the kernel) needs it: checked once per transfer, not per layer."""
     on_gpu = device_pool.device.type == "cuda"
     # Verify the executor exists here (Triton installed) and the host pool is where it reads
     if copy_path == "triton" and not is_triton_available():
@@ -205,42 +260,61 @@ def _check_fast_buffers(
                 f"copy_path='triton' reads host buffer {name!r} from the GPU, so it must be "
                 "pinned (pin_memory=True); use copy_path='batch' or 'runs' for pageable memory"
             )
-    for layer_id in layer_ids:
-        for name in device_pool.component_names():
-            check_contiguous(
-                device_pool.component_buffer(name, layer_id), f"device buffer {name!r}"
-            )
+    for name in device_pool.component_names():
+        for buffer in device_pool.component_buffers(name):
+            if not buffer.is_contiguous():  # the message is built only for a refusal
+                check_contiguous(buffer, f"device buffer {name!r}")
 
 
-def _descriptor_table(
+BATCHES_PER_PLAN_MAX = 8
+"""Tables one plan keeps (one per direction and pair of pools that moved its pairs)."""
+
+
+def _batch_layers(
     *,
     direction: Direction,
     plan: FastPlan,
     host_buffers: dict[str, torch.Tensor],
     device_pool: KVCache,
-    layer_ids: Sequence[int],
-) -> DescriptorTable:
-    """The plan's table for these buffers (built for every layer of the pool on first use, or
-    again when a layer's device buffer is not the one it was built from)."""
+) -> BatchLayers:
+    """The plan's table for these buffers: built for every layer of the pool on first use, with
+    every copy of every layer checked inside its two buffers (INV-06), then reused."""
     names = device_pool.component_names()
-    key = (direction, tuple((host_buffers[n].data_ptr(), host_buffers[n].stride()) for n in names))
-    table = plan.tables.get(key)
-    wanted = {
-        layer: tuple(device_pool.component_buffer(n, layer).data_ptr() for n in names)
-        for layer in layer_ids
-    }
-    if table is None or any(table.device_bases[layer] != wanted[layer] for layer in layer_ids):
-        table = build_descriptor_table(
-            [plan.copies[n] for n in names],
-            host_bases=[host_buffers[n].data_ptr() for n in names],
-            device_bases=[
-                [device_pool.component_buffer(n, layer).data_ptr() for n in names]
-                for layer in range(device_pool.layer_num)
-            ],
-            d2h=direction == "d2h",
+    per_component = [device_pool.component_buffers(n) for n in names]
+    device_bases = tuple(
+        zip(*[[b.data_ptr() for b in layers] for layers in per_component], strict=True)
+    )
+    host_key = tuple([(host_buffers[n].data_ptr(), host_buffers[n].stride()) for n in names])
+    key = (direction, host_key, device_bases)
+    found = plan.batches.get(key)
+    if found is not None:
+        return found
+    for name, layers in zip(names, per_component, strict=True):
+        # the last layer reaches furthest into the host buffer (layer bases only grow)
+        check_copies_in_bounds(
+            plan.copies[name],
+            host_buffer=host_buffers[name],
+            device_buffer_nbytes=min(b.numel() * b.element_size() for b in layers),
+            layer_id=len(layers) - 1,
         )
-        plan.tables[key] = table
-    return table
+    table = build_descriptor_table(
+        [plan.copies[n] for n in names],
+        host_bases=[host_buffers[n].data_ptr() for n in names],
+        device_bases=[list(bases) for bases in device_bases],
+        d2h=direction == "d2h",
+    )
+    device = device_pool.device
+    copier: CudaBatchCopier | None = None
+    rows: RowBatches | None = None
+    if device.type == "cuda" and table.sizes.numel() > 0:
+        copier = load_cuda_batch_copier()
+        index = 0 if device.index is None else device.index
+        rows = RowBatches(table.dsts, table.srcs, table.sizes, direction == "d2h", index)
+    found = BatchLayers(table, device, copier, rows)
+    if len(plan.batches) >= BATCHES_PER_PLAN_MAX:
+        plan.batches.clear()
+    plan.batches[key] = found
+    return found
 
 
 def _consecutive(layer_ids: Sequence[int]) -> list[tuple[int, int]]:
@@ -252,58 +326,6 @@ def _consecutive(layer_ids: Sequence[int]) -> list[tuple[int, int]]:
         else:
             runs.append((layer, layer + 1))
     return runs
-
-
-def _batch_closure(
-    *,
-    direction: Direction,
-    plan: FastPlan,
-    host_buffers: dict[str, torch.Tensor],
-    device_pool: KVCache,
-    layer_ids: Sequence[int],
-    programs_per_component: int | None,
-    triton: TritonLaunch,
-) -> Callable[[], None]:
-    del programs_per_component, triton  # the copy engine has no launch shape
-    names = device_pool.component_names()
-    for layer_id in layer_ids:
-        for name in names:
-            buffer = device_pool.component_buffer(name, layer_id)
-            check_copies_in_bounds(
-                plan.copies[name],
-                host_buffer=host_buffers[name],
-                device_buffer_nbytes=buffer.numel() * buffer.element_size(),
-                layer_id=layer_id,
-            )
-    table = _descriptor_table(
-        direction=direction,
-        plan=plan,
-        host_buffers=host_buffers,
-        device_pool=device_pool,
-        layer_ids=layer_ids,
-    )
-    d2h = direction == "d2h"
-    device = device_pool.device
-    if device.type == "cuda" and table.sizes.numel() > 0:
-        copier = load_cuda_batch_copier()
-        index = 0 if device.index is None else device.index
-        batches = [
-            RowBatches(table.dsts[a:b], table.srcs[a:b], table.sizes, d2h, index)
-            for a, b in _consecutive(layer_ids)
-        ]
-
-        def run_cuda() -> None:
-            for rows in batches:
-                copier.issue_rows(rows, device)
-
-        return run_cuda
-    rows = [(table.dsts[layer], table.srcs[layer]) for layer in layer_ids]
-
-    def run() -> None:
-        for dsts, srcs in rows:
-            memmove_copies(dsts, srcs, table.sizes)
-
-    return run
 
 
 def _launch_groups(
@@ -423,9 +445,38 @@ def _fast_plan(
     return plan
 
 
-def launch_fast_transfer(
+def _triton_layers(
+    layer_ids: Sequence[int],
     *,
-    device_module: DeviceModule,
+    direction: Direction,
+    plan: FastPlan,
+    host_buffers: dict[str, torch.Tensor],
+    device_pool: KVCache,
+    programs_per_component: int | None,
+    triton: TritonLaunch,
+) -> Callable[[], None]:
+    """The kernel launches of ``layer_ids``, built once per layer set and launch shape."""
+    shape = (triton.grid, programs_per_component, triton.tile)
+    key = _closure_key(direction, host_buffers, device_pool, layer_ids, shape)
+    fn = plan.closures.get(key)
+    if fn is None:
+        fn = _triton_closure(
+            direction=direction,
+            plan=plan,
+            host_buffers=host_buffers,
+            device_pool=device_pool,
+            layer_ids=layer_ids,
+            programs_per_component=programs_per_component,
+            triton=triton,
+        )
+        if len(plan.closures) >= CLOSURES_PER_PLAN_MAX:
+            plan.closures.clear()
+        plan.closures[key] = fn
+    return fn
+
+
+def prepare_fast_transfer(
+    *,
     device_pool: KVCache,
     host_buffers: dict[str, torch.Tensor],
     layout: HostLayout,
@@ -433,18 +484,17 @@ def launch_fast_transfer(
     host_size: int,
     direction: Direction,
     io_backend: IoBackend,
-    layer_ids: Sequence[int],
     host_indices: torch.Tensor,
     device_indices: torch.Tensor,
     copy_path: FastCopyPath,
-    label: str,
     programs_per_component: int | None = None,
     triton: TritonLaunch = TRITON_LAUNCH_DEFAULT,
-) -> None:
-    """Plan (or reuse the plan and its closure) and launch one ``batch`` or ``triton``
-    transfer; ``programs_per_component`` sizes each Triton launch by the components it moves
-    (default: ``triton.grid`` programs shared by them); ``triton`` is the launch shape of the
-    kernel path (ignored by ``batch``)."""
+) -> FastLaunch:
+    """Check and plan one ``batch`` or ``triton`` transfer (or reuse its plan): the pairs
+    (INV-01), the buffers of every layer, and for ``batch`` every copy of every layer inside
+    its buffers (INV-06); ``programs_per_component`` sizes each Triton launch by the components
+    it moves (default: ``triton.grid`` programs shared by them); ``triton`` is the launch shape
+    of the kernel path (ignored by ``batch``)."""
     plan = _fast_plan(
         copy_path=copy_path,
         device_pool=device_pool,
@@ -457,32 +507,19 @@ def launch_fast_transfer(
         host_indices=host_indices,
         device_indices=device_indices,
     )
-    shape: tuple[object, ...] | None = None
-    if copy_path == "triton":
-        shape = (triton.grid, programs_per_component, triton.tile)
-    key = _closure_key(direction, host_buffers, device_pool, layer_ids, shape)
-    fn = plan.closures.get(key)
-    if fn is None:
-        _check_fast_buffers(copy_path, host_buffers, device_pool, layer_ids)
-        make_closure = _batch_closure if copy_path == "batch" else _triton_closure
-        fn = make_closure(
-            direction=direction,
-            plan=plan,
-            host_buffers=host_buffers,
-            device_pool=device_pool,
-            layer_ids=layer_ids,
-            programs_per_component=programs_per_component,
-            triton=triton,
+    _check_fast_buffers(copy_path, host_buffers, device_pool)
+    if copy_path == "batch":
+        batch = _batch_layers(
+            direction=direction, plan=plan, host_buffers=host_buffers, device_pool=device_pool
         )
-        if len(plan.closures) >= CLOSURES_PER_PLAN_MAX:
-            plan.closures.clear()
-        plan.closures[key] = fn
-    meta: dict[str, object] = {
-        "direction": direction,
-        "layer_ids": tuple(layer_ids),
-        "host_indices": plan.host,
-        "device_indices": plan.device,
-        "io_backend": io_backend,
-        "components": device_pool.component_names(),
-    }
-    device_module.launch(fn, label=label, kind="copy", meta=meta)
+        return FastLaunch(plan, batch.closure)
+    closure = functools.partial(
+        _triton_layers,
+        direction=direction,
+        plan=plan,
+        host_buffers=host_buffers,
+        device_pool=device_pool,
+        programs_per_component=programs_per_component,
+        triton=triton,
+    )
+    return FastLaunch(plan, closure)

@@ -12,7 +12,9 @@ Mirrors SGLang 0.5.10 ``memory_pool_host.py`` with these deliberate differences:
   buffer, e.g. ``(H, page, L, D)`` per K/V under ``page_head``);
 - ``page_head`` (MHA only, as upstream) is refused at construction for MLA and NSA pools, and the
   fork-only ``layer_page_first`` is supported for every pool kind (see ``host_layout.py``);
-- transfers are stream work launched through ``device_module.launch`` (see ``transfer.py``);
+- transfers are stream work launched through ``device_module.launch`` (see ``transfer.py``); a
+  per-layer load or backup checks and plans its index pair on its first layer and reuses that
+  for the pair's later layers (``layer_launch``);
 - the size is not forced above the device pool's (tests use tiny pools).
 
 Primitives in data-flow order: ``alloc`` -> ``backup_from_device_all_layer`` /
@@ -54,6 +56,7 @@ from hicache_ref.pools.host_layout import (
     host_page_rows,
     host_row_index,
 )
+from hicache_ref.pools.layer_launch import LayerLaunch, LayerLaunches, PreparedPair
 from hicache_ref.pools.page_index import (
     as_cpu_int64,
     check_index_tensor,
@@ -64,8 +67,9 @@ from hicache_ref.pools.page_math import compute_padded_len
 from hicache_ref.pools.transfer import (
     CopyPath,
     Direction,
+    PreparedTransfer,
     check_copy_path,
-    launch_transfer,
+    prepare_transfer,
     resolve_copy_path,
 )
 from hicache_ref.pools.transfer_checks import check_transfer_layer
@@ -114,9 +118,12 @@ class HostKVCache:
         check_layout_for_pool_kind(
             self.layout, self._layout_pool_kind(device_pool), type(device_pool).__name__
         )
-        self.copy_path = check_copy_path(copy_path)
+        self.layer_launches = LayerLaunches()
+        """The prepared index pairs of per-layer transfers (``layer_launch``; dropped when
+        ``copy_path`` or ``triton_launch`` is set, or the pool cleared)."""
+        self._copy_path = check_copy_path(copy_path)
         # the launch shape of copy_path='triton' (auto sizes its own grid on page_first)
-        self.triton_launch = triton_launch
+        self._triton_launch = triton_launch
         self.page_size = device_pool.page_size if page_size is None else page_size
         # Verify positive pages
         if self.page_size < 1:
@@ -176,6 +183,28 @@ class HostKVCache:
         """The components this pool holds (those of its device pool), in transfer order."""
         return tuple(self.buffers)
 
+    @property
+    def copy_path(self) -> CopyPath:
+        """How transfers move bytes (``transfer.COPY_PATHS``); setting it drops the prepared
+        per-layer transfers, so the next launch resolves and checks the new path."""
+        return self._copy_path
+
+    @copy_path.setter
+    def copy_path(self, copy_path: str) -> None:
+        self._copy_path = check_copy_path(copy_path)
+        self.layer_launches.clear()
+
+    @property
+    def triton_launch(self) -> TritonLaunch:
+        """The launch shape of ``copy_path='triton'``; setting it drops the prepared per-layer
+        transfers (their kernels were built for the old shape)."""
+        return self._triton_launch
+
+    @triton_launch.setter
+    def triton_launch(self, triton_launch: TritonLaunch) -> None:
+        self._triton_launch = triton_launch
+        self.layer_launches.clear()
+
     # ------------------------------------------------------------------ slots
     def available_size(self) -> int:
         """Free host slots (tokens)."""
@@ -197,9 +226,11 @@ class HostKVCache:
             return self._free.is_free(page)
 
     def clear(self) -> None:
-        """Free every slot (the byte contents are kept); the handout order restarts."""
+        """Free every slot (the byte contents are kept); the handout order restarts, and the
+        prepared per-layer transfers are dropped."""
         with self.lock:
             self._free.reset()
+        self.layer_launches.clear()
 
     def _check_need_size(self, need_size: int) -> int:
         need_size = operator.index(need_size)
@@ -282,20 +313,18 @@ class HostKVCache:
                 f"layers {self.layer_num}, {self.dtype})"
             )
 
-    def _launch(
+    def _prepare(
         self,
         device_pool: KVCache,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
-        layer_ids: list[int],
         direction: Direction,
         io_backend: str,
-        label: str,
-    ) -> None:
+    ) -> PreparedTransfer:
+        """Check and plan a transfer between this pool and ``device_pool`` (any layers)."""
         backend = check_io_backend(io_backend, self.layout)
         self._check_device_pool(device_pool)
-        launch_transfer(
-            device_module=self.device_module,
+        return prepare_transfer(
             device_pool=device_pool,
             host_buffers=self.buffers,
             layout=self.layout,
@@ -303,13 +332,34 @@ class HostKVCache:
             host_size=self.size,
             direction=direction,
             io_backend=backend,
-            layer_ids=layer_ids,
             host_indices=host_indices,
             device_indices=device_indices,
-            copy_path=self.copy_path,
-            label=label,
+            copy_path=self._copy_path,
             host_pinned=self.pin_memory,
-            triton=self.triton_launch,
+            triton=self._triton_launch,
+        )
+
+    def _layer_launch(
+        self,
+        pair: PreparedPair | None,
+        device_pool: KVCache,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        direction: Direction,
+        io_backend: str,
+    ) -> LayerLaunch:
+        """A layer not launched from ``pair`` yet: checked, then built from the pair (prepared
+        here on the pair's first layer, ``layer_launch``)."""
+        layer = check_transfer_layer(device_pool, layer_id)
+        return self.layer_launches.build(
+            pair,
+            device_pool,
+            host_indices,
+            device_indices,
+            io_backend,
+            layer,
+            lambda: self._prepare(device_pool, host_indices, device_indices, direction, io_backend),
         )
 
     def chosen_copy_path(self, device_pool: KVCache | None = None) -> CopyPath:
@@ -349,15 +399,13 @@ class HostKVCache:
         io_backend: str,
     ) -> None:
         """Launch the d2h of every layer and component: ``host[h[i]] = device[d[i]]``."""
-        layer_ids = list(range(self.layer_num))
-        self._launch(
-            device_pool,
-            host_indices,
-            device_indices,
-            layer_ids,
-            "d2h",
-            io_backend,
-            "d2h all layers",
+        prepared = self._prepare(device_pool, host_indices, device_indices, "d2h", io_backend)
+        layers = tuple(range(self.layer_num))
+        self.device_module.launch(
+            prepared.closure(layers),
+            label="d2h all layers",
+            kind="copy",
+            meta=prepared.meta(layers),
         )
 
     def backup_from_device_per_layer(
@@ -368,17 +416,17 @@ class HostKVCache:
         layer_id: int,
         io_backend: str,
     ) -> None:
-        """Launch the d2h of one local layer, every component (the fork's per-layer write-back)."""
-        layer = check_transfer_layer(device_pool, layer_id)
-        self._launch(
-            device_pool,
-            host_indices,
-            device_indices,
-            [layer],
-            "d2h",
-            io_backend,
-            f"d2h layer {layer}",
+        """Launch the d2h of one local layer, every component (the fork's per-layer write-back);
+        the pair is checked once, on its first layer (``layer_launch``)."""
+        pair = self.layer_launches.current(
+            device_pool, host_indices, device_indices, "d2h", io_backend
         )
+        launch = None if pair is None else pair.layers.get(layer_id)
+        if launch is None:
+            launch = self._layer_launch(
+                pair, device_pool, host_indices, device_indices, layer_id, "d2h", io_backend
+            )
+        self.device_module.launch(launch.fn, label=launch.label, kind="copy", meta=launch.meta)
 
     def load_to_device_per_layer(
         self,
@@ -388,17 +436,19 @@ class HostKVCache:
         layer_id: int,
         io_backend: str,
     ) -> None:
-        """Launch the h2d of one local layer, every component: ``device[d[i]] = host[h[i]]``."""
-        layer = check_transfer_layer(device_pool, layer_id)
-        self._launch(
-            device_pool,
-            host_indices,
-            device_indices,
-            [layer],
-            "h2d",
-            io_backend,
-            f"h2d layer {layer}",
+        """Launch the h2d of one local layer, every component: ``device[d[i]] = host[h[i]]``.
+
+        The pair is checked and planned on its first layer; a later layer of the same tensors,
+        unchanged in place, is one lookup and the launch (``layer_launch``)."""
+        pair = self.layer_launches.current(
+            device_pool, host_indices, device_indices, "h2d", io_backend
         )
+        launch = None if pair is None else pair.layers.get(layer_id)
+        if launch is None:
+            launch = self._layer_launch(
+                pair, device_pool, host_indices, device_indices, layer_id, "h2d", io_backend
+            )
+        self.device_module.launch(launch.fn, label=launch.label, kind="copy", meta=launch.meta)
 
     # ------------------------------------------------------------------ storage pages
     def _check_page_start(self, index: int | torch.Tensor) -> int:

@@ -146,6 +146,9 @@ class HybridLinearKVPool(KVCache):
     def component_buffer(self, component: str, layer_id: int) -> torch.Tensor:
         raise _no_local_layers("component_buffer")
 
+    def component_buffers(self, component: str) -> tuple[torch.Tensor, ...]:
+        raise _no_local_layers("component_buffers")
+
     def layer_buffers(self, layer_id: int) -> list[torch.Tensor]:
         raise _no_local_layers("layer_buffers")
 

@@ -35,8 +35,10 @@ Four ways to execute the same semantics, chosen per launch by ``copy_path``:
   Measured on an H200 (32,768 tokens x 61 layers, random pages, ``benchmarks/transfer.py``):
   page 64 (64-74 KB copies) reaches 98% of a pinned copy per direction with no SM used (a
   matmul beside it slows by ~1-2%), and 66-101% of both pinned directions with load and backup
-  at once; the caller's CPU is 13-28 us per layer and 0.1-0.5 ms per all-layer backup through
-  the issuing thread (0.3-1.1 ms and 15-64 ms when the runtime's ~0.46 us per copy is paid on
+  at once; the caller's CPU was 13-28 us per layer (2026-12-04, ~5-10 us of it the pool API's
+  Python, which ``layer_launch`` cuts to ~0.4-2 us on the 2-core dev machine: RESULTS.md
+  2026-12-06, the runner not measured again) and 0.1-0.5 ms per all-layer backup through the
+  issuing thread (0.3-1.1 ms and 15-64 ms when the runtime's ~0.46 us per copy is paid on
   the caller's thread, ``HICACHE_COPY_ISSUE=inline``); page 16 (16-18
   KB copies) falls to 7% for H2D (the copy engine reads small host copies slowly) and 34-69%
   for D2H.
@@ -50,9 +52,13 @@ pool the copy engine's ``batch`` where the layout and the copy size suit it and 
 it, else ``triton`` where Triton is installed and the host pool pinned, else ``runs``
 (``copy_choice``, with the measurements behind the order).
 
-``batch`` and ``triton`` keep their plans in ``PLAN_CACHE`` (keyed by the index tensors'
-identity and in-place version), so the per-layer loads of one batch validate and plan once; a
-CUDA index tensor is copied to the CPU once per plan, for the checks and the pointer arithmetic
+``prepare_transfer`` does every check and all the planning of one transfer and returns a
+``PreparedTransfer``, whose ``closure(layer_ids)`` and ``meta(layer_ids)`` are a launch of those
+layers with nothing checked again; ``launch_transfer`` prepares and launches in one call. The
+host pool keeps the prepared transfer of each index pair its per-layer loads and backups use
+(``layer_launch``), so a batch's later layers are a lookup. ``batch`` and ``triton`` also keep
+their plans in ``PLAN_CACHE`` (keyed by the index tensors' identity and in-place version); a CUDA
+index tensor is copied to the CPU once per plan, for the checks and the pointer arithmetic
 (``transfer_checks``: one host sync each). With CPU index tensors nothing on the
 ``batch`` issue path synchronizes the host. Like ``runs`` (and unlike ``gather``), ``batch``
 reads the index values at launch; ``triton`` reads its device-side indices when the kernel runs
@@ -63,6 +69,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -78,7 +85,7 @@ from hicache_ref.pools.copy_choice import (
     compute_page_copy_bytes,
 )
 from hicache_ref.pools.device_pool import KVCache
-from hicache_ref.pools.fast_transfer import PLAN_CACHE, launch_fast_transfer
+from hicache_ref.pools.fast_transfer import PLAN_CACHE, prepare_fast_transfer
 from hicache_ref.pools.host_layout import (
     PAGE_LOCAL_LAYOUTS,
     HostLayout,
@@ -100,6 +107,7 @@ __all__ = [
     "PLAN_CACHE",
     "CopyPath",
     "Direction",
+    "PreparedTransfer",
     "check_copy_path",
     "check_copy_path_for_layout",
     "check_page_first_direct_chunks",
@@ -107,6 +115,7 @@ __all__ = [
     "copy_paths_for_layout",
     "launch_transfer",
     "plan_runs",
+    "prepare_transfer",
     "resolve_copy_path",
 ]
 
@@ -301,6 +310,132 @@ def _all_on_cpu(
     return True
 
 
+@dataclass(frozen=True)
+class PreparedTransfer:
+    """One transfer checked and planned (``prepare_transfer``): ``closure(layer_ids)`` is the
+    stream work of those layers and ``meta(layer_ids)`` what observers are told of it; neither
+    checks anything again, so reuse one only while its index tensors are unchanged."""
+
+    direction: Direction
+    io_backend: IoBackend
+    components: tuple[str, ...]
+    host: torch.Tensor
+    """The validated host indices (CPU int64)."""
+    device: torch.Tensor
+    """The validated device indices (CPU int64)."""
+    closure: Callable[[Sequence[int]], Callable[[], None]]
+
+    def meta(self, layer_ids: tuple[int, ...]) -> dict[str, object]:
+        """The launch's ``meta`` (``DeviceModule.launch``) for ``layer_ids``."""
+        return {
+            "direction": self.direction,
+            "layer_ids": layer_ids,
+            "host_indices": self.host,
+            "device_indices": self.device,
+            "io_backend": self.io_backend,
+            "components": self.components,
+        }
+
+
+def prepare_transfer(
+    *,
+    device_pool: KVCache,
+    host_buffers: dict[str, torch.Tensor],
+    layout: HostLayout,
+    page_size: int,
+    host_size: int,
+    direction: Direction,
+    io_backend: IoBackend,
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    copy_path: CopyPath,
+    host_pinned: bool | None = None,
+    triton: TritonLaunch = TRITON_LAUNCH_DEFAULT,
+) -> PreparedTransfer:
+    """Check and plan one transfer for any of the pools' layers (the bytes move when a launch of
+    its ``closure`` runs).
+
+    ``auto`` is resolved first (``resolve_copy_path``; ``host_pinned`` spares asking the
+    buffers); ``triton`` is the kernel path's launch shape."""
+    all_cpu = _all_on_cpu(device_pool, host_buffers, host_indices, device_indices)
+    requested = copy_path
+    copy_path = resolve_copy_path(
+        copy_path,
+        device_pool=device_pool,
+        host_buffers=host_buffers,
+        layout=layout,
+        page_size=page_size,
+        all_cpu=all_cpu,
+        host_pinned=host_pinned,
+    )
+    components = device_pool.component_names()
+    if copy_path == "batch" or copy_path == "triton":
+        check_copy_path_for_layout(copy_path, layout)
+        per_component = None
+        if requested == "auto" and copy_path == "triton":
+            per_component = auto_triton_programs(layout)
+        fast = prepare_fast_transfer(
+            device_pool=device_pool,
+            host_buffers=host_buffers,
+            layout=layout,
+            page_size=page_size,
+            host_size=host_size,
+            direction=direction,
+            io_backend=io_backend,
+            host_indices=host_indices,
+            device_indices=device_indices,
+            copy_path=copy_path,
+            programs_per_component=per_component,
+            triton=triton,
+        )
+        return PreparedTransfer(
+            direction, io_backend, components, fast.plan.host, fast.plan.device, fast.closure
+        )
+    host, device = check_transfer_indices(
+        host_indices,
+        device_indices,
+        direction=direction,
+        host_size=host_size,
+        device_rows=device_pool.size + device_pool.page_size,
+    )
+    if is_whole_page_transfer(io_backend, layout):
+        check_page_first_direct_chunks(host, device, page_size)
+    if copy_path == "gather" and not all_cpu:
+        raise HiCacheInputError(
+            "copy_path='gather' needs host buffers, device buffers and indices on the CPU; "
+            "use 'runs' (or 'auto') with a GPU"
+        )
+    if copy_path == "runs":
+        runs = plan_runs(host, device, direction=direction, layout=layout, page_size=page_size)
+
+        def runs_closure(layer_ids: Sequence[int]) -> Callable[[], None]:
+            return _runs_closure(
+                direction=direction,
+                layout=layout,
+                page_size=page_size,
+                host_buffers=host_buffers,
+                device_pool=device_pool,
+                layer_ids=layer_ids,
+                runs=runs,
+            )
+
+        return PreparedTransfer(direction, io_backend, components, host, device, runs_closure)
+
+    def gather_closure(layer_ids: Sequence[int]) -> Callable[[], None]:
+        return _gather_closure(
+            direction=direction,
+            layout=layout,
+            page_size=page_size,
+            host_buffers=host_buffers,
+            device_pool=device_pool,
+            layer_ids=layer_ids,
+            host_indices=host_indices,
+            device_indices=device_indices,
+        )
+
+    return PreparedTransfer(direction, io_backend, components, host, device, gather_closure)
+
+
 def launch_transfer(
     *,
     device_module: DeviceModule,
@@ -319,86 +454,23 @@ def launch_transfer(
     host_pinned: bool | None = None,
     triton: TritonLaunch = TRITON_LAUNCH_DEFAULT,
 ) -> None:
-    """Check, plan and launch one transfer on the current stream (the bytes move when it runs).
-
-    ``auto`` is resolved first (``resolve_copy_path``; ``host_pinned`` spares asking the
-    buffers); ``triton`` is the kernel path's launch shape."""
-    all_cpu = _all_on_cpu(device_pool, host_buffers, host_indices, device_indices)
-    requested = copy_path
-    copy_path = resolve_copy_path(
-        copy_path,
+    """Check, plan and launch one transfer of ``layer_ids`` on the current stream
+    (``prepare_transfer``, then one launch)."""
+    prepared = prepare_transfer(
         device_pool=device_pool,
         host_buffers=host_buffers,
         layout=layout,
         page_size=page_size,
-        all_cpu=all_cpu,
-        host_pinned=host_pinned,
-    )
-    if copy_path == "batch" or copy_path == "triton":
-        check_copy_path_for_layout(copy_path, layout)
-        per_component = None
-        if requested == "auto" and copy_path == "triton":
-            per_component = auto_triton_programs(layout)
-        launch_fast_transfer(
-            device_module=device_module,
-            device_pool=device_pool,
-            host_buffers=host_buffers,
-            layout=layout,
-            page_size=page_size,
-            host_size=host_size,
-            direction=direction,
-            io_backend=io_backend,
-            layer_ids=layer_ids,
-            host_indices=host_indices,
-            device_indices=device_indices,
-            copy_path=copy_path,
-            label=label,
-            programs_per_component=per_component,
-            triton=triton,
-        )
-        return
-    host, device = check_transfer_indices(
-        host_indices,
-        device_indices,
-        direction=direction,
         host_size=host_size,
-        device_rows=device_pool.size + device_pool.page_size,
+        direction=direction,
+        io_backend=io_backend,
+        host_indices=host_indices,
+        device_indices=device_indices,
+        copy_path=copy_path,
+        host_pinned=host_pinned,
+        triton=triton,
     )
-    if is_whole_page_transfer(io_backend, layout):
-        check_page_first_direct_chunks(host, device, page_size)
-    if copy_path == "gather" and not all_cpu:
-        raise HiCacheInputError(
-            "copy_path='gather' needs host buffers, device buffers and indices on the CPU; "
-            "use 'runs' (or 'auto') with a GPU"
-        )
-    if copy_path == "runs":
-        runs = plan_runs(host, device, direction=direction, layout=layout, page_size=page_size)
-        fn = _runs_closure(
-            direction=direction,
-            layout=layout,
-            page_size=page_size,
-            host_buffers=host_buffers,
-            device_pool=device_pool,
-            layer_ids=layer_ids,
-            runs=runs,
-        )
-    else:
-        fn = _gather_closure(
-            direction=direction,
-            layout=layout,
-            page_size=page_size,
-            host_buffers=host_buffers,
-            device_pool=device_pool,
-            layer_ids=layer_ids,
-            host_indices=host_indices,
-            device_indices=device_indices,
-        )
-    meta: dict[str, object] = {
-        "direction": direction,
-        "layer_ids": tuple(layer_ids),
-        "host_indices": host,
-        "device_indices": device,
-        "io_backend": io_backend,
-        "components": device_pool.component_names(),
-    }
-    device_module.launch(fn, label=label, kind="copy", meta=meta)
+    layers = tuple(layer_ids)
+    device_module.launch(
+        prepared.closure(layers), label=label, kind="copy", meta=prepared.meta(layers)
+    )

@@ -9,6 +9,7 @@ the CPU for these checks (``_host_values``), one host sync each.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Literal
 
 import torch
@@ -32,7 +33,10 @@ Direction = Literal["d2h", "h2d"]
 
 def check_transfer_layer(device_pool: Any, layer_id: int) -> int:
     """The device pool's local ``layer_id`` of one per-layer transfer, or
-    ``LayerOutsidePoolError`` (INV-06): a copy of a layer the pool does not have lands nowhere."""
+    ``LayerOutsidePoolError`` (INV-06): a copy of a layer the pool does not have lands nowhere.
+    An integer type other than ``int`` (``numpy.int64``, a 0-d tensor) comes back as ``int``, a
+    float is refused (``TypeError``): launches are kept per ``int`` layer (``layer_launch``)."""
+    layer_id = operator.index(layer_id)
     try:
         layer: int = device_pool.check_layer_id(layer_id)
     except LayerRangeError as exc:
