@@ -30,9 +30,11 @@ from hicache_ref.errors import HiCacheInputError
 from hicache_ref.storage.pages import get_page_head
 from hicache_ref.storage.pool_transfers import (
     ALL_PAGES,
+    TRAILING_PAGES,
     PoolTransferResult,
     component_key,
     pool_name,
+    restorable_prefixes,
 )
 from hicache_ref.storage.protocols import StorageHostPool
 
@@ -257,26 +259,40 @@ class HiCacheStorage(ABC):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> PoolTransferResult:
         """The usable prefix of ``keys``: the KV pages' leading run, cut where a sidecar's
-        page is missing (``all_pages``: a sidecar must hold every page of the KV hit, INV-37)."""
+        page is missing (``all_pages``: a sidecar must hold every page of the KV hit, INV-37),
+        and kept only at prefix lengths whose trailing window a ``trailing_pages`` pool holds
+        (SWA: its pages are asked one by one, so a hole shows; INV-39). As ``HiCacheFile``:
+        the restorable prefix lengths, and each pool's longest."""
         kv_pages = max(0, min(int(self.batch_exists(keys, extra_info)), len(keys)))
         hits: dict[str, int] = {}
-        usable = kv_pages
+        restorable = list(range(1, kv_pages + 1))
         for transfer in pool_transfers or ():
             name = pool_name(getattr(transfer, "name", ""))
             policy = pool_name(getattr(transfer, "hit_policy", ALL_PAGES))
-            if policy != ALL_PAGES:
+            if policy not in (ALL_PAGES, TRAILING_PAGES):
                 raise HiCacheInputError(
-                    f"pool {name!r} asks hit policy {policy!r}; this backend stores sidecars "
-                    f"under {ALL_PAGES!r} only (every page of the KV hit)"
+                    f"pool {name!r} asks hit policy {policy!r}; this backend stores side pools "
+                    f"under {ALL_PAGES!r} or {TRAILING_PAGES!r}"
                 )
-            run = 0
-            if kv_pages:
-                sidecar_keys = [component_key(k, name) for k in keys[:kv_pages]]
-                answer = self._sidecar_call(name, self.batch_exists, sidecar_keys, extra_info)
-                run = max(0, min(int(answer), kv_pages))
-            hits[name] = run
-            usable = min(usable, run)
-        return PoolTransferResult(usable, hits, list(range(1, usable + 1)))
+            if policy == ALL_PAGES:
+                run = 0
+                if kv_pages:
+                    sidecar_keys = [component_key(k, name) for k in keys[:kv_pages]]
+                    answer = self._sidecar_call(name, self.batch_exists, sidecar_keys, extra_info)
+                    run = max(0, min(int(answer), kv_pages))
+                pool_restorable = list(range(1, run + 1))
+            else:
+                present = [
+                    int(self._sidecar_call(name, self.batch_exists, [component_key(k, name)]))
+                    == 1
+                    for k in keys[:kv_pages]
+                ]
+                trailing = max(1, len(getattr(transfer, "keys", None) or ()))
+                pool_restorable = restorable_prefixes(present, trailing)
+            hits[name] = max(pool_restorable, default=0)
+            restorable = [p for p in restorable if p in pool_restorable]
+        usable = restorable[-1] if restorable else 0
+        return PoolTransferResult(usable, hits, restorable)
 
     def batch_get_v2(
         self, transfers: Sequence[object], extra_info: HiCacheStorageExtraInfo | None = None

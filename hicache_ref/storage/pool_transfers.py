@@ -9,8 +9,9 @@ usable only when its KV page and every sidecar page of it were stored and read b
 all-or-nothing rule (INV-37). In the order a page meets them:
 
 - ``PoolTransfer``: one pool's part of a call: its name, host slots and page keys, and how a
-  hit query judges it (``hit_policy``; ``all_pages`` here: every page of the KV hit must hold
-  the pool's page too);
+  hit query judges it (``hit_policy``: ``all_pages``, every page of the KV hit must hold the
+  pool's page too; ``trailing_pages``, only the window of the last ``len(keys)`` pages);
+- ``restorable_prefixes``: the prefix lengths whose trailing window a pool holds;
 - ``component_key``: the key a sidecar page is stored under;
 - ``PoolTransferResult``: what ``batch_exists_v2`` answers: the usable KV prefix (the minimum
   over the KV pool and every sidecar) and each pool's own leading run;
@@ -33,8 +34,15 @@ KV_POOL = "kv"
 """The anchor pool's name: its pages are stored under the bare content key."""
 DRAFT_POOL = "draft"
 """A draft model's KV pool (SGLang's ``PoolName.DRAFT``), the sidecar this project stores."""
+SWA_POOL = "swa"
+"""An independent sliding-window pool (SGLang's ``PoolName.SWA``): its own host slots, its
+pages named by the trailing window of a hit."""
 ALL_PAGES = "all_pages"
-"""The one hit policy stored here: every page of the KV hit needs the pool's page too."""
+"""Every page of the KV hit needs the pool's page too (a KV-derived sidecar)."""
+TRAILING_PAGES = "trailing_pages"
+"""Only the last ``len(transfer.keys)`` pages of a prefix need the pool's page (SWA, Mamba):
+a prefix is restorable where its trailing window is stored, so the restorable prefixes may
+have holes (``PoolTransferResult.restorable_prefix_pages``)."""
 
 
 def pool_name(name: object) -> str:
@@ -66,6 +74,17 @@ class PoolTransferResult:
     kv_hit_pages: int
     extra_pool_hit_pages: dict[str, int] = field(default_factory=dict)
     restorable_prefix_pages: list[int] | None = None
+
+
+def restorable_prefixes(present: Sequence[bool], trailing: int) -> list[int]:
+    """Prefix lengths ``p`` (1 .. len(present)) whose last ``trailing`` pages are all present
+    (``HiCacheFile.batch_exists_v2``'s ``trailing_pages`` rule)."""
+    assert trailing >= 1
+    return [
+        p
+        for p in range(1, len(present) + 1)
+        if all(present[i] for i in range(max(0, p - trailing), p))
+    ]
 
 
 def count_pool_hits(results: Mapping[str, Sequence[bool]]) -> dict[str, int]:

@@ -22,6 +22,7 @@ from hicache_ref.storage.pool_transfers import (
     PoolTransfer,
     component_key,
     count_pool_hits,
+    restorable_prefixes,
 )
 
 PAGE = 4
@@ -119,9 +120,25 @@ def test_v2_calls_name_the_fix_for_a_pool_a_policy_or_slots_they_cannot_take() -
     with pytest.raises(HiCacheInputError, match="one page of slots per key"):
         backend.batch_set_v2([PoolTransfer(DRAFT_POOL, slots, ["k", "l"])])
     backend.batch_set(["k"], [torch.zeros(8)])
-    trailing = PoolTransfer(DRAFT_POOL, keys=["k"], hit_policy="trailing_pages")
-    with pytest.raises(HiCacheInputError, match="all_pages"):
-        backend.batch_exists_v2(["k"], [trailing])
+    groups = PoolTransfer(DRAFT_POOL, keys=["k"], hit_policy="block_groups")
+    with pytest.raises(HiCacheInputError, match="trailing_pages"):
+        backend.batch_exists_v2(["k"], [groups])
+
+
+def test_a_trailing_pool_makes_only_prefixes_whose_window_is_stored_restorable() -> None:
+    # KV pages a b c d stored; the SWA pages of b and d only -> a window of 1 page restores
+    # the prefixes ending at b or d, a window of 2 none (HiCacheFile's trailing_pages rule)
+    backend = MemoryStorage()
+    page = torch.zeros(8)
+    backend.batch_set(["a", "b", "c", "d"], [page] * 4)
+    backend.batch_set(["b.swa", "d.swa"], [page] * 2)
+    one = PoolTransfer("swa", keys=["__placeholder__"], hit_policy="trailing_pages")
+    result = backend.batch_exists_v2(["a", "b", "c", "d"], [one])
+    assert (result.kv_hit_pages, result.restorable_prefix_pages) == (4, [2, 4])
+    assert result.extra_pool_hit_pages == {"swa": 4}
+    two = PoolTransfer("swa", keys=["__placeholder__"] * 2, hit_policy="trailing_pages")
+    assert backend.batch_exists_v2(["a", "b", "c", "d"], [two]).kv_hit_pages == 0
+    assert restorable_prefixes([False, True, True], 2) == [3]
 
 
 def test_a_sidecar_read_counts_its_leading_run_only() -> None:
