@@ -305,12 +305,17 @@ def check_inv_29_hit_endpoint(evidence: Evidence) -> None:
         hit = next(iter(hits))
         full = len(ranked) == snapshot.world_size and None not in local
         expected = min(x for x in local if x is not None) if full else None
+        windows = [rec.local_restorable for _, rec in ranked]
+        if full and all(w is not None for w in windows):  # an SWA window: sets with holes
+            common = set.intersection(*(set(w or ()) for w in windows))
+            expected = max(common, default=0) * page
         # Verify one published hit, whole pages, the MIN of every rank's run (sglang#39147)
         if len(hits) > 1 or hit % page or (expected is not None and hit != expected):
             raise InvariantViolation(
                 "INV-29",
                 f"prefetch {request!r}: published hits {published} for rank runs {local} "
-                f"(one hit, whole pages, the MIN over ranks of each rank's leading run)",
+                f"(one hit, whole pages, the MIN over ranks of each rank's leading run; with a "
+                f"trailing window, the longest prefix restorable on every rank: {windows})",
             )
         cuts = {rec.cut_tokens for _, rec in ranked}
         for rank, rec in ranked:

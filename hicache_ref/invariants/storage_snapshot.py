@@ -92,6 +92,32 @@ class PrefetchRecord:
     released: tuple[tuple[int, int, str], ...] = ()  # [start, end) and how it went back
     events: tuple[BouncePageEvent, ...] = ()
     verdicts: tuple[VerdictRecord, ...] = ()
+    local_restorable: tuple[int, ...] | None = None
+    """An SWA world: the prefix lengths (pages) whose trailing window this rank's backend found
+    with their KV pages (``trailing_pages``; may have holes); None elsewhere (INV-29)."""
+
+
+@dataclass(frozen=True)
+class SideWindowRecord:
+    """An SWA world's prefetch result as the tree judged it on one rank (INV-39): the hit the
+    tree served, the window of the hit's trailing pages, what the controller said it read of
+    it, and what the harness found at the window's slots, all from the harness's own records
+    (its fill, its staging, the controller's queues, the backend's calls and faults)."""
+
+    rank: int
+    request_id: str
+    epoch: int
+    hit_pages: int  # the hit served (after a host-pressure cut)
+    completed_pages: int  # KV pages the published progress counts
+    staged_pages: int  # window pages the tree staged at the hit (before a cut)
+    window_pages: int  # the trailing window of the served hit: min(staged window, hit_pages)
+    released_pages: int  # staged pages the controller gave back (its SWA release queue)
+    published_pages: int | None  # the SWA hit the controller published (None: none)
+    landed: tuple[bool, ...]  # per kept window page, in order: the bytes filled for its prefix
+    stored: bool  # L3 holds this rank's SWA page of every window page (the harness's model)
+    read_faulted: bool  # a fault hit a read of a window page on this rank
+    accepted: bool  # the tree kept the result (all-or-nothing verdict)
+    terminated: bool = False  # the tree terminated the prefetch before judging it
 
 
 @dataclass(frozen=True)
@@ -274,3 +300,4 @@ class StorageSnapshot:
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
     pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
     pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it
+    side_windows: tuple[SideWindowRecord, ...] = ()  # an SWA world's judged results (INV-39)

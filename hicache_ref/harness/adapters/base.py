@@ -93,6 +93,13 @@ STORAGE_SIDECAR_CAPABILITY = "storage:sidecar"
 of a ``HostPoolGroup`` (``pool_group="sidecar"``). Not in ``CAPABILITIES``: an outside
 implementation declares it once its storage stores a draft pool."""
 
+STORAGE_SWA_CAPABILITY = "storage:swa"
+"""A storage world may carry an independent SWA side pool (``pool_group="swa"`` with
+``storage_swa_window``): its L3 pages are stored under ``<key>.swa`` by ``batch_set_v2`` and found
+and read back as the trailing window of the hit (``PoolHitPolicy.TRAILING_PAGES``:
+``_sync_trailing_keys``, ``_page_transfer_sidecar``; INV-39). Upstream 0.5.19+ only (its
+``HybridCacheController``): not in ``CAPABILITIES``."""
+
 STORAGE_PP_CAPABILITY = "storage:pp"
 """The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.23's hybrid
 controller in ``buffer_only`` mode, whose PP rank 0 submits prefetch tickets that a PP command
@@ -415,7 +422,9 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("pool:hybrid")
     if config.uses_storage:
         needed.add("storage")
-        if config.has_draft:  # the draft pool's pages go to L3 beside the KV's (v2 calls)
+        if config.has_side_pools:  # the side pool's window goes to L3 (v2 calls, trailing)
+            needed.add(STORAGE_SWA_CAPABILITY)
+        elif config.has_draft:  # the draft pool's pages go to L3 beside the KV's (v2 calls)
             needed.add(STORAGE_SIDECAR_CAPABILITY)
         if config.storage_host_pressure:  # the tree cuts a hit to the room it has
             needed.add(HOST_PRESSURE_CAPABILITY)

@@ -41,6 +41,7 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
+    STORAGE_SWA_CAPABILITY,
     BuildRequest,
     ControllerLike,
     RankLike,
@@ -184,7 +185,12 @@ def check_hooks(obj: object, origin: str) -> None:
     legal = (
         CAPABILITIES
         | GROUP_CAPABILITIES
-        | {STORAGE_SIDECAR_CAPABILITY, HOST_PRESSURE_CAPABILITY, STORAGE_PP_CAPABILITY}
+        | {
+            STORAGE_SIDECAR_CAPABILITY,
+            HOST_PRESSURE_CAPABILITY,
+            STORAGE_PP_CAPABILITY,
+            STORAGE_SWA_CAPABILITY,
+        }
     )
     unknown = sorted(str(c) for c in capabilities if c not in legal)
     # Verify every declared capability is one the harness knows

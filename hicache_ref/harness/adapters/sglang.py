@@ -54,6 +54,7 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
+    STORAGE_SWA_CAPABILITY,
     BuildRequest,
 )
 from hicache_ref.harness.adapters.contract import ImplementationBase
@@ -291,6 +292,8 @@ class SglangImplementation(ImplementationBase):
                     self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
                     if self._has_pp_tickets():  # 0.5.21+: PP prefetch tickets
                         self.capabilities = self.capabilities | {STORAGE_PP_CAPABILITY}
+                    if self._reads_side_windows():  # 0.5.19+: an SWA window in L3
+                        self.capabilities = self.capabilities | {STORAGE_SWA_CAPABILITY}
 
     def _storage_driven(self) -> bool:
         """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``) and
@@ -333,6 +336,18 @@ class SglangImplementation(ImplementationBase):
         cls = getattr(hybrid, "HybridCacheController", None)
         return callable(getattr(cls, PP_TICKET_FUNC, None))
 
+    def _reads_side_windows(self) -> bool:
+        """The hybrid controller reads an independent side pool's L3 pages after the KV's
+        (``_page_transfer_sidecar`` with ``_sync_trailing_keys``: 0.5.19+)."""
+        from hicache_ref.device.sim import SimDevice
+
+        hybrid = self.loader.hybrid_module_for(SimDevice())
+        cls = getattr(hybrid, "HybridCacheController", None)
+        return all(
+            callable(getattr(cls, name, None))
+            for name in ("_page_transfer_sidecar", "_sync_trailing_keys")
+        )
+
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice
 
@@ -350,8 +365,10 @@ class SglangImplementation(ImplementationBase):
             self._producer_slots = _producer_slots(self.loader.module_for(SimDevice()))
         update: dict[str, object] = {"num_counters": self._producer_slots}
         stores_draft = STORAGE_SIDECAR_CAPABILITY in self.capabilities
-        stored_group = (config.pool_group == "sidecar" and stores_draft) or (
-            config.storage_pp and STORAGE_PP_CAPABILITY in self.capabilities
+        stored_group = (
+            (config.pool_group == "sidecar" and stores_draft)
+            or (config.storage_pp and STORAGE_PP_CAPABILITY in self.capabilities)
+            or (config.storage_swa_window > 0 and STORAGE_SWA_CAPABILITY in self.capabilities)
         )
         stored_pair = (
             config.pool_group == "none" and stores_draft and "draft" in self.shape.features
@@ -363,6 +380,7 @@ class SglangImplementation(ImplementationBase):
             and (config.pool_group != "none" or config.has_draft)
         ):
             update["storage_ranks"] = 0  # the plain controller, or a DRAFT sidecar group
+            update["storage_swa_window"] = 0
         return config.model_copy(update=update)
 
     def build_controller(self, request: BuildRequest) -> Any:

@@ -52,6 +52,7 @@ from hicache_ref.harness.adapters.sglang_gate import (
     StepGate,
 )
 from hicache_ref.harness.adapters.sglang_hashes import page_keys_function
+from hicache_ref.harness.driver.storage_side import staging_pages
 from hicache_ref.harness.adapters.sglang_world import (
     TpHandle,
     attaching,
@@ -342,8 +343,10 @@ def storage_controller_class(
             schedule_points: bool = False,
             page_points: bool = False,
             pp: bool = False,
+            swa_window: int = 0,
             **kwargs: Any,
         ) -> None:
+            self._harness_swa_window = swa_window  # pages; 0: no SWA side pool in L3
             self._harness_gate = StepGate(
                 lambda: bool(self.storage_stop_event.is_set()),
                 points=schedule_points,
@@ -430,6 +433,11 @@ def storage_controller_class(
             if takes_handle:  # 0.5.20+'s hybrid controller: a CacheRequestHandle's fields
                 request = types.SimpleNamespace(rid=request_id, attempt_id=0)
             extra = {"extra_pools": _sidecar_transfers()} if self._harness_sidecar() else {}
+            window = self._harness_swa_window
+            last_hash = rest[0] if rest else None
+            staging = staging_pages(len(tokens) // self.page_size, window, last_hash is None)
+            if staging:  # the SWA window, sized now, allocated by the tree at the hit
+                extra = {"extra_pools": [_swa_prefetch_transfer(staging)]}
             operation = super().prefetch(request, *head, list(tokens), *rest, **extra)
             self.storage.live[operation.id] = operation
             return operation
@@ -440,6 +448,7 @@ def storage_controller_class(
             token_ids: Sequence[Any],
             hash_value: Sequence[str] | None = None,
             prefix_keys: Sequence[str] | None = None,
+            side_host: torch.Tensor | None = None,
         ) -> int:
             if (
                 hash_value is None
@@ -448,6 +457,9 @@ def storage_controller_class(
                 hash_value = page_keys(list(token_ids), prior, self.page_size)
             keys = None if prefix_keys is None else list(prefix_keys)
             extra = {"extra_pools": _sidecar_transfers()} if self._harness_sidecar() else {}
+            if side_host is not None:  # the node's SWA host pages beside its KV's
+                pages = int(side_host.numel()) // self.page_size
+                extra = {"extra_pools": [_swa_backup_transfer(side_host, list(hash_value), pages)]}
             op_id: int = super().write_storage(
                 host_indices, list(token_ids), list(hash_value), keys, **extra
             )
@@ -491,3 +503,33 @@ def _sidecar_transfers() -> list[Any]:
 
     names = sys.modules["sglang.srt.mem_cache.hicache_storage"]
     return [names.PoolTransfer(name=names.PoolName.DRAFT, indices_from_pool=names.PoolName.KV)]
+
+
+def _pool_names() -> Any:
+    import sys
+
+    return sys.modules["sglang.srt.mem_cache.hicache_storage"]
+
+
+def _swa_prefetch_transfer(staging_pages: int) -> Any:
+    """The hybrid radix cache's SWA transfer of a prefetch (``CacheTransferPhase.PREFETCH``):
+    placeholder keys, one per staged page, which ``_sync_trailing_keys`` turns into the hit's
+    trailing keys; no host slots yet (the tree allocates them at the hit)."""
+    names = _pool_names()
+    return names.PoolTransfer(
+        name=names.PoolName.SWA,
+        keys=["__placeholder__"] * staging_pages,
+        hit_policy=names.PoolHitPolicy.TRAILING_PAGES,
+    )
+
+
+def _swa_backup_transfer(side_host: torch.Tensor, hash_value: list[str], pages: int) -> Any:
+    """The hybrid radix cache's SWA transfer of a backup (``BACKUP_STORAGE``): the node's SWA
+    host pages with the node's last ``pages`` page keys, ``TRAILING_PAGES``."""
+    names = _pool_names()
+    return names.PoolTransfer(
+        name=names.PoolName.SWA,
+        host_indices=side_host,
+        keys=hash_value[len(hash_value) - pages :],
+        hit_policy=names.PoolHitPolicy.TRAILING_PAGES,
+    )

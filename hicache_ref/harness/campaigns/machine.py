@@ -36,6 +36,7 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     LOCK_POINTS_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
+    STORAGE_SWA_CAPABILITY,
     Implementation,
     supports,
 )
@@ -216,8 +217,9 @@ def _side_pool_fields(
     layers, its own device pages and host pages, often scarce (drawn after every other field,
     so no other world's draws move). Upstream's come from the anchor-only worlds of its
     ``HostPoolGroup``; an implementation that holds side pools without a group (the reference)
-    takes them from the worlds without CP, draft pool or storage. A side-pool world has no
-    storage tier (not driven yet)."""
+    takes them from the worlds without CP, draft pool or storage. A side-pool world keeps its
+    storage tier where the implementation stores the side pool's window (``storage:swa``,
+    upstream 0.5.19+): its window is drawn last; elsewhere it has none."""
     if "pool_group:swa" not in capabilities:
         return {}
     if "pool_group" in capabilities:
@@ -226,13 +228,17 @@ def _side_pool_fields(
         eligible = not (fields["cp_size"] or fields["draft_layer_num"] or "storage_ranks" in fields)
     if not eligible or not draw(_BOOLS):
         return {}
-    return {
+    side = {
         "pool_group": SIDE_POOL_GROUPS[0],
         "draft_layer_num": draw(integers_once(1, 3)),
         "side_device_pages": draw(integers_once(2, 24)),
         "draft_host_pages": draw(integers_once(1, 24)),
         "storage_ranks": 0,
     }
+    if fields.get("storage_ranks") and STORAGE_SWA_CAPABILITY in capabilities:
+        side["storage_ranks"] = fields["storage_ranks"]
+        side["storage_swa_window"] = draw(integers_once(1, 3))
+    return side
 
 
 def _storage_sidecar_fields(

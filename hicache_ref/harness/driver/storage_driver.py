@@ -41,6 +41,7 @@ from hicache_ref.harness.driver.node_model import Node, pages_covered
 from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
+from hicache_ref.harness.driver.storage_side import side_release_count, staging_pages
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.driver.storage_tree_0510 import (
     HitPollTreeRank,
@@ -85,6 +86,10 @@ class StorageDriver:
         self.next_rid = 0
         self.known_ops: dict[int, tuple[object, int]] = {}
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
+        self.side_sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
+        self.side_held: list[set[int]] = [set() for _ in range(self.n)]
+        """Per rank, the SWA side pool's slots the storage half holds (backup sources, prefetch
+        windows), from its own allocations and the frees it heard: rank 0's are INV-05's."""
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
@@ -121,6 +126,7 @@ class StorageDriver:
             policy=self.config.storage_policy,
             timeout_steps=TIMEOUT_STEPS,
             host_pressure=self.config.storage_host_pressure,
+            side_host_pool=rank.side_host_pool,
         )
 
     @property
@@ -176,6 +182,36 @@ class StorageDriver:
             for prefix, digest in fill_chain(draft, uid, chain, slots, layers, draft=True):
                 self.log.expected_sidecar[(rank, prefix)] = digest
 
+    def _fill_side(self, rank: int, chain: Chain, slots: torch.Tensor) -> None:
+        """An SWA world: the side pool's rows of the chain at its own slots (INV-39)."""
+        side = self.l3.ranks[rank].side_host_pool
+        assert side is not None
+        uid = self.book.content_uid(rank, chain)
+        layers = self.config.draft_layer_num
+        for prefix, digest in fill_chain(side, uid, chain, slots, layers, draft=True):
+            self.log.expected_swa[(rank, prefix)] = digest
+
+    def _alloc_side(self, tokens: int) -> list[torch.Tensor] | None:
+        """An SWA world: every rank's side slots for a chain's window, or None (none kept)."""
+        pools = [r.side_host_pool for r in self.l3.ranks]
+        if any(pool is None for pool in pools):
+            return []
+        got = [pool.alloc(tokens) for pool in pools if pool is not None]
+        if any(slots is None for slots in got):
+            for pool, slots in zip(pools, got, strict=True):
+                if pool is not None and slots is not None:
+                    pool.free(slots)
+            return None
+        return [slots for slots in got if slots is not None]
+
+    def note_side(self, rank: int, slots: torch.Tensor, held: bool) -> None:
+        """Side slots the storage half took (``held``) or gave back."""
+        values = {int(s) for s in slots.tolist()}
+        if held:
+            self.side_held[rank] |= values
+        else:
+            self.side_held[rank] -= values
+
     # -- write_storage -------------------------------------------------------------------------
     def write_storage(self, pick: int, new: bool) -> Outcome:
         candidates = self.backup_candidates()
@@ -188,7 +224,8 @@ class StorageDriver:
             return refused("no chain left to back up")
         tokens = chain.pages * self.page
         slots = [r.host_pool.alloc(tokens) for r in self.l3.ranks]
-        if any(s is None for s in slots):
+        side = None if any(s is None for s in slots) else self._alloc_side(tokens)
+        if any(s is None for s in slots) or side is None:
             for storage_rank, got in zip(self.l3.ranks, slots, strict=True):
                 if got is not None:
                     storage_rank.host_pool.free(got)
@@ -197,10 +234,21 @@ class StorageDriver:
         for rank, (tree_rank, s) in enumerate(zip(self.storage_tree.ranks, slots, strict=True)):
             assert s is not None
             self._fill(rank, chain, s)
+            side_host = side[rank] if side else None
+            if side_host is not None:
+                self._fill_side(rank, chain, side_host)
             op_id = tree_rank.write_backup_storage(
-                ("chain", chain.uid), s, list(chain.tokens(self.page)), None, prefix_keys
+                ("chain", chain.uid),
+                s,
+                list(chain.tokens(self.page)),
+                None,
+                prefix_keys,
+                side_host=side_host,
             )
             self.sources[rank][op_id] = s
+            if side_host is not None:
+                self.side_sources[rank][op_id] = side_host
+                self.note_side(rank, side_host, held=True)
             skipped = self.mla and rank != 0
             self.log.backups[rank][op_id] = BackupLog(
                 op_id, self.epoch, chain.uid, chain.pages, skipped
@@ -224,9 +272,10 @@ class StorageDriver:
         tokens = chain.pages * self.page
         if self.up_front and not self._up_front_room(tokens):
             return refused("host full")  # 0.5.10 allocates the whole prefetch up front
+        window = staging_pages(chain.pages, self.config.storage_swa_window, parent is None)
         for rank, tree_rank in enumerate(self.storage_tree.ranks):
             self.log.prefetches[rank][rid] = PrefetchLog(
-                rid, self.epoch, chain.pages * self.page, anchor, chain.uid
+                rid, self.epoch, chain.pages * self.page, anchor, chain.uid, swa_trailing=window
             )
             operation = tree_rank.prefetch_from_storage(
                 rid, ("chain", chain.uid), list(chain.tokens(self.page)), last_hash, prefix_keys
@@ -319,6 +368,7 @@ class StorageDriver:
         released = min(r.cc.host_mem_release_queue.qsize() for r in ranks)
         for r in ranks:
             r.drain_releases(released)
+        released += self.storage_tree.drain_side_releases()  # an SWA window's tail
         return done(f"drained {count} backup ack(s), {released} release(s)")
 
     def inject_fault(self, kind: str, rank: int, pages: int) -> Outcome:
@@ -416,6 +466,8 @@ class StorageDriver:
             raise InvariantViolation("INV-20", f"at rest, {stuck}")
 
     def control_empty(self) -> bool:
+        if any(side_release_count(r.controller) for r in self.l3.ranks):
+            return False
         return all(
             not any(
                 getattr(r.controller, q, None) is not None and getattr(r.controller, q).qsize()
@@ -437,6 +489,8 @@ class StorageDriver:
             self.points.forget_bodies(self.l3.ranks)
         self.storage_tree.reset()  # the 0.5.10 tree half's ranks too (they are its ranks)
         self.sources = [{} for _ in range(self.n)]
+        self.side_sources = [{} for _ in range(self.n)]
+        self.side_held = [set() for _ in range(self.n)]  # the side pools are cleared too
         for chain in self.chains.values():
             if chain.state == "writing":
                 chain.state = "none"
@@ -458,6 +512,8 @@ class StorageDriver:
             chain = self.chains[log.chain_uid] if log is not None else None
             if rank != 0 or chain is None or chain.uid in self.tree.nodes:
                 return int(host.numel())  # cached already (or a peer): every page goes back
+            if self.config.storage_swa_window:
+                return int(host.numel())  # an SWA world keeps no prefetched node (storage_side)
             node = Node(
                 handle=chain.uid,
                 node_id=self.tree.next_node_id,
@@ -499,6 +555,19 @@ class StorageDriver:
                     frozenset(),
                     (pages,),
                     (frozenset(),),
+                    "none",
+                )
+            )
+        if self.side_held[0]:  # the SWA side pool's slots (backup sources, windows)
+            k = len(held)
+            side = frozenset(s // self.page for s in self.side_held[0])
+            held.append(
+                NodeHoldings(
+                    PSEUDO_HANDLE - k,
+                    PSEUDO_HANDLE - k,
+                    frozenset(),
+                    (frozenset(),),
+                    (side,),
                     "none",
                 )
             )

@@ -18,6 +18,14 @@ from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.harness.driver.byte_checks import BOUNCE_DRAFT_ROW_VALUE
 from hicache_ref.harness.driver.storage_chains import Chain, scribble_draft_rows
 from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
+from hicache_ref.harness.driver.storage_side_events import (
+    free_side_source,
+    on_side_free,
+    on_side_staging,
+    on_side_verdict,
+    swa_restorable,
+)
+from hicache_ref.harness.driver.storage_tree import StorageTree
 from hicache_ref.harness.driver.storage_windows import (
     note_termination,
     observe_reads,
@@ -25,6 +33,7 @@ from hicache_ref.harness.driver.storage_windows import (
 )
 from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
 from hicache_ref.harness.world.storage_world import StorageWorld
+from hicache_ref.storage.pool_transfers import SWA_POOL
 from hicache_ref.invariants.storage_snapshot import (
     BouncePageEvent,
     KeyUse,
@@ -49,6 +58,7 @@ class DriverView(Protocol):
     log: StorageLog
     known_ops: dict[int, tuple[object, int]]
     sources: list[dict[int, torch.Tensor]]
+    side_sources: list[dict[int, torch.Tensor]]
     steps_run: int
 
     @property
@@ -57,7 +67,10 @@ class DriverView(Protocol):
     def polled(self) -> object | None: ...
     @property
     def chains(self) -> dict[int, Chain]: ...
+    @property
+    def storage_tree(self) -> StorageTree: ...
     def polled_kind(self, kind: StorageStepKind) -> bool: ...
+    def note_side(self, rank: int, slots: torch.Tensor, held: bool) -> None: ...
     def check(self) -> None: ...
 
 
@@ -256,6 +269,12 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
                 driver.check()  # before the pool frees them: an IO may still write (INV-23)
     elif kind == "backup_ack":
         _on_backup_ack(driver, rank, data["operation"])
+    elif kind == "side_staging":
+        on_side_staging(driver, rank, log, data["slots"])
+    elif kind == "side_free":
+        on_side_free(driver, rank, data["slots"], str(data["how"]))
+    elif kind == "side_verdict" and log is not None:
+        on_side_verdict(driver, rank, log, op, bool(data["accepted"]))
 
 
 def _scribble_bounce(driver: DriverView, rank: int, host: torch.Tensor) -> None:
@@ -347,6 +366,7 @@ def _on_backup_ack(driver: DriverView, rank: int, op: Any) -> None:
     source = driver.sources[rank].pop(int(op.id), None)
     if source is not None:
         driver.l3.ranks[rank].host_pool.free(source)
+    free_side_source(driver, rank, int(op.id))
     page = driver.page
     keys = list(op.hash_value)[: backup.acked_tokens // page]
     if not backup.skipped:
@@ -389,7 +409,11 @@ def observe_calls(
             if not stopped:
                 run += call.answer
                 stopped = call.answer < len(call.keys)
-        run = _sidecar_run(calls, list(chain_keys_of(calls)), run)
+        keys = list(chain_keys_of(calls))
+        run = _sidecar_run(calls, keys, run)
+        if log.swa_trailing:  # an SWA window: restorable where its trailing pages are stored
+            log.local_restorable = swa_restorable(calls, keys[:run], log.swa_trailing)
+            run = max(log.local_restorable, default=0)
         # a query the backend failed (raised) is a miss for the whole prefetch, as the tier has it
         failed = any(c.raised for c in calls if c.kind in ("exists", "sidecar_exists"))
         log.local_hit_tokens = 0 if failed else run * page
@@ -413,7 +437,7 @@ def _sidecar_run(calls: list[BackendCall], keys: list[str], run: int) -> int:
     """The KV run ``run`` cut at the first page a sidecar's exists did not find (a sidecar
     must hold every page of the hit: the usable run is the fewest, INV-37)."""
     found: dict[str, set[str]] = {}
-    for call in (c for c in calls if c.kind == "sidecar_exists"):
+    for call in (c for c in calls if c.kind == "sidecar_exists" and c.pool != SWA_POOL):
         hit = found.setdefault(call.pool, set())
         hit.update(k.rsplit(".", 1)[0] for k in call.keys[: max(0, call.answer)])
     for present in found.values():

@@ -24,6 +24,7 @@ from hicache_ref.invariants.storage_snapshot import (
     Prefix,
     ProgressAck,
     ReadHole,
+    SideWindowRecord,
     StaleAct,
     StaleGrant,
     StorageSnapshot,
@@ -73,6 +74,10 @@ class PrefetchLog:
     verdicts: list[VerdictRecord] = field(default_factory=list)
     owned_slots: dict[int, int] = field(default_factory=dict)  # bounce slot -> token index
     operation: object = None  # the prefetch the tree started (to read its progress)
+    local_restorable: tuple[int, ...] | None = None  # an SWA world's restorable prefixes
+    swa_trailing: int = 0  # the SWA window pages the prefetch named (0: none)
+    swa_released: set[int] = field(default_factory=set)  # staged slots the controller released
+    swa_staged: list[int] = field(default_factory=list)  # window slots the tree staged
 
     @property
     def published_tokens(self) -> int:
@@ -108,6 +113,7 @@ class PrefetchLog:
             released=tuple(self.released),
             events=tuple(self.events),
             verdicts=tuple(self.verdicts),
+            local_restorable=self.local_restorable,
         )
 
 
@@ -148,6 +154,8 @@ class StorageLog:
     clears: list[ClearRecord] = field(default_factory=list)
     expected: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # (rank, prefix)
     expected_sidecar: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # draft page
+    expected_swa: dict[tuple[int, Prefix], str] = field(default_factory=dict)  # SWA page
+    side_windows: list[SideWindowRecord] = field(default_factory=list)  # INV-39
     written: set[tuple[int, str]] = field(default_factory=set)
     believed: set[tuple[int, str]] = field(default_factory=set)
     lost: set[tuple[int, str]] = field(default_factory=set)
@@ -185,6 +193,7 @@ class StorageLog:
         self.collective_base = list(collective_base)
         self.acked_reads, self.late_reads, self.holes = [], [], []
         self.terminated_step, self.in_flight, self.read_started = {}, set(), set()
+        self.side_windows = []
 
     def use_key(self, use: KeyUse) -> None:
         if len(self.key_uses) >= LOG_RECORDS_MAX:
@@ -212,6 +221,7 @@ class StorageLog:
         self.expected_sidecar = {
             k: v for k, v in self.expected_sidecar.items() if k[0] not in ranks
         }
+        self.expected_swa = {k: v for k, v in self.expected_swa.items() if k[0] not in ranks}
         self.believed = {k for k in self.believed if k[0] not in ranks}
         self.reads = [r for r in self.reads if r.rank not in ranks]  # checked when they were made
 
@@ -274,4 +284,5 @@ class StorageLog:
             windows=WindowEvidence(
                 tuple(self.acked_reads), tuple(self.late_reads), tuple(self.holes), stale_grants
             ),
+            side_windows=tuple(self.side_windows),
         )

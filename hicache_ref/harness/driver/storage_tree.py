@@ -33,6 +33,15 @@ from typing import Any, Protocol
 import torch
 
 from hicache_ref.errors import HiCacheInputError
+from hicache_ref.harness.driver.storage_side import (
+    alloc_staging,
+    drain_side_releases,
+    is_whole,
+    note_pool_hits,
+    release_staging,
+    side_release_count,
+    side_transfers,
+)
 from hicache_ref.storage.hashing import Token
 from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation, StorageOperation
 from hicache_ref.storage.protocols import StorageHostPool
@@ -112,6 +121,10 @@ class StorageTreeRank:
     policy: str = "best_effort"
     timeout_steps: int = TIMEOUT_STEPS_DEFAULT
     host_pressure: bool = False  # serve a hit that does not fit with a shorter bounce buffer
+    side_host_pool: StorageHostPool | None = None  # an SWA side pool's slots (its window)
+    side_done: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per prefetch (``id``) whose side windows were read while it was current: the pool hits
+    (``pool_transfers_done``; ``storage_side.py``)."""
     ongoing_prefetch: dict[str, OngoingPrefetch] = field(default_factory=dict)
     ongoing_backup: dict[int, object] = field(default_factory=dict)
     host_locks: dict[object, int] = field(default_factory=dict)
@@ -220,6 +233,9 @@ class StorageTreeRank:
             current = self.is_current(operation)
             if ack.completed_tokens is not None and current:
                 operation.completed_tokens = ack.completed_tokens
+            pool_hits = getattr(ack, "pool_hits", None)
+            if pool_hits is not None and current and self.side_host_pool is not None:
+                note_pool_hits(self, operation, pool_hits)
             self.on_event("ack", {"ack": ack, "current": current})
             if ack.completed_req:
                 if current:
@@ -234,6 +250,9 @@ class StorageTreeRank:
         done = operation.completed_tokens
         self.on_event("release", {"operation": operation, "start": done, "how": "tail"})
         self.cc.append_host_mem_release(host_indices[done:])
+        if self.side_host_pool is not None:  # a window the IO never read goes back now
+            if self.side_done.pop(id(operation), None) is None:
+                release_staging(self, side_transfers(operation))
 
     def _handle_prefetch_result(self, operation: PrefetchOperation) -> None:
         """Insert ``[0:completed]``; free what the tree already had; retire the prefetch."""
@@ -241,11 +260,26 @@ class StorageTreeRank:
         host_indices = self.ongoing_prefetch[rid].host_indices
         assert host_indices is not None
         completed = operation.completed_tokens
+        if self.side_host_pool is not None and not self._keeps_side_result(operation):
+            if completed:  # discarded whole: its KV pages go back (all-or-nothing)
+                self.host_pool.free(host_indices[:completed])
+            self.on_event("insert", {"operation": operation, "matched": completed, "end": completed})
+            self._retire(rid, "discarded")
+            return
         matched = self.on_insert(rid, operation, host_indices[:completed]) if completed else 0
         if matched:
             self.host_pool.free(host_indices[:matched])
         self.on_event("insert", {"operation": operation, "matched": matched, "end": completed})
         self._retire(rid, "done")
+
+    def _keeps_side_result(self, operation: PrefetchOperation) -> bool:
+        """An SWA world's verdict on a result (``storage_side.is_whole``); a window read in
+        full is judged (INV-39) and then goes back, as the tree keeps no node of it."""
+        whole = is_whole(self, operation)
+        self.on_event("side_verdict", {"operation": operation, "accepted": whole})
+        if id(operation) in self.side_done:  # the IO is done with the window
+            release_staging(self, side_transfers(operation))
+        return whole
 
     def _retire(self, rid: str, outcome: str) -> None:
         info = self.ongoing_prefetch.pop(rid)
@@ -294,8 +328,14 @@ class StorageTreeRank:
         tokens: Sequence[Token],
         hash_value: Sequence[str] | None = None,
         prefix_keys: Sequence[str] | None = None,
+        side_host: torch.Tensor | None = None,
     ) -> int:
-        op_id = self.cc.write_storage(host_indices, tokens, hash_value, prefix_keys)
+        """``side_host``: the chain's SWA host pages, named beside its KV's (an SWA world)."""
+        if side_host is not None:
+            write: Callable[..., int] = getattr(self.cc, "write_storage")  # noqa: B009
+            op_id = write(host_indices, tokens, hash_value, prefix_keys, side_host=side_host)
+        else:
+            op_id = self.cc.write_storage(host_indices, tokens, hash_value, prefix_keys)
         self.ongoing_backup[op_id] = node
         self.protect_host(node)
         self.on_event("backup", {"op_id": op_id, "node": node, "host_indices": host_indices})
@@ -309,6 +349,9 @@ class StorageTreeRank:
                 self.release_host(node)
             self.on_event("backup_ack", {"operation": operation, "node": node})
 
+    def drain_side_releases(self, count: int) -> None:
+        drain_side_releases(self, count)
+
     def drain_releases(self, count: int) -> list[int]:
         pages = [self.cc.host_mem_release_queue.get_nowait() for _ in range(count)]
         if not pages:
@@ -320,6 +363,7 @@ class StorageTreeRank:
 
     def reset(self) -> None:
         """Forget every prefetch and backup (the host pool is cleared next)."""
+        self.side_done.clear()
         self.ongoing_prefetch.clear()
         self.ongoing_backup.clear()
         self.host_locks.clear()
@@ -354,6 +398,7 @@ class StorageTree:
                 for rank, op in current:
                     rank.revoke(op)
                 continue
+            hits = [int(op.storage_hit_count) for _, op in current]  # before a cut
             pressure = all(rank.host_pressure for rank, _ in current)
             if pressure and all(_has_storage_hit_alloc(rank.cc) for rank, _ in current):
                 hosts = self._allocate_storage_hits(current)
@@ -361,7 +406,7 @@ class StorageTree:
                 hosts = [rank.alloc_bounce(op) for rank, op in current]
                 if pressure and any(host is None for host in hosts):
                     hosts = self._cut_to_room(current, hosts)
-            if any(host is None for host in hosts):
+            if any(host is None for host in hosts) or not self._staged(current, hits):
                 for (rank, op), host in zip(current, hosts, strict=True):
                     if host is not None:
                         rank.host_pool.free(host)
@@ -370,6 +415,20 @@ class StorageTree:
             for (rank, op), host in zip(current, hosts, strict=True):
                 assert host is not None
                 rank.start_transfer(op, host)
+
+    @staticmethod
+    def _staged(current: list[tuple[StorageTreeRank, PrefetchOperation]], hits: list[int]) -> bool:
+        """An SWA world: every rank's window staged at its hit before any cut (all ranks or
+        none: a rank that alone revoked would join no sync collective, INV-20)."""
+        if not any(rank.side_host_pool is not None for rank, _ in current):
+            return True
+        staged = [alloc_staging(rank, op, hit) for (rank, op), hit in zip(current, hits, strict=True)]
+        if all(staged):
+            return True
+        for (rank, op), ok in zip(current, staged, strict=True):
+            if ok:
+                release_staging(rank, side_transfers(op))
+        return False
 
     @staticmethod
     def _cut_to_room(
@@ -440,7 +499,14 @@ class StorageTree:
                 else:
                     rank.drain_releases(count)
             taken += count
-        return taken
+        return taken + self.drain_side_releases()
+
+    def drain_side_releases(self) -> int:
+        """The SWA pool's release queue, by its MIN length over the ranks."""
+        count = min(side_release_count(rank.cc) for rank in self.ranks)
+        for rank in self.ranks:
+            rank.drain_side_releases(count)
+        return count
 
     def reset(self) -> None:
         for rank in self.ranks:

@@ -125,6 +125,12 @@ class HarnessConfig(BaseModel):
     in ``buffer_only`` host memory: PP rank 0 submits prefetch tickets, its PP command thread
     broadcasts them over the PP command group, and every rank queries and allocates in ticket
     order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38)."""
+    storage_swa_window: int = 0
+    """In a storage world with an independent side pool (``pool_group="swa"``, capability
+    ``storage:swa``): the SWA window in pages (1 .. 3, a chain's most). A backup stores the
+    side pool's page of every page of the chain beside its KV page; a prefetch names the trailing
+    window (``PoolHitPolicy.TRAILING_PAGES``), as upstream's hybrid radix cache does
+    (``harness/driver/storage_side.py``). 0 elsewhere. Drawn last, so older traces replay alike."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -178,13 +184,28 @@ class HarnessConfig(BaseModel):
                 "(storage_ranks=2, pool_group='anchor')"
             )
         if self.storage_ranks and (
-            self.uses_cp or (self.has_draft and self.pool_group not in STORAGE_DRAFT_GROUPS)
+            self.uses_cp
+            or (
+                self.has_draft
+                and self.pool_group not in STORAGE_DRAFT_GROUPS
+                and not self.has_side_pools
+            )
         ):
             raise ValueError(
                 "a storage world has no CP (CP HiCache refuses a storage attach), and a draft "
                 "pool only as a KV-derived sidecar (pool_group 'none' for a draft pair, or "
-                "'sidecar'), whose pages ride into L3 with the KV's"
+                "'sidecar'), whose pages ride into L3 with the KV's, or as an independent SWA "
+                "side pool (pool_group 'swa' with storage_swa_window)"
             )
+        swa_storage = self.storage_ranks >= 1 and self.has_side_pools
+        if swa_storage != (self.storage_swa_window > 0) or self.storage_swa_window > 3:
+            raise ValueError(
+                f"storage_swa_window={self.storage_swa_window} is the SWA window (1 .. 3 pages) "
+                "of a storage world with an independent side pool (pool_group='swa', "
+                "storage_ranks >= 1), and 0 in every other world"
+            )
+        if swa_storage and self.storage_pp:
+            raise ValueError("storage_pp worlds are KV-only (pool_group='anchor'), not 'swa'")
         return self
 
     @property
@@ -220,6 +241,7 @@ class HarnessConfig(BaseModel):
             faults += "+locks" if self.storage_lock_points else ""
             faults += "+pressure" if self.storage_host_pressure else ""
             faults += "+pp" if self.storage_pp else ""
+            faults += f"+swa{self.storage_swa_window}" if self.storage_swa_window else ""
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

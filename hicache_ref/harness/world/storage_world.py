@@ -35,6 +35,7 @@ from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, Impl
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.content import HARNESS_DTYPE
 from hicache_ref.harness.world.recording_storage import RecordingStorage
+from hicache_ref.harness.world.side_pools import build_side_allocator
 from hicache_ref.harness.world.world import World, make_device_pool, physical_size_tokens
 from hicache_ref.pools.host_pool import HostKVCache, make_host_pool
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
@@ -84,6 +85,7 @@ class StorageRank:
     recording: RecordingStorage | None = None
     faults: FaultInjectingStorage | None = None
     draft_host_pool: HostKVCache | None = None  # a sidecar world's draft pool (KV's slots)
+    side_host_pool: HostKVCache | None = None  # an SWA world's side pool (slots of its own)
 
 
 def _peer_rank(
@@ -102,8 +104,16 @@ def _peer_rank(
     host_pool = make_host_pool(
         device_pool, layout=config.layout, size_tokens=config.host_pages * page
     )
-    draft_device_pool = draft_host_pool = None
-    if config.has_draft:  # a sidecar world: the peer's draft pages go to L3 beside its KV
+    draft_device_pool = draft_host_pool = side_allocator = None
+    if config.has_side_pools:  # an SWA world: the side pool's own rows, slots and allocator
+        draft_device_pool = make_device_pool(
+            config, config.draft_layer_num, config.side_device_pages * page, device
+        )
+        side_allocator = build_side_allocator(config, draft_device_pool, device)
+        draft_host_pool = make_host_pool(
+            draft_device_pool, layout=config.layout, size_tokens=config.draft_host_pages * page
+        )
+    elif config.has_draft:  # a sidecar world: the peer's draft pages go to L3 beside its KV
         draft_device_pool = make_device_pool(
             config, config.draft_layer_num, physical_size_tokens(config), device
         )
@@ -120,6 +130,7 @@ def _peer_rank(
         draft_device_pool=draft_device_pool,
         draft_host_pool=draft_host_pool,
         storage_collectives=group.view(rank),
+        side_allocator=side_allocator,
     )
     return implementation.build_controller(request), host_pool, draft_host_pool
 
@@ -147,7 +158,17 @@ class StorageWorld:
             else:
                 controller, host_pool, draft = _peer_rank(config, implementation, rank, group)
             name = f"harness-l3-{tag}-r{rank}"
-            self.ranks.append(StorageRank(rank, controller, host_pool, name, draft_host_pool=draft))
+            side = draft if config.has_side_pools else None  # its own slots, not the KV's
+            self.ranks.append(
+                StorageRank(
+                    rank,
+                    controller,
+                    host_pool,
+                    name,
+                    draft_host_pool=None if side is not None else draft,
+                    side_host_pool=side,
+                )
+            )
         weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self.threads = LockstepThreads()  # the lockstep steps' rank threads, ended with the world
         self._closer = weakref.finalize(
@@ -220,6 +241,8 @@ class StorageWorld:
         for rank in self.ranks[1:]:
             rank.controller.reset()
             rank.host_pool.clear()
+            if rank.side_host_pool is not None:
+                rank.side_host_pool.clear()
 
 
 def _file_backend_tree(implementation: Implementation) -> Path | None:

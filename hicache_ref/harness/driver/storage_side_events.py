@@ -1,0 +1,136 @@
+"""What the storage driver writes down of an SWA side pool's L3 window (INV-39 evidence).
+
+The tree half (``storage_side.py``) stages a prefetch's window, hears the controller's pool
+hits and judges the result all-or-nothing; these handlers turn its events and the backend's
+calls into the harness's own records, in the order a prefetch meets them:
+
+- ``swa_restorable``: the hit query's per-page SWA ``exists`` answers -> the prefix lengths
+  whose trailing window this rank's backend holds (INV-29 judges the agreed hit by them);
+- ``on_side_staging``: the window slots the tree staged, scribbled (a page never read in shows
+  the scribble, not a stale copy of the same content);
+- ``on_side_free``: side slots given back (the tree's, or the controller's release queue: a
+  staged slot released there was given back by the controller, ``_sync_trailing_keys``);
+- ``on_side_verdict``: the result judged: the served hit, its trailing window, the pages the
+  controller kept and gave back, what each kept page holds against the harness's fill of the
+  prefix it stands for (``StorageDriver._fill_side``), whether L3 holds the window and
+  whether a fault hit a read of it, and the tree's verdict (``SideWindowRecord``);
+- ``free_side_source``: a backup's SWA source pages back at its ack.
+
+Nothing here reads the controller's transfers: slots come from the tree's own allocations and
+the controller's release queue, bytes from the harness's pools, presence from the backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hicache_ref.harness.driver.byte_checks import BOUNCE_DRAFT_ROW_VALUE
+from hicache_ref.harness.driver.storage_chains import scribble_draft_rows
+from hicache_ref.harness.driver.storage_side import side_release_queue
+from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
+from hicache_ref.invariants.storage_snapshot import SideWindowRecord
+from hicache_ref.storage.pool_transfers import SWA_POOL, component_key, restorable_prefixes
+
+if TYPE_CHECKING:
+    from hicache_ref.harness.driver.storage_events import DriverView
+    from hicache_ref.harness.driver.storage_log import PrefetchLog
+
+READ_FAULTS = ("get_fail", "short_read", "raise")
+
+
+def swa_restorable(calls: list[BackendCall], keys: list[str], trailing: int) -> tuple[int, ...]:
+    """The prefix lengths of ``keys`` (the KV run) whose last ``trailing`` pages the backend
+    said it holds in the SWA pool."""
+    present: set[str] = set()
+    for call in (c for c in calls if c.kind == "sidecar_exists" and c.pool == SWA_POOL):
+        present.update(k.rsplit(".", 1)[0] for k in call.keys[: max(0, call.answer)])
+    return tuple(restorable_prefixes([key in present for key in keys], trailing))
+
+
+def on_side_staging(
+    driver: DriverView, rank: int, log: PrefetchLog | None, slots: torch.Tensor
+) -> None:
+    driver.note_side(rank, slots, True)
+    side = driver.l3.ranks[rank].side_host_pool
+    if side is not None and slots.numel():
+        scribble_draft_rows(side, slots, BOUNCE_DRAFT_ROW_VALUE)
+    if log is not None:
+        log.swa_staged.extend(int(s) for s in slots.tolist())
+
+
+def on_side_free(driver: DriverView, rank: int, slots: torch.Tensor, how: str) -> None:
+    driver.note_side(rank, slots, False)
+    if how != "released":
+        return
+    freed = {int(s) for s in slots.tolist()}
+    for log in driver.log.prefetches[rank].values():
+        log.swa_released |= freed & set(log.swa_staged)
+
+
+def free_side_source(driver: DriverView, rank: int, op_id: int) -> None:
+    side = driver.side_sources[rank].pop(op_id, None)
+    pool = driver.l3.ranks[rank].side_host_pool
+    if side is not None and pool is not None:
+        driver.note_side(rank, side, False)
+        pool.free(side)
+
+
+def _queued_releases(driver: DriverView, rank: int) -> set[int]:
+    """Side slots on the controller's SWA release queue now (given back, not yet drained)."""
+    queue = side_release_queue(driver.l3.ranks[rank].controller)
+    items = [] if queue is None else [t for t in list(queue.queue) if t is not None]
+    return {int(s) for t in items for s in t.tolist()}
+
+
+def on_side_verdict(
+    driver: DriverView, rank: int, log: PrefetchLog, op: Any, accepted: bool
+) -> None:
+    page = driver.page
+    served = log.cut_tokens if log.cut_tokens is not None else log.published_hit_tokens
+    hit_pages = (served or 0) // page
+    staged = log.swa_staged
+    released = log.swa_released | (set(staged) & _queued_releases(driver, rank))
+    heads = [staged[i * page] for i in range(len(staged) // page)]
+    kept = [head for head in heads if head not in released]
+    window = min(len(heads), hit_pages)
+    tokens = driver.chains[log.chain_uid].tokens(page)
+    prefixes = [
+        log.anchor_prefix + tokens[: (j + 1) * page] for j in range(hit_pages - window, hit_pages)
+    ]
+    pool = driver.l3.ranks[rank].side_host_pool
+    assert pool is not None
+    landed = tuple(
+        j < window
+        and driver.log.expected_swa.get((rank, prefixes[j]))
+        == page_digest(pool.get_data_page(head, True))
+        for j, head in enumerate(kept)
+    )
+    keys = [driver.log.keyed.get((rank, prefix)) for prefix in prefixes]
+    faults = driver.l3.ranks[rank].faults
+    swa_keys = {component_key(k, SWA_POOL) for k in keys if k is not None}
+    stored = faults is not None and None not in keys and all(faults.inner.exists(k) for k in swa_keys)
+    faulted = faults is not None and any(
+        f.kind in READ_FAULTS and f.key in swa_keys for f in faults.faults
+    )
+    hits = driver.storage_tree.ranks[rank].side_done.get(id(op))
+    driver.log.side_windows.append(
+        SideWindowRecord(
+            rank=rank,
+            request_id=log.request_id,
+            epoch=log.epoch,
+            hit_pages=hit_pages,
+            completed_pages=log.published_tokens // page,
+            staged_pages=len(heads),
+            window_pages=window,
+            released_pages=len(heads) - len(kept),
+            published_pages=None if hits is None else hits.get(SWA_POOL),
+            landed=landed,
+            stored=stored,
+            read_faulted=faulted,
+            accepted=accepted,
+            terminated=log.terminated_at is not None,
+        )
+    )
+    driver.check()  # judged now: the window's slots go back next
