@@ -53,10 +53,11 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "HybridCacheController (0.5.19+) with its storage threads: write_storage and prefetch "
     "with the DRAFT sidecar riding on the KV slots (batch_set_v2 / batch_exists_v2 / "
     "batch_get_v2, _page_transfer_kv_batch's min)",
-    "independent-pool storage": "storage worlds draw the KV-derived DRAFT sidecar only: an "
-    "independent side pool's L3 pages (_page_transfer_sidecar's non-KV-derived read, "
-    "_sync_trailing_keys, TRAILING_PAGES hits, allocate_storage_hit's per-pool bounce) need "
-    "the SWA side pool in storage worlds and a tree half that allocates its window (issue 27)",
+    "independent-pool storage": "an independent side pool's L3 window (_page_transfer_sidecar's "
+    "non-KV-derived read, _sync_trailing_keys, TRAILING_PAGES hits and their restorable "
+    "prefixes) is drawn in SWA storage worlds only where the gate loads the tree's "
+    "HybridCacheController with its storage threads (capability storage:swa, 0.5.19+; "
+    "harness/driver/storage_side.py, INV-39)",
     "buffer mode": "buffer_only mode is the unified radix cache's BufferModePipeline "
     "(mem_cache/buffer_mode/: staging, existence beliefs, storage writes at the D2H ack), a "
     "tree half of its own (staging, beliefs, the D2H-ack write) the harness does not model: "
@@ -116,6 +117,7 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         "draft storage copies": {"storage:sidecar", "draft"} <= set(capabilities),
         # the matrix runs the PP gate on such a tree (matrix.gate_release)
         "pp prefetch": "storage:pp" in capabilities,
+        "independent-pool storage": {"storage:swa", "pool_group:swa"} <= set(capabilities),
     }
     return [
         (name, NOT_DRIVEN_REASONS[name])
@@ -138,6 +140,7 @@ def drove(report: CampaignReport) -> list[str]:
         ("storage", "none", "storage"),
         ("storage sidecar", ("none", "no storage"), "storage sidecar"),
         ("storage pressure", ("none", "no storage"), "host pressure"),
+        ("storage swa", ("none", "no storage"), "storage swa"),
         ("forward", "default", "fences"),
     ):
         counts: Mapping[str, int] = report.features.get(feature, {})

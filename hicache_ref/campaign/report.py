@@ -47,6 +47,7 @@ FEATURES = (
     "storage",
     "storage sidecar",
     "storage pressure",
+    "storage swa",
 )
 
 
@@ -95,7 +96,14 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
             else "none"
         ),
         "storage sidecar": (
-            ("draft" if config.has_draft else "none") if config.uses_storage else "no storage"
+            ("draft" if config.has_draft and not config.has_side_pools else "none")
+            if config.uses_storage
+            else "no storage"
+        ),
+        "storage swa": (
+            ("swa" if config.storage_swa_window else "none")
+            if config.uses_storage
+            else "no storage"
         ),
         "storage pressure": (
             ("pressure" if config.storage_host_pressure else "none")
@@ -289,6 +297,18 @@ class CampaignReport:
             "fallback, allocate_storage_hit(allow_partial=True))",
         }
 
+    def swa_shares(self) -> dict[str, Any]:
+        """Storage worlds that carried an independent SWA side pool's window into L3 (its
+        trailing pages: ``TRAILING_PAGES``, ``_sync_trailing_keys``, ``_page_transfer_sidecar``):
+        their cases and their share of the storage worlds (0 cases when none was drawn)."""
+        counts = self.features.get("storage swa", Counter())
+        storage = counts.get("swa", 0) + counts.get("none", 0)
+        return {
+            "cases": counts.get("swa", 0),
+            "share_of_storage": round(counts.get("swa", 0) / storage, 4) if storage else 0.0,
+            "drives": "an SWA side pool's trailing window stored, found and read after the KV's",
+        }
+
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
         return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
@@ -328,6 +348,7 @@ class CampaignReport:
                 "pool group": self.world_shares(),
                 "storage sidecar": self.sidecar_shares(),
                 "storage pressure": self.pressure_shares(),
+                "storage swa": self.swa_shares(),
             },
             "distinct_configs": len(self.configs),
             "configs": {

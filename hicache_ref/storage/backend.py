@@ -283,8 +283,7 @@ class HiCacheStorage(ABC):
                 pool_restorable = list(range(1, run + 1))
             else:
                 present = [
-                    int(self._sidecar_call(name, self.batch_exists, [component_key(k, name)]))
-                    == 1
+                    int(self._sidecar_call(name, self.batch_exists, [component_key(k, name)])) == 1
                     for k in keys[:kv_pages]
                 ]
                 trailing = max(1, len(getattr(transfer, "keys", None) or ()))

@@ -606,6 +606,55 @@ caught once the gate draws hits cut to the host room (``storage_host_pressure``)
 storage worlds (the plain controller has no ``allocate_storage_hit``)."""
 
 
+# -- 0.5.23's L3 window of an independent SWA side pool (issue 27): caught in SWA storage worlds ---
+class TrailingKeysOfTheQueriedHit(PlantedBug):
+    NAME = "trailing_keys_of_the_queried_hit"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool storage"
+    DESCRIPTION = (
+        "_page_transfer_sidecar re-aligns the SWA window's keys to the hit the query found, not "
+        "to the hit served after a host-pressure cut, so the window holds the SWA pages of "
+        "pages that were never read"
+    )
+    OLD = (
+        "            sidecar_hashes = operation.sidecar_hash_values or operation.hash_value\n"
+        "            sidecar_hit_pages = (\n"
+        "                operation.sidecar_hit_pages\n"
+        "                if operation.sidecar_hash_values is not None\n"
+        "                else kv_completed_pages\n"
+    )
+    NEW = (
+        "            sidecar_hashes = operation.sidecar_hash_values or operation.all_hash_values\n"
+        "            sidecar_hit_pages = (  # BUG: the query's hit, not the served one\n"
+        "                operation.sidecar_hit_pages\n"
+        "                if operation.sidecar_hash_values is not None\n"
+        "                else operation.pool_storage_result.kv_hit_pages\n"
+    )
+    INVARIANTS = ("INV-39",)
+
+
+class TrailingWindowNotShrunk(PlantedBug):
+    NAME = "trailing_window_not_shrunk"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool storage"
+    DESCRIPTION = (
+        "_sync_trailing_keys re-aligns the keys but keeps the whole staged window when the "
+        "served hit is shorter, so the read's keys and slots disagree and the window is lost"
+    )
+    OLD = "            if transfer.host_indices.numel() > needed:\n"
+    NEW = "            if False and transfer.host_indices.numel() > needed:  # BUG: never shrunk\n"
+    INVARIANTS = ("INV-39",)
+
+
+BUGS_0523_SIDE_STORAGE: tuple[type[PlantedBug], ...] = (
+    TrailingKeysOfTheQueriedHit,
+    TrailingWindowNotShrunk,
+)
+"""Planted in 0.5.23's L3 window of an independent SWA side pool (``_page_transfer_sidecar``,
+``_sync_trailing_keys``): caught once the gate draws SWA storage worlds (``storage:swa``) whose
+hits are cut to the host room (``storage_host_pressure``)."""
+
+
 # -- 0.5.23's storage threads inside one loop body (issue 32): caught under schedule points -------
 class BackupAcksBeforeWrite(PlantedBug):
     NAME = "backup_acks_before_write"

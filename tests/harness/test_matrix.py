@@ -179,6 +179,23 @@ def test_a_hybrid_controller_before_pool_groups_is_named_as_the_mamba_cache_it_s
     )
 
 
+def test_an_independent_pool_window_in_l3_is_driven_only_where_storage_swa_is_granted(
+    tmp_path: Path,
+) -> None:
+    # 0.5.19+'s hybrid controller reads an SWA side pool's L3 window after the KV pages
+    # (_page_transfer_sidecar): driven where the gate draws SWA storage worlds, named elsewhere
+    hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
+    hybrid.mkdir(parents=True)
+    (hybrid.parent / "hicache_storage.py").write_text("")
+    (hybrid / "hybrid_cache_controller.py").write_text(
+        "class HybridCacheController:\n    def _page_transfer_sidecar(self): ...\n"
+    )
+    parts = dict(not_driven(tmp_path, {"storage"}))
+    assert set(parts) == {"independent-pool storage"}
+    assert "storage:swa" in parts["independent-pool storage"]
+    assert not_driven(tmp_path, {"storage", "storage:swa", "pool_group:swa"}) == []
+
+
 def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> None:
     # 0.5.21+'s hybrid controller has a PP ticket thread; the matrix runs the PP gate only on a
     # tree granted storage:pp (0.5.21+ whose hybrid controller loads): elsewhere it is named
@@ -216,6 +233,7 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     # what each release has that no world drove is named with its reason, never left silent
     assert "buffer mode" in rows[2]["not_driven"] and "storage" not in rows[2]["not_driven"]
     assert "side pools" not in rows[2]["not_driven"]  # 0.5.23 draws pool_group="swa"
+    assert "independent-pool storage" not in rows[2]["not_driven"]  # ... in storage worlds too
     # storage on every release: 0.5.19 keys its pages with utils.py's get_hash_str
     assert all("storage" not in row["not_driven"] for row in rows), out
     assert "0.5.23: not driven: buffer mode: " in out

@@ -52,13 +52,13 @@ from hicache_ref.harness.adapters.sglang_gate import (
     StepGate,
 )
 from hicache_ref.harness.adapters.sglang_hashes import page_keys_function
-from hicache_ref.harness.driver.storage_side import staging_pages
 from hicache_ref.harness.adapters.sglang_world import (
     TpHandle,
     attaching,
     harness_torch,
     pp_broadcast_pyobj,
 )
+from hicache_ref.harness.driver.storage_side import staging_pages
 from hicache_ref.harness.schedule.points import ALL_REDUCE, WAIT, Grant, Point
 
 THREAD_FUNCS: dict[StorageStepKind, str] = {

@@ -33,7 +33,6 @@ from hicache_ref.harness.driver.storage_windows import (
 )
 from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
 from hicache_ref.harness.world.storage_world import StorageWorld
-from hicache_ref.storage.pool_transfers import SWA_POOL
 from hicache_ref.invariants.storage_snapshot import (
     BouncePageEvent,
     KeyUse,
@@ -43,6 +42,7 @@ from hicache_ref.invariants.storage_snapshot import (
     StoreWrite,
     VerdictRecord,
 )
+from hicache_ref.storage.pool_transfers import SWA_POOL
 
 
 class DriverView(Protocol):

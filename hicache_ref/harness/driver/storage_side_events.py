@@ -110,7 +110,9 @@ def on_side_verdict(
     keys = [driver.log.keyed.get((rank, prefix)) for prefix in prefixes]
     faults = driver.l3.ranks[rank].faults
     swa_keys = {component_key(k, SWA_POOL) for k in keys if k is not None}
-    stored = faults is not None and None not in keys and all(faults.inner.exists(k) for k in swa_keys)
+    stored = (
+        faults is not None and None not in keys and all(faults.inner.exists(k) for k in swa_keys)
+    )
     faulted = faults is not None and any(
         f.kind in READ_FAULTS and f.key in swa_keys for f in faults.faults
     )

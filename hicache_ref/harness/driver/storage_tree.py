@@ -263,7 +263,9 @@ class StorageTreeRank:
         if self.side_host_pool is not None and not self._keeps_side_result(operation):
             if completed:  # discarded whole: its KV pages go back (all-or-nothing)
                 self.host_pool.free(host_indices[:completed])
-            self.on_event("insert", {"operation": operation, "matched": completed, "end": completed})
+            self.on_event(
+                "insert", {"operation": operation, "matched": completed, "end": completed}
+            )
             self._retire(rid, "discarded")
             return
         matched = self.on_insert(rid, operation, host_indices[:completed]) if completed else 0
@@ -422,7 +424,9 @@ class StorageTree:
         none: a rank that alone revoked would join no sync collective, INV-20)."""
         if not any(rank.side_host_pool is not None for rank, _ in current):
             return True
-        staged = [alloc_staging(rank, op, hit) for (rank, op), hit in zip(current, hits, strict=True)]
+        staged = [
+            alloc_staging(rank, op, hit) for (rank, op), hit in zip(current, hits, strict=True)
+        ]
         if all(staged):
             return True
         for (rank, op), ok in zip(current, staged, strict=True):
