@@ -119,6 +119,7 @@ _COUNTERS = st.sampled_from([2, 5])
 _HYBRID = st.sampled_from([False, False, True])
 _BOOLS = st.booleans()
 _PRESSURE = st.sampled_from([False, False, False, True])
+_SWA_POLICIES = st.sampled_from(["best_effort", "wait_complete", "wait_complete", "timeout"])
 """A quarter of the storage worlds cut a hit to the host room (the storage oracle follows the
 others: it serves hits whole)."""
 
@@ -180,7 +181,10 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         fields["storage_lock_points"] = draw(_BOOLS)
     fields.update(_storage_sidecar_fields(draw, capabilities, fields))
     if fields.get("storage_ranks") and HOST_PRESSURE_CAPABILITY in capabilities:
-        fields["storage_host_pressure"] = draw(_PRESSURE)
+        # an SWA window's storage worlds cut hits to the host room (a quarter elsewhere): the
+        # cut is what _sync_trailing_keys re-aligns the window to
+        pressure = draw(_PRESSURE)
+        fields["storage_host_pressure"] = pressure or bool(fields.get("storage_swa_window"))
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
@@ -238,6 +242,8 @@ def _side_pool_fields(
     if fields.get("storage_ranks") and STORAGE_SWA_CAPABILITY in capabilities:
         side["storage_ranks"] = fields["storage_ranks"]
         side["storage_swa_window"] = draw(integers_once(1, 3))
+        # mostly waiting for the window's read: a best-effort check terminates it before
+        side["storage_policy"] = draw(_SWA_POLICIES)
     return side
 
 

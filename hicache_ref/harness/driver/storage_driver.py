@@ -91,6 +91,9 @@ class StorageDriver:
         """Per rank, the SWA side pool's slots the storage half holds (backup sources, prefetch
         windows), from its own allocations and the frees it heard: rank 0's are INV-05's."""
         self.mla = self.config.pool_kind != "mha"
+        self.crowds: dict[str, list[torch.Tensor | None]] = {}
+        """An SWA window's pressure world: per prefetch, every rank's host pages other requests
+        hold while its query runs (``_crowd``), until its hit is drained."""
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
         self.reused_checks = 0  # checks whose snapshot equalled the last that passed
@@ -284,7 +287,36 @@ class StorageDriver:
                 del self.log.prefetches[rank][rid]
                 return refused("prefetch not started (rate limited)")
             self.known_ops[id(operation)] = (operation, self.epoch)
+        if self.config.storage_swa_window and self.config.storage_host_pressure:
+            self._crowd(rid, leave_pages=1 + (pick // 8) % 2)
         return done(f"prefetch {rid} of chain {chain.uid}")
+
+    # -- other requests' host room (an SWA window's pressure world) ------------------------------
+    def _crowd(self, rid: str, leave_pages: int) -> None:
+        """Other requests take every rank's free host pages but ``leave_pages`` while ``rid``'s
+        query runs (the harness's chains stand for one request each), so its hit often finds
+        less room than it needs and the tree serves it cut (``allocate_storage_hit``), the cut
+        ``_sync_trailing_keys`` re-aligns the staged SWA window to. Chosen by the prefetch's own
+        ``pick``: replayed alike."""
+        held: list[torch.Tensor | None] = []
+        for rank in self.l3.ranks:
+            free = int(rank.host_pool.available_size())
+            take = free - free % self.page - leave_pages * self.page
+            held.append(rank.host_pool.alloc(take) if take > 0 else None)
+        self.crowds[rid] = held
+
+    def _release_crowds(self, every: bool = False) -> None:
+        """The host pages of each crowd whose prefetch's hit every rank drained (or all)."""
+        for rid in list(self.crowds):
+            logs = [logs.get(rid) for logs in self.log.prefetches]
+            drained = all(
+                log is None or log.published_hit_tokens is not None or log.retired for log in logs
+            )
+            if not (every or drained):
+                continue
+            for rank, held in zip(self.l3.ranks, self.crowds.pop(rid), strict=True):
+                if held is not None:
+                    rank.host_pool.free(held)
 
     def _up_front_room(self, tokens: int) -> bool:
         """Whether every rank can allocate the prefetch up front (0.5.10 - 0.5.15), all of it
@@ -353,6 +385,7 @@ class StorageDriver:
         ranks = self.storage_tree.ranks
         taken = min(r.cc.prefetch_hit_queue.qsize() for r in ranks)
         self.storage_tree.drain_hits(taken)  # started or revoked on every rank alike
+        self._release_crowds()
         count = min(r.cc.ack_prefetch_queue.qsize() for r in ranks)
         for r in ranks:
             r.drain_acks(count)  # a final ack queues its tail on host_mem_release_queue
@@ -443,6 +476,14 @@ class StorageDriver:
 
     def settle(self) -> None:
         """Quiescence: finish every prefetch and backup, drain everything, check at rest."""
+        self._release_crowds(every=True)
+        if self.attached and self.config.storage_swa_window:
+            # an SWA world lets what is in flight finish first, so a prefetch's window read and
+            # the tree's verdict on it are judged, not cut short by the end of the case
+            for _ in range(8):
+                self.run_until_idle()
+                self.drain_prefetch()
+                self.drain_backups()
         if self.attached:
             for _ in range(64):
                 for rid in self.ongoing():
@@ -489,6 +530,7 @@ class StorageDriver:
             self.points.forget_bodies(self.l3.ranks)
         self.storage_tree.reset()  # the 0.5.10 tree half's ranks too (they are its ranks)
         self.sources = [{} for _ in range(self.n)]
+        self.crowds = {}  # the host pools are cleared too
         self.side_sources = [{} for _ in range(self.n)]
         self.side_held = [set() for _ in range(self.n)]  # the side pools are cleared too
         for chain in self.chains.values():
@@ -554,6 +596,19 @@ class StorageDriver:
                     PSEUDO_HANDLE - k,
                     frozenset(),
                     (pages,),
+                    (frozenset(),),
+                    "none",
+                )
+            )
+        crowds = [held[0] for held in self.crowds.values() if held[0] is not None]
+        for slots in crowds:  # other requests' host pages (an SWA window's pressure world)
+            k = len(held)
+            held.append(
+                NodeHoldings(
+                    PSEUDO_HANDLE - k,
+                    PSEUDO_HANDLE - k,
+                    frozenset(),
+                    (pages_covered(slots, self.page),),
                     (frozenset(),),
                     "none",
                 )

@@ -417,6 +417,8 @@ def observe_calls(
         # a query the backend failed (raised) is a miss for the whole prefetch, as the tier has it
         failed = any(c.raised for c in calls if c.kind in ("exists", "sidecar_exists"))
         log.local_hit_tokens = 0 if failed else run * page
+        if failed and log.local_restorable is not None:
+            log.local_restorable = ()
     elif result.kind is StorageStepKind.IO:
         ran_in = steps if steps is not None else [driver.steps_run] * len(calls)
         observe_reads(driver, rank, result.request_id, calls, ran_in)  # INV-33, INV-34
