@@ -193,7 +193,9 @@ def test_upstream_finding_still_reproduces_and_the_reference_passes(
     monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release or "0.5.10")))
     assert replay(trace).signature() == expected
     # the reference has no HostPoolGroup: it replays the same world with its draft pair attached
-    config = trace.header.config.model_copy(update={"pool_group": "none"})
+    config = trace.header.config.model_copy(
+        update={"pool_group": "none", "side_device_pages": 0, "storage_swa_window": 0}
+    )
     as_pair = Trace(header=trace.header.model_copy(update={"config": config}), steps=trace.steps)
     assert not replay(as_pair, implementation="reference").failed
 

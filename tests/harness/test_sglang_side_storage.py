@@ -21,9 +21,11 @@ import pytest
 
 from hicache_ref.cli import EXIT_OK
 from hicache_ref.harness.adapters.sglang import SglangImplementation
-from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
+from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
+from hicache_ref.harness.campaigns.known_findings import KNOWN_FINDINGS, match_known_finding
+from hicache_ref.harness.steps.replay import replay
 from hicache_ref.harness.steps.session import Session
-from hicache_ref.harness.steps.trace import Step
+from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.storage_snapshot import SideWindowRecord
 
@@ -124,6 +126,29 @@ def test_the_window_is_read_on_0_5_19_too() -> None:
     prefetch_to_the_end(session)
     assert [(w.accepted, w.landed) for w in windows_judged(session)] == [(True, (True, True))] * 2
     session.finish()
+
+
+F28_TRACE = Path(__file__).resolve().parents[2] / "fuzz/corpus/sglang" / (
+    "f28_trailing_hit_min_picks_an_unrestorable_prefix.jsonl"
+)
+
+
+def test_f28_a_trailing_hit_agreed_as_the_min_is_baselined_only_before_0_5_23(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # three ranks restore {1}, {1, 2}, {2} pages of the chain: 0.5.19 - 0.5.22 publish MIN(1, 2,
+    # 2) = 1, which rank 2 cannot restore; 0.5.23 reduces a flag per prefix and publishes 0
+    trace = Trace.read(F28_TRACE)
+    known = tuple(KNOWN_FINDINGS.values())
+    for release in ("0.5.19", "0.5.20", "0.5.21", "0.5.22"):
+        monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree(release)))
+        result = replay(trace)
+        assert result.signature() == "INV-29", (release, result.error)
+        found = match_known_finding(known, "sglang", "INV-29", str(result.error), release)
+        assert found is not None and found.id == "F28", release
+    assert match_known_finding(known, "sglang", "INV-29", str(result.error), "0.5.23") is None
+    monkeypatch.setenv(SRC_ENV, str(fetch_wheel_tree("0.5.23")))
+    assert not replay(trace).failed
 
 
 @pytest.mark.usefixtures("gate_env")

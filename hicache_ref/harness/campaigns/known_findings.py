@@ -293,6 +293,17 @@ _UPSTREAM_RELEASES: tuple[KnownFinding, ...] = (
         releases="0.5.11..0.5.18",
     ),
     KnownFinding(
+        id="F28",
+        implementations=("sglang",),
+        invariant="INV-29",
+        message_pattern=r"with a trailing window, the longest prefix restorable on every rank",
+        summary="0.5.19 - 0.5.22 agree on an SWA window's hit as the MIN of each rank's longest "
+        "restorable prefix, which may be a prefix some rank cannot restore (its trailing window "
+        "is not in its L3): the window read fails there and the whole prefetch is discarded "
+        "(0.5.23 reduces one restorable flag per prefix length)",
+        releases="0.5.19..0.5.22",
+    ),
+    KnownFinding(
         id="F24",
         implementations=("sglang", "seed"),  # the fork runs its tree's HiCacheFile
         invariant="INV-28",
