@@ -92,7 +92,7 @@ def test_a_prefetched_chain_lands_with_its_trailing_window_on_every_rank(tree_05
     # pages 2 and 3's SWA bytes at the window's slots, the result kept, the slots back
     assert all(w.accepted and w.landed == (True, True) for w in judged)
     assert session.stats.checks_by_id["INV-39"] > 0
-    assert session.storage is not None and not any(session.storage.side_held)
+    assert session.storage is not None and not any(session.storage.side.held)
     session.finish()
 
 
@@ -128,8 +128,10 @@ def test_the_window_is_read_on_0_5_19_too() -> None:
     session.finish()
 
 
-F28_TRACE = Path(__file__).resolve().parents[2] / "fuzz/corpus/sglang" / (
-    "f28_trailing_hit_min_picks_an_unrestorable_prefix.jsonl"
+F28_TRACE = (
+    Path(__file__).resolve().parents[2]
+    / "fuzz/corpus/sglang"
+    / ("f28_trailing_hit_min_picks_an_unrestorable_prefix.jsonl")
 )
 
 

@@ -10,6 +10,7 @@ from hicache_ref.invariants import (
     checks_storage_l3,
     checks_storage_pp,
     checks_storage_prefetch,
+    checks_storage_side,
     checks_storage_windows,
     registry,
 )
@@ -42,6 +43,7 @@ def test_every_check_inv_function_is_registered() -> None:
         checks_storage_prefetch,
         checks_storage_windows,
         checks_storage_pp,
+        checks_storage_side,
     ]
     public = {
         name

@@ -514,7 +514,7 @@ def _pool_names() -> Any:
 def _swa_prefetch_transfer(staging_pages: int) -> Any:
     """The hybrid radix cache's SWA transfer of a prefetch (``CacheTransferPhase.PREFETCH``):
     placeholder keys, one per staged page, which ``_sync_trailing_keys`` turns into the hit's
-    trailing keys; no host slots yet (the tree allocates them at the hit)."""
+    trailing keys; no host slots yet (the tree allocates them at the hit; INV-39)."""
     names = _pool_names()
     return names.PoolTransfer(
         name=names.PoolName.SWA,

@@ -17,7 +17,10 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   pages of each token chain), ``storage_log`` and ``storage_events`` (what the harness recorded
   of every storage op; it reads the driver through a Protocol), ``storage_points`` (a step
   under schedule points: one thread kind to its next point, a body's calls gathered until it
-  ends) and ``storage_windows`` (what the window checks INV-32 .. INV-35 read);
+  ends), ``storage_windows`` (what the window checks INV-32 .. INV-35 read) and, in a world
+  with an SWA side pool in L3, ``storage_side`` (the tree's window: staged at the hit, judged
+  whole), ``storage_side_book`` (the side slots and other requests' host pages the driver
+  holds) and ``storage_side_events`` (what the harness records of each window: INV-39);
 - ``pp_tree.PpTree``: the radix cache's PP half of 0.5.23's prefetch tickets over a world of 2
   PP storage ranks (PP rank 0 submits, the others follow the broadcast tickets; INV-38), over
   ``pp_commands`` (every rank's PP command thread, stepped by whole bodies or by points).

@@ -42,6 +42,7 @@ from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_cha
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
 from hicache_ref.harness.driver.storage_side import side_release_count, staging_pages
+from hicache_ref.harness.driver.storage_side_book import SideBook, pseudo_holding
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.driver.storage_tree_0510 import (
     HitPollTreeRank,
@@ -86,14 +87,8 @@ class StorageDriver:
         self.next_rid = 0
         self.known_ops: dict[int, tuple[object, int]] = {}
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
-        self.side_sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
-        self.side_held: list[set[int]] = [set() for _ in range(self.n)]
-        """Per rank, the SWA side pool's slots the storage half holds (backup sources, prefetch
-        windows), from its own allocations and the frees it heard: rank 0's are INV-05's."""
+        self.side = SideBook(self.n, self.page)  # an SWA world's side slots and crowds
         self.mla = self.config.pool_kind != "mha"
-        self.crowds: dict[str, list[torch.Tensor | None]] = {}
-        """An SWA window's pressure world: per prefetch, every rank's host pages other requests
-        hold while its query runs (``_crowd``), until its hit is drained."""
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
         self.reused_checks = 0  # checks whose snapshot equalled the last that passed
@@ -185,35 +180,8 @@ class StorageDriver:
             for prefix, digest in fill_chain(draft, uid, chain, slots, layers, draft=True):
                 self.log.expected_sidecar[(rank, prefix)] = digest
 
-    def _fill_side(self, rank: int, chain: Chain, slots: torch.Tensor) -> None:
-        """An SWA world: the side pool's rows of the chain at its own slots (INV-39)."""
-        side = self.l3.ranks[rank].side_host_pool
-        assert side is not None
-        uid = self.book.content_uid(rank, chain)
-        layers = self.config.draft_layer_num
-        for prefix, digest in fill_chain(side, uid, chain, slots, layers, draft=True):
-            self.log.expected_swa[(rank, prefix)] = digest
-
-    def _alloc_side(self, tokens: int) -> list[torch.Tensor] | None:
-        """An SWA world: every rank's side slots for a chain's window, or None (none kept)."""
-        pools = [r.side_host_pool for r in self.l3.ranks]
-        if any(pool is None for pool in pools):
-            return []
-        got = [pool.alloc(tokens) for pool in pools if pool is not None]
-        if any(slots is None for slots in got):
-            for pool, slots in zip(pools, got, strict=True):
-                if pool is not None and slots is not None:
-                    pool.free(slots)
-            return None
-        return [slots for slots in got if slots is not None]
-
     def note_side(self, rank: int, slots: torch.Tensor, held: bool) -> None:
-        """Side slots the storage half took (``held``) or gave back."""
-        values = {int(s) for s in slots.tolist()}
-        if held:
-            self.side_held[rank] |= values
-        else:
-            self.side_held[rank] -= values
+        self.side.note(rank, slots, held)
 
     # -- write_storage -------------------------------------------------------------------------
     def write_storage(self, pick: int, new: bool) -> Outcome:
@@ -227,7 +195,9 @@ class StorageDriver:
             return refused("no chain left to back up")
         tokens = chain.pages * self.page
         slots = [r.host_pool.alloc(tokens) for r in self.l3.ranks]
-        side = None if any(s is None for s in slots) else self._alloc_side(tokens)
+        side = (
+            None if any(s is None for s in slots) else self.side.alloc_side(self.l3.ranks, tokens)
+        )
         if any(s is None for s in slots) or side is None:
             for storage_rank, got in zip(self.l3.ranks, slots, strict=True):
                 if got is not None:
@@ -238,8 +208,6 @@ class StorageDriver:
             assert s is not None
             self._fill(rank, chain, s)
             side_host = side[rank] if side else None
-            if side_host is not None:
-                self._fill_side(rank, chain, side_host)
             op_id = tree_rank.write_backup_storage(
                 ("chain", chain.uid),
                 s,
@@ -249,9 +217,11 @@ class StorageDriver:
                 side_host=side_host,
             )
             self.sources[rank][op_id] = s
-            if side_host is not None:
-                self.side_sources[rank][op_id] = side_host
-                self.note_side(rank, side_host, held=True)
+            if side_host is not None:  # the chain's SWA pages at their own slots (INV-39)
+                uid = self.book.content_uid(rank, chain)
+                layers = self.config.draft_layer_num
+                storage_rank = self.l3.ranks[rank]
+                self.side.fill_side(storage_rank, uid, chain, side_host, layers, self.log, op_id)
             skipped = self.mla and rank != 0
             self.log.backups[rank][op_id] = BackupLog(
                 op_id, self.epoch, chain.uid, chain.pages, skipped
@@ -288,35 +258,9 @@ class StorageDriver:
                 return refused("prefetch not started (rate limited)")
             self.known_ops[id(operation)] = (operation, self.epoch)
         if self.config.storage_swa_window and self.config.storage_host_pressure:
-            self._crowd(rid, leave_pages=1 + (pick // 8) % 2)
+            # other requests' host pages while the query runs: the hit is often served cut
+            self.side.crowd(rid, self.l3.ranks, leave_pages=1 + (pick // 8) % 2)
         return done(f"prefetch {rid} of chain {chain.uid}")
-
-    # -- other requests' host room (an SWA window's pressure world) ------------------------------
-    def _crowd(self, rid: str, leave_pages: int) -> None:
-        """Other requests take every rank's free host pages but ``leave_pages`` while ``rid``'s
-        query runs (the harness's chains stand for one request each), so its hit often finds
-        less room than it needs and the tree serves it cut (``allocate_storage_hit``), the cut
-        ``_sync_trailing_keys`` re-aligns the staged SWA window to. Chosen by the prefetch's own
-        ``pick``: replayed alike."""
-        held: list[torch.Tensor | None] = []
-        for rank in self.l3.ranks:
-            free = int(rank.host_pool.available_size())
-            take = free - free % self.page - leave_pages * self.page
-            held.append(rank.host_pool.alloc(take) if take > 0 else None)
-        self.crowds[rid] = held
-
-    def _release_crowds(self, every: bool = False) -> None:
-        """The host pages of each crowd whose prefetch's hit every rank drained (or all)."""
-        for rid in list(self.crowds):
-            logs = [logs.get(rid) for logs in self.log.prefetches]
-            drained = all(
-                log is None or log.published_hit_tokens is not None or log.retired for log in logs
-            )
-            if not (every or drained):
-                continue
-            for rank, held in zip(self.l3.ranks, self.crowds.pop(rid), strict=True):
-                if held is not None:
-                    rank.host_pool.free(held)
 
     def _up_front_room(self, tokens: int) -> bool:
         """Whether every rank can allocate the prefetch up front (0.5.10 - 0.5.15), all of it
@@ -385,7 +329,7 @@ class StorageDriver:
         ranks = self.storage_tree.ranks
         taken = min(r.cc.prefetch_hit_queue.qsize() for r in ranks)
         self.storage_tree.drain_hits(taken)  # started or revoked on every rank alike
-        self._release_crowds()
+        self.side.release_crowds(self.l3.ranks, self.log)
         count = min(r.cc.ack_prefetch_queue.qsize() for r in ranks)
         for r in ranks:
             r.drain_acks(count)  # a final ack queues its tail on host_mem_release_queue
@@ -476,7 +420,7 @@ class StorageDriver:
 
     def settle(self) -> None:
         """Quiescence: finish every prefetch and backup, drain everything, check at rest."""
-        self._release_crowds(every=True)
+        self.side.release_crowds(self.l3.ranks, self.log, every=True)
         if self.attached and self.config.storage_swa_window:
             # an SWA world lets what is in flight finish first, so a prefetch's window read and
             # the tree's verdict on it are judged, not cut short by the end of the case
@@ -530,9 +474,7 @@ class StorageDriver:
             self.points.forget_bodies(self.l3.ranks)
         self.storage_tree.reset()  # the 0.5.10 tree half's ranks too (they are its ranks)
         self.sources = [{} for _ in range(self.n)]
-        self.crowds = {}  # the host pools are cleared too
-        self.side_sources = [{} for _ in range(self.n)]
-        self.side_held = [set() for _ in range(self.n)]  # the side pools are cleared too
+        self.side.reset()  # the host and side pools are cleared too
         for chain in self.chains.values():
             if chain.state == "writing":
                 chain.state = "none"
@@ -586,60 +528,17 @@ class StorageDriver:
 
     # -- the checks ------------------------------------------------------------------------------
     def holdings(self) -> tuple[NodeHoldings, ...]:
-        """Rank 0's host pages the storage driver holds (sources, bounce buffers), for INV-05."""
-        held: list[NodeHoldings] = []
-        for k, slots in enumerate(self.sources[0].values()):
-            pages = pages_covered(slots, self.page)  # cached per tensor: a source's never change
-            held.append(
-                NodeHoldings(
-                    PSEUDO_HANDLE - k,
-                    PSEUDO_HANDLE - k,
-                    frozenset(),
-                    (pages,),
-                    (frozenset(),),
-                    "none",
-                )
-            )
-        crowds = [held[0] for held in self.crowds.values() if held[0] is not None]
-        for slots in crowds:  # other requests' host pages (an SWA window's pressure world)
-            k = len(held)
-            held.append(
-                NodeHoldings(
-                    PSEUDO_HANDLE - k,
-                    PSEUDO_HANDLE - k,
-                    frozenset(),
-                    (pages_covered(slots, self.page),),
-                    (frozenset(),),
-                    "none",
-                )
-            )
-        if self.side_held[0]:  # the SWA side pool's slots (backup sources, windows)
-            k = len(held)
-            side = frozenset(s // self.page for s in self.side_held[0])
-            held.append(
-                NodeHoldings(
-                    PSEUDO_HANDLE - k,
-                    PSEUDO_HANDLE - k,
-                    frozenset(),
-                    (frozenset(),),
-                    (side,),
-                    "none",
-                )
-            )
+        """Rank 0's pages the storage driver holds (sources, an SWA world's side slots and
+        crowds, bounce buffers), for INV-05."""
+        held = [  # pages_covered is cached per tensor: a source's never change
+            pseudo_holding(PSEUDO_HANDLE - k, pages_covered(slots, self.page))
+            for k, slots in enumerate(self.sources[0].values())
+        ]
+        held.extend(self.side.holdings(PSEUDO_HANDLE - len(held)))
         bounce = {s for log in self.log.prefetches[0].values() for s in log.owned_slots}
         if bounce:
             pages = frozenset(s // self.page for s in bounce)
-            k = len(held)
-            held.append(
-                NodeHoldings(
-                    PSEUDO_HANDLE - k,
-                    PSEUDO_HANDLE - k,
-                    frozenset(),
-                    (pages,),
-                    (frozenset(),),
-                    "none",
-                )
-            )
+            held.append(pseudo_holding(PSEUDO_HANDLE - len(held), pages))
         return tuple(held)
 
     def snapshot(self, quiescent: bool = False) -> StorageSnapshot:

@@ -18,6 +18,7 @@ from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.harness.driver.byte_checks import BOUNCE_DRAFT_ROW_VALUE
 from hicache_ref.harness.driver.storage_chains import Chain, scribble_draft_rows
 from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
+from hicache_ref.harness.driver.storage_side_book import SideBook
 from hicache_ref.harness.driver.storage_side_events import (
     free_side_source,
     on_side_free,
@@ -58,7 +59,7 @@ class DriverView(Protocol):
     log: StorageLog
     known_ops: dict[int, tuple[object, int]]
     sources: list[dict[int, torch.Tensor]]
-    side_sources: list[dict[int, torch.Tensor]]
+    side: SideBook
     steps_run: int
 
     @property

@@ -13,7 +13,8 @@ order a prefetch meets it (upstream's ``UnifiedRadixCache`` names in brackets):
 - ``note_pool_hits``: a progress ack's ``pool_hits`` while the prefetch is current
   (``_drain_ack_prefetch``: ``update_extra_pool_hit_pages``, ``pool_transfers_done``);
 - ``is_whole``: the all-or-nothing verdict on the final result (``_check_hybrid_prefetch_
-  result``): the KV pages of the hit all read and every window read in full, else discarded;
+  result``): the KV pages of the hit all read and every window read in full, else discarded
+  (INV-39 judges the verdict and the window it keeps);
 - ``release_staging``: the window's slots back to the side pool (a discard, a result the tree
   does not keep, or the final ack of a prefetch whose window was never read);
 - ``side_release_queue`` / ``drain_side_releases``: the controller's per-pool release queue
@@ -27,14 +28,28 @@ and its window go back once judged), so no load of a prefetched window is driven
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 from hicache_ref.storage.pool_transfers import SWA_POOL, pool_name
+from hicache_ref.storage.protocols import StorageHostPool
 
-if TYPE_CHECKING:
-    from hicache_ref.harness.driver.storage_tree import StorageTreeRank
+
+class SideTreeRank(Protocol):
+    """What these functions read of one rank's tree half (``storage_tree.StorageTreeRank``)."""
+
+    @property
+    def cc(self) -> Any: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def side_host_pool(self) -> StorageHostPool | None: ...
+    @property
+    def side_done(self) -> dict[int, dict[str, int]]: ...
+    @property
+    def on_event(self) -> Callable[[str, dict[str, Any]], None]: ...
 
 
 def staging_pages(prefetch_pages: int, window_pages: int, at_root: bool) -> int:
@@ -58,7 +73,7 @@ def side_transfers(operation: Any) -> list[Any]:
     ]
 
 
-def alloc_staging(rank: StorageTreeRank, operation: Any, hit_tokens: int) -> bool:
+def alloc_staging(rank: SideTreeRank, operation: Any, hit_tokens: int) -> bool:
     """Each side transfer's window slots: ``min(len(keys), hit pages)`` pages of the side pool;
     on a shortfall what was taken goes back and nothing is staged."""
     pool = rank.side_host_pool
@@ -81,12 +96,12 @@ def alloc_staging(rank: StorageTreeRank, operation: Any, hit_tokens: int) -> boo
     return True
 
 
-def note_pool_hits(rank: StorageTreeRank, operation: Any, pool_hits: dict[str, int]) -> None:
+def note_pool_hits(rank: SideTreeRank, operation: Any, pool_hits: dict[str, int]) -> None:
     """A current prefetch's side reads are done: their published hits, by pool name."""
     rank.side_done[id(operation)] = {pool_name(k): int(v) for k, v in pool_hits.items()}
 
 
-def is_whole(rank: StorageTreeRank, operation: Any) -> bool:
+def is_whole(rank: SideTreeRank, operation: Any) -> bool:
     """Every KV page of the hit read, and every side transfer's window read in full."""
     transfers = side_transfers(operation)
     hits = rank.side_done.get(id(operation), {})
@@ -96,7 +111,7 @@ def is_whole(rank: StorageTreeRank, operation: Any) -> bool:
     )
 
 
-def release_staging(rank: StorageTreeRank, transfers: list[Any]) -> None:
+def release_staging(rank: SideTreeRank, transfers: list[Any]) -> None:
     """The window slots of ``transfers`` back to the side pool (each transfer once)."""
     pool = rank.side_host_pool
     assert pool is not None
@@ -120,7 +135,7 @@ def side_release_count(cc: Any) -> int:
     return 0 if queue is None else int(queue.qsize())
 
 
-def drain_side_releases(rank: StorageTreeRank, count: int) -> None:
+def drain_side_releases(rank: SideTreeRank, count: int) -> None:
     """``count`` pages off the controller's SWA release queue, into the side pool."""
     queue = side_release_queue(rank.cc)
     pool = rank.side_host_pool

@@ -22,7 +22,7 @@ the controller's release queue, bytes from the harness's pools, presence from th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -34,10 +34,30 @@ from hicache_ref.invariants.storage_snapshot import SideWindowRecord
 from hicache_ref.storage.pool_transfers import SWA_POOL, component_key, restorable_prefixes
 
 if TYPE_CHECKING:
-    from hicache_ref.harness.driver.storage_events import DriverView
-    from hicache_ref.harness.driver.storage_log import PrefetchLog
+    from hicache_ref.harness.driver.storage_chains import Chain
+    from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
+    from hicache_ref.harness.driver.storage_side_book import SideBook
+    from hicache_ref.harness.driver.storage_tree import StorageTree
+    from hicache_ref.harness.world.storage_world import StorageWorld
 
 READ_FAULTS = ("get_fail", "short_read", "raise")
+
+
+class DriverView(Protocol):
+    """What these handlers read and write of the storage driver that hears them (a part of
+    ``storage_events.DriverView``)."""
+
+    page: int
+    l3: StorageWorld
+    log: StorageLog
+    side: SideBook
+
+    @property
+    def chains(self) -> dict[int, Chain]: ...
+    @property
+    def storage_tree(self) -> StorageTree: ...
+    def note_side(self, rank: int, slots: torch.Tensor, held: bool) -> None: ...
+    def check(self) -> None: ...
 
 
 def swa_restorable(calls: list[BackendCall], keys: list[str], trailing: int) -> tuple[int, ...]:
@@ -70,11 +90,7 @@ def on_side_free(driver: DriverView, rank: int, slots: torch.Tensor, how: str) -
 
 
 def free_side_source(driver: DriverView, rank: int, op_id: int) -> None:
-    side = driver.side_sources[rank].pop(op_id, None)
-    pool = driver.l3.ranks[rank].side_host_pool
-    if side is not None and pool is not None:
-        driver.note_side(rank, side, False)
-        pool.free(side)
+    driver.side.free_source(driver.l3.ranks[rank], op_id)
 
 
 def _queued_releases(driver: DriverView, rank: int) -> set[int]:
