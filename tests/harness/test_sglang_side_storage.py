@@ -59,9 +59,9 @@ def apply(session: Session, rule: str, **args: object) -> str:
     return outcome.text
 
 
-def prefetch_to_the_end(session: Session) -> None:
+def prefetch_to_the_end(session: Session, pick: int = 0) -> None:
     """Prefetch the first chain, then run its hit query, IO and sync steps and drain each."""
-    apply(session, "prefetch", pick=0)
+    apply(session, "prefetch", pick=pick)
     apply(session, "storage_step", kind="hit_query")
     apply(session, "drain_prefetch_acks")
     for _ in range(6):  # the IO's batches and the window read, their acks, then the final one
@@ -99,15 +99,15 @@ def test_a_prefetched_chain_lands_with_its_trailing_window_on_every_rank(tree_05
 def test_a_cut_hit_keeps_the_trailing_window_of_the_served_pages_on_0_5_23(
     tree_0523: Path,
 ) -> None:
-    # a 3-page window staged for a 3-page hit; a second chain pins 2 of the 4 host pages, so
-    # allocate_storage_hit serves 2: _sync_trailing_keys shrinks the window to pages 1-2 and
-    # gives the third staged page back on the SWA release queue
-    session = swa_session(tree_0523, 3, host_pages=4, pressure=True)
+    # a 3-page window staged for a 3-page hit; other requests hold every rank's host room but
+    # 2 pages while the query runs (the prefetch's pick 8), so allocate_storage_hit serves 2:
+    # _sync_trailing_keys shrinks the window to pages 1-2 and gives the third staged page back
+    # on the SWA release queue
+    session = swa_session(tree_0523, 3, host_pages=16, pressure=True)
     apply(session, "write_storage", pick=2, new=True)
     apply(session, "storage_step", kind="backup")
     apply(session, "drain_backup_acks")
-    apply(session, "write_storage", pick=1, new=True)  # not backed up yet: its pages pinned
-    prefetch_to_the_end(session)
+    prefetch_to_the_end(session, pick=8)
     judged = windows_judged(session)
     assert [(w.hit_pages, w.staged_pages, w.released_pages, w.window_pages) for w in judged] == [
         (2, 3, 1, 2),
