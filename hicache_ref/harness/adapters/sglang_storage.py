@@ -307,7 +307,9 @@ def storage_controller_class(
     The modules' ``Queue``, ``threading`` and ``torch`` become the served queue, the gated
     thread and the harness's process group; the storage tier's own code is upstream's,
     unchanged. A hybrid controller's prefetches and backups name the group's ``DRAFT``
-    sidecar (``extra_pools``, as the hybrid radix cache passes them), riding on the KV's slots.
+    sidecar (``extra_pools``, as the hybrid radix cache passes them), riding on the KV's slots,
+    or its independent ``SWA`` pool's window (``swa_window`` pages: a backup's SWA host pages
+    with the node's keys, a prefetch's placeholder keys; ``TRAILING_PAGES``).
     """
     owner = hybrid if hybrid is not None else module
     cached = owner.__dict__.get("_harness_storage_class")

@@ -18,6 +18,10 @@
 - ``write_backup_storage`` -> ``drain_backups``: the node's host lock is held until its one ack;
 - ``drain_releases``: the release queue into the host pool.
 
+In a world with an SWA side pool in L3 each rank also stages a prefetch's window at the hit,
+judges the result all-or-nothing and drains the controller's SWA release queue
+(``storage_side.py``: 0.5.23's hybrid radix cache in cache mode).
+
 ``StorageTree`` holds one per rank and drains every queue by the MIN of its length over the
 ranks, as upstream's ``drain_storage_control_queues`` does, so every rank takes the same items
 in the same order even while real threads fill the queues at different speeds. ``on_event``

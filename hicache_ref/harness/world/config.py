@@ -130,7 +130,10 @@ class HarnessConfig(BaseModel):
     ``storage:swa``): the SWA window in pages (1 .. 3, a chain's most). A backup stores the
     side pool's page of every page of the chain beside its KV page; a prefetch names the trailing
     window (``PoolHitPolicy.TRAILING_PAGES``), as upstream's hybrid radix cache does
-    (``harness/driver/storage_side.py``). 0 elsewhere. Drawn last, so older traces replay alike."""
+    (``harness/driver/storage_side.py``). 0 elsewhere. Drawn last, so older traces replay alike;
+    the machine draws such a world under host pressure, where other requests hold all but one
+    or two of every rank's free host pages while a prefetch's query runs
+    (``storage_side_book.SideBook.crowd``), so hits are often served cut below the window."""
     seed: int = 0
 
     @model_validator(mode="after")
