@@ -25,7 +25,8 @@ How a controller file is run without the rest of sglang, in the order it happens
    and host pool behind the shape's shims, with ``tp_group=None`` (TP 1); in a storage world,
    ``sglang_storage.py``'s subclass of it instead, whose storage threads are upstream's own,
    served one loop iteration per ``storage_step``, over the storage world's rank group (every
-   release 0.5.10+; storage worlds draw no draft pool and no pool group).
+   release 0.5.10+; a storage world's pool group, 0.5.19+, carries the ``DRAFT`` sidecar or an
+   independent ``SWA`` pool's window, ``storage:sidecar`` / ``storage:swa``).
 
 Not drawn, and why: decode context parallel (``attn_dcp_size > 1``). In 0.5.23 its logic lives
 in upstream's MLA host pool (each rank's token selection), in the transfer engine's index
