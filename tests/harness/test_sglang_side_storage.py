@@ -117,6 +117,27 @@ def test_a_cut_hit_keeps_the_trailing_window_of_the_served_pages_on_0_5_23(
     session.finish()
 
 
+def test_a_window_covering_the_whole_chain_becomes_its_node_s_side_slots_and_loads(
+    tree_0523: Path,
+) -> None:
+    # a 2-page chain at the root with a 3-page window: the window is the whole chain, so the
+    # prefetched node keeps it as its side host slots, and a load brings its SWA rows back
+    session = swa_session(tree_0523, 3, host_pages=16, pressure=False)
+    apply(session, "write_storage", pick=1, new=True)
+    apply(session, "storage_step", kind="backup")
+    apply(session, "drain_backup_acks")
+    prefetch_to_the_end(session)
+    judged = [(w.hit_pages, w.window_pages, w.accepted) for w in windows_judged(session)]
+    assert judged == [(2, 2, True)] * 2  # on both ranks
+    node = session.tree.nodes[0]  # rank 0's prefetched node, the chain's handle
+    assert node.side_host and node.side_host[0] is not None and node.side_host[0].numel() == 4
+    assert session.storage is not None and not session.storage.side.held[0]  # the node's now
+    apply(session, "load", node=0)
+    apply(session, "start_loading")
+    session.finish()  # the tree's byte checks read the node's rows, the side pool's too
+    assert session.stats.checks_by_id["INV-06"] > 0 and session.stats.checks_by_id["INV-36"] > 0
+
+
 def test_the_window_is_read_on_0_5_19_too() -> None:
     # 0.5.19's _page_transfer_sidecar (no _trailing_chain_groups yet) reads the same window
     session = swa_session(fetch_wheel_tree("0.5.19"), 2, host_pages=16, pressure=False)

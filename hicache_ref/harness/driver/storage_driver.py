@@ -180,9 +180,6 @@ class StorageDriver:
             for prefix, digest in fill_chain(draft, uid, chain, slots, layers, draft=True):
                 self.log.expected_sidecar[(rank, prefix)] = digest
 
-    def note_side(self, rank: int, slots: torch.Tensor, held: bool) -> None:
-        self.side.note(rank, slots, held)
-
     # -- write_storage -------------------------------------------------------------------------
     def write_storage(self, pick: int, new: bool) -> Outcome:
         candidates = self.backup_candidates()
@@ -421,9 +418,10 @@ class StorageDriver:
     def settle(self) -> None:
         """Quiescence: finish every prefetch and backup, drain everything, check at rest."""
         self.side.release_crowds(self.l3.ranks, self.log, every=True)
-        if self.attached and self.config.storage_swa_window:
+        if self.attached and self.config.storage_swa_window and not self.tree.watch.active:
             # an SWA world lets what is in flight finish first, so a prefetch's window read and
-            # the tree's verdict on it are judged, not cut short by the end of the case
+            # the tree's verdict on it are judged, not cut short by the end of the case (not
+            # while free slots are watched: a bounce page taken and freed unseen is no copy's)
             for _ in range(8):
                 self.run_until_idle()
                 self.drain_prefetch()
@@ -491,13 +489,18 @@ class StorageDriver:
 
     # -- what the tree half reports ----------------------------------------------------------------
     def _insert_callback(self, rank: int) -> Any:
+        from hicache_ref.harness.driver.storage_side_events import adopt_window
+
         def on_insert(rid: str, operation: PrefetchOperation, host: torch.Tensor) -> int:
             log = self.log.prefetches[rank].get(rid)
             chain = self.chains[log.chain_uid] if log is not None else None
             if rank != 0 or chain is None or chain.uid in self.tree.nodes:
                 return int(host.numel())  # cached already (or a peer): every page goes back
-            if self.config.storage_swa_window:
-                return int(host.numel())  # an SWA world keeps no prefetched node (storage_side)
+            side_host: list[torch.Tensor | None] = []
+            if self.config.storage_swa_window and log is not None:
+                side_host = [adopt_window(self, rank, log, host)]  # None: no node
+                if side_host[0] is None:
+                    return int(host.numel())
             node = Node(
                 handle=chain.uid,
                 node_id=self.tree.next_node_id,
@@ -506,6 +509,7 @@ class StorageDriver:
                 layers_stored=self.tree.total_layers,
                 backup="done",
                 host_value=[host.clone()],
+                side_host=side_host,
             )
             self.tree.next_node_id += 1
             self.tree.nodes[chain.uid] = node

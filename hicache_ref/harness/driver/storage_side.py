@@ -22,8 +22,10 @@ order a prefetch meets it (upstream's ``UnifiedRadixCache`` names in brackets):
   when the served hit is shorter than the staged window) into the side pool.
 
 Kept simple, and said so: the window covers every page of a chain the harness backs up (no
-out-of-window tombstones), and the tree keeps no node of a prefetch in such a world (its pages
-and its window go back once judged), so no load of a prefetched window is driven.
+out-of-window tombstones), and the tree keeps a prefetched node only when the kept window
+covers the whole node (its side host slots, which a later load brings back); a window of the
+node's tail only goes back with the node's pages once judged (the tree's model holds a side
+copy of every page of a node).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ calls into the harness's own records, in the order a prefetch meets them:
   controller kept and gave back, what each kept page holds against the harness's fill of the
   prefix it stands for (``StorageDriver._fill_side``), whether L3 holds the window and
   whether a fault hit a read of it, and the tree's verdict (``SideWindowRecord``);
+- ``kept_window`` / ``adopt_window``: the window slots a kept result holds, which become the
+  prefetched node's side slots when the window covers the whole node (else no node is kept);
 - ``free_side_source``: a backup's SWA source pages back at its ack.
 
 Nothing here reads the controller's transfers: slots come from the tree's own allocations and
@@ -56,7 +58,6 @@ class DriverView(Protocol):
     def chains(self) -> dict[int, Chain]: ...
     @property
     def storage_tree(self) -> StorageTree: ...
-    def note_side(self, rank: int, slots: torch.Tensor, held: bool) -> None: ...
     def check(self) -> None: ...
 
 
@@ -72,7 +73,7 @@ def swa_restorable(calls: list[BackendCall], keys: list[str], trailing: int) -> 
 def on_side_staging(
     driver: DriverView, rank: int, log: PrefetchLog | None, slots: torch.Tensor
 ) -> None:
-    driver.note_side(rank, slots, True)
+    driver.side.note(rank, slots, held=True)
     side = driver.l3.ranks[rank].side_host_pool
     if side is not None and slots.numel():
         scribble_draft_rows(side, slots, BOUNCE_DRAFT_ROW_VALUE)
@@ -81,7 +82,7 @@ def on_side_staging(
 
 
 def on_side_free(driver: DriverView, rank: int, slots: torch.Tensor, how: str) -> None:
-    driver.note_side(rank, slots, False)
+    driver.side.note(rank, slots, held=False)
     if how != "released":
         return
     freed = {int(s) for s in slots.tolist()}
@@ -100,16 +101,35 @@ def _queued_releases(driver: DriverView, rank: int) -> set[int]:
     return {int(s) for t in items for s in t.tolist()}
 
 
+def kept_window(driver: DriverView, rank: int, log: PrefetchLog) -> list[int]:
+    """The slots of the staged window pages the controller did not give back, in order."""
+    page, staged = driver.page, log.swa_staged
+    released = log.swa_released | (set(staged) & _queued_releases(driver, rank))
+    pages = [staged[i * page : (i + 1) * page] for i in range(len(staged) // page)]
+    return [slot for slots in pages if slots[0] not in released for slot in slots]
+
+
+def adopt_window(
+    driver: DriverView, rank: int, log: PrefetchLog, host: torch.Tensor
+) -> torch.Tensor | None:
+    """A kept result's window as its node's side slots, if it covers the whole node (the
+    storage half holds them no more); None for a window of the node's tail only (no node)."""
+    window = kept_window(driver, rank, log)
+    if len(window) != int(host.numel()):
+        return None
+    slots = torch.tensor(window, dtype=host.dtype)
+    driver.side.note(rank, slots, held=False)
+    return slots
+
+
 def on_side_verdict(
     driver: DriverView, rank: int, log: PrefetchLog, op: Any, accepted: bool
 ) -> None:
     page = driver.page
     served = log.cut_tokens if log.cut_tokens is not None else log.published_hit_tokens
     hit_pages = (served or 0) // page
-    staged = log.swa_staged
-    released = log.swa_released | (set(staged) & _queued_releases(driver, rank))
-    heads = [staged[i * page] for i in range(len(staged) // page)]
-    kept = [head for head in heads if head not in released]
+    heads = log.swa_staged[::page][: len(log.swa_staged) // page]
+    kept = kept_window(driver, rank, log)[::page]
     window = min(len(heads), hit_pages)
     tokens = driver.chains[log.chain_uid].tokens(page)
     prefixes = [

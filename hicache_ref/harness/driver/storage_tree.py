@@ -264,7 +264,8 @@ class StorageTreeRank:
         host_indices = self.ongoing_prefetch[rid].host_indices
         assert host_indices is not None
         completed = operation.completed_tokens
-        if self.side_host_pool is not None and not self._keeps_side_result(operation):
+        if self.side_host_pool is not None and not self._judge_side_result(operation):
+            self._release_window(operation)
             if completed:  # discarded whole: its KV pages go back (all-or-nothing)
                 self.host_pool.free(host_indices[:completed])
             self.on_event(
@@ -275,17 +276,21 @@ class StorageTreeRank:
         matched = self.on_insert(rid, operation, host_indices[:completed]) if completed else 0
         if matched:
             self.host_pool.free(host_indices[:matched])
+        if self.side_host_pool is not None and (matched or not completed):
+            self._release_window(operation)  # no node took the window (an inserted one did)
         self.on_event("insert", {"operation": operation, "matched": matched, "end": completed})
         self._retire(rid, "done")
 
-    def _keeps_side_result(self, operation: PrefetchOperation) -> bool:
-        """An SWA world's verdict on a result (``storage_side.is_whole``); a window read in
-        full is judged (INV-39) and then goes back, as the tree keeps no node of it."""
+    def _judge_side_result(self, operation: PrefetchOperation) -> bool:
+        """An SWA world's verdict on a result (``storage_side.is_whole``), judged (INV-39)
+        before anything of it goes back or into a node."""
         whole = is_whole(self, operation)
         self.on_event("side_verdict", {"operation": operation, "accepted": whole})
+        return whole
+
+    def _release_window(self, operation: PrefetchOperation) -> None:
         if id(operation) in self.side_done:  # the IO is done with the window
             release_staging(self, side_transfers(operation))
-        return whole
 
     def _retire(self, rid: str, outcome: str) -> None:
         info = self.ongoing_prefetch.pop(rid)
