@@ -25,6 +25,11 @@ component and side): the ``[layers, copies]`` destination and source arrays that
 ``PlanCache`` keeps the plans of the last few index tensors, keyed by tensor identity and
 version, so the per-layer loads of one batch (same index tensors, one launch per layer) plan
 and validate once.
+
+The per-transfer math (``plan_row_runs``, ``build_descriptor_table``) runs in numpy, not torch:
+torch splits a CPU op of 32,768 elements or more (a 32k-token load; 61 layers of 512 copies)
+over its intra-op threads, and waking them costs the calling thread milliseconds on every load
+whose pool threads slept since the last one; numpy runs it on the caller (issue 30).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
@@ -60,6 +67,12 @@ class HostRowGeometry:
         """Element offsets of piece 0 of each slot, relative to the layer base (int64)."""
         pages = torch.div(slots, self.page_size, rounding_mode="floor")
         return pages * self.page_stride + (slots - pages * self.page_size) * self.slot_stride
+
+    def slot_offsets_np(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``slot_offsets`` of CPU slots, in numpy (on the calling thread: see the module doc)."""
+        pages, within = np.divmod(slots, self.page_size)
+        offsets: npt.NDArray[np.int64] = pages * self.page_stride + within * self.slot_stride
+        return offsets
 
 
 def compute_host_row_geometry(
@@ -113,16 +126,22 @@ def plan_row_runs(geometry: HostRowGeometry, host: torch.Tensor, device: torch.T
     """Merge index pairs into runs that are contiguous in memory on both sides (one piece rows)."""
     assert geometry.piece_num == 1
     assert host.numel() == device.numel()
-    row = geometry.piece_numel
-    host_rows = torch.div(geometry.slot_offsets(host), row, rounding_mode="floor")
     if host.numel() == 0:
         empty = torch.zeros(0, dtype=torch.int64)
         return RowRuns(empty, empty, empty)
-    starts_run = torch.ones(host.numel(), dtype=torch.bool)
-    starts_run[1:] = (host_rows[1:] != host_rows[:-1] + 1) | (device[1:] != device[:-1] + 1)
-    starts = starts_run.nonzero().view(-1)
-    ends = torch.cat([starts[1:], torch.tensor([host.numel()], dtype=torch.int64)])
-    return RowRuns(host_rows[starts], device[starts], ends - starts)
+    # numpy on the calling thread (the module doc says why); the tensors share its arrays
+    host_np = host.to(torch.int64).numpy()
+    device_np = device.to(torch.int64).numpy()
+    host_rows = geometry.slot_offsets_np(host_np) // geometry.piece_numel
+    starts_run = np.ones(host_np.size, dtype=np.bool_)
+    starts_run[1:] = (host_rows[1:] != host_rows[:-1] + 1) | (device_np[1:] != device_np[:-1] + 1)
+    starts = np.flatnonzero(starts_run)
+    lengths = np.diff(starts, append=host_np.size)
+    return RowRuns(
+        torch.from_numpy(host_rows[starts]),
+        torch.from_numpy(device_np[starts]),
+        torch.from_numpy(lengths.astype(np.int64, copy=False)),
+    )
 
 
 @dataclass(frozen=True)
@@ -204,15 +223,18 @@ def build_descriptor_table(
     ``device_bases[l][c]`` its device buffer of layer ``l``. Vectorized: no loop per copy or
     layer."""
     layers = len(device_bases)
-    layer_ids = torch.arange(layers, dtype=torch.int64)[:, None]
-    device = torch.tensor(device_bases, dtype=torch.int64).reshape(layers, len(copies))
+    layer_ids = np.arange(layers, dtype=np.int64)[:, None]
+    device = np.array(device_bases, dtype=np.int64).reshape(layers, len(copies))
     host_rows = [
-        c.host_offsets[None, :] + (host_bases[k] + layer_ids * c.host_layer_stride_bytes)
+        c.host_offsets.numpy()[None, :] + (host_bases[k] + layer_ids * c.host_layer_stride_bytes)
         for k, c in enumerate(copies)
     ]
-    device_rows = [c.device_offsets[None, :] + device[:, k : k + 1] for k, c in enumerate(copies)]
-    host_table = torch.cat(host_rows, dim=1).contiguous()
-    device_table = torch.cat(device_rows, dim=1).contiguous()
+    device_rows = [
+        c.device_offsets.numpy()[None, :] + device[:, k : k + 1] for k, c in enumerate(copies)
+    ]
+    # numpy on the calling thread (the module doc says why); the tensors share its arrays
+    host_table = torch.from_numpy(np.ascontiguousarray(np.concatenate(host_rows, axis=1)))
+    device_table = torch.from_numpy(np.ascontiguousarray(np.concatenate(device_rows, axis=1)))
     sizes = torch.cat([c.sizes for c in copies]).contiguous()
     dsts, srcs = (host_table, device_table) if d2h else (device_table, host_table)
     bases = tuple(tuple(row) for row in device_bases)

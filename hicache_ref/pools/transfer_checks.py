@@ -5,6 +5,11 @@
 destinations) and returns the values on the CPU; ``check_page_first_direct_chunks`` adds the
 whole-page rule of the ``direct`` backend's page-local layouts. A CUDA index tensor is copied to
 the CPU for these checks (``_host_values``), one host sync each.
+
+The checks of a large pair run in numpy, not torch: torch splits a CPU op of 32,768 elements or
+more over its intra-op threads, and waking them costs the caller milliseconds where the pool's
+threads have gone to sleep between loads (issue 30; ``benchmarks/RESULTS.md``); numpy runs the
+same math on the calling thread.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from hicache_ref.errors import (
@@ -82,7 +88,11 @@ def check_transfer_indices(
     ):
         if values.numel() == 0:
             continue
-        low, high = (min(listed), max(listed)) if listed else (int(values.min()), int(values.max()))
+        if listed:
+            low, high = min(listed), max(listed)
+        else:
+            array = values.numpy()
+            low, high = int(array.min()), int(array.max())
         # Verify no negative index (sgl-kernel would skip it and leave the row stale)
         if low < 0:
             position = int((values < 0).nonzero()[0, 0])
@@ -102,14 +112,21 @@ def check_transfer_indices(
         if direction == "d2h"
         else (device, device_list, "device_indices")
     )
-    distinct = len(set(listed)) if listed is not None else torch.unique(destination).numel()
     # Verify no destination row is written twice
-    if distinct != destination.numel():
+    if _repeats_a_value(destination, listed):
         raise HiCacheInputError(
             f"{name} (the {direction} destination) repeats a row; each destination row may be "
             "written once per transfer"
         )
     return host, device
+
+
+def _repeats_a_value(values: torch.Tensor, listed: list[int] | None) -> bool:
+    """Whether a CPU int64 index tensor holds a value twice (``listed``: its values, if small)."""
+    if listed is not None:
+        return len(set(listed)) != len(listed)
+    ordered = np.sort(values.numpy(), kind="stable")
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def check_page_first_direct_chunks(

@@ -328,6 +328,33 @@ def test_runs_merge_exactly_where_memory_is_contiguous(layout: str, runs: int) -
     assert int(plan.lengths.sum()) == 8
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    layout=st.sampled_from(["layer_first", "page_first", "page_first_direct", "layer_page_first"]),
+    pairs=st.lists(st.tuples(st.integers(0, 31), st.integers(0, 47)), max_size=40),
+)
+def test_runs_expand_back_to_exactly_the_pairs_in_order(
+    layout: str, pairs: list[tuple[int, int]]
+) -> None:
+    """The planner's runs (numpy, on the caller's thread) cover each pair once and in order: row
+    ``j`` of a run is the next pair's host row and device loc."""
+    geometry = compute_host_row_geometry(layout, 32, 3, 4, (1, 5))  # type: ignore[arg-type]
+    host = torch.tensor([h for h, _ in pairs], dtype=torch.int64)
+    device = torch.tensor([d for _, d in pairs], dtype=torch.int64)
+    plan = plan_row_runs(geometry, host, device)
+    expanded = [
+        (first_host + j, first_device + j)
+        for first_host, first_device, length in zip(
+            plan.host_rows.tolist(), plan.device_rows.tolist(), plan.lengths.tolist(), strict=True
+        )
+        for j in range(length)
+    ]
+    row = geometry.piece_numel
+    rows = [int(geometry.slot_offsets(torch.tensor([h]))[0]) // row for h, _ in pairs]
+    assert expanded == list(zip(rows, [d for _, d in pairs], strict=True))
+    assert all(length >= 1 for length in plan.lengths.tolist())
+
+
 def test_a_plan_reaching_past_its_buffer_is_refused_before_any_copy() -> None:
     geometry = compute_host_row_geometry("layer_first", 8, 2, 4, (1, 2))
     runs = plan_row_runs(geometry, torch.tensor([6, 7]), torch.tensor([0, 1]))
