@@ -251,6 +251,9 @@ class PpTicketRecord:
     shard_tokens: int | None = None  # 0.5.21 - 0.5.22 (the ticket carries PP rank 0's hit):
     # the leading run of the ticket's tokens this rank's shard held when PP rank 0 decided the
     # hit; None where every rank queries its own shard (0.5.23+)
+    stray_writes: tuple[tuple[int, str], ...] = ()  # (host slot, its holder then: a ticket's
+    # id, "write", or "free") of every page the rank's IO wrote for this ticket into a slot the
+    # ticket did not hold at that moment (the host pool's page writes, watched)
 
 
 @dataclass(frozen=True)

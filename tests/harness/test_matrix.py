@@ -193,6 +193,23 @@ def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> No
     assert not_driven(tmp_path, {"storage", "storage:pp"}) == []
 
 
+def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_path: Path) -> None:
+    # 0.5.21+'s tickets carry sidecar pool specs, and 0.5.20+'s unified radix cache lets PP
+    # rank 0 decide the timeout verdict: the PP gate's KV-only, ticketed worlds draw neither
+    hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
+    hybrid.mkdir(parents=True)
+    (hybrid.parent / "hicache_storage.py").write_text("")
+    (hybrid / "hybrid_cache_controller.py").write_text(
+        "class HybridCacheController:\n    def pp_prefetch_command_thread_func(self): ...\n"
+        "    pool_specs = ()\n"
+    )
+    (hybrid.parent / "unified_radix_cache.py").write_text("# Wall clocks differ: PP0 decides\n")
+    parts = dict(not_driven(tmp_path, {"storage", "storage:pp"}))
+    assert set(parts) == {"pp sidecar tickets", "pp timeout verdict"}
+    assert "pool_specs is empty" in parts["pp sidecar tickets"]
+    assert "without a PP ticket" in parts["pp timeout verdict"]
+
+
 # -- the command line -------------------------------------------------------------------------
 def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

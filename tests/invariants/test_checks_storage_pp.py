@@ -102,3 +102,10 @@ def test_inv38_a_body_still_running_is_judged_only_by_its_order() -> None:
     )
     STORAGE_CHECKS["INV-38"](replace(ahead, pp_at_rest=False))
     fires(ahead, "took 2 ticket")  # at rest, every rank took every ticket
+
+
+def test_inv38_an_io_write_into_a_slot_the_ticket_no_longer_held_is_caught() -> None:
+    # under storage points: b was released while rank 1's IO waited at a page write, its slots
+    # were freed at once, and the page landed in them (free by then)
+    fires(healthy(stray_writes=((4, "free"), (5, "free"))), r"slot\(s\) 4, 5, which the ticket")
+    fires(healthy(stray_writes=((6, "c"),)), r"holders then: c\)")
