@@ -10,8 +10,8 @@ files, never from a finding's absence):
   in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, the draft
   releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
   sidecars in pool groups and of independent pools, buffer mode, PP prefetch (and what of it
-  no PP world draws: sidecar pools on a ticket, the timeout policy's PP-rank-0 verdict), decode
-  context parallel);
+  no PP world draws: an independent side pool on a ticket, the timeout policy's PP-rank-0
+  verdict), decode context parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
 - ``not_driven``: each part the tree has and the implementation's capabilities leave out.
 """
@@ -69,13 +69,13 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "(enable_pp_ticket); the PP gate (harness/campaigns/pp_gate.py, run by the matrix) drives "
     "it on a tree whose hybrid controller the harness loads (storage:pp: 0.5.21 - 0.5.22's "
     "tickets carrying PP rank 0's hit, 0.5.23's queried by every PP rank; the command, IO, "
-    "sync and backup threads under schedule points; assume_stored submits); this tree's was "
-    "not granted (issue 27)",
-    "pp sidecar tickets": "a PP world is a KV-only pool group, so every PP ticket's pool_specs "
-    "is empty: the sidecar half of the tickets (_allocate_pp_prefetch_buffers' per-pool slots, "
-    "the follower's PoolTransfers rebuilt from the specs, "
-    "_resolve_sidecar_kv_derived_pool_transfers, the pool hits in the ack's MIN) is not drawn "
-    "(issue 27)",
+    "sync and backup threads under schedule points; assume_stored submits; a draft sidecar on "
+    "the tickets); this tree's was not granted (issue 27)",
+    "pp independent-pool tickets": "a PP world's pool group is KV alone or with the draft "
+    "sidecar riding on the KV's slots (a pool spec with indices_from_pool KV, drawn in half the "
+    "PP worlds); a spec of an independent side pool (its own slots: num_slots, its keys, "
+    "TRAILING_PAGES hits, _allocate_pp_prefetch_buffers' per-pool allocation and rollback) is "
+    "never drawn (issue 27)",
     "pp timeout verdict": "the timeout stop policy's verdict in a PP group "
     "(_can_terminate_prefetch: PP rank 0 decides, _all_reduce hands it along PP) runs only for "
     "a prefetch without a PP ticket (cache mode), which the PP gate's buffer_only worlds never "
@@ -110,7 +110,7 @@ def features_of(tree: Path) -> list[str]:
         "independent-pool storage": "def _page_transfer_sidecar" in hybrid_text,
         "buffer mode": (tree / MEM_CACHE / "buffer_mode").is_dir(),
         "pp prefetch": "pp_prefetch_command_thread_func" in hybrid_text,
-        "pp sidecar tickets": "pool_specs" in hybrid_text,
+        "pp independent-pool tickets": "pool_specs" in hybrid_text,
         "pp timeout verdict": _mentions(tree / MEM_CACHE / "unified_radix_cache.py", PP0_VERDICT),
         "decode context parallel": _mentions(tree / MEM_CACHE / "pool_host" / "mla.py", "dcp_size"),
     }

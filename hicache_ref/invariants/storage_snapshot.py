@@ -276,4 +276,5 @@ class StorageSnapshot:
     detached: bool = False  # taken right after a detach (INV-24)
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
     pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
-    pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it
+    pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it, and
+    # no IO or sync thread has work (under storage points a follower's may publish later)

@@ -194,8 +194,9 @@ def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> No
 
 
 def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_path: Path) -> None:
-    # 0.5.21+'s tickets carry sidecar pool specs, and 0.5.20+'s unified radix cache lets PP
-    # rank 0 decide the timeout verdict: the PP gate's KV-only, ticketed worlds draw neither
+    # 0.5.21+'s tickets carry pool specs (the PP gate draws only the draft sidecar riding on the
+    # KV's slots), and 0.5.20+'s unified radix cache lets PP rank 0 decide the timeout verdict
+    # (only without a ticket): the PP gate's ticketed worlds draw neither part
     hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
     hybrid.mkdir(parents=True)
     (hybrid.parent / "hicache_storage.py").write_text("")
@@ -205,8 +206,8 @@ def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_pa
     )
     (hybrid.parent / "unified_radix_cache.py").write_text("# Wall clocks differ: PP0 decides\n")
     parts = dict(not_driven(tmp_path, {"storage", "storage:pp"}))
-    assert set(parts) == {"pp sidecar tickets", "pp timeout verdict"}
-    assert "pool_specs is empty" in parts["pp sidecar tickets"]
+    assert set(parts) == {"pp independent-pool tickets", "pp timeout verdict"}
+    assert "independent side pool" in parts["pp independent-pool tickets"]
     assert "without a PP ticket" in parts["pp timeout verdict"]
 
 

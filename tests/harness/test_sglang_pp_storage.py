@@ -243,16 +243,60 @@ def test_pp_window_bug_shows_only_with_a_point_inside_the_io_body(
     run_program(SglangImplementation(tree_0523), story)  # the unmodified tree honours it
 
 
+def test_a_ticket_carries_its_draft_sidecar_to_every_pp_rank(tree_0523: Path) -> None:
+    # a draft pool riding on the KV's slots: the ticket's pool spec names it, every rank's
+    # staged operation reads its pages on the KV's slots (batch_get_v2 beside each KV batch)
+    tree = PpTree(SglangImplementation(tree_0523), pp_config(sidecar=True))
+    rid = tree.submit(tree.back_up(2), 0)
+    assert rid is not None
+    (spec,) = tree.cc[0].pp_prefetch_states[rid].ticket.pool_specs
+    assert (spec.name.value, spec.indices_from_pool.value, spec.num_slots) == ("draft", "kv", 0)
+    assert tree.command_step()
+    for controller in tree.cc:
+        operation = controller.pp_prefetch_states[rid].operation
+        (draft,) = operation.pool_transfers
+        assert draft.host_indices.tolist() == operation.host_indices.tolist()
+    tree.run_until_idle()
+    for controller in tree.cc:  # a batch counts min(KV pages, sidecar pages) read
+        assert int(controller.pp_prefetch_states[rid].operation.completed_tokens) == 4
+    assert tree.check_progress(rid)
+    tree.release(rid)
+    tree.finish()
+
+
+SIDECAR_READ_RELEASE = (
+    PpOp("back_up", 1), PpOp("fetch", 0), PpOp("io", 1), PpOp("io", 1), PpOp("release", 0),
+)  # fmt: skip
+"""A 2-page ticket with a draft sidecar; every rank's IO runs to its KV read (``io(1)``), then
+to its sidecar read; the request is released there."""
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_PP_WINDOWS, ids=lambda bug: bug.NAME)
+def test_pp_window_bug_shows_at_the_sidecar_read_without_page_points(
+    bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
+) -> None:
+    # 0.5.23's KV read re-checks termination before each page; the sidecar's batch_get_v2 lands
+    # its pages without a look, so a release at that read reaches the freed slots at once
+    planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
+    story = PpProgram(False, "memory", True, SIDECAR_READ_RELEASE, True, False, sidecar=True)
+    with pytest.raises(InvariantViolation, match=r"slot\(s\) 4, 5, 6, 7, which") as info:
+        run_program(planted, story)
+    assert info.value.inv_id in bug.INVARIANTS
+    run_program(planted, replace(story, storage_points=False))  # whole bodies: nothing lands
+    run_program(SglangImplementation(tree_0523), story)  # the unmodified tree honours it
+
+
 @pytest.mark.parametrize("bug", BUGS_0523_PP_WINDOWS, ids=lambda bug: bug.NAME)
 def test_pp_window_bug_planted_in_0_5_23_is_caught_by_the_pp_gate(
     bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
 ) -> None:
-    # the PP gate with the storage threads under points finds it; the program it found, with
-    # the storage threads running whole bodies, passes
+    # the PP gate with the storage threads under points finds it (at a page write, or at a
+    # draft sidecar's read); the program it found, with whole bodies, passes
     planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
     report = run_pp_gate(planted, seconds=WINDOW_BUG_SECONDS)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
-    assert report.found is not None and report.found.page_points, report.program
+    found = report.found
+    assert found is not None and (found.page_points or found.sidecar), report.program
     run_program(planted, replace(report.found, storage_points=False, page_points=False))
 
 

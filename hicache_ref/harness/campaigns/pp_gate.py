@@ -8,13 +8,15 @@ machine's storage rules do not model. A case draws the world's faults and a prog
 to idle, so every ticket is retired and judged (INV-38 after every step). ``run_pp_gate`` runs
 cases until its budget is spent or one fails; Hypothesis then shrinks the failing program.
 
-- ``PpProgram``: the drawn world (faults, backend, schedule points: half the worlds park the
-  command threads at every point of their loop bodies, so a submit, a release or another
-  thread's step lands between a ticket's query, allocation and state lookups; half of those
-  park the IO, sync and backup threads too, at the points any storage world with points parks
-  them at, and half of those the IO before each host page it writes, so a release or a progress
-  check lands between two batches of a ticket's IO or inside its sync thread's publication) and
-  steps (``PpOp``: a verb and a number the verb reads as its pick);
+- ``PpProgram``: the drawn world (faults, backend, schedule points: three in four worlds park
+  the command threads at every point of their loop bodies, so a submit, a release or another
+  thread's step lands between a ticket's query, allocation and state lookups; three in four of
+  those park the IO, sync and backup threads too, at the points any storage world with points
+  parks them at, and three in four of those the IO before each host page it writes, so a
+  release or a progress check lands between two batches of a ticket's IO or inside its sync
+  thread's publication; half the worlds have a draft pool riding on the KV's slots, so every
+  ticket carries its pool spec and every IO reads its sidecar pages) and steps (``PpOp``: a verb
+  and a number the verb reads as its pick; the runs of steps and the search rounds below);
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
 - ``run_pp_gate``: the budgeted search, its ``PpGateReport`` (cases, checks, the failure).
@@ -100,13 +102,15 @@ class PpProgram:
     ops: tuple[PpOp, ...]
     storage_points: bool = False  # (with points) so do the IO, sync and backup threads
     page_points: bool = False  # (with storage points) the IO before each host page it writes
+    sidecar: bool = False  # a draft pool rides on the KV's slots: every ticket carries its spec
 
     def describe(self) -> str:
         steps = " ".join(op.describe() for op in self.ops)
         threads = f" storage_points={self.storage_points}" if self.storage_points else ""
         pages = f" page_points={self.page_points}" if self.page_points else ""
+        sidecar = " sidecar=True" if self.sidecar else ""
         world = f"faults={self.faults} backend={self.backend} points={self.points}"
-        return f"{world}{threads}{pages}: {steps}"
+        return f"{world}{threads}{pages}{sidecar}: {steps}"
 
 
 def _nested(program: PpProgram) -> PpProgram:
@@ -125,8 +129,8 @@ OPS = st.builds(PpOp, verb=st.sampled_from(DRAWN_VERBS), pick=st.integers(0, 7))
 
 
 MOSTLY = st.sampled_from([True, True, True, False])
-"""Three worlds in four: the storage threads' points, then the page points, inside a world
-whose command threads park (a superset of its points, so no world of points only is lost)."""
+"""Three worlds in four: the command threads' points, then the storage threads' too, then the
+page points (each inside the last; every kind of world is still drawn)."""
 
 
 def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
@@ -136,12 +140,13 @@ def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
         PpProgram,
         faults=st.booleans(),
         backend=st.sampled_from(["memory", "file"]),
-        points=st.booleans(),
+        points=MOSTLY,
         ops=st.lists(
             st.lists(OPS, min_size=1, max_size=RUN_STEPS_MAX), min_size=1, max_size=RUNS_MAX
         ).map(lambda runs: (FIRST, *(op for run in runs for op in run))),
         storage_points=MOSTLY if storage_points else st.just(False),
         page_points=MOSTLY,
+        sidecar=st.booleans(),
     ).map(_nested)
 
 
@@ -194,7 +199,12 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
 
 def run_program(implementation: Implementation, program: PpProgram, seed: int = 0) -> PpTree:
     """One case: a fresh PP world, the program, then every request released and run to idle."""
-    config = pp_config(storage_faults=program.faults, storage_backend=program.backend, seed=seed)
+    config = pp_config(
+        sidecar=program.sidecar,
+        storage_faults=program.faults,
+        storage_backend=program.backend,
+        seed=seed,
+    )
     tree = PpTree(
         implementation,
         config,

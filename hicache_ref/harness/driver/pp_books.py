@@ -10,7 +10,8 @@ rank, in the order a ticket meets them:
   tickets in take order, and what its scheduler received and finished;
 - ``watch_host_pool``: the KV host pool's ``alloc`` / ``free`` / ``set_from_flat_data_page``
   wrapped, so the book learns each slot's holder as the slot changes hands, and each page the
-  IO thread lands is judged against the holder of its slots at that moment.
+  IO thread lands is judged against the holder of its slots at that moment (a draft sidecar's
+  pages too: they ride on the KV's slots).
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def watch_host_pool(
                 book.owners.pop(int(slot), None)
         return freed
 
-    def watched_page_set(index: Any, data_page: Any) -> None:
-        page_set(index, data_page)
+    def watched_slots(index: Any) -> None:
+        """The IO thread landed a page of its ticket at host slot ``index``: who held it."""
         if getattr(threading.current_thread(), "function", "") != IO_FUNC:
             return
         rid = controller.storage.current_request(StorageStepKind.IO)
@@ -114,5 +115,24 @@ def watch_host_pool(
         if strays and log is not None:
             log.stray_writes += strays
 
+    def watched_page_set(index: Any, data_page: Any) -> None:
+        page_set(index, data_page)
+        watched_slots(index)
+
     pool.alloc, pool.free = watched_alloc, watched_free
+    pool.set_from_flat_data_page = watched_page_set
+    for entry in getattr(controller.mem_pool_host, "entries", ()):
+        if entry.host_pool is not pool:  # a sidecar riding on the KV's slots
+            _watch_rider(entry.host_pool, watched_slots)
+
+
+def _watch_rider(pool: Any, watched_slots: Any) -> None:
+    """A sidecar pool whose pages ride on the KV's slots: each page the IO lands is judged as
+    a KV page at the same slot."""
+    page_set = pool.set_from_flat_data_page
+
+    def watched_page_set(index: Any, data_page: Any) -> None:
+        page_set(index, data_page)
+        watched_slots(index)
+
     pool.set_from_flat_data_page = watched_page_set

@@ -20,12 +20,9 @@ every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protoc
   at schedule points, alone unless ``storage_points``), ``point(rank)`` runs one rank's to its
   next point (the collective on every rank at once), so the scheduler's steps land in between;
 - ``storage_step``: the IO or sync thread of every rank in lockstep (the sync thread publishes
-  a ticket's completion by setting its ``ready_event``); with ``storage_points`` the IO, sync
-  and backup threads park at the points they park at in any storage world with points (backend
-  calls, an operation's lock, control-queue puts, collectives; with ``page_points`` before each
-  host page the IO writes), and a step runs every rank's thread of the kind to its next point
-  (``storage_points.PointSchedule``: a collective on every rank at once), so a release, a
-  progress check or a command step lands inside a ticket's IO or sync body;
+  a ticket's completion by setting its ``ready_event``); with ``storage_points`` (and
+  ``page_points``) to its next point (``pp_storage_threads``), so a release, a progress check or
+  a command step lands inside a ticket's IO or sync body;
 - ``check_progress``: ``_check_pp_prefetch_progress``: PP rank 0's readiness (MAX over the ranks),
   then ``take_ready_pp_prefetch`` on every rank; a staged hit is consumed as the buffer pipeline
   consumes it (the tail past the completed tokens goes back through ``append_host_mem_release``,
@@ -56,18 +53,16 @@ from typing import Any
 
 import torch
 
-from hicache_ref.controller.storage.lockstep import run_lockstep
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import HiCacheInputError, HiCacheSetupError, InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
-from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC
+from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC, sidecar_transfers
 from hicache_ref.harness.adapters.sglang_stubs import RadixKey
 from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
 from hicache_ref.harness.driver.pp_books import RankBook, TicketLog, watch_host_pool
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
-from hicache_ref.harness.driver.storage_points import PointSchedule
-from hicache_ref.harness.schedule import points as schedule_points
-from hicache_ref.harness.schedule.points import WAIT, Grant
+from hicache_ref.harness.driver.pp_storage_threads import TICKET_KINDS, PpStorageThreads
+from hicache_ref.harness.schedule.points import WAIT
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.recording_storage import page_digest
 from hicache_ref.harness.world.storage_world import StorageWorld
@@ -82,20 +77,21 @@ from hicache_ref.invariants.storage_snapshot import (
 
 PP_RANKS = 2
 MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
-IDLE_ROUNDS_MAX = 200
-"""Rounds ``run_until_idle`` may take with whole loop bodies (each round runs every kind)."""
-IDLE_ROUNDS_POINTS_MAX = 4_000
-"""... and with the storage threads stepped point by point (a body has up to a dozen)."""
-STOP_POINTS_MAX = 64
-"""Points ``storage_to`` runs a thread kind at most (a body of a 4-page ticket has about 14)."""
+IDLE_ROUNDS_MAX = 200  # rounds of run_until_idle with whole bodies (a round runs every kind)
+IDLE_ROUNDS_POINTS_MAX = 4_000  # ... stepped point by point (a body has up to a dozen)
+STOP_POINTS_MAX = 64  # points storage_to runs a kind at most (a 4-page ticket's IO: about 14)
 
 
-def pp_config(**fields: Any) -> HarnessConfig:
-    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools."""
+def pp_config(*, sidecar: bool = False, **fields: Any) -> HarnessConfig:
+    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools; ``sidecar``:
+    with a one-layer draft pool riding on the KV's slots (its pages beside the KV's in L3 and
+    on every ticket: the ticket's ``pool_specs``)."""
+    group = {"pool_group": "sidecar", "draft_layer_num": 1} if sidecar else {}
     base: dict[str, Any] = {
         "page_size": 2,
         "layer_num": 2,
         "pool_group": "anchor",
+        **group,
         "storage_ranks": PP_RANKS,
         "storage_pp": True,
         "storage_batch_pages": 2,
@@ -190,8 +186,9 @@ class PpTree:
             watch_host_pool(self.books[rank], controller, self.broadcast.received[rank], self)
         self.points = points
         self.storage_points = storage_points
-        # with storage points: who may move, and the holds at a collective (every rank's at once)
-        self.schedule = PointSchedule(len(self.cc)) if storage_points else None
+        self.threads = PpStorageThreads(
+            self.cc, self.storage.group, self.storage.threads, points=storage_points
+        )
         self.commands = PpCommandThreads(self.cc, self.broadcast, self.storage.group)
         if points:  # the command threads park at every point of their loop bodies; with
             for controller in self.cc:  # storage points every storage thread parks too
@@ -316,8 +313,9 @@ class PpTree:
         handle = RequestHandle(rid)
         key = RadixKey(array("q", tokens)).page_aligned(self.page)
         assumed = {"assume_stored": True} if assume_stored and self.assumes else {}
+        sidecars = sidecar_transfers() if controller._harness_sidecar() else None
         submission = controller.submit_prefetch(
-            handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), None, **assumed
+            handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), sidecars, **assumed
         )
         self.spans[rid] = (chain.index, start)
         if assumed:
@@ -419,19 +417,8 @@ class PpTree:
         """The ``kind`` thread of every rank in lockstep (False: no rank had work); with
         storage points, every rank's to its next point (a rank parked at a collective waits
         there until every rank's is: then all go at once)."""
-        tiers = [c.storage for c in self.cc]
-        if self.schedule is None:
-            if not any(t.has_work(kind) for t in tiers):
-                return False
-            run_lockstep(tiers, self.storage.group, kind, self.storage.threads)
-        else:
-            if not self.schedule.movable(tiers, kind):
-                return False
-            self.schedule.before_step(tiers, kind, Grant(), 0)
-            try:
-                run_lockstep(tiers, self.storage.group, kind, self.storage.threads)
-            finally:
-                self.schedule.after_step(tiers)
+        if not self.threads.step(kind):
+            return False
         self._take_calls()
         self._mark_ready()
         self.check()
@@ -441,13 +428,10 @@ class PpTree:
         """With storage points: every rank's ``kind`` thread, point by point, until one parks
         at a point of kind ``stop`` (``wait``: until every rank's waits again) or none can
         move; how many steps ran."""
-        tiers = [c.storage for c in self.cc]
         for steps in range(STOP_POINTS_MAX):
             if not self.storage_step(kind):
                 return steps
-            at = [schedule_points.position(t, kind) for t in tiers]
-            kinds = {WAIT if p is None else p.kind for p in at}
-            if (stop == WAIT and kinds == {WAIT}) or (stop != WAIT and stop in kinds):
+            if self.threads.stopped_at(kind, stop):
                 return steps + 1
         return STOP_POINTS_MAX
 
@@ -462,7 +446,7 @@ class PpTree:
     def run_until_idle(self) -> None:
         """Every queued ticket, IO, sync and backup, until no rank has work (with storage
         points: until no thread can move; one parked at a collective no peer reaches is INV-20)."""
-        rounds_max = IDLE_ROUNDS_MAX if self.schedule is None else IDLE_ROUNDS_POINTS_MAX
+        rounds_max = IDLE_ROUNDS_POINTS_MAX if self.storage_points else IDLE_ROUNDS_MAX
         for _ in range(rounds_max):
             ran = self.command_step()
             for kind in (StorageStepKind.IO, StorageStepKind.SYNC, StorageStepKind.BACKUP):
@@ -473,9 +457,7 @@ class PpTree:
         raise HiCacheSetupError(f"the PP world did not go idle within {rounds_max} rounds")
 
     def _verify_no_thread_stuck(self) -> None:
-        if self.schedule is None:
-            return
-        stuck = self.schedule.stuck_at_collective([c.storage for c in self.cc])
+        stuck = self.threads.stuck()
         # Verify no storage thread waits at a collective its peers never reach (INV-20)
         if stuck is not None:
             raise InvariantViolation("INV-20", f"the PP world is idle but {stuck}")
@@ -486,6 +468,7 @@ class PpTree:
         ready = bool(self.cc[0].is_pp_prefetch_ready(rid))  # MAX over ranks: PP rank 0 decides
         if not ready:
             return False
+        self._await_ready(rid)
         for rank, controller in enumerate(self.cc):
             state_of = controller.pp_prefetch_states.get(rid)
             log = self.books[rank].ticket(rid, self.epoch)
@@ -506,6 +489,17 @@ class PpTree:
                 self._consume(rank, host[:completed])
         self.check()
         return True
+
+    def _await_ready(self, rid: str) -> None:
+        """Every rank's ``take_ready_pp_prefetch`` waits on its ticket's ``ready_event``: under
+        storage points a follower's sync thread may publish after PP rank 0's, so the threads
+        run on (a point at a time) until every rank's is set or none can move."""
+        for _ in range(IDLE_ROUNDS_POINTS_MAX):
+            states = [c.pp_prefetch_states.get(rid) for c in self.cc]
+            if all(s is None or s.ready_event.is_set() for s in states):
+                return
+            if not any([self.storage_step(kind) for kind in TICKET_KINDS]):
+                return
 
     def _consume(self, rank: int, host: Any) -> None:
         """The buffer pipeline loads the staged pages to the device, then frees them."""
@@ -575,12 +569,17 @@ class PpTree:
             acks=tuple(() for _ in self.cc),
             collectives=tuple(() for _ in self.cc),
             pp_tickets=tickets,
-            pp_at_rest=all(self.at_rest(rank) for rank in range(len(self.cc))),
+            pp_at_rest=self._at_rest(),
             l3=L3Model(
                 reads=tuple(self.reads),
                 expected=tuple((r, k, d) for (r, k), d in sorted(self.expected.items())),
             ),
         )
+
+    def _at_rest(self) -> bool:
+        """Every command thread waits with no ticket for it, and no IO or sync thread has work
+        (under storage points a follower's may still be on its way to a ticket's completion)."""
+        return not self.threads.busy() and all(self.at_rest(r) for r in range(len(self.cc)))
 
     def check(self) -> None:
         self.steps += 1
