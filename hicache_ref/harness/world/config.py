@@ -123,10 +123,11 @@ class HarnessConfig(BaseModel):
     the hybrid controller's ``allocate_storage_hit(allow_partial=True)``, called where the
     controller has it). Off: such a hit is revoked. Drawn last, so older traces replay alike."""
     storage_pp: bool = False
-    """The storage ranks are 2 pipeline-parallel ranks (TP 1 each) of 0.5.23's hybrid controller
+    """The storage ranks are 2 pipeline-parallel ranks (TP 1 each) of 0.5.21+'s hybrid controller
     in ``buffer_only`` host memory: PP rank 0 submits prefetch tickets, its PP command thread
     broadcasts them over the PP command group, and every rank queries and allocates in ticket
-    order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38)."""
+    order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38). Its pool group is
+    KV alone (``anchor``) or with the draft pool riding on the KV's slots (``sidecar``)."""
     seed: int = 0
 
     @model_validator(mode="after")
