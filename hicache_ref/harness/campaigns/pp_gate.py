@@ -134,8 +134,8 @@ page points (each inside the last; every kind of world is still drawn)."""
 
 
 def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
-    """Programs as the gate draws them; ``storage_points=False`` draws none with the storage
-    threads parked inside their bodies (what the gate drew before they were: a baseline)."""
+    """Programs as the gate draws them; ``storage_points=False`` the same draw with the storage
+    threads always running whole loop bodies (a baseline: what points inside them add)."""
     return st.builds(
         PpProgram,
         faults=st.booleans(),
