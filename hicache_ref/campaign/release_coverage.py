@@ -9,8 +9,9 @@ files, never from a finding's absence):
 - ``features_of``: the tree's parts that matter to the gate, each detected by a file or a name
   in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, the draft
   releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
-  sidecars in pool groups and of independent pools, buffer mode, PP prefetch, decode context
-  parallel);
+  sidecars in pool groups and of independent pools, buffer mode, PP prefetch (and what of it
+  no PP world draws: an independent side pool on a ticket, the timeout policy's PP-rank-0
+  verdict), decode context parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
 - ``not_driven``: each part the tree has and the implementation's capabilities leave out.
 """
@@ -30,6 +31,8 @@ MEM_CACHE = "sglang/srt/mem_cache"
 HYBRID_CONTROLLER = f"{MEM_CACHE}/hybrid_cache/hybrid_cache_controller.py"
 CONTROLLER = "sglang/srt/managers/cache_controller.py"
 RADIX_CACHES = ("hiradix_cache.py", "unified_radix_cache.py")
+PP0_VERDICT = "PP0 decides"
+"""What marks 0.5.20+'s unified radix cache's PP-rank-0 timeout verdict (its comment)."""
 GROUP_CONTROLLER_MARK = "packed_draft_device_pools"
 """What marks 0.5.19+'s pool-group HybridCacheController (the one before serves Mamba alone)."""
 
@@ -66,8 +69,19 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "controller's storage prefetch only in buffer_only mode with a PP group of 2+ ranks "
     "(enable_pp_ticket); the PP gate (harness/campaigns/pp_gate.py, run by the matrix) drives "
     "it on a tree whose hybrid controller the harness loads (storage:pp: 0.5.21 - 0.5.22's "
-    "tickets carrying PP rank 0's hit, 0.5.23's queried by every PP rank); this tree's was not "
-    "granted (issue 27)",
+    "tickets carrying PP rank 0's hit, 0.5.23's queried by every PP rank; the command, IO, "
+    "sync and backup threads under schedule points; assume_stored submits; a draft sidecar on "
+    "the tickets); this tree's was not granted (issue 27)",
+    "pp independent-pool tickets": "a PP world's pool group is KV alone or with the draft "
+    "sidecar riding on the KV's slots (a pool spec with indices_from_pool KV, drawn in half the "
+    "PP worlds); a spec of an independent side pool (its own slots: num_slots, its keys, "
+    "TRAILING_PAGES hits, _allocate_pp_prefetch_buffers' per-pool allocation and rollback) is "
+    "never drawn (issue 27)",
+    "pp timeout verdict": "the timeout stop policy's verdict in a PP group "
+    "(_can_terminate_prefetch: PP rank 0 decides, _all_reduce hands it along PP) runs only for "
+    "a prefetch without a PP ticket (cache mode), which the PP gate's buffer_only worlds never "
+    "make (a ticket's progress is its readiness alone, _check_pp_prefetch_progress) and the "
+    "machine's storage rules never run in a PP world (issue 27)",
     "decode context parallel": "DCP lives in upstream's MLA host pool and index translation; "
     "the gate runs this project's pools (issue 27)",
 }
@@ -97,6 +111,8 @@ def features_of(tree: Path) -> list[str]:
         "independent-pool storage": "def _page_transfer_sidecar" in hybrid_text,
         "buffer mode": (tree / MEM_CACHE / "buffer_mode").is_dir(),
         "pp prefetch": "pp_prefetch_command_thread_func" in hybrid_text,
+        "pp independent-pool tickets": "pool_specs" in hybrid_text,
+        "pp timeout verdict": _mentions(tree / MEM_CACHE / "unified_radix_cache.py", PP0_VERDICT),
         "decode context parallel": _mentions(tree / MEM_CACHE / "pool_host" / "mla.py", "dcp_size"),
     }
     return [name for name in NOT_DRIVEN_REASONS if found[name]]

@@ -5,7 +5,9 @@ rank's command thread takes it off the command group's broadcast, queries it and
 rank-agreed hit into host slots of its own (0.5.23+). On 0.5.21 - 0.5.22 the ticket carries the
 hit: PP rank 0 queried every PP rank's shard when it submitted, and the command threads stage
 that hit without a query of their own, so a rank's staged hit is judged against what its own
-shard held at that query (``PpTicketRecord.shard_tokens``). The snapshot's ``pp_tickets`` is the harness's record
+shard held at that query (``PpTicketRecord.shard_tokens``). On every release a ticket's IO
+writes its pages only into host slots the ticket holds at that moment
+(``PpTicketRecord.stray_writes``: the harness watches the host pool's page writes). The snapshot's ``pp_tickets`` is the harness's record
 of that per rank (``harness/driver/pp_tree.py``); it is empty in every other world, where the
 checker has nothing to judge.
 """
@@ -18,7 +20,9 @@ from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
 from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
 
 
-def _agree(rank: int, mine: PpTicketRecord, first: PpTicketRecord, position: int) -> None:
+def _agree(
+    rank: int, mine: PpTicketRecord, first: PpTicketRecord, position: int, at_rest: bool
+) -> None:
     where = f"PP rank {rank}'s ticket #{position} of epoch {mine.epoch}"
     if mine.request_id != first.request_id:
         raise InvariantViolation(
@@ -41,11 +45,12 @@ def _agree(rank: int, mine: PpTicketRecord, first: PpTicketRecord, position: int
             f"{where} ({mine.request_id!r}) staged a hit of {mine.hit_tokens} tokens but PP rank "
             f"0 staged {first.hit_tokens} (the hit is the MIN over the PP ranks)",
         )
-    if first.ready and not mine.ready:
+    if first.ready and not mine.ready and at_rest:
         raise InvariantViolation(
             "INV-38",
-            f"{where} ({mine.request_id!r}) is not ready while PP rank 0's is (its completion "
-            "is published on every rank by the same synchronized ack)",
+            f"{where} ({mine.request_id!r}) is not ready while PP rank 0's is, with every "
+            "thread at rest (each rank's sync thread publishes it from the same synchronized "
+            "acks; the rank's take_ready_pp_prefetch would wait for it forever)",
         )
 
 
@@ -67,6 +72,17 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
                 "PP rank 0 decided it (the carried hit is the MIN over every PP rank's shard: "
                 "query each rank's keys, extra_info pp_rank; past its shard a rank reads a hole)",
             )
+    # Verify the IO wrote the ticket's pages only into slots the ticket held (#27550's class)
+    if ticket.stray_writes:
+        slots = ", ".join(str(slot) for slot, _ in ticket.stray_writes)
+        holders = ", ".join(holder for _, holder in ticket.stray_writes)
+        raise InvariantViolation(
+            "INV-38",
+            f"{where}: its IO wrote the ticket's pages into host slot(s) {slots}, which the "
+            f"ticket no longer held (holders then: {holders}) (the IO owns a ticket's slots "
+            "until its sync thread publishes the completion: a release before that only marks "
+            "the ticket, release_requested, and the sync thread frees it after the last write)",
+        )
     if ticket.retired and ticket.ready and ticket.held_tokens:
         raise InvariantViolation(
             "INV-38",
@@ -80,14 +96,14 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
 @registered("INV-38", StorageSnapshot, storage=0)
 def check_inv_38_pp_ticket_agreement(evidence: Evidence) -> None:
     """PP ranks take, query and stage the same tickets in the same order; a retired ticket
-    holds no host slot."""
+    holds no host slot; a ticket's IO writes only slots the ticket holds."""
     snapshot = storage_snapshot_of("INV-38", evidence)
     if not snapshot.pp_tickets:
         return
     first = snapshot.pp_tickets[0]
     for rank, tickets in enumerate(snapshot.pp_tickets):
         for position, (mine, theirs) in enumerate(zip(tickets, first, strict=False)):
-            _agree(rank, mine, theirs, position)
+            _agree(rank, mine, theirs, position, snapshot.pp_at_rest)
         if snapshot.pp_at_rest and len(tickets) != len(first):
             raise InvariantViolation(
                 "INV-38",

@@ -277,6 +277,9 @@ class PpTicketRecord:
     shard_tokens: int | None = None  # 0.5.21 - 0.5.22 (the ticket carries PP rank 0's hit):
     # the leading run of the ticket's tokens this rank's shard held when PP rank 0 decided the
     # hit; None where every rank queries its own shard (0.5.23+)
+    stray_writes: tuple[tuple[int, str], ...] = ()  # (host slot, its holder then: a ticket's
+    # id, "write", or "free") of every page the rank's IO wrote for this ticket into a slot the
+    # ticket did not hold at that moment (the host pool's page writes, watched)
 
 
 @dataclass(frozen=True)
@@ -299,5 +302,6 @@ class StorageSnapshot:
     detached: bool = False  # taken right after a detach (INV-24)
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
     pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
-    pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it
+    pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it, and
+    # no IO or sync thread has work (under storage points a follower's may publish later)
     side_windows: tuple[SideWindowRecord, ...] = ()  # an SWA world's judged results (INV-39)

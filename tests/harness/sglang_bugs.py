@@ -791,14 +791,59 @@ class PpShardsShareOneNamespace(PlantedBug):
     INVARIANTS = ("INV-30", "INV-28")
 
 
+class PpRankZeroAssumesStored(PlantedBug):
+    NAME = "pp_rank_zero_assumes_stored"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "PP rank 0's submit_prefetch keeps assume_stored on its own operation (as the non-PP "
+        "path does) but the ticket does not carry it: PP rank 0 skips its query and votes the "
+        "whole span while the followers query theirs"
+    )
+    OLD = (
+        "            prefix_keys=ticket.prefix_keys,\n            pool_transfers=pool_transfers,\n"
+    )
+    NEW = (
+        "            prefix_keys=ticket.prefix_keys,\n"
+        "            pool_transfers=pool_transfers,\n"
+        "            assume_stored=assume_stored,  # BUG: PP rank 0's alone\n"
+    )
+    INVARIANTS = ("INV-38",)
+
+
 BUGS_0523_PP: tuple[type[PlantedBug], ...] = (
     PpFollowerDropsLastHash,
     PpReleasedTicketKeepsSlots,
     PpShardsShareOneNamespace,
+    PpRankZeroAssumesStored,
 )
 """Planted in 0.5.23's PP ticket protocol (``pp_prefetch_command_thread_func``, the sync thread's
 ticket completion) and its PP storage shards (the storage config's PP rank): caught by the PP
 gate (``harness/campaigns/pp_gate.py``)."""
+
+
+class PpReleaseFreesUnderTheIo(PlantedBug):
+    NAME = "pp_release_frees_under_the_io"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "release_pp_prefetch frees a staged ticket's host slots at once, trusting the IO thread "
+        "to stop at its next termination check; an IO parked past its check still writes a page "
+        "into the freed slots (#27550 / #31668's class, on the PP release path)"
+    )
+    OLD = "            state.release_requested = True\n            if state.ready_event.is_set():\n"
+    NEW = (
+        "            state.release_requested = True\n"
+        "            if state.ready_event.is_set() or state.operation.host_indices is not None:\n"
+        "                state.operation.mark_terminate()  # BUG: freed under a running IO\n"
+    )
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0523_PP_WINDOWS: tuple[type[PlantedBug], ...] = (PpReleaseFreesUnderTheIo,)
+"""Planted in 0.5.23's PP tickets where only a point inside a storage thread's loop body shows
+it (the IO parked before a page write, between its termination check and the bytes): caught by
+the PP gate with the storage threads under points, never with whole bodies."""
 
 
 # -- 0.5.21 - 0.5.22's hit-carrying PP tickets: caught in PP storage worlds (storage:pp) ----------

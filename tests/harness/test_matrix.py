@@ -210,6 +210,24 @@ def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> No
     assert not_driven(tmp_path, {"storage", "storage:pp"}) == []
 
 
+def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_path: Path) -> None:
+    # 0.5.21+'s tickets carry pool specs (the PP gate draws only the draft sidecar riding on the
+    # KV's slots), and 0.5.20+'s unified radix cache lets PP rank 0 decide the timeout verdict
+    # (only without a ticket): the PP gate's ticketed worlds draw neither part
+    hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
+    hybrid.mkdir(parents=True)
+    (hybrid.parent / "hicache_storage.py").write_text("")
+    (hybrid / "hybrid_cache_controller.py").write_text(
+        "class HybridCacheController:\n    def pp_prefetch_command_thread_func(self): ...\n"
+        "    pool_specs = ()\n"
+    )
+    (hybrid.parent / "unified_radix_cache.py").write_text("# Wall clocks differ: PP0 decides\n")
+    parts = dict(not_driven(tmp_path, {"storage", "storage:pp"}))
+    assert set(parts) == {"pp independent-pool tickets", "pp timeout verdict"}
+    assert "independent side pool" in parts["pp independent-pool tickets"]
+    assert "without a PP ticket" in parts["pp timeout verdict"]
+
+
 # -- the command line -------------------------------------------------------------------------
 def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -17,7 +17,9 @@ that line names fails on the planted tree and passes on the unmodified one.
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -28,18 +30,21 @@ from hicache_ref.campaign.pp_share import PpShare, gate_pp_share
 from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.cli import main
 from hicache_ref.controller.storage.records import StorageStepKind
+from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree, fork_tree
-from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
+from hicache_ref.harness.campaigns.pp_gate import PpOp, PpProgram, run_pp_gate, run_program
 from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.harness.schedule.points import ALL_REDUCE, PAGE_WRITE, WAIT
 from hicache_ref.replay_lines import get_cli_command
 
-from .sglang_bugs import BUGS_0523_PP, PlantedBug
+from .sglang_bugs import BUGS_0523_PP, BUGS_0523_PP_WINDOWS, PlantedBug
 from .test_sglang_gate import SNIPPET_LINES_MAX
 
 GATE_SECONDS = 8.0
 BUG_SECONDS = 30.0
+WINDOW_BUG_SECONDS = 60.0  # a window inside a storage thread's body: a narrower target
 GATE_BUDGET = "6s"  # the gate command: a fifth of it on the PP gate
 BUG_GATE_BUDGET = "20s"
 
@@ -95,6 +100,46 @@ def test_a_reset_stops_both_command_threads_and_the_next_epoch_runs(tree_0523: P
     tree.finish()
 
 
+def refetch_assumed(tree: PpTree) -> str:
+    """A chain backed up on every rank (its acks confirm the span) and one ticket of it taken,
+    then a second request of the same span handed that end (storage_hit_end): submitted with
+    assume_stored, as the radix cache does. Returns the second request."""
+    chain = tree.back_up(2)
+    assert tree.confirmed == {chain.index: 4}  # both ranks' backups acked the whole chain
+    first = tree.submit(chain, 0)  # a request with no belief handed: queried as usual
+    assert first is not None and first not in tree.assumed and tree.command_step()
+    tree.run_until_idle()
+    assert tree.check_progress(first)
+    tree.release(first)
+    again = tree.submit(chain, 0, assume=True)
+    assert again is not None and again in tree.assumed
+    tree.command_step()
+    return again
+
+
+def test_an_assume_stored_ticket_is_still_queried_by_every_pp_rank_on_0_5_23(
+    tree_0523: Path,
+) -> None:
+    # 0.5.23's PP ticket has no assume_stored: every rank queries its own shard again
+    tree = pp_tree(tree_0523)
+    assert tree.assumes
+    again = refetch_assumed(tree)
+    for rank in range(2):
+        ticket = tree.books[rank].ticket(again, 0)
+        assert ticket is not None and len(ticket.keys) == 2 and ticket.hit_tokens == 4
+    tree.finish()
+
+
+def test_rank_zero_assuming_alone_is_caught_on_its_first_assumed_ticket(
+    tree_0523: Path, tmp_path: Path
+) -> None:
+    (bug,) = [bug for bug in BUGS_0523_PP if bug.NAME == "pp_rank_zero_assumes_stored"]
+    tree = pp_tree(plant(bug, tree_0523, tmp_path))
+    with pytest.raises(InvariantViolation, match=r"but PP rank 0 queried \[\]") as info:
+        refetch_assumed(tree)
+    assert info.value.inv_id in bug.INVARIANTS
+
+
 def test_the_pp_gate_finds_nothing_on_0_5_23(tree_0523: Path) -> None:
     report = run_pp_gate(SglangImplementation(tree_0523), seconds=GATE_SECONDS)
     assert not report.failed, (report.failure, report.program)
@@ -121,11 +166,138 @@ def check_pp_bug_is_caught(
 ) -> None:
     """The PP gate on ``tree`` with ``bug`` planted fails under one of the bug's invariants,
     shrunk to a handful of steps."""
-    target = Path(bug.TARGET)
-    planted = fork_tree(bug.write_patched(tree / target, tmp_path / target.name), tree, target)
-    report = run_pp_gate(SglangImplementation(planted), seconds=seconds)
+    report = run_pp_gate(SglangImplementation(plant(bug, tree, tmp_path)), seconds=seconds)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
     assert report.program.count("(") <= 6, report.program  # shrunk to a handful of steps
+
+
+def plant(bug: type[PlantedBug], tree: Path, tmp_path: Path) -> Path:
+    """A fork of ``tree`` with ``bug`` planted in its target file."""
+    target = Path(bug.TARGET)
+    return fork_tree(bug.write_patched(tree / target, tmp_path / target.name), tree, target)
+
+
+# -- the storage threads under schedule points -------------------------------------------------
+def storage_points_tree(tree: Path, *, page_points: bool = True) -> PpTree:
+    config = pp_config()
+    return PpTree(
+        SglangImplementation(tree), config, points=True, storage_points=True,
+        page_points=page_points,
+    )  # fmt: skip
+
+
+def io_positions(tree: PpTree) -> list[str]:
+    """Where each rank's IO thread parks now."""
+    at = [c.storage.position(StorageStepKind.IO) for c in tree.cc]
+    return [WAIT if a is None else a[1].kind for a in at]
+
+
+def test_a_release_landing_at_an_io_page_write_is_honoured_under_storage_points(
+    tree_0523: Path,
+) -> None:
+    # storage points: each rank's IO parks at its ticket's termination check, its read, the
+    # page's own check and the page write; the request finishes right then
+    tree = storage_points_tree(tree_0523)
+    rid = tree.submit(tree.back_up(2), 0)
+    assert rid is not None and tree.command_step()
+    seen = []
+    while PAGE_WRITE not in seen:
+        assert tree.storage_step(StorageStepKind.IO)
+        (here, there) = io_positions(tree)
+        assert here == there  # every rank's IO thread moves one point per step
+        seen.append(here)
+    assert seen == ["lock", "batch_get", "lock", PAGE_WRITE]
+    tree.release(rid)  # 0.5.23 only marks the ticket: its IO still writes the slots
+    assert all(tree.held_by(rank, rid) == 4 for rank in range(2))
+    assert tree.storage_to(StorageStepKind.IO, WAIT) > 0 and io_positions(tree) == [WAIT] * 2
+    # the sync threads meet at their completion collective, on every rank at once
+    assert tree.storage_to(StorageStepKind.SYNC, ALL_REDUCE) == 1
+    tree.run_until_idle()  # the sync threads publish the completion and free the slots
+    assert all(tree.held_by(rank, rid) == 0 for rank in range(2))
+    assert not any(t.stray_writes for book in tree.books for t in book.tickets)
+    tree.finish()
+
+
+RELEASE_AT_A_PAGE_WRITE = (
+    PpOp("back_up", 1), PpOp("fetch", 0), PpOp("io", 2), PpOp("release", 0), PpOp("io", 0),
+)  # fmt: skip
+"""A 2-page ticket staged on both ranks; every rank's IO runs on to its first page write
+(``io(2)``), the request is released there, and the IO goes on."""
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_PP_WINDOWS, ids=lambda bug: bug.NAME)
+def test_pp_window_bug_shows_only_with_a_point_inside_the_io_body(
+    bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
+) -> None:
+    # the release at the IO's page write fails the planted tree, and only there: with the IO
+    # parked at the lock points alone, or running whole bodies, the same program passes
+    planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
+    story = PpProgram(False, "memory", True, RELEASE_AT_A_PAGE_WRITE, True, True)
+    with pytest.raises(
+        InvariantViolation, match=r"wrote the ticket's pages into host slot"
+    ) as info:
+        run_program(planted, story)
+    assert info.value.inv_id in bug.INVARIANTS
+    run_program(planted, replace(story, page_points=False))
+    run_program(planted, replace(story, storage_points=False, page_points=False))
+    run_program(SglangImplementation(tree_0523), story)  # the unmodified tree honours it
+
+
+def test_a_ticket_carries_its_draft_sidecar_to_every_pp_rank(tree_0523: Path) -> None:
+    # a draft pool riding on the KV's slots: the ticket's pool spec names it, every rank's
+    # staged operation reads its pages on the KV's slots (batch_get_v2 beside each KV batch)
+    tree = PpTree(SglangImplementation(tree_0523), pp_config(sidecar=True))
+    rid = tree.submit(tree.back_up(2), 0)
+    assert rid is not None
+    (spec,) = tree.cc[0].pp_prefetch_states[rid].ticket.pool_specs
+    assert (spec.name.value, spec.indices_from_pool.value, spec.num_slots) == ("draft", "kv", 0)
+    assert tree.command_step()
+    for controller in tree.cc:
+        operation = controller.pp_prefetch_states[rid].operation
+        (draft,) = operation.pool_transfers
+        assert draft.host_indices.tolist() == operation.host_indices.tolist()
+    tree.run_until_idle()
+    for controller in tree.cc:  # a batch counts min(KV pages, sidecar pages) read
+        assert int(controller.pp_prefetch_states[rid].operation.completed_tokens) == 4
+    assert tree.check_progress(rid)
+    tree.release(rid)
+    tree.finish()
+
+
+SIDECAR_READ_RELEASE = (
+    PpOp("back_up", 1), PpOp("fetch", 0), PpOp("io", 1), PpOp("io", 1), PpOp("release", 0),
+)  # fmt: skip
+"""A 2-page ticket with a draft sidecar; every rank's IO runs to its KV read (``io(1)``), then
+to its sidecar read; the request is released there."""
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_PP_WINDOWS, ids=lambda bug: bug.NAME)
+def test_pp_window_bug_shows_at_the_sidecar_read_without_page_points(
+    bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
+) -> None:
+    # 0.5.23's KV read re-checks termination before each page; the sidecar's batch_get_v2 lands
+    # its pages without a look, so a release at that read reaches the freed slots at once
+    planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
+    story = PpProgram(False, "memory", True, SIDECAR_READ_RELEASE, True, False, sidecar=True)
+    with pytest.raises(InvariantViolation, match=r"slot\(s\) 4, 5, 6, 7, which") as info:
+        run_program(planted, story)
+    assert info.value.inv_id in bug.INVARIANTS
+    run_program(planted, replace(story, storage_points=False))  # whole bodies: nothing lands
+    run_program(SglangImplementation(tree_0523), story)  # the unmodified tree honours it
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_PP_WINDOWS, ids=lambda bug: bug.NAME)
+def test_pp_window_bug_planted_in_0_5_23_is_caught_by_the_pp_gate(
+    bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
+) -> None:
+    # the PP gate with the storage threads under points finds it (at a page write, or at a
+    # draft sidecar's read); the program it found, with whole bodies, passes
+    planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
+    report = run_pp_gate(planted, seconds=WINDOW_BUG_SECONDS)
+    assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
+    found = report.found
+    assert found is not None and (found.page_points or found.sidecar), report.program
+    run_program(planted, replace(report.found, storage_points=False, page_points=False))
 
 
 def test_a_release_between_the_followers_receipt_and_its_state_is_honoured_under_points(
@@ -195,7 +367,9 @@ def test_the_gate_spends_a_share_on_the_pp_gate_and_passes_on_0_5_23(
     assert pp["ran"] and pp["passed"] and pp["cases"] > 0 and pp["checks"]["INV-38"] > 0, pp
     assert pp["budget_s"] == pytest.approx(6 * pp["share"])
     assert report["gate"]["passed"] and not report["failures"]
-    assert f"PP gate cases ({pp['seconds']:.0f}s)" in out.splitlines()[-1], out
+    # the summary line rounds the PP gate's own seconds, the --json keeps them to a tenth
+    said = re.search(r"PP gate cases \((\d+)s\)", out.splitlines()[-1])
+    assert said is not None and abs(int(said.group(1)) - pp["seconds"]) <= 0.55, out
 
 
 @pytest.mark.usefixtures("no_src_env")

@@ -7,8 +7,8 @@ a query of its own. The harness attaches under the name "mooncake" (those releas
 command group only for it) and keeps the generic page calls. The stories: both ranks stage the
 carried hit and free it once taken; a hit is never more than a rank's own shard holds (INV-38),
 which a follower whose shard lost a page shows; the PP gate on the unmodified trees finds
-nothing new (0.5.21's F26, the IO thread dying of a backend exception, is a known finding, which
-the PP gate counts only inside its releases); and each bug of ``sglang_bugs.BUGS_0522_PP``, planted in 0.5.22, is caught by INV-38.
+nothing new (0.5.21's F26 and F22, the IO or the backup thread dying of a backend exception,
+are known findings, which the PP gate counts only inside their releases); and each bug of ``sglang_bugs.BUGS_0522_PP``, planted in 0.5.22, is caught by INV-38.
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ def test_the_pp_gate_finds_nothing_new_on_the_hit_carrying_releases(release: str
     )
     assert not report.failed, (report.failure, report.program)
     assert report.cases > 0 and report.checks["INV-38"] > 0
-    assert set(report.known_hits) <= ({"F26"} if release == "0.5.21" else set())
+    # 0.5.21's storage threads die of a backend exception: the IO thread (F26) or, under a
+    # backup's injected raise, the backup thread (F22); 0.5.22 catches both
+    assert set(report.known_hits) <= ({"F22", "F26"} if release == "0.5.21" else set())
 
 
 @pytest.mark.parametrize("bug", BUGS_0522_PP, ids=lambda bug: bug.NAME)

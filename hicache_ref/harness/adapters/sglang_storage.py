@@ -333,7 +333,7 @@ def storage_controller_class(
         # upstream logs every backend failure with its traceback; the harness checks what follows
         logging.getLogger(patched.__name__).setLevel(logging.CRITICAL)
     takes_handle = "handle" in inspect.signature(base.prefetch).parameters
-    sidecars = _sidecar_transfers if hybrid is not None else None
+    sidecars = sidecar_transfers if hybrid is not None else None
 
     class HarnessStorageController(base):  # type: ignore[misc]
         """Upstream's controller; only the tree-facing shapes are added (see the module doc)."""
@@ -434,7 +434,7 @@ def storage_controller_class(
             request: Any = request_id
             if takes_handle:  # 0.5.20+'s hybrid controller: a CacheRequestHandle's fields
                 request = types.SimpleNamespace(rid=request_id, attempt_id=0)
-            extra = {"extra_pools": _sidecar_transfers()} if self._harness_sidecar() else {}
+            extra = {"extra_pools": sidecar_transfers()} if self._harness_sidecar() else {}
             window = self._harness_swa_window
             last_hash = rest[0] if rest else None
             staging = staging_pages(len(tokens) // self.page_size, window, last_hash is None)
@@ -458,7 +458,7 @@ def storage_controller_class(
                 prior = prefix_keys[-1] if prefix_keys else None
                 hash_value = page_keys(list(token_ids), prior, self.page_size)
             keys = None if prefix_keys is None else list(prefix_keys)
-            extra = {"extra_pools": _sidecar_transfers()} if self._harness_sidecar() else {}
+            extra = {"extra_pools": sidecar_transfers()} if self._harness_sidecar() else {}
             if side_host is not None:  # the node's SWA host pages beside its KV's
                 pages = int(side_host.numel()) // self.page_size
                 extra = {"extra_pools": [_swa_backup_transfer(side_host, list(hash_value), pages)]}
@@ -498,7 +498,7 @@ def storage_controller_class(
     return HarnessStorageController
 
 
-def _sidecar_transfers() -> list[Any]:
+def sidecar_transfers() -> list[Any]:
     """The hybrid radix cache's ``extra_pools`` for a group whose draft pool is the ``DRAFT``
     sidecar: one transfer riding on the KV's slots (fresh per call: upstream fills it in)."""
     import sys

@@ -8,10 +8,15 @@ machine's storage rules do not model. A case draws the world's faults and a prog
 to idle, so every ticket is retired and judged (INV-38 after every step). ``run_pp_gate`` runs
 cases until its budget is spent or one fails; Hypothesis then shrinks the failing program.
 
-- ``PpProgram``: the drawn world (faults, backend, schedule points: half the worlds park the
-  command threads at every point of their loop bodies, so a submit, a release or another
-  thread's step lands between a ticket's query, allocation and state lookups) and steps (``PpOp``: a verb and a number the
-  verb reads as its pick);
+- ``PpProgram``: the drawn world (faults, backend, schedule points: three in four worlds park
+  the command threads at every point of their loop bodies, so a submit, a release or another
+  thread's step lands between a ticket's query, allocation and state lookups; three in four of
+  those park the IO, sync and backup threads too, at the points any storage world with points
+  parks them at, and three in four of those the IO before each host page it writes, so a
+  release or a progress check lands between two batches of a ticket's IO or inside its sync
+  thread's publication; half the worlds have a draft pool riding on the KV's slots, so every
+  ticket carries its pool spec and every IO reads its sidecar pages) and steps (``PpOp``: a verb
+  and a number the verb reads as its pick; the runs of steps and the search rounds below);
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
 - ``run_pp_gate``: the budgeted search, its ``PpGateReport`` (cases, checks, the failure).
@@ -22,7 +27,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, settings
@@ -34,10 +39,12 @@ from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
 from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
 
 VERBS = (
     "back_up",
     "submit",
+    "fetch",
     "relay",
     "command",
     "point",
@@ -48,9 +55,34 @@ VERBS = (
     "reset",
 )
 """The steps of a program, in the order a request meets them."""
-STEPS_MAX = 24
+DRAWN_VERBS = (*VERBS, "fetch", "io", "io", "sync", "release")
+"""The verbs a program draws from: a request's own steps twice as often (the IO thrice), so a
+program of a dozen steps often takes a request through its ticket's IO body with a release or
+a progress check landing inside it (``fetch``: a submit and the command threads' rounds that
+stage every queued ticket, this one last: the usual order, one step)."""
+RUN_STEPS_MAX = 4
+RUNS_MAX = 6
+STEPS_MAX = RUN_STEPS_MAX * RUNS_MAX
+"""A program's steps come in runs of 1 - 4 (about 15 steps on average, where one flat list
+drew about 6), and shrink to a single step."""
 CHAIN_PAGES_MAX = 4
 CASES_MAX = 10_000
+ROUND_CASES = 100
+"""Cases of one search round: each round starts Hypothesis afresh (its own random), since
+one search draws its programs as variations of a few (a window needs several verbs in order)."""
+ASSUMED_PICKS = 4
+"""A ``submit`` or ``fetch`` whose pick is at least this hands the tree's belief of the span's
+stored end (``storage_hit_end``): the span is cut there and submitted with ``assume_stored``."""
+FETCH_ROUNDS_MAX = STEPS_MAX + 1
+"""A ``fetch`` runs the command threads' rounds until no ticket is queued (at most one per
+submit a program can hold)."""
+STOPS: dict[StorageStepKind, tuple[str, ...]] = {
+    StorageStepKind.IO: (LOCK, BATCH_GET, PAGE_WRITE, PUT, WAIT),
+    StorageStepKind.SYNC: (ALL_REDUCE, LOCK, PUT, WAIT),
+}
+"""With storage points, an ``io`` or ``sync`` step runs every rank's thread of its kind point
+by point until one parks at the kind of point its pick names (``wait``: its body ended), so
+one step reaches any window of a body (a page write is its IO's fourth point)."""
 
 
 @dataclass(frozen=True)
@@ -68,24 +100,57 @@ class PpProgram:
     backend: str
     points: bool  # the command threads park at every schedule point of their loop bodies
     ops: tuple[PpOp, ...]
+    storage_points: bool = False  # (with points) so do the IO, sync and backup threads
+    page_points: bool = False  # (with storage points) the IO before each host page it writes
+    sidecar: bool = False  # a draft pool rides on the KV's slots: every ticket carries its spec
 
     def describe(self) -> str:
         steps = " ".join(op.describe() for op in self.ops)
-        return f"faults={self.faults} backend={self.backend} points={self.points}: {steps}"
+        threads = f" storage_points={self.storage_points}" if self.storage_points else ""
+        pages = f" page_points={self.page_points}" if self.page_points else ""
+        sidecar = " sidecar=True" if self.sidecar else ""
+        world = f"faults={self.faults} backend={self.backend} points={self.points}"
+        return f"{world}{threads}{pages}{sidecar}: {steps}"
+
+
+def _nested(program: PpProgram) -> PpProgram:
+    """Each kind of point only inside the last: page points need storage points, which need
+    points (what ``PpTree`` accepts)."""
+    storage_points = program.points and program.storage_points
+    return replace(
+        program,
+        storage_points=storage_points,
+        page_points=storage_points and program.page_points,
+    )
 
 
 FIRST = PpOp("back_up", 1)
-PROGRAMS = st.builds(
-    PpProgram,
-    faults=st.booleans(),
-    backend=st.sampled_from(["memory", "file"]),
-    points=st.booleans(),
-    ops=st.lists(
-        st.builds(PpOp, verb=st.sampled_from(VERBS), pick=st.integers(0, 7)),
-        min_size=1,
-        max_size=STEPS_MAX,
-    ).map(lambda ops: (FIRST, *ops)),
-)
+OPS = st.builds(PpOp, verb=st.sampled_from(DRAWN_VERBS), pick=st.integers(0, 7))
+
+
+MOSTLY = st.sampled_from([True, True, True, False])
+"""Three worlds in four: the command threads' points, then the storage threads' too, then the
+page points (each inside the last; every kind of world is still drawn)."""
+
+
+def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
+    """Programs as the gate draws them; ``storage_points=False`` the same draw with the storage
+    threads always running whole loop bodies (a baseline: what points inside them add)."""
+    return st.builds(
+        PpProgram,
+        faults=st.booleans(),
+        backend=st.sampled_from(["memory", "file"]),
+        points=MOSTLY,
+        ops=st.lists(
+            st.lists(OPS, min_size=1, max_size=RUN_STEPS_MAX), min_size=1, max_size=RUNS_MAX
+        ).map(lambda runs: (FIRST, *(op for run in runs for op in run))),
+        storage_points=MOSTLY if storage_points else st.just(False),
+        page_points=MOSTLY,
+        sidecar=st.booleans(),
+    ).map(_nested)
+
+
+PROGRAMS = programs()
 """A program starts with a chain in L3, so its first submit has something to fetch."""
 
 
@@ -97,16 +162,27 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
     """One step of a program on ``tree`` (a step with nothing to act on does nothing)."""
     live = sorted(tree.live)
     if op.verb == "back_up":
-        tree.back_up(1 + op.pick % CHAIN_PAGES_MAX)
-    elif op.verb == "submit" and tree.chains:
+        pages = 1 + op.pick % CHAIN_PAGES_MAX
+        if tree.has_room(pages):  # staged tickets may hold every host slot
+            tree.back_up(pages)
+    elif op.verb in ("submit", "fetch") and tree.chains:
         chain = tree.chains[op.pick % len(tree.chains)]
-        tree.submit(chain, (op.pick // len(tree.chains)) % (len(chain.tokens) // tree.page))
+        skip = (op.pick // len(tree.chains)) % (len(chain.tokens) // tree.page)
+        tree.submit(chain, skip, assume=op.pick >= ASSUMED_PICKS)
+        for _ in range(FETCH_ROUNDS_MAX if op.verb == "fetch" else 0):
+            if not tree.command_step():  # every queued ticket staged, this one last
+                break
     elif op.verb == "command":
         tree.command_step()
     elif op.verb == "point":
         tree.command_point(op.pick % 2)
     elif op.verb in ("io", "sync"):
-        tree.storage_step(StorageStepKind(op.verb))
+        kind = StorageStepKind(op.verb)
+        if not tree.storage_points:
+            tree.storage_step(kind)
+        else:  # on to the next point of the kind the pick names (a body's end: its wait)
+            stops = STOPS[kind]
+            tree.storage_to(kind, stops[op.pick % len(stops)])
     elif op.verb == "reset":
         tree.reset()
     else:
@@ -123,8 +199,19 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
 
 def run_program(implementation: Implementation, program: PpProgram, seed: int = 0) -> PpTree:
     """One case: a fresh PP world, the program, then every request released and run to idle."""
-    config = pp_config(storage_faults=program.faults, storage_backend=program.backend, seed=seed)
-    tree = PpTree(implementation, config, points=program.points)
+    config = pp_config(
+        sidecar=program.sidecar,
+        storage_faults=program.faults,
+        storage_backend=program.backend,
+        seed=seed,
+    )
+    tree = PpTree(
+        implementation,
+        config,
+        points=program.points,
+        storage_points=program.storage_points,
+        page_points=program.page_points,
+    )
     try:
         for op in program.ops:
             apply_op(tree, op)
@@ -160,6 +247,7 @@ def run_pp_gate(
     known: Sequence[KnownFinding] = (),
     impl: str = "sglang",
     release: str | None = None,
+    drawn: st.SearchStrategy[PpProgram] = PROGRAMS,
 ) -> PpGateReport:
     """Draw programs until ``seconds`` are spent or one fails (then shrink it). A case whose
     failure one of ``known`` explains (for ``impl`` at ``release``) is counted, not failed: a
@@ -204,19 +292,28 @@ def run_pp_gate(
         return False
 
     search = settings(
-        max_examples=CASES_MAX,
+        max_examples=ROUND_CASES,
         deadline=None,
         database=None,
         phases=[Phase.generate, Phase.shrink],
         suppress_health_check=list(HealthCheck),
     )
-    try:
-        found: Any = find(PROGRAMS, fails, settings=search, random=random.Random(seed))
-    except (NoSuchExample, _BudgetSpent):
+    found: Any = None
+    for round_index in range(CASES_MAX // ROUND_CASES):
+        try:  # a fresh search each round: Hypothesis draws one round's programs near each other
+            found = find(
+                drawn, fails, settings=search, random=random.Random(f"{seed}/{round_index}")
+            )
+        except NoSuchExample:
+            continue
+        except _BudgetSpent:
+            break
+        except Flaky:  # the failure hangs on how the rank threads interleaved: the first stands
+            keep_first()
+            return report
+        break
+    if found is None:
         report.failure = report.failure_id = ""
-        return report
-    except Flaky:  # the failure hangs on how the rank threads interleaved: the first one stands
-        keep_first()
         return report
     report.found, report.program = found, found.describe()
     shrink_deadline = float("inf")

@@ -6,7 +6,10 @@ replays it is the program ``pp_gate.run_program`` ran. The file is two JSON line
 - the header (``PpProgramHeader``): ``version`` (``hicache-pp-program/1``, which the trace reader
   refuses by name, so ``hicache-fuzz replay`` can dispatch on it), the implementation, the tree it
   read, the seed of the world's config, and what failed;
-- the program (``PpProgramRecord``): its faults, backend, schedule points and ops.
+- the program (``PpProgramRecord``): its faults, backend, schedule points (the command
+  threads'; ``storage_points``, ``page_points``: the storage threads' too), ``sidecar`` (a draft
+  pool riding on the KV's slots) and ops; the last three are absent in a file written before
+  they were drawn.
 
 In the order a failure flows through them: ``write_program_file`` (the PP gate, under ``--out``),
 ``is_program_file`` (``replay`` peeks at the first line), ``read_program_file`` (every problem one
@@ -71,6 +74,9 @@ class PpProgramRecord(BaseModel):
     backend: str
     points: bool
     ops: list[PpOpRecord] = Field(min_length=1)
+    storage_points: bool = False
+    page_points: bool = False
+    sidecar: bool = False
 
     @field_validator("backend")
     @classmethod
@@ -81,13 +87,27 @@ class PpProgramRecord(BaseModel):
 
     def to_program(self) -> PpProgram:
         ops = tuple(PpOp(op.verb, op.pick) for op in self.ops)
-        return PpProgram(self.faults, self.backend, self.points, ops)
+        return PpProgram(
+            self.faults,
+            self.backend,
+            self.points,
+            ops,
+            self.storage_points,
+            self.page_points,
+            self.sidecar,
+        )
 
     @staticmethod
     def of(program: PpProgram) -> PpProgramRecord:
         ops = [PpOpRecord(verb=op.verb, pick=op.pick) for op in program.ops]
         return PpProgramRecord(
-            faults=program.faults, backend=program.backend, points=program.points, ops=ops
+            faults=program.faults,
+            backend=program.backend,
+            points=program.points,
+            ops=ops,
+            storage_points=program.storage_points,
+            page_points=program.page_points,
+            sidecar=program.sidecar,
         )
 
 
@@ -140,7 +160,8 @@ def read_program_file(path_text: str) -> tuple[PpProgramHeader, PpProgram]:
 HEADER_HINT = "header", "a header holds version, implementation, source and seed"
 PROGRAM_HINT = (
     "program",
-    "a program holds faults, backend, points and ops; verbs: " + ", ".join(VERBS),
+    "a program holds faults, backend, points, ops and optionally storage_points, "
+    "page_points and sidecar; verbs: " + ", ".join(VERBS),
 )
 
 

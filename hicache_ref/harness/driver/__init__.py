@@ -23,5 +23,7 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   holds) and ``storage_side_events`` (what the harness records of each window: INV-39);
 - ``pp_tree.PpTree``: the radix cache's PP half of 0.5.23's prefetch tickets over a world of 2
   PP storage ranks (PP rank 0 submits, the others follow the broadcast tickets; INV-38), over
-  ``pp_commands`` (every rank's PP command thread, stepped by whole bodies or by points).
+  ``pp_commands`` (every rank's PP command thread, stepped by whole bodies or by points) and
+  ``pp_storage_threads`` (every rank's IO, sync and backup threads, by bodies or by points)
+  and ``pp_books`` (what the harness saw of each rank's tickets and host slots).
 """

@@ -6,10 +6,11 @@ broadcast (``sglang_world.PpBroadcast``). In the order a ticket meets them:
 
 - ``bodies``: without schedule points, one whole loop body of every rank at once (their hit
   collective meets on the PP group within the step: a lockstep scope of the ``RankGroup``);
-- ``point``: with points (``StepGate.points_only``: the command threads alone park at their
-  broadcast put, ``pp_prefetch_state_lock``, the backend query, the collective, the put on
-  ``prefetch_buffer``), one rank's thread to its next point; at the collective, every rank's at
-  once; ``position`` / ``at_rest`` say where each waits;
+- ``point``: with points (the command threads park at their broadcast put,
+  ``pp_prefetch_state_lock``, the backend query, the collective, the put on ``prefetch_buffer``;
+  alone, ``StepGate.points_only``, unless the storage threads park too:
+  ``pp_storage_threads``), one rank's thread to its next point; at the collective, every rank's
+  at once; ``position`` / ``at_rest`` say where each waits;
 - ``round``: with points, every point of the ticket in progress (or the next queued one), until
   every rank's thread waits again with nothing for it (INV-38 judges a body once it ended).
 """

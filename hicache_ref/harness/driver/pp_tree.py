@@ -16,11 +16,13 @@ every rank, modelled on 0.5.23's ``UnifiedRadixCache`` (our own code), in protoc
 - ``command_step``: one loop body of every rank's PP command thread together: rank 0 takes the
   ticket and broadcasts it, then every rank queries its backend, allocates its host slots
   (``_allocate_pp_prefetch_buffers``, off the scheduler thread), MIN-reduces the hit over the PP
-  ranks and stages the operation for its IO thread; with ``points`` (only the command threads
-  park at schedule points: ``StepGate.points_only``), ``point(rank)`` runs one rank's to its
+  ranks and stages the operation for its IO thread; with ``points`` (the command threads park
+  at schedule points, alone unless ``storage_points``), ``point(rank)`` runs one rank's to its
   next point (the collective on every rank at once), so the scheduler's steps land in between;
 - ``storage_step``: the IO or sync thread of every rank in lockstep (the sync thread publishes
-  a ticket's completion by setting its ``ready_event``);
+  a ticket's completion by setting its ``ready_event``); with ``storage_points`` (and
+  ``page_points``) to its next point (``pp_storage_threads``), so a release, a progress check or
+  a command step lands inside a ticket's IO or sync body;
 - ``check_progress``: ``_check_pp_prefetch_progress``: PP rank 0's readiness (MAX over the ranks),
   then ``take_ready_pp_prefetch`` on every rank; a staged hit is consumed as the buffer pipeline
   consumes it (the tail past the completed tokens goes back through ``append_host_mem_release``,
@@ -33,33 +35,33 @@ rank 0 queries every rank's shard (the world attaches as "mooncake", the only ba
 releases open the command group for, and routes a query naming another PP rank to its backend),
 and ``command_step`` stages that hit on every rank with no query and no hit collective.
 
-The harness's own records, never the controller's word: which ticket each rank took off the
-broadcast (``PpBroadcast.received``), which keys its command thread queried (the recording
-backend), which host slots it allocated for the ticket and which came back (the host pool's own
-alloc and free, wrapped here), which pages each rank's IO read back from L3 (the recording
-backend's digests) against the bytes ``back_up`` wrote for that rank. After every step they become
-a ``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket holds no
-slot; a carried hit is no longer than each rank's shard held at PP rank 0's query) and INV-30 (a rank reads back its own shard's bytes).
+The harness's own records, never the controller's word: the tickets each rank took off the
+broadcast (``PpBroadcast.received``), the keys its command thread queried and the pages its IO
+read back (the recording backend), and its host slots' holders (``pp_books``). After every step
+they become a ``StorageSnapshot`` handed to INV-38 (PP ranks agree on tickets; a retired ticket
+holds no slot; a carried hit is no longer than each rank's shard held at PP rank 0's query; a
+ticket's IO writes only slots the ticket holds) and INV-30 (a rank reads its own shard's bytes).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
-import threading
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hicache_ref.controller.storage.lockstep import run_lockstep
 from hicache_ref.controller.storage.records import StorageStepKind
-from hicache_ref.errors import HiCacheInputError, HiCacheSetupError
+from hicache_ref.errors import HiCacheInputError, HiCacheSetupError, InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
-from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC
+from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC, sidecar_transfers
 from hicache_ref.harness.adapters.sglang_stubs import RadixKey
 from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
+from hicache_ref.harness.driver.pp_books import RankBook, TicketLog, watch_host_pool
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
+from hicache_ref.harness.driver.pp_storage_threads import TICKET_KINDS, PpStorageThreads
 from hicache_ref.harness.schedule.points import WAIT
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.recording_storage import page_digest
@@ -75,16 +77,21 @@ from hicache_ref.invariants.storage_snapshot import (
 
 PP_RANKS = 2
 MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
-COMMAND = "pp_command"
-WRITE = "write"
+IDLE_ROUNDS_MAX = 200  # rounds of run_until_idle with whole bodies (a round runs every kind)
+IDLE_ROUNDS_POINTS_MAX = 4_000  # ... stepped point by point (a body has up to a dozen)
+STOP_POINTS_MAX = 64  # points storage_to runs a kind at most (a 4-page ticket's IO: about 14)
 
 
-def pp_config(**fields: Any) -> HarnessConfig:
-    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools."""
+def pp_config(*, sidecar: bool = False, **fields: Any) -> HarnessConfig:
+    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools; ``sidecar``:
+    with a one-layer draft pool riding on the KV's slots (its pages beside the KV's in L3 and
+    on every ticket: the ticket's ``pool_specs``)."""
+    group = {"pool_group": "sidecar", "draft_layer_num": 1} if sidecar else {}
     base: dict[str, Any] = {
         "page_size": 2,
         "layer_num": 2,
         "pool_group": "anchor",
+        **group,
         "storage_ranks": PP_RANKS,
         "storage_pp": True,
         "storage_batch_pages": 2,
@@ -121,35 +128,6 @@ class RequestHandle:
     attempt_id: int = 0
 
 
-@dataclass
-class TicketLog:
-    """The harness's record of one ticket on one rank (``PpTicketRecord`` when judged)."""
-
-    request_id: str
-    epoch: int
-    keys: tuple[str, ...] = ()
-    hit_tokens: int | None = None
-    ready: bool = False
-    ended: bool = False  # the rank's command thread finished its loop body for it
-    shard_tokens: int | None = None  # a carried hit's: what this rank's shard held at the query
-
-
-@dataclass
-class RankBook:
-    """What the harness saw of one rank's host slots and tickets."""
-
-    owners: dict[int, str] = field(default_factory=dict)  # host slot -> ticket or WRITE
-    tickets: list[TicketLog] = field(default_factory=list)
-    seen: int = 0  # broadcasts of this rank already turned into tickets
-    relayed: set[str] = field(default_factory=set)  # requests this rank's scheduler received
-    released: set[tuple[int, str]] = field(default_factory=set)  # (epoch, request) it finished
-
-    def ticket(self, rid: str, epoch: int) -> TicketLog | None:
-        return next(
-            (t for t in reversed(self.tickets) if t.request_id == rid and t.epoch == epoch), None
-        )
-
-
 @dataclass(frozen=True)
 class Chain:
     """A chain the world backed up: its tokens and, per rank, its page keys."""
@@ -163,10 +141,22 @@ class PpTree:
     """Every PP rank's scheduler side of the storage protocol (see the module doc)."""
 
     def __init__(
-        self, implementation: Implementation, config: HarnessConfig, *, points: bool = False
+        self,
+        implementation: Implementation,
+        config: HarnessConfig,
+        *,
+        points: bool = False,
+        storage_points: bool = False,
+        page_points: bool = False,
     ) -> None:
         if not config.storage_pp:
             raise HiCacheInputError("a PP tree needs a PP world (storage_pp=True)")
+        # Verify the storage threads park only in a world whose command threads do
+        if (storage_points and not points) or (page_points and not storage_points):
+            raise HiCacheInputError(
+                f"points={points} storage_points={storage_points} page_points={page_points}: "
+                "page points need storage points, which need points (each narrows the last)"
+            )
         refine = getattr(implementation, "refine_config", None)
         config = refine(config) if callable(refine) else config
         if not config.storage_pp or config.storage_ranks != PP_RANKS:
@@ -193,14 +183,19 @@ class PpTree:
         self.broadcast: PpBroadcast = pp_broadcast_for(self.cc[0]._harness_collectives)
         self.books = [RankBook() for _ in self.cc]
         for rank, controller in enumerate(self.cc):
-            self._watch_host_pool(rank, controller)
+            watch_host_pool(self.books[rank], controller, self.broadcast.received[rank], self)
         self.points = points
+        self.storage_points = storage_points
+        self.threads = PpStorageThreads(
+            self.cc, self.storage.group, self.storage.threads, points=storage_points
+        )
         self.commands = PpCommandThreads(self.cc, self.broadcast, self.storage.group)
-        if points:  # the command threads alone park at every point of their loop bodies
-            for controller in self.cc:
+        if points:  # the command threads park at every point of their loop bodies; with
+            for controller in self.cc:  # storage points every storage thread parks too
                 gate = controller._harness_gate
                 gate.points = gate.lock_points = True
-                gate.points_only = frozenset({PP_TICKET_FUNC})
+                gate.page_points = page_points
+                gate.points_only = None if storage_points else frozenset({PP_TICKET_FUNC})
         for rank, inbox in enumerate(self.broadcast.inboxes[1:], start=1):
             self.cc[rank]._harness_gate.queue_names[id(inbox)] = "pp_command_inbox"
         self.epoch = 0
@@ -214,46 +209,25 @@ class PpTree:
         self.expected: dict[tuple[int, str], str] = {}  # (rank, content key) -> oracle digest
         # (epoch, request) -> per rank, the tokens its shard held when PP rank 0 queried them
         self.shards_at_query: dict[tuple[int, str], list[int]] = {}
+        # the radix cache's assume_stored (0.5.20+'s submit_prefetch takes it): a chain's end
+        # (in tokens) every rank's backup ack or a taken ticket's completion confirmed, and each
+        # request's (chain, start); a submit drawn with it assumes the span to there stored
+        self.assumes = "assume_stored" in inspect.signature(self.cc[0].submit_prefetch).parameters
+        self.confirmed: dict[int, int] = {}
+        self.spans: dict[str, tuple[int, int]] = {}
+        self.assumed: set[str] = set()  # requests submitted with assume_stored
         self.steps = 0
-
-    # -- the harness's own view of the host slots --------------------------------------------------
-    def _watch_host_pool(self, rank: int, controller: Any) -> None:
-        """Wrap the KV host pool's ``alloc`` / ``free``: who holds each slot (the harness's)."""
-        pool = controller.mem_pool_host.anchor_entry.host_pool
-        alloc, free = pool.alloc, pool.free
-        book = self.books[rank]
-        lock = threading.Lock()
-        received = self.broadcast.received[rank]
-
-        def owner() -> str:
-            """The command thread allocates for the last ticket it took; anyone else writes."""
-            if getattr(threading.current_thread(), "function", "") != PP_TICKET_FUNC:
-                return WRITE
-            tickets = [m.objects[0] for m in received if m.objects and m.objects[0] is not None]
-            return str(tickets[-1].handle.rid) if tickets else COMMAND
-
-        def watched_alloc(need_size: int, *args: Any, **kwargs: Any) -> Any:
-            indices = alloc(need_size, *args, **kwargs)
-            if indices is not None:
-                held_by = owner()
-                with lock:
-                    for slot in indices.tolist():
-                        book.owners[int(slot)] = held_by
-            return indices
-
-        def watched_free(indices: Any, *args: Any, **kwargs: Any) -> Any:
-            freed = free(indices, *args, **kwargs)
-            with lock:
-                for slot in indices.tolist():
-                    book.owners.pop(int(slot), None)
-            return freed
-
-        pool.alloc, pool.free = watched_alloc, watched_free
 
     def held_by(self, rank: int, rid: str) -> int:
         return sum(1 for owner in self.books[rank].owners.values() if owner == rid)
 
     # -- L3 ----------------------------------------------------------------------------------------
+    def has_room(self, pages: int) -> bool:
+        """Every rank's host pool has room to stage a ``pages``-page backup (tickets hold the
+        rest)."""
+        need = pages * self.page
+        return all(int(c.mem_pool_host.available_size()) >= need for c in self.cc)
+
     def back_up(self, pages: int) -> Chain:
         """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
         index = len(self.chains)
@@ -275,9 +249,13 @@ class PpTree:
             controller.write_storage(host, list(tokens))
             slots.append(host)
         self.run_until_idle()
+        acked: list[int] = []  # per rank, the tokens its backup ack says it stored
         for rank, controller in enumerate(self.cc):
+            stored = 0
             while not controller.ack_backup_queue.empty():
-                controller.ack_backup_queue.get_nowait()
+                ack = controller.ack_backup_queue.get_nowait()
+                stored = max(stored, int(getattr(ack, "completed_tokens", 0) or 0))
+            acked.append(stored)
             controller.mem_pool_host.free(slots[rank])
             self._stored_keys(rank)  # what the backups stored is INV-30's expectation's
         page_keys = page_keys_of(tokens, self.page, self.cc[0])
@@ -285,6 +263,8 @@ class PpTree:
             self.expected[(rank, page_keys[position % pages])] = digest
         chain = Chain(index, tokens, tuple(page_keys))  # whether or not a fault kept one out
         self.chains.append(chain)
+        if min(acked) > 0:  # writes are prefix-covered: every rank holds the acked prefix
+            self.confirmed[index] = min(acked)
         return chain
 
     def _stored_keys(self, rank: int) -> list[str]:
@@ -310,27 +290,38 @@ class PpTree:
                     )
 
     # -- a request's prefetch ----------------------------------------------------------------------
-    def submit(self, chain: Chain, skip_pages: int) -> str | None:
+    def submit(self, chain: Chain, skip_pages: int, *, assume: bool = False) -> str | None:
         """PP rank 0's ``prefetch_from_storage`` of ``chain`` after its first ``skip_pages``
-        pages (already on the device): the request's id, or None when it asked for nothing."""
+        pages (already on the device): the request's id, or None when it asked for nothing.
+        ``assume``: the scheduler hands the end of the span the tree believes stored
+        (``storage_hit_end``: every rank's backup ack, or a taken ticket's completion), so the
+        span is cut there and submitted with ``assume_stored``, as the radix cache does."""
         rid = f"req-{self.requests}"
         self.requests += 1
         controller = self.cc[0]
         if controller.get_prefetch_submission(rid) is not None:
             return None
         start = skip_pages * self.page
-        tokens = chain.tokens[start:]
+        # a span a taken ticket confirmed is assumed stored up to that end (storage_hit_end)
+        end = self.confirmed.get(chain.index) if assume else None
+        assume_stored = end is not None and start < end <= len(chain.tokens)
+        tokens = chain.tokens[start:end] if assume_stored else chain.tokens[start:]
         if len(tokens) < controller.prefetch_threshold:
             return None
         last_hash = chain.keys[skip_pages - 1] if skip_pages and chain.keys else None
         prefix_keys = list(chain.keys[:skip_pages]) if skip_pages else None
         handle = RequestHandle(rid)
         key = RadixKey(array("q", tokens)).page_aligned(self.page)
+        assumed = {"assume_stored": True} if assume_stored and self.assumes else {}
+        sidecars = sidecar_transfers() if controller._harness_sidecar() else None
         submission = controller.submit_prefetch(
-            handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), None
+            handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), sidecars, **assumed
         )
+        self.spans[rid] = (chain.index, start)
+        if assumed:
+            self.assumed.add(rid)
         if self.carries_hit:  # PP rank 0 just queried every rank's shard for the hit
-            pages = chain.keys[skip_pages:]
+            pages = chain.keys[skip_pages : skip_pages + len(tokens) // self.page]
             self.shards_at_query[(self.epoch, rid)] = [
                 self._shard_run(rank, pages) * self.page for rank in range(len(self.cc))
             ]
@@ -423,15 +414,26 @@ class PpTree:
                         log.hit_tokens = int(state.operation.storage_hit_count)
 
     def storage_step(self, kind: StorageStepKind) -> bool:
-        """The ``kind`` thread of every rank in lockstep (False: no rank had work)."""
-        tiers = [c.storage for c in self.cc]
-        if not any(t.has_work(kind) for t in tiers):
+        """The ``kind`` thread of every rank in lockstep (False: no rank had work); with
+        storage points, every rank's to its next point (a rank parked at a collective waits
+        there until every rank's is: then all go at once)."""
+        if not self.threads.step(kind):
             return False
-        run_lockstep(tiers, self.storage.group, kind, self.storage.threads)
         self._take_calls()
         self._mark_ready()
         self.check()
         return True
+
+    def storage_to(self, kind: StorageStepKind, stop: str) -> int:
+        """With storage points: every rank's ``kind`` thread, point by point, until one parks
+        at a point of kind ``stop`` (``wait``: until every rank's waits again) or none can
+        move; how many steps ran."""
+        for steps in range(STOP_POINTS_MAX):
+            if not self.storage_step(kind):
+                return steps
+            if self.threads.stopped_at(kind, stop):
+                return steps + 1
+        return STOP_POINTS_MAX
 
     def _mark_ready(self) -> None:
         for rank, book in enumerate(self.books):
@@ -441,15 +443,24 @@ class PpTree:
                 state = self.cc[rank].pp_prefetch_states.get(log.request_id)
                 log.ready = state is None or bool(state.ready_event.is_set())
 
-    def run_until_idle(self, steps_max: int = 200) -> None:
-        """Every queued ticket, IO, sync and backup, until no rank has work."""
-        for _ in range(steps_max):
+    def run_until_idle(self) -> None:
+        """Every queued ticket, IO, sync and backup, until no rank has work (with storage
+        points: until no thread can move; one parked at a collective no peer reaches is INV-20)."""
+        rounds_max = IDLE_ROUNDS_POINTS_MAX if self.storage_points else IDLE_ROUNDS_MAX
+        for _ in range(rounds_max):
             ran = self.command_step()
             for kind in (StorageStepKind.IO, StorageStepKind.SYNC, StorageStepKind.BACKUP):
                 ran = self.storage_step(kind) or ran
             if not ran:
+                self._verify_no_thread_stuck()
                 return
-        raise HiCacheSetupError(f"the PP world did not go idle within {steps_max} rounds")
+        raise HiCacheSetupError(f"the PP world did not go idle within {rounds_max} rounds")
+
+    def _verify_no_thread_stuck(self) -> None:
+        stuck = self.threads.stuck()
+        # Verify no storage thread waits at a collective its peers never reach (INV-20)
+        if stuck is not None:
+            raise InvariantViolation("INV-20", f"the PP world is idle but {stuck}")
 
     def check_progress(self, rid: str) -> bool:
         """``_check_pp_prefetch_progress``: whether the ticket was ready and taken."""
@@ -457,6 +468,7 @@ class PpTree:
         ready = bool(self.cc[0].is_pp_prefetch_ready(rid))  # MAX over ranks: PP rank 0 decides
         if not ready:
             return False
+        self._await_ready(rid)
         for rank, controller in enumerate(self.cc):
             state_of = controller.pp_prefetch_states.get(rid)
             log = self.books[rank].ticket(rid, self.epoch)
@@ -468,12 +480,26 @@ class PpTree:
             state = controller.take_ready_pp_prefetch(rid)
             operation = state.operation
             host, completed = operation.host_indices, int(operation.completed_tokens)
+            if rank == 0 and host is not None and completed > 0 and rid in self.spans:
+                chain, start = self.spans[rid]  # every rank's completion: the MIN over them
+                self.confirmed[chain] = max(self.confirmed.get(chain, 0), start + completed)
             if host is not None and completed > 0:
                 controller.append_host_mem_release(host[completed:])
                 self._drain_releases(controller)
                 self._consume(rank, host[:completed])
         self.check()
         return True
+
+    def _await_ready(self, rid: str) -> None:
+        """Every rank's ``take_ready_pp_prefetch`` waits on its ticket's ``ready_event``: under
+        storage points a follower's sync thread may publish after PP rank 0's, so the threads
+        run on (a point at a time) until every rank's is set or none can move."""
+        for _ in range(IDLE_ROUNDS_POINTS_MAX):
+            states = [c.pp_prefetch_states.get(rid) for c in self.cc]
+            if all(s is None or s.ready_event.is_set() for s in states):
+                return
+            if not any([self.storage_step(kind) for kind in TICKET_KINDS]):
+                return
 
     def _consume(self, rank: int, host: Any) -> None:
         """The buffer pipeline loads the staged pages to the device, then frees them."""
@@ -527,6 +553,7 @@ class PpTree:
                     retired=(log.epoch, log.request_id) in book.released,
                     ended=log.ended,
                     shard_tokens=log.shard_tokens,
+                    stray_writes=log.stray_writes,
                 )
                 for log in book.tickets
             )
@@ -542,12 +569,17 @@ class PpTree:
             acks=tuple(() for _ in self.cc),
             collectives=tuple(() for _ in self.cc),
             pp_tickets=tickets,
-            pp_at_rest=all(self.at_rest(rank) for rank in range(len(self.cc))),
+            pp_at_rest=self._at_rest(),
             l3=L3Model(
                 reads=tuple(self.reads),
                 expected=tuple((r, k, d) for (r, k), d in sorted(self.expected.items())),
             ),
         )
+
+    def _at_rest(self) -> bool:
+        """Every command thread waits with no ticket for it, and no IO or sync thread has work
+        (under storage points a follower's may still be on its way to a ticket's completion)."""
+        return not self.threads.busy() and all(self.at_rest(r) for r in range(len(self.cc)))
 
     def check(self) -> None:
         self.steps += 1

@@ -163,7 +163,7 @@ class StepGate:
         # with ``storage_lock_points``)
         self.lock_points = points and lock_points
         # only these thread functions park at points inside their loop bodies (None: all); a
-        # PP world parks its command thread alone (``driver/pp_tree.py``)
+        # PP world without storage points parks its command thread alone (``driver/pp_tree.py``)
         self.points_only: frozenset[str] | None = None
         self.epoch = 0  # the tier's storage epoch: a thread keeps the one it was started in
         self._lock = threading.RLock()

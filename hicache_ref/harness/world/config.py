@@ -21,6 +21,8 @@ STORAGE_RANKS_MAX = 4
 PoolGroup = Literal["none", "anchor", "packed", "sidecar", "swa"]
 SIDE_POOL_GROUPS = ("swa",)
 STORAGE_DRAFT_GROUPS = ("none", "sidecar")
+PP_GROUPS = ("anchor", "sidecar")
+"""The pool groups of a PP world: KV alone, or with the draft pool riding on its slots."""
 """How a storage world may carry a draft pool: as a draft pair (the reference) or upstream's
 ``DRAFT`` sidecar; either way its pages are stored beside the KV's (``storage/pool_transfers.py``)."""
 """Pool groups whose side pool has its own device rows and host slots (an independent pool)."""
@@ -121,10 +123,11 @@ class HarnessConfig(BaseModel):
     the hybrid controller's ``allocate_storage_hit(allow_partial=True)``, called where the
     controller has it). Off: such a hit is revoked. Drawn last, so older traces replay alike."""
     storage_pp: bool = False
-    """The storage ranks are 2 pipeline-parallel ranks (TP 1 each) of 0.5.23's hybrid controller
+    """The storage ranks are 2 pipeline-parallel ranks (TP 1 each) of 0.5.21+'s hybrid controller
     in ``buffer_only`` host memory: PP rank 0 submits prefetch tickets, its PP command thread
     broadcasts them over the PP command group, and every rank queries and allocates in ticket
-    order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38)."""
+    order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38). Its pool group is
+    KV alone (``anchor``) or with the draft pool riding on the KV's slots (``sidecar``)."""
     storage_swa_window: int = 0
     """In a storage world with an independent side pool (``pool_group="swa"``, capability
     ``storage:swa``): the SWA window in pages (1 .. 3, a chain's most). A backup stores the
@@ -181,10 +184,11 @@ class HarnessConfig(BaseModel):
             raise ValueError("storage_host_pressure is a storage world's (storage_ranks >= 1)")
         if self.storage_lock_points and not self.storage_points:
             raise ValueError("storage_lock_points needs storage_points (a lock point is one)")
-        if self.storage_pp and (self.storage_ranks != 2 or self.pool_group != "anchor"):
+        if self.storage_pp and (self.storage_ranks != 2 or self.pool_group not in PP_GROUPS):
             raise ValueError(
-                "storage_pp is a world of 2 PP storage ranks over a KV-only pool group "
-                "(storage_ranks=2, pool_group='anchor')"
+                "storage_pp is a world of 2 PP storage ranks over a KV-only pool group, or one "
+                "with the draft pool as its KV-derived sidecar (storage_ranks=2, pool_group "
+                "'anchor' or 'sidecar')"
             )
         if self.storage_ranks and (
             self.uses_cp

@@ -1,0 +1,42 @@
+"""A PP gate program on disk: the storage threads' points and the draft sidecar travel with it,
+and a file written before they were drawn reads as a program without them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hicache_ref.harness.campaigns.pp_gate import PpOp, PpProgram
+from hicache_ref.harness.campaigns.pp_program_file import (
+    PpProgramHeader,
+    read_program_file,
+    write_program_file,
+)
+
+HEADER = PpProgramHeader(implementation="sglang", seed=3, invariant="INV-38")
+OPS = (PpOp("back_up", 1), PpOp("fetch", 0), PpOp("io", 2), PpOp("release", 0))
+
+
+def test_a_program_with_the_storage_threads_points_round_trips(tmp_path: Path) -> None:
+    program = PpProgram(
+        False, "memory", True, OPS, storage_points=True, page_points=True, sidecar=True
+    )
+    path = write_program_file(tmp_path, HEADER, program)
+    header, read = read_program_file(str(path))
+    assert (header, read) == (HEADER, program)
+    assert "storage_points=True page_points=True sidecar=True: back_up(1)" in read.describe()
+
+
+def test_a_program_written_before_storage_points_reads_without_them(tmp_path: Path) -> None:
+    # the program line of an older file: faults, backend, points and ops only
+    path = write_program_file(tmp_path, HEADER, PpProgram(False, "file", True, OPS))
+    header_line, program_line = path.read_text().splitlines()
+    record = json.loads(program_line)
+    for key in ("storage_points", "page_points", "sidecar"):
+        record.pop(key)
+    path.write_text(f"{header_line}\n{json.dumps(record)}\n")
+    _, read = read_program_file(str(path))
+    assert not (read.storage_points or read.page_points or read.sidecar) and read.points
+    assert read.describe() == "faults=False backend=file points=True: " + " ".join(
+        op.describe() for op in OPS
+    )
