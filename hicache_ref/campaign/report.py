@@ -274,40 +274,42 @@ class CampaignReport:
             for kind, drives in POOL_GROUP_WORLDS.items()
         }
 
-    def sidecar_shares(self) -> dict[str, Any]:
-        """Storage worlds that carried a draft sidecar into L3 (``batch_*_v2``): their cases
-        and their share of the storage worlds (0 cases when none was drawn)."""
-        counts = self.features.get("storage sidecar", Counter())
-        storage = counts.get("draft", 0) + counts.get("none", 0)
+    def _storage_world_share(self, feature: str, drawn: str, drives: str) -> dict[str, Any]:
+        """Storage worlds whose ``feature`` was ``drawn`` (the others count ``none``): their
+        cases and their share of the storage worlds (0 cases when none was drawn)."""
+        counts = self.features.get(feature, Counter())
+        storage = counts.get(drawn, 0) + counts.get("none", 0)
         return {
-            "cases": counts.get("draft", 0),
-            "share_of_storage": round(counts.get("draft", 0) / storage, 4) if storage else 0.0,
-            "drives": "a draft pool's pages stored, queried and read beside the KV's",
+            "cases": counts.get(drawn, 0),
+            "share_of_storage": round(counts.get(drawn, 0) / storage, 4) if storage else 0.0,
+            "drives": drives,
         }
 
+    def sidecar_shares(self) -> dict[str, Any]:
+        """Storage worlds that carried a draft sidecar into L3 (``batch_*_v2``)."""
+        return self._storage_world_share(
+            "storage sidecar",
+            "draft",
+            "a draft pool's pages stored, queried and read beside the KV's",
+        )
+
     def pressure_shares(self) -> dict[str, Any]:
-        """Storage worlds under host pressure (a prefetch or a hit cut to the free host pages):
-        their cases and their share of the storage worlds (0 cases when none was drawn)."""
-        counts = self.features.get("storage pressure", Counter())
-        storage = counts.get("pressure", 0) + counts.get("none", 0)
-        return {
-            "cases": counts.get("pressure", 0),
-            "share_of_storage": round(counts.get("pressure", 0) / storage, 4) if storage else 0.0,
-            "drives": "a prefetch or a hit cut to the free host pages (the radix caches' "
+        """Storage worlds under host pressure (a prefetch or a hit cut to the free host pages)."""
+        return self._storage_world_share(
+            "storage pressure",
+            "pressure",
+            "a prefetch or a hit cut to the free host pages (the radix caches' "
             "fallback, allocate_storage_hit(allow_partial=True))",
-        }
+        )
 
     def swa_shares(self) -> dict[str, Any]:
         """Storage worlds that carried an independent SWA side pool's window into L3 (its
-        trailing pages: ``TRAILING_PAGES``, ``_sync_trailing_keys``, ``_page_transfer_sidecar``):
-        their cases and their share of the storage worlds (0 cases when none was drawn)."""
-        counts = self.features.get("storage swa", Counter())
-        storage = counts.get("swa", 0) + counts.get("none", 0)
-        return {
-            "cases": counts.get("swa", 0),
-            "share_of_storage": round(counts.get("swa", 0) / storage, 4) if storage else 0.0,
-            "drives": "an SWA side pool's trailing window stored, found and read after the KV's",
-        }
+        trailing pages: ``TRAILING_PAGES``, ``_sync_trailing_keys``, ``_page_transfer_sidecar``)."""
+        return self._storage_world_share(
+            "storage swa",
+            "swa",
+            "an SWA side pool's trailing window stored, found and read after the KV's",
+        )
 
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
