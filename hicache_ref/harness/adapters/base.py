@@ -115,6 +115,11 @@ SIDE_POOL_CAPABILITY = "pool_group:swa"
 """An independent side pool: the controller's ``side_pools`` (a ``SidePoolsLike``) names it on
 every write, load and host release (``pool_group="swa"`` worlds)."""
 
+STATE_POOL_CAPABILITY = "pool_group:mamba"
+"""An independent Mamba state pool (``pool_group="mamba"``): one state slot per node, named
+through the same ``side_pools`` calls as an SWA pool (upstream 0.5.19+'s ``MAMBA`` entry of a
+``HostPoolGroup``; the reference's ``attach_side_pool(name="mamba")``)."""
+
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),
     "per_layer_write": (

@@ -70,7 +70,7 @@ class ByteChecks:
         row_shape: tuple[int, ...],
     ) -> torch.Tensor:
         """The content oracle's rows for the node's positions on ``rank`` (cached; read only)."""
-        positions, _ = self.geometry.placement(rank, node)
+        positions, _ = self.geometry.placement(rank, node, draft)  # a side pool's own
         key = (rank, draft, layer, component, row_shape)
         rows = node.rows_cache.get(key)
         if rows is None:
@@ -274,14 +274,13 @@ class FreeSlotWatch:
     def poison_free(self, pool: str, inv_id: str, why: str) -> int:
         """Write the scribble into every free page of ``pool`` on every rank, from the CPU;
         returns the number of slots written."""
-        page = self.world.config.page_size
         written = 0
         for rank in range(self.geometry.num_ranks):
             for draft, _ in self.geometry.layer_kinds():
                 pages = self._free_pages(rank, pool, draft)
                 if not pages:
                     continue
-                locs = pages_to_token_locs(sorted(pages), page)
+                locs = pages_to_token_locs(sorted(pages), self.geometry.page_size(draft))
                 device_pool, host_pool = self.geometry.pools(rank, draft)
                 for layer in range(device_pool.layer_num):
                     if pool == "device":
@@ -311,12 +310,12 @@ class FreeSlotWatch:
     # -- verify ---------------------------------------------------------------------------------
     def verify(self) -> None:
         """Every watched page still free holds the scribble; handed-out pages leave the watch."""
-        page = self.world.config.page_size
         passed = all(marker.query() for marker in self.horizon)
         for watched in self.watched:
             still_free = self._still_free(watched)
             if still_free != watched.pages or watched.locs is None:
                 watched.pages = still_free
+                page = self.geometry.page_size(watched.draft)  # a state pool's: one slot
                 watched.locs = pages_to_token_locs(sorted(still_free), page)
                 watched.slots = str(watched.locs.tolist()[:16])
                 watched.poison = {}

@@ -104,8 +104,13 @@ def compute_busy(node: Node) -> str:
     return "backup in flight" if node.backup == "in_flight" and node.value is not None else ""
 
 
-def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> NodeHoldings:
-    """One node's pages, rebuilt only when a tensor it reads (or its backup) changed."""
+def compute_holdings(
+    node: Node, page: int, num_ranks: int, uses_cp: bool, side_page: int | None = None
+) -> NodeHoldings:
+    """One node's pages, rebuilt only when a tensor it reads (or its backup) changed;
+    ``side_page``: the page size of an independent side pool's allocator and host pool (one
+    slot in a Mamba state pool; the anchor's ``page`` when None)."""
+    side_page = page if side_page is None else side_page
     if uses_cp:
         metas = node.cp_meta or [None] * num_ranks
         host_of = [meta.host_indices if meta else None for meta in metas]
@@ -121,10 +126,13 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
     device = pages_covered(node.value, page) if node.value is not None else frozenset()
     host = tuple(pages_covered(t, page) if t is not None else frozenset() for t in host_of)
     if draft_of:
-        draft = tuple(pages_covered(t, page) if t is not None else frozenset() for t in draft_of)
+        draft_page = page if uses_cp else side_page  # a CP draft pool pages like the anchor
+        draft = tuple(
+            pages_covered(t, draft_page) if t is not None else frozenset() for t in draft_of
+        )
     else:
         draft = tuple(frozenset() for _ in range(num_ranks))
-    side_pages = pages_covered(side, page) if side is not None else frozenset()
+    side_pages = pages_covered(side, side_page) if side is not None else frozenset()
     node.holdings = NodeHoldings(
         node.handle,
         node.node_id,

@@ -143,21 +143,28 @@ class TreeDriver:
         """What a backup (``kind="host"``) or load (``"device"``) in an independent side-pool
         world handed the node, each pool's from its own allocator and no other node's (INV-36):
         judged against the harness's pools and the tree's other nodes, never the controller."""
-        rank, page = self.world.ranks[0], self.config.page_size
+        rank = self.world.ranks[0]
+        page, side_page = self.config.page_size, self.config.side_page_size  # each pool's own
         others = [n for n in self.nodes.values() if n.handle != node.handle]
         if kind == "host":
             assert rank.draft_host_pool is not None
             pools = (
-                ("anchor host", anchor, rank.host_pool.allocated_pages(), "host_value"),
-                ("side host", side, rank.draft_host_pool.allocated_pages(), "side_host"),
+                ("anchor host", anchor, rank.host_pool.allocated_pages(), "host_value", page),
+                ("side host", side, rank.draft_host_pool.allocated_pages(), "side_host", side_page),
             )
         else:
             assert rank.side_allocator is not None
             pools = (
-                ("anchor device", anchor, rank.allocator.allocated_page_ids(), "value"),
-                ("side device", side, rank.side_allocator.allocated_page_ids(), "side_value"),
+                ("anchor device", anchor, rank.allocator.allocated_page_ids(), "value", page),
+                (
+                    "side device",
+                    side,
+                    rank.side_allocator.allocated_page_ids(),
+                    "side_value",
+                    side_page,
+                ),
             )
-        for pool, indices, allocated, field in pools:
+        for pool, indices, allocated, field, page in pools:
             held = frozenset(p for n in others for p in _held_pages(n, field, page))
             evidence = PoolIndices(pool, indices, page, frozenset(allocated), held, what)
             self.checks.run("INV-36", evidence)
@@ -237,7 +244,8 @@ class TreeDriver:
         bounce buffers)."""
         page, ranks = self.config.page_size, len(self.world.ranks)
         nodes = tuple(
-            compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
+            compute_holdings(node, page, ranks, self.config.uses_cp, self.config.side_page_size)
+            for node in self.nodes.values()
         )
         return HarnessModel(
             num_counters=self.config.num_counters,

@@ -75,7 +75,8 @@ def write_backup(tree: TreeDriver, handle: int) -> Outcome:
     text = f"write node {handle} -> host {host.numel()} slots"
     if side_host is not None:
         what = f"write of node {handle} (side pool)"
-        tree.checks.run("INV-01", ReturnedIndices(side_host, page, what))
+        side_page = tree.config.side_page_size  # a state pool's page is one slot
+        tree.checks.run("INV-01", ReturnedIndices(side_host, side_page, what))
         node.side_host[0] = side_host
         text += f", side host {side_host.numel()} slots"
     _start_backup(tree, node)
