@@ -72,12 +72,12 @@ CAPABILITIES = frozenset(
 )
 
 GROUP_CAPABILITIES = frozenset(
-    {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa"}
+    {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa", "pool_group:mamba"}
 )
 """What upstream 0.5.19+'s ``HybridCacheController`` declares: the host pools arrive as a
 ``HostPoolGroup``; ``:packed`` / ``:sidecar`` carry the draft pool in it, ``:swa`` as an
 independent side pool (its own rows and slots: the controller has ``side_pools``, a
-``SidePoolsLike``). None is in ``CAPABILITIES`` (what an outside implementation copies: its
+``SidePoolsLike``), ``:mamba`` as an independent state pool (one slot per node). None is in ``CAPABILITIES`` (what an outside implementation copies: its
 adapter would have to hand the side pool over), but the reference declares ``:swa`` too
 (``SIDE_POOL_CAPABILITY``): it holds an independent side pool itself
 (``controller/side_pool.py``), and takes its pools and its draft pair directly otherwise; the

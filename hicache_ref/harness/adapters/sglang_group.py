@@ -18,6 +18,9 @@ does for a KV-only stack):
   indices (``PoolTransfer(indices_from_pool=KV)``, upstream's ``DRAFT_SWA`` pattern); the tree
   names it on every ``write`` and ``load`` (as upstream's radix cache builds ``extra_pools``),
   and transfer ids span ``max(L, draft layers)`` with holes where a pool has no layer;
+- ``mamba``: the same, as the ``MAMBA`` entry of a state pool (one slot per node, pages of
+  one slot: ``HarnessConfig.side_page_size``); the entry's host pool is the harness's own,
+  in place of upstream's ``MambaPoolHost`` (whose copies need sgl_kernel);
 - ``swa``: the draft pool as an independent ``SWA`` side entry: its own device rows
   (``device_alloc_fn`` / ``device_free_fn``: the world's side allocator), its own host slots
   (its host pool's allocator, resolved by ``HostPoolGroup.resolve_host_transfers``), its
@@ -42,7 +45,7 @@ from typing import Any
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import BuildRequest
 from hicache_ref.harness.adapters.sglang_shapes import AfterTargetForward, L2HostPoolShim
-from hicache_ref.harness.adapters.sglang_sides import SglangSidePools
+from hicache_ref.harness.adapters.sglang_sides import SglangSidePools, side_pool_name
 from hicache_ref.harness.world.side_pools import MappedCounter, side_layout
 
 
@@ -175,7 +178,10 @@ def build_group_controller(
         assert draft_device is not None and draft_host is not None and side_allocator is not None
         entries.append(
             PoolEntry(
-                name=PoolName.SWA,
+                # the SWA entry, or the MAMBA one (a state pool: one slot per node; the
+                # harness's own pool in place of upstream's MambaPoolHost, whose copies are
+                # sgl_kernel / triton kernels)
+                name=side_pool_name(PoolName, config.pool_group),
                 host_pool=GroupHostPoolShim(draft_host),
                 device_pool=draft_device,
                 layer_mapper=layout.mapper(side=True),
@@ -240,7 +246,9 @@ def build_group_controller(
         layout = side_layout(config)
         device_pool.register_layer_transfer_counter(MappedCounter(counter, layout, side=False))
         draft_device.register_layer_transfer_counter(MappedCounter(counter, layout, side=True))
-        controller.side_pools = SglangSidePools(controller, PoolTransfer, PoolName)
+        controller.side_pools = SglangSidePools(
+            controller, PoolTransfer, side_pool_name(PoolName, config.pool_group)
+        )
         return controller
     device_pool.register_layer_transfer_counter(counter)  # the assembler re-registers it
     if config.pool_group == "packed":
