@@ -67,6 +67,59 @@ class GroupHostPoolShim(L2HostPoolShim):
     stores_page_envelope = False
 
 
+class StatePoolShim(GroupHostPoolShim):
+    """The harness's Mamba state pool as the group's ``MAMBA`` entry (in place of upstream's
+    ``MambaPoolHost``): a state copy pairs each host state slot with one device state slot, so
+    a copy of a node's state moves exactly its one slot each way. A copy whose slots do not
+    pair (more host slots than device slots, or the reverse) is a state counted per token:
+    the one checker of INV-40 judges it before any byte moves (the harness's pool would
+    otherwise fail on the shapes). While the tree backs a node up (``node_slots``: the state
+    slots the node holds, set by ``SglangSidePools.write``) the host slots the group allocates
+    here are judged the same way, before upstream moves or sorts them."""
+
+    node_slots: int | None = None
+
+    def alloc(self, need_size: int, **kwargs: Any) -> Any:
+        from hicache_ref.invariants.evidence import StateSlots
+        from hicache_ref.invariants.registry import REGISTERED
+
+        indices = self._pool.alloc(need_size, **kwargs)
+        if indices is not None and self.node_slots is not None:
+            what = f"the MAMBA entry's host allocation for a node of {self.node_slots} slot(s)"
+            REGISTERED["INV-40"](StateSlots("side host", indices, self.node_slots, what))
+        return indices
+
+    def _check_pairs(self, host_indices: Any, device_indices: Any, verb: str) -> None:
+        from hicache_ref.invariants.evidence import StateSlots
+        from hicache_ref.invariants.registry import REGISTERED
+
+        what = f"the MAMBA entry's {verb} of {len(device_indices)} device state slot(s)"
+        REGISTERED["INV-40"](StateSlots("side host", host_indices, len(device_indices), what))
+
+    def backup_from_device_all_layer(
+        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: str
+    ) -> None:
+        self._check_pairs(host_indices, device_indices, "backup")
+        self._pool.backup_from_device_all_layer(
+            device_pool, host_indices, device_indices, io_backend
+        )
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: Any,
+        host_indices: Any,
+        device_indices: Any,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        self._check_pairs(host_indices, device_indices, "load")
+        self._pool.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend
+        )
+
+
 class PackedHostPoolShim(GroupHostPoolShim):
     """The KV host pool with packed draft layers: host layer ``L + d`` is draft depth ``d``,
     kept in the harness's draft host pool at the same slots (upstream's packed pool holds them
@@ -182,7 +235,9 @@ def build_group_controller(
                 # harness's own pool in place of upstream's MambaPoolHost, whose copies are
                 # sgl_kernel / triton kernels)
                 name=side_pool_name(PoolName, config.pool_group),
-                host_pool=GroupHostPoolShim(draft_host),
+                host_pool=(StatePoolShim if config.has_state_pool else GroupHostPoolShim)(
+                    draft_host
+                ),
                 device_pool=draft_device,
                 layer_mapper=layout.mapper(side=True),
                 device_alloc_fn=side_allocator.alloc,

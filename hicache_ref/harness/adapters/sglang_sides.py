@@ -48,7 +48,15 @@ class SglangSidePools:
         self, device_indices: torch.Tensor, node_id: int, side_device: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         transfer = self._transfer(name=self._name, device_indices=side_device)
-        host = self._controller.write(device_indices, None, node_id, extra_pools=[transfer])
+        pool = self._controller.mem_pool_host.get_pool(self._name)
+        watched = hasattr(pool, "node_slots")  # a state pool: its host slots per node judged
+        if watched:
+            pool.node_slots = len(side_device)
+        try:
+            host = self._controller.write(device_indices, None, node_id, extra_pools=[transfer])
+        finally:
+            if watched:
+                pool.node_slots = None
         if host is None:
             return None
         return host, _resolved(transfer.host_indices, "host_indices", "write")

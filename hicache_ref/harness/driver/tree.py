@@ -47,7 +47,7 @@ from hicache_ref.harness.driver.rank_geometry import RankGeometry
 from hicache_ref.harness.driver.store_watch import StoreWatch
 from hicache_ref.harness.step_types import Outcome, done
 from hicache_ref.harness.world.world import World
-from hicache_ref.invariants.evidence import DrainedAck, PoolIndices, RankValues
+from hicache_ref.invariants.evidence import DrainedAck, PoolIndices, RankValues, StateSlots
 from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.snapshot import HarnessModel, NodeHoldings
 
@@ -136,6 +136,14 @@ class TreeDriver:
     def has_pending_layer_write(self, handle: int) -> bool:
         node = self.nodes[handle]
         return any(node.node_id in c.pending_layer_writes for c in self.per_layer_controllers())
+
+    def check_state_slots(self, node: Node, kind: str, side: torch.Tensor, what: str) -> None:
+        """What a backup (``kind="host"``) or load (``"device"``) handed the node in a state
+        pool (Mamba): its one state slot, as the harness's geometry counts it (INV-40)."""
+        if not self.config.has_state_pool:
+            return
+        expected = self.config.side_rows(node.logical_len)
+        self.checks.run("INV-40", StateSlots(f"side {kind}", side, expected, what))
 
     def check_group_indices(
         self, node: Node, kind: str, anchor: torch.Tensor, side: torch.Tensor, what: str

@@ -107,7 +107,9 @@ def _load_with_sides(tree: TreeDriver, node: Node) -> Outcome:
     both = rank.sides.load(host, node.node_id, side_host)
     if both is None:
         return refused("device full")
-    tree.check_group_indices(node, "device", *both, f"load of node {node.handle}")  # INV-36
+    what = f"load of node {node.handle}"
+    tree.check_state_slots(node, "device", both[1], what)  # INV-40: one state slot
+    tree.check_group_indices(node, "device", *both, what)  # INV-36
     node.value, node.side_value = both
     node.loading = True
     tree.ongoing_load[node.node_id] = node.handle

@@ -63,7 +63,9 @@ def write_backup(tree: TreeDriver, handle: int) -> Outcome:
         if both is None:
             return refused("host full")
         host, side_host = both
-        tree.check_group_indices(node, "host", host, side_host, f"write of node {handle}")  # INV-36
+        what = f"write of node {handle}"
+        tree.check_state_slots(node, "host", side_host, what)  # INV-40: one state slot
+        tree.check_group_indices(node, "host", host, side_host, what)  # INV-36
     else:
         host = rank.controller.write(node.value, node_id=node.node_id)
     if host is None:

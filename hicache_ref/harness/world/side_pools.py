@@ -163,7 +163,7 @@ def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
     set over it."""
 
     def focus(config: HarnessConfig) -> HarnessConfig:
-        update = {
+        update: dict[str, Any] = {
             "cp_size": 0,
             "storage_ranks": 0,
             "pool_group": SIDE_POOL_GROUPS[0],
@@ -172,5 +172,24 @@ def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
             "draft_host_pages": config.draft_host_pages or config.host_pages,
         }
         return HarnessConfig.model_validate({**config.model_dump(), **update, **fields})
+
+    return focus
+
+
+def state_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
+    """A mutant's ``refine_config``: the drawn world with a Mamba state pool (as
+    ``side_pool_focus``) and pages of at least two tokens, so a state counted per anchor page
+    or per token takes more than its one slot; ``fields`` set over it."""
+    side = side_pool_focus(pool_group="mamba", **fields)
+
+    def focus(config: HarnessConfig) -> HarnessConfig:
+        pages = {"page_size": max(2, config.page_size)}
+        without_storage = {
+            "storage_host_pressure": False,
+            "storage_swa_window": 0,
+            "storage_pp": False,
+        }
+        data = {**config.model_dump(), **pages, **without_storage, "storage_ranks": 0}
+        return side(HarnessConfig.model_validate(data))
 
     return focus
