@@ -7,7 +7,9 @@ slot per node (``MambaComponent.build_hicache_transfers``); the gate runs 0.5.23
 the reference holds the same pool itself (``attach_side_pool(name="mamba")``). The stories: a
 node round-trips with its state slot at an index of the state pool's own, on both; a host
 state pool without a free slot refuses the whole write; the gate draws Mamba worlds on the
-unmodified tree and finds nothing new.
+unmodified tree and finds nothing new; each bug of ``sglang_bugs.BUGS_0523_MAMBA``, planted in
+0.5.23 at test time (a side pool sized by the KV's length: invisible to SWA's row per token), is
+caught by INV-40 and its minimized trace passes on the unmodified tree.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 
+from .sglang_bugs import BUGS_0523_MAMBA, PlantedBug
+from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, run_gate
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
-from .test_sglang_gate import run_gate
 
 IMPLS = ("reference", "sglang")
 MAMBA_GATE_BUDGET = "10s"
@@ -111,3 +114,25 @@ def test_the_gate_draws_mamba_worlds_on_0_5_23_and_finds_nothing_new(
     worlds = report["worlds"]["pool group"]  # what the pass covered, by share of cases
     assert worlds["mamba"]["cases"] > 0 and 0 < worlds["mamba"]["share"] < 1, worlds
     assert "mamba " in stdout and "independent Mamba state pool" in stdout
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_MAMBA, ids=lambda bug: bug.NAME)
+def test_mamba_bug_is_one_small_substitution_in_one_file(
+    bug: type[PlantedBug], tree_0523: Path
+) -> None:
+    source = (tree_0523 / bug.TARGET).read_text()
+    assert source.count(bug.OLD) == 1 and bug.apply(source) != source
+    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    assert bug.INVARIANTS == ("INV-40",)
+
+
+@pytest.mark.usefixtures("gate_env")
+@pytest.mark.parametrize("bug", BUGS_0523_MAMBA, ids=lambda bug: bug.NAME)
+def test_mamba_bug_planted_in_0_5_23_is_caught(
+    bug: type[PlantedBug],
+    tree_0523: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    check_planted_bug_is_caught(bug, tree_0523, tmp_path, monkeypatch, capsys)
