@@ -181,13 +181,25 @@ class SidePoolMixin(ControllerState):
 
     # -- load ----------------------------------------------------------------------------------
     def load_with_side(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Fresh rows of each pool's own allocator for a node's slots, queued for
-        ``start_loading``; (anchor rows, side rows) or None (nothing held)."""
+        ``start_loading``; (anchor rows, side rows) or None (nothing held). ``request``: a
+        state pool's slot the caller allocated for a request, loaded with the node's state
+        too (a copy-on-write load; the caller keeps it, on a refusal too)."""
         side = self._require_side_pool()
         self._check_indices(host_indices, "host_indices", page_aligned=True)
         self._check_side_indices(side, side_host, "host_indices")
+        if request is not None:
+            if not side.is_state_pool:
+                raise HiCacheInputError(
+                    f"a request slot is loaded into a state pool only, not {side.name!r}"
+                )
+            self._check_side_indices(side, request, "request device_indices")
         device = self.mem_pool_device_allocator.alloc(len(host_indices))
         if device is None:
             return None
@@ -197,6 +209,8 @@ class SidePoolMixin(ControllerState):
             return None
         self.load_queue.append(CacheOperation(host_indices, device, node_id))
         self.draft_load_queue.append(CacheOperation(side_host, side_device, node_id))
+        if request is not None:  # the same host state into the caller's slot
+            self.draft_load_queue.append(CacheOperation(side_host, request, node_id))
         return device, side_device
 
     # -- host release --------------------------------------------------------------------------
@@ -226,9 +240,13 @@ class SidePools:
         return self._controller.write_with_side(device_indices, node_id, side_device)
 
     def load(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return self._controller.load_with_side(host_indices, node_id, side_host)
+        return self._controller.load_with_side(host_indices, node_id, side_host, request)
 
     def evict_host(self, side_host: torch.Tensor) -> None:
         self._controller.evict_side_host(side_host)

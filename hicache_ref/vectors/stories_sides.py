@@ -154,3 +154,19 @@ def _inv17_state_write(r: Recorder) -> None:
     backup(r, b)  # both host state slots held
     c = node_of(r, 4)
     r.apply("write", {"node": c}, inv="INV-17", note="refused: both pools as before")
+
+
+@story(
+    "story-inv09-state-cow-request-slot",
+    "INV-09",
+    "a load also copies the node's state into the request's own slot, drained with the load",
+    **STATES,
+    state_cow=True,
+)
+def _inv09_state_cow(r: Recorder) -> None:
+    h = node_of(r, 4)
+    offload(r, h)
+    r.apply("load", {"node": h}, note="the node's slot and the request's slot, one host state")
+    r.apply("start_loading")
+    r.apply("synchronize", {"stream": "load"})
+    r.apply("drain_load", inv="INV-09", note="the request's slot holds the node's state")

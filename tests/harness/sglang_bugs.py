@@ -584,13 +584,29 @@ class MambaHostSlotsPerKvToken(PlantedBug):
     INVARIANTS = ("INV-40",)
 
 
+class MambaRequestSlotAllocatedOver(PlantedBug):
+    NAME = "mamba_request_slot_allocated_over"
+    TARGET = HYBRID
+    BUG_CLASS = "state pool copy-on-write"
+    DESCRIPTION = (
+        "_resolve_device_transfers allocates device slots for a side transfer the caller "
+        "already gave its slot (the per-request copy-on-write load), so the request's slot "
+        "never receives the state and the fresh slot leaks"
+    )
+    OLD = "            if pool.device_indices is not None or pool.host_indices is None:\n"
+    NEW = "            if pool.host_indices is None:  # BUG: a caller's slot allocated over\n"
+    INVARIANTS = ("INV-05", "INV-09")  # the leaked slot at the load, or the empty request slot
+
+
 BUGS_0523_MAMBA: tuple[type[PlantedBug], ...] = (
     MambaDeviceSlotsPerKvToken,
     MambaHostSlotsPerKvToken,
+    MambaRequestSlotAllocatedOver,
 )
-"""Planted in 0.5.23's side-pool sizing (``HybridCacheController``, ``HostPoolGroup``): harmless
-where a side pool holds a row per token (SWA), caught once the gate draws Mamba state pools
-(``pool_group="mamba"``: one slot per node)."""
+"""Planted in 0.5.23's side-pool sizing and copy-on-write (``HybridCacheController``,
+``HostPoolGroup``): harmless where a side pool holds a row per token and no caller-owned slot
+(SWA), caught once the gate draws Mamba state pools (``pool_group="mamba"``: one slot per
+node; ``state_cow``: a load also fills a request's slot)."""
 
 
 # -- 0.5.23's storage of a KV-derived sidecar (issue 27): caught in sidecar storage worlds ----------

@@ -306,13 +306,20 @@ class SidePoolsLike(Protocol):
     slots and side host slots into fresh rows of each pool's own allocator and returns (anchor
     rows, side rows), or None (nothing held); ``evict_host`` releases the side host slots (the
     anchor's go through the controller's ``evict_host``). The side rows are freed through the
-    side allocator, as the tree frees an SWA segment."""
+    side allocator, as the tree frees an SWA segment. In a Mamba world with ``state_cow`` a
+    load also names ``request``: a state slot the tree allocated for a request, which the load
+    fills with the node's state too (upstream's copy-on-write ``LOAD_BACK`` transfer); the
+    tree owns it (it frees it, on a refusal too)."""
 
     def write(
         self, device_indices: torch.Tensor, node_id: int, side_device: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
     def load(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
     def evict_host(self, side_host: torch.Tensor) -> None: ...
 

@@ -15,6 +15,11 @@ in every transfer by a ``PoolTransfer`` of that pool, never riding on the KV ind
   (``HostPoolGroup.free(..., pool=SWA)``); device eviction frees the SWA rows through the
   allocator (``free_swa_segment``), which the harness's tree does itself.
 
+A Mamba state pool (``unified_cache/components/mamba.py``) is named the same way with its one
+state slot; a load may also name a second ``MAMBA`` transfer with the same host slot and
+``device_indices=<the request's slot>`` (the per-request copy-on-write into a slot the caller
+allocated, ``prepare_load_back``), which the controller must copy into as given.
+
 ``SglangSidePools`` is that protocol over one controller (the harness's ``SidePoolsLike``).
 What the tree records comes from the transfers the controller filled in; every byte is then
 checked at those rows and slots against the content oracle, and the slots against the
@@ -62,10 +67,19 @@ class SglangSidePools:
         return host, _resolved(transfer.host_indices, "host_indices", "write")
 
     def load(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         transfer = self._transfer(name=self._name, host_indices=side_host)
-        device = self._controller.load(host_indices, None, node_id, extra_pools=[transfer])
+        extra = [transfer]
+        if request is not None:  # the per-request copy-on-write into the caller's slot
+            extra.append(
+                self._transfer(name=self._name, host_indices=side_host, device_indices=request)
+            )
+        device = self._controller.load(host_indices, None, node_id, extra_pools=extra)
         if device is None:
             return None
         return device, _resolved(transfer.device_indices, "device_indices", "load")

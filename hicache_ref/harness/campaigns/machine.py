@@ -251,6 +251,7 @@ def _side_pool_fields(
         # in state slots (one per node), without a storage tier (Mamba pages in L3 are not
         # driven); drawn last, so no other world's draws move
         side.update(pool_group="mamba", storage_ranks=0, storage_swa_window=0)
+        side["state_cow"] = draw(_BOOLS)  # half: loads copy the state into a request's slot
     return side
 
 

@@ -166,6 +166,27 @@ class ByteChecks:
                             f"rank {rank_index}",
                         )
 
+    def check_request_bytes(
+        self, node: Node, request: torch.Tensor, inv_id: str, when: str
+    ) -> None:
+        """A request's state slot a load copied the node's state into (``state_cow``): each
+        state layer holds the node's state, as its own slot does (the oracle's rows at
+        position 0)."""
+        pool, _ = self.geometry.pools(0, True)
+        slot = request.to(pool.device)
+        for layer in range(min(self.geometry.layer_num(True), node.layers_stored)):
+            for c, buf in enumerate(pool.layer_buffers(layer)):
+                rows = self.device_rows(0, node, True, layer, c, tuple(buf.shape[1:]))
+                self.check_rows(
+                    buf[slot],
+                    rows,
+                    inv_id,
+                    f"{when}: the request's state slot {request.tolist()} of node {node.handle} "
+                    f"layer {layer} component {c}",
+                    "the load's copy-on-write transfer left the request's slot without the "
+                    "node's state (its slot was not the one the caller allocated)",
+                )
+
     def check_rows(
         self,
         actual: torch.Tensor,

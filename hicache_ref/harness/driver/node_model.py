@@ -53,6 +53,9 @@ class Node:
     side_placement: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(
         default=None, repr=False
     )  # (side_value it was computed from, positions, rows on the pools' device)
+    # a Mamba world with ``state_cow``: the request's state slot a load also copies the node's
+    # state into (allocated by the tree before the load, freed once the load is drained)
+    side_request: torch.Tensor | None = None
     loading: bool = False
     producer_id: int | None = None
     pending_reads: int = 0
@@ -120,7 +123,8 @@ def compute_holdings(
         draft_of = list(node.side_host)  # an independent side pool's own slots, else none
     busy = compute_busy(node)
     side = node.side_value
-    key = (node.value, side, node.backup, node.layers_stored, busy, *host_of, *draft_of)
+    request = node.side_request  # a load's copy-on-write state slot, held until drained
+    key = (node.value, side, request, node.backup, node.layers_stored, busy, *host_of, *draft_of)
     if node.holdings is not None and _is_same_key(node.holdings_key, key):
         return node.holdings
     device = pages_covered(node.value, page) if node.value is not None else frozenset()
@@ -133,6 +137,8 @@ def compute_holdings(
     else:
         draft = tuple(frozenset() for _ in range(num_ranks))
     side_pages = pages_covered(side, side_page) if side is not None else frozenset()
+    if request is not None:
+        side_pages |= pages_covered(request, side_page)
     node.holdings = NodeHoldings(
         node.handle,
         node.node_id,

@@ -220,6 +220,19 @@ class TreeDriver:
                 self.check_host_bytes(node, "INV-09", "write ack drained")
         return done(f"drained {len(rows)} write ack(s)")
 
+    def _release_request_slot(self, node: Node) -> None:
+        """A drained load's copy-on-write state slot (``state_cow``): it holds the node's state
+        as the load copied it (INV-09), then goes back to the state allocator (the request is
+        done with it)."""
+        request = node.side_request
+        if request is None:
+            return
+        self.bytes.check_request_bytes(node, request, "INV-09", "load ack drained")
+        allocator = self.world.ranks[0].side_allocator
+        assert allocator is not None
+        allocator.free(request)
+        node.side_request = None
+
     def loading_check(self) -> Outcome:
         rows = self._pop_rows("ack_load_queue", self._ready_prefix("ack_load_queue"))
         for row in rows:
@@ -233,6 +246,7 @@ class TreeDriver:
                 node.producer_id = None
                 self.acked_loads += 1
                 self.check_device_bytes(node, "INV-09", "load ack drained")
+                self._release_request_slot(node)
         return done(f"drained {len(rows)} load ack(s)")
 
     def _rows_backing_up(self, rank: int, pool: str) -> dict[int, set[int]]:

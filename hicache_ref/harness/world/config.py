@@ -86,6 +86,12 @@ class HarnessConfig(BaseModel):
     """Device pages of an independent side pool's own allocator (``pool_group="swa"``: pages of
     ``page_size`` rows; ``"mamba"``: state slots, a page being one slot); its host pages are
     ``draft_host_pages`` (of the same size)."""
+    state_cow: bool = False
+    """In a Mamba world (``pool_group="mamba"``): every load also copies the node's state into
+    a request's own state slot, which the tree allocates from the state pool first (upstream's
+    per-request copy-on-write ``LOAD_BACK`` transfer: ``prepare_load_back`` allocates it, the
+    second ``MAMBA`` transfer names it with ``device_indices``); its bytes are checked when the
+    load is drained, and the slot is freed then (the request done with it)."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
@@ -175,6 +181,8 @@ class HarnessConfig(BaseModel):
                 "side_device_pages is the device size of an independent side pool only "
                 f"(pool_group in {SIDE_POOL_GROUPS})"
             )
+        if self.state_cow and not self.has_state_pool:
+            raise ValueError("state_cow is a Mamba world's (pool_group='mamba')")
         if self.has_state_pool and self.storage_ranks:
             raise ValueError(
                 "pool_group='mamba' is drawn without a storage tier (Mamba pages in L3 are not "
@@ -284,6 +292,7 @@ class HarnessConfig(BaseModel):
         if self.has_side_pools:
             unit = "slot" if self.has_state_pool else "p"
             runs += f" side={self.side_device_pages}{unit}/{self.draft_host_pages}h{unit}"
+            runs += "+cow" if self.state_cow else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"
