@@ -118,6 +118,32 @@ def test_a_copy_on_write_load_fills_the_request_slot_the_tree_allocated(
 
 
 @pytest.mark.parametrize("impl_name", IMPLS)
+def test_two_copy_on_write_loads_in_one_start_loading_read_each_host_state_twice(
+    impl_name: str, tree_0523: Path
+) -> None:
+    # one merged load op: each node's host slot goes to its own slot and its request's slot,
+    # so the state copy's host slots repeat ([a, a, b, b]) while its device slots do not (a
+    # false INV-40 at seed 100 before the pairing judged the device side of a load)
+    session = mamba_session(impl_name, tree_0523, state_cow=True, side_device_pages=6)
+    for _ in range(2):
+        apply(session, "prefill", tokens=4)
+    apply(session, "forward_layer")
+    apply(session, "forward_layer")
+    for node in (0, 1):
+        apply(session, "write", node=node)
+    apply(session, "synchronize", stream="write")
+    apply(session, "drain_acks")
+    for node in (0, 1):
+        apply(session, "evict_device", node=node)
+    for node in (0, 1):
+        apply(session, "load", node=node)
+    apply(session, "start_loading")  # both loads in one operation
+    apply(session, "synchronize", stream="load")
+    apply(session, "drain_acks")  # both request slots hold their node's state (INV-09)
+    session.finish()
+
+
+@pytest.mark.parametrize("impl_name", IMPLS)
 def test_a_copy_on_write_load_without_a_free_state_slot_is_refused(
     impl_name: str, tree_0523: Path
 ) -> None:

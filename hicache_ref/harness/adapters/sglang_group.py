@@ -69,11 +69,13 @@ class GroupHostPoolShim(L2HostPoolShim):
 
 class StatePoolShim(GroupHostPoolShim):
     """The harness's Mamba state pool as the group's ``MAMBA`` entry (in place of upstream's
-    ``MambaPoolHost``): a state copy pairs each host state slot with one device state slot, so
-    a copy of a node's state moves exactly its one slot each way. A copy whose slots do not
-    pair (more host slots than device slots, or the reverse) is a state counted per token:
-    the one checker of INV-40 judges it before any byte moves (the harness's pool would
-    otherwise fail on the shapes). While the tree backs a node up (``node_slots``: the state
+    ``MambaPoolHost``): a state copy pairs each slot it writes with one slot it reads, so a copy
+    of a node's state moves exactly its one slot each way. A backup writes distinct host slots,
+    one per device slot; a load writes distinct device slots, one per host slot (a host slot may
+    repeat: a copy-on-write load reads a node's host state into its own slot and a request's).
+    A copy whose slots do not pair (more slots written than read, or one written twice) is a
+    state counted per token: the one checker of INV-40 judges it before any byte moves (the
+    harness's pool would otherwise fail on the shapes). While the tree backs a node up (``node_slots``: the state
     slots the node holds, set by ``SglangSidePools.write``) the host slots the group allocates
     here are judged the same way, before upstream moves or sorts them."""
 
@@ -93,8 +95,13 @@ class StatePoolShim(GroupHostPoolShim):
         from hicache_ref.invariants.evidence import StateSlots
         from hicache_ref.invariants.registry import REGISTERED
 
-        what = f"the MAMBA entry's {verb} of {len(device_indices)} device state slot(s)"
-        REGISTERED["INV-40"](StateSlots("side host", host_indices, len(device_indices), what))
+        if verb == "backup":  # the host slots written, one per device slot read
+            what = f"the MAMBA entry's backup of {len(device_indices)} device state slot(s)"
+            evidence = StateSlots("side host", host_indices, len(device_indices), what)
+        else:  # the device slots written, one per host slot read (host slots may repeat)
+            what = f"the MAMBA entry's load of {len(host_indices)} host state slot(s)"
+            evidence = StateSlots("side device", device_indices, len(host_indices), what)
+        REGISTERED["INV-40"](evidence)
 
     def backup_from_device_all_layer(
         self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: str
