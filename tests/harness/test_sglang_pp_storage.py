@@ -35,7 +35,8 @@ from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree, fork_tree
 from hicache_ref.harness.campaigns.pp_gate import PpOp, PpProgram, run_pp_gate, run_program
-from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.harness.driver.pp_tree import PpTree
+from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, PAGE_WRITE, WAIT
 from hicache_ref.replay_lines import get_cli_command
 

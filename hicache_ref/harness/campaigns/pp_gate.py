@@ -38,7 +38,8 @@ from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
-from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.harness.driver.pp_tree import PpTree
+from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
 
 VERBS = (

@@ -46,9 +46,7 @@ ticket's IO writes only slots the ticket holds) and INV-30 (a rank reads its own
 from __future__ import annotations
 
 import inspect
-import sys
 from array import array
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,11 +60,16 @@ from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_
 from hicache_ref.harness.driver.pp_books import RankBook, TicketLog, watch_host_pool
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
 from hicache_ref.harness.driver.pp_storage_threads import TICKET_KINDS, PpStorageThreads
+from hicache_ref.harness.driver.pp_world import (
+    Chain,
+    RequestHandle,
+    build_pp_world,
+    page_keys_of,
+    page_value,
+)
 from hicache_ref.harness.schedule.points import WAIT
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.recording_storage import page_digest
-from hicache_ref.harness.world.storage_world import StorageWorld
-from hicache_ref.harness.world.world import build_world
 from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.storage_snapshot import (
     L3Model,
@@ -75,66 +78,9 @@ from hicache_ref.invariants.storage_snapshot import (
     StoreRead,
 )
 
-PP_RANKS = 2
-MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
 IDLE_ROUNDS_MAX = 200  # rounds of run_until_idle with whole bodies (a round runs every kind)
 IDLE_ROUNDS_POINTS_MAX = 4_000  # ... stepped point by point (a body has up to a dozen)
 STOP_POINTS_MAX = 64  # points storage_to runs a kind at most (a 4-page ticket's IO: about 14)
-
-
-def pp_config(*, sidecar: bool = False, **fields: Any) -> HarnessConfig:
-    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools; ``sidecar``:
-    with a one-layer draft pool riding on the KV's slots (its pages beside the KV's in L3 and
-    on every ticket: the ticket's ``pool_specs``)."""
-    group = {"pool_group": "sidecar", "draft_layer_num": 1} if sidecar else {}
-    base: dict[str, Any] = {
-        "page_size": 2,
-        "layer_num": 2,
-        "pool_group": "anchor",
-        **group,
-        "storage_ranks": PP_RANKS,
-        "storage_pp": True,
-        "storage_batch_pages": 2,
-        "host_pages": 16,
-        "device_pages": 16,
-    }
-    return HarnessConfig(**{**base, **fields})
-
-
-def carries_rank_0_hit(hybrid: Any) -> bool:
-    """0.5.21 - 0.5.22's tickets carry the hit PP rank 0 found (``storage_hit_count``): PP rank
-    0 queries every PP rank's shard in ``submit_prefetch`` and the command threads stage that hit
-    without a query; 0.5.23+'s carry none (every rank queries its own shard, then a MIN)."""
-    fields = getattr(getattr(hybrid, "PPPrefetchTicket", None), "__dataclass_fields__", {})
-    return "storage_hit_count" in fields
-
-
-def page_keys_of(tokens: tuple[int, ...], page: int, controller: Any) -> list[str]:
-    """The content keys of a chain from the root, as upstream's radix cache computes them."""
-    keys: list[str] = controller._harness_page_keys(list(tokens), None, page)
-    return keys
-
-
-def page_value(rank: int, chain: int, page: int) -> float:
-    """The first element of page ``page`` of chain ``chain`` on PP rank ``rank`` (its layers)."""
-    return float((rank + 1) * 1_000_000 + chain * 1_000 + page + 1)
-
-
-@dataclass(frozen=True)
-class RequestHandle:
-    """Upstream's ``CacheRequestHandle`` (the harness stubs its module): a ticket pickles it."""
-
-    rid: str
-    attempt_id: int = 0
-
-
-@dataclass(frozen=True)
-class Chain:
-    """A chain the world backed up: its tokens and, per rank, its page keys."""
-
-    index: int
-    tokens: tuple[int, ...]
-    keys: tuple[str, ...]
 
 
 class PpTree:
@@ -157,29 +103,14 @@ class PpTree:
                 f"points={points} storage_points={storage_points} page_points={page_points}: "
                 "page points need storage points, which need points (each narrows the last)"
             )
-        refine = getattr(implementation, "refine_config", None)
-        config = refine(config) if callable(refine) else config
-        if not config.storage_pp or config.storage_ranks != PP_RANKS:
-            raise HiCacheSetupError(
-                f"{implementation.name} draws no PP storage world (capability storage:pp)"
-            )
-        self.config = config
+        built = build_pp_world(implementation, config)
+        self.config = config = built.config
         self.page = config.page_size
-        self.world = build_world(config, implementation)
-        self.storage = StorageWorld(self.world, implementation)
-        self.cc: list[Any] = self.storage.controllers
-        self.hybrid = sys.modules[type(self.cc[0]).__mro__[1].__module__]
-        self.carries_hit = carries_rank_0_hit(self.hybrid)
-        self.storage.attach(MOONCAKE if self.carries_hit else "")
-        if self.carries_hit:  # Mooncake's zero-copy page calls are its client's, not the PP
-            for controller in self.cc:  # protocol's: the harness's clients take flat pages
-                controller.page_get_func = controller._generic_page_get
-                controller.page_set_func = controller._generic_page_set
-        if any(getattr(c, "pp_prefetch_command_group", None) is None for c in self.cc):
-            raise HiCacheSetupError(
-                "upstream's attach made no PP command group (enable_pp_ticket: buffer_only "
-                "host memory and a PP group of 2+ ranks)"
-            )
+        self.storage = built.storage
+        self.world = built.world
+        self.cc: list[Any] = built.cc
+        self.hybrid = built.hybrid
+        self.carries_hit = built.carries_hit
         self.broadcast: PpBroadcast = pp_broadcast_for(self.cc[0]._harness_collectives)
         self.books = [RankBook() for _ in self.cc]
         for rank, controller in enumerate(self.cc):
