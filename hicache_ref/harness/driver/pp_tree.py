@@ -59,6 +59,15 @@ from hicache_ref.harness.adapters.sglang_stubs import RadixKey
 from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
 from hicache_ref.harness.driver.pp_books import RankBook, TicketLog, watch_host_pool
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
+from hicache_ref.harness.driver.pp_side import (
+    TakenWindow,
+    drain_side_releases,
+    fill_side,
+    queued_side_releases,
+    side_pool_of,
+    window_record,
+    window_transfer,
+)
 from hicache_ref.harness.driver.pp_storage_threads import TICKET_KINDS, PpStorageThreads
 from hicache_ref.harness.driver.pp_world import (
     Chain,
@@ -74,9 +83,11 @@ from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.storage_snapshot import (
     L3Model,
     PpTicketRecord,
+    SideWindowRecord,
     StorageSnapshot,
     StoreRead,
 )
+from hicache_ref.storage.pool_transfers import SWA_POOL, pool_name
 
 IDLE_ROUNDS_MAX = 200  # rounds of run_until_idle with whole bodies (a round runs every kind)
 IDLE_ROUNDS_POINTS_MAX = 4_000  # ... stepped point by point (a body has up to a dozen)
@@ -147,6 +158,11 @@ class PpTree:
         self.confirmed: dict[int, int] = {}
         self.spans: dict[str, tuple[int, int]] = {}
         self.assumed: set[str] = set()  # requests submitted with assume_stored
+        # an SWA world (pp_config(swa_window=N)): the side pool's window on every ticket
+        self.swa_window = config.storage_swa_window
+        self.windows: dict[str, int] = {}  # request -> the window pages its ticket names
+        self.expected_side: dict[tuple[int, str], str] = {}  # (rank, key) -> its SWA digest
+        self.side_windows: list[SideWindowRecord] = []  # taken windows, judged next (INV-39)
         self.steps = 0
 
     def held_by(self, rank: int, rid: str) -> int:
@@ -164,6 +180,7 @@ class PpTree:
         index = len(self.chains)
         tokens = tuple(range(index * 4096 + 1, index * 4096 + 1 + pages * self.page))
         slots: list[Any] = []
+        sides: list[Any] = []  # an SWA world's side source pages, per rank
         digests: list[tuple[int, str]] = []  # (rank, the oracle's digest) per page, in order
         for rank, controller in enumerate(self.cc):
             host = controller.mem_pool_host.alloc(pages * self.page)
@@ -177,8 +194,10 @@ class PpTree:
                 data = ramp + page_value(rank, index, page)
                 pool.set_from_flat_data_page(first, data)
                 digests.append((rank, page_digest(data)))
-            controller.write_storage(host, list(tokens))
+            side = self._fill_side(rank, index, pages, tokens)
+            controller.write_storage(host, list(tokens), side_host=side)
             slots.append(host)
+            sides.append(side)
         self.run_until_idle()
         acked: list[int] = []  # per rank, the tokens its backup ack says it stored
         for rank, controller in enumerate(self.cc):
@@ -188,6 +207,8 @@ class PpTree:
                 stored = max(stored, int(getattr(ack, "completed_tokens", 0) or 0))
             acked.append(stored)
             controller.mem_pool_host.free(slots[rank])
+            if sides[rank] is not None:
+                side_pool_of(controller).free(sides[rank])
             self._stored_keys(rank)  # what the backups stored is INV-30's expectation's
         page_keys = page_keys_of(tokens, self.page, self.cc[0])
         for position, (rank, digest) in enumerate(digests):
@@ -197,6 +218,19 @@ class PpTree:
         if min(acked) > 0:  # writes are prefix-covered: every rank holds the acked prefix
             self.confirmed[index] = min(acked)
         return chain
+
+    def _fill_side(self, rank: int, chain: int, pages: int, tokens: tuple[int, ...]) -> Any:
+        """An SWA world's backup source: the chain's SWA pages with rank ``rank``'s own bytes
+        (``pp_side.fill_side``), whose digests the model expects back by page key; else None."""
+        if not self.swa_window:
+            return None
+        filled = fill_side(self.cc[rank], rank, chain, pages, self.page)
+        if filled is None:
+            raise HiCacheInputError(f"no side room for a {pages}-page backup on rank {rank}")
+        slots, digests = filled
+        for key, digest in zip(page_keys_of(tokens, self.page, self.cc[0]), digests, strict=True):
+            self.expected_side[(rank, key)] = digest
+        return slots
 
     def _stored_keys(self, rank: int) -> list[str]:
         self._take_calls()
@@ -245,6 +279,8 @@ class PpTree:
         key = RadixKey(array("q", tokens)).page_aligned(self.page)
         assumed = {"assume_stored": True} if assume_stored and self.assumes else {}
         sidecars = sidecar_transfers() if controller._harness_sidecar() else None
+        if self.swa_window:  # the SWA window's placeholder keys, no slots (num_slots 0)
+            sidecars = window_transfer(len(tokens) // self.page, self.swa_window, start == 0)
         submission = controller.submit_prefetch(
             handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), sidecars, **assumed
         )
@@ -260,6 +296,7 @@ class PpTree:
             return None
         self._bind(0, rid, bool(submission.decision))
         self.live.add(rid)
+        self.windows[rid] = len(sidecars[0].keys) if self.swa_window and sidecars else 0
         return rid
 
     def _shard_run(self, rank: int, keys: tuple[str, ...]) -> int:
@@ -411,6 +448,8 @@ class PpTree:
             state = controller.take_ready_pp_prefetch(rid)
             operation = state.operation
             host, completed = operation.host_indices, int(operation.completed_tokens)
+            if self.windows.get(rid):  # judged before the tree gives the window back
+                self._judge_window(rank, rid, log, operation, completed)
             if rank == 0 and host is not None and completed > 0 and rid in self.spans:
                 chain, start = self.spans[rid]  # every rank's completion: the MIN over them
                 self.confirmed[chain] = max(self.confirmed.get(chain, 0), start + completed)
@@ -418,8 +457,39 @@ class PpTree:
                 controller.append_host_mem_release(host[completed:])
                 self._drain_releases(controller)
                 self._consume(rank, host[:completed])
+                self._consume_window(rank, operation)
         self.check()
         return True
+
+    def _judge_window(self, rank: int, rid: str, log: Any, operation: Any, done: int) -> None:
+        """A taken ticket's SWA window on rank ``rank``, against the harness's byte model."""
+        book, key = self.books[rank], (self.epoch, rid)
+        staged = tuple(book.side_staged.get(key, ()))
+        given_back = book.side_given_back.get(key, set()) | (
+            set(staged) & queued_side_releases(self.cc[rank])
+        )
+        chain, start = self.spans[rid]
+        span_keys = self.chains[chain].keys[start // self.page :]
+        hits = getattr(operation.pool_storage_result, "extra_pool_hit_pages", None) or {}
+        published = next((int(v) for k, v in hits.items() if pool_name(k) == SWA_POOL), None)
+        hit = int(log.hit_tokens or 0) if log is not None else 0
+        window = min(self.windows[rid], hit // self.page, len(staged) // self.page)
+        taken = TakenWindow(
+            rank, rid, self.epoch, hit, done, staged, frozenset(given_back), span_keys,
+            self.windows[rid], published,
+            accepted=bool(window) and done == hit and published == window,
+        )  # fmt: skip
+        faults = self.storage.ranks[rank].faults
+        pool = side_pool_of(self.cc[rank])
+        self.side_windows.append(window_record(taken, self.page, pool, self.expected_side, faults))
+
+    def _consume_window(self, rank: int, operation: Any) -> None:
+        """Buffer mode owns a taken ticket's window (its kept pages): loaded, then freed."""
+        for transfer in getattr(operation, "pool_transfers", None) or ():
+            slots = transfer.host_indices
+            if transfer.indices_from_pool is None and slots is not None and slots.numel():
+                side_pool_of(self.cc[rank]).free(slots)
+                transfer.host_indices = None
 
     def _await_ready(self, rid: str) -> None:
         """Every rank's ``take_ready_pp_prefetch`` waits on its ticket's ``ready_event``: under
@@ -436,13 +506,18 @@ class PpTree:
         """The buffer pipeline loads the staged pages to the device, then frees them."""
         self.cc[rank].mem_pool_host.free(host)
 
-    @staticmethod
-    def _drain_releases(controller: Any) -> None:
+    def _drain_releases(self, controller: Any) -> None:
         release = controller.host_mem_release_queue
         while not release.empty():
             indices = release.get_nowait()
             if indices is not None and len(indices):
                 controller.mem_pool_host.free(indices)
+        if self.swa_window:  # the window tails the IO gave back (_sync_trailing_keys)
+            book = self.books[self.cc.index(controller)]
+            holders = dict(book.side_owners)
+            for slot in drain_side_releases(controller):
+                holder = (self.epoch, holders.get(slot, ""))
+                book.side_given_back.setdefault(holder, set()).add(slot)
 
     def release(self, rid: str) -> None:
         """The request finished: every rank retires its ticket (``claim_kv_row``)."""
@@ -462,6 +537,9 @@ class PpTree:
         for rank, controller in enumerate(self.cc):
             controller.mem_pool_host.anchor_entry.host_pool.clear()
             self.books[rank].owners.clear()
+            if self.swa_window:
+                side_pool_of(controller).clear()
+                self.books[rank].side_owners.clear()
             self.books[rank].relayed.clear()
             self._stored_keys(rank)
         self.epoch += 1
@@ -485,6 +563,10 @@ class PpTree:
                     ended=log.ended,
                     shard_tokens=log.shard_tokens,
                     stray_writes=log.stray_writes,
+                    side_held_tokens=self._side_held(rank, log.request_id)
+                    if log.epoch == self.epoch
+                    else 0,
+                    side_window_tokens=self.windows.get(log.request_id, 0) * self.page,
                 )
                 for log in book.tickets
             )
@@ -501,11 +583,21 @@ class PpTree:
             collectives=tuple(() for _ in self.cc),
             pp_tickets=tickets,
             pp_at_rest=self._at_rest(),
+            side_windows=tuple(self.side_windows),
             l3=L3Model(
                 reads=tuple(self.reads),
                 expected=tuple((r, k, d) for (r, k), d in sorted(self.expected.items())),
             ),
         )
+
+    def _side_held(self, rank: int, rid: str) -> int:
+        """The SWA side-pool slots the book says ``rid`` holds on ``rank``, less the ones the
+        controller gave back on its SWA release queue (not yet drained)."""
+        if not self.swa_window:
+            return 0
+        queued = queued_side_releases(self.cc[rank])
+        owners = self.books[rank].side_owners
+        return sum(1 for slot, owner in owners.items() if owner == rid and slot not in queued)
 
     def _at_rest(self) -> bool:
         """Every command thread waits with no ticket for it, and no IO or sync thread has work
@@ -517,6 +609,9 @@ class PpTree:
         snapshot = self.snapshot()
         self.checks.run("INV-38", snapshot)
         self.checks.run("INV-30", snapshot)  # each rank reads back its own shard's bytes
+        if snapshot.side_windows:  # the windows taken since the last look (INV-39)
+            self.checks.run("INV-39", snapshot)
+            self.side_windows.clear()
         self.reads.clear()  # judged: the next snapshot carries the reads since
 
     def finish(self) -> None:
