@@ -170,10 +170,13 @@ class PpTree:
 
     # -- L3 ----------------------------------------------------------------------------------------
     def has_room(self, pages: int) -> bool:
-        """Every rank's host pool has room to stage a ``pages``-page backup (tickets hold the
-        rest)."""
+        """Every rank's host pool (and side pool, in an SWA world) has room to stage a
+        ``pages``-page backup (tickets hold the rest)."""
         need = pages * self.page
-        return all(int(c.mem_pool_host.available_size()) >= need for c in self.cc)
+        kv = all(int(c.mem_pool_host.available_size()) >= need for c in self.cc)
+        return kv and all(
+            not self.swa_window or int(side_pool_of(c).available_size()) >= need for c in self.cc
+        )
 
     def back_up(self, pages: int) -> Chain:
         """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
