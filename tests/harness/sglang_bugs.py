@@ -899,7 +899,9 @@ class PpRetiredTicketKeepsItsWindow(PlantedBug):
         "_free_pp_prefetch_state frees a retired ticket's KV slots but not the window it "
         "allocated from an independent side pool, so the SWA window's slots leak"
     )
-    OLD = "            if transfer.indices_from_pool is None and transfer.host_indices is not None:\n"
+    OLD = (
+        "            if transfer.indices_from_pool is None and transfer.host_indices is not None:\n"
+    )
     NEW = "            if False:  # BUG: the side pool's window is never freed\n"
     INVARIANTS = ("INV-38",)
 
