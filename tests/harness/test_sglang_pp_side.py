@@ -6,8 +6,8 @@ window as a ``TRAILING_PAGES`` pool spec with no slots: each rank's command thre
 window from its own side pool (``_allocate_pp_prefetch_buffers``), its IO re-aligns it to the
 served hit and gives the staged tail back. The stories: a ticket's window round-trips each
 rank's own bytes; a rank whose shard holds more than the MIN hit stages a longer window and its
-IO gives the tail back; a retired ticket keeping its window and a window of the wrong pages are
-each caught by a checker on a hand-made record; the PP gate on the unmodified tree finds nothing;
+IO gives the tail back; a retired ticket keeping its window (INV-38) and a window of the wrong
+pages (INV-39) are each caught by a checker on a hand-made record; the PP gate on the unmodified tree finds nothing;
 and each bug of ``sglang_bugs.BUGS_0523_PP_SIDE``, planted at test time, is caught by it.
 """
 

@@ -25,5 +25,7 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   PP storage ranks (PP rank 0 submits, the others follow the broadcast tickets; INV-38), over
   ``pp_commands`` (every rank's PP command thread, stepped by whole bodies or by points) and
   ``pp_storage_threads`` (every rank's IO, sync and backup threads, by bodies or by points)
-  and ``pp_books`` (what the harness saw of each rank's tickets and host slots).
+  and ``pp_books`` (what the harness saw of each rank's tickets and host slots), and in a
+  world with an SWA side pool ``pp_side`` (the harness's byte model of each ticket's window:
+  INV-39).
 """

@@ -13,15 +13,17 @@ ticket meet them:
 - ``side_entry`` / ``side_pool_of``: the rank's SWA entry of its ``HostPoolGroup`` (its own
   slots), and the pool the harness fills and reads;
 - ``fill_side``: a backup's SWA source pages, filled with the rank's own bytes for the chain
-  (``pp_world.side_value``); the digests the model expects back, by (rank, page key);
+  (``pp_world.side_value``); the digests the model expects back, by (rank, page key) (no room
+  is bad input: the gate backs up only with room in both pools, ``PpTree.has_room``);
 - ``window_transfer``: the ticket's SWA transfer (``staging_pages``: the whole window when the
   span covers it, the span at the root, else none);
 - ``queued_side_releases`` / ``drain_side_releases``: the controller's SWA release queue (what it
   gave back), read and drained into the side pool;
-- ``window_record``: at the take, what the rank's kept window holds against the model: the
+- ``taken_window`` / ``window_record``: at the take, what the rank's kept window holds against the model: the
   served hit, the trailing window of it, the pages staged and given back, each kept page's
   bytes, whether L3 holds the window and whether a fault hit a read of it
-  (``SideWindowRecord``, judged by INV-39 exactly as in a non-PP SWA world).
+  (``SideWindowRecord``, judged by INV-39 exactly as in a non-PP SWA world); ``free_window``:
+  then buffer mode's load frees the kept window; ``side_held``: what a ticket holds (INV-38).
 
 Nothing here reads what the controller says of its window: slots come from the harness's book of
 the side pool's ``alloc`` / ``free`` (``pp_books``) and the release queue, bytes from the pool,
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 
+from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.sglang_storage import _swa_prefetch_transfer
 from hicache_ref.harness.driver.pp_world import side_value
 from hicache_ref.harness.driver.storage_side import staging_pages
@@ -57,22 +60,28 @@ def side_pool_of(controller: Any) -> Any:
     return entry.host_pool
 
 
-def fill_side(controller: Any, rank: int, chain: int, pages: int, page: int) -> Any | None:
-    """A backup's SWA source: ``pages`` side pages filled with rank ``rank``'s own bytes of
-    chain ``chain`` (None: no room); with the digest of each page, in order."""
+def fill_side(
+    controller: Any,
+    who: tuple[int, int],
+    keys: list[str],
+    page: int,
+    expected: dict[tuple[int, str], str],
+) -> Any:
+    """A backup's SWA source for ``who`` = (rank, chain): a side page per key, filled with the
+    rank's own bytes of the chain; the digest of each goes into ``expected`` by (rank, key)."""
+    rank, chain = who
     pool = side_pool_of(controller)
-    slots = pool.alloc(pages * page)
+    slots = pool.alloc(len(keys) * page)
     if slots is None:
-        return None
-    digests: list[str] = []
-    for position in range(pages):
+        raise HiCacheInputError(f"no side room for a {len(keys)}-page backup on rank {rank}")
+    for position, key in enumerate(keys):
         flat = pool.get_dummy_flat_data_page()
         data = torch.arange(flat.numel(), dtype=flat.dtype) / 1024 + side_value(
             rank, chain, position
         )
         pool.set_from_flat_data_page(int(slots[position * page]), data)
-        digests.append(page_digest(data))
-    return slots, digests
+        expected[(rank, key)] = page_digest(data)
+    return slots
 
 
 def window_transfer(span_pages: int, window_pages: int, at_root: bool) -> list[Any] | None:
@@ -120,6 +129,52 @@ class TakenWindow:
     window_keys: int  # placeholder keys the ticket's spec named (the window it asked for)
     published_pages: int | None  # the SWA hit the sync thread published (None: no verdict)
     accepted: bool  # the tree keeps the result (all-or-nothing)
+
+
+def taken_window(
+    book: Any,
+    controller: Any,
+    who: tuple[int, str, int],
+    tokens: tuple[int, int],
+    span_keys: tuple[str, ...],
+    window_keys: int,
+    operation: Any,
+) -> TakenWindow:
+    """What the tree saw of ``who`` = (rank, request, epoch)'s window as it takes the ticket
+    (``tokens`` = its agreed hit and completed tokens): the side slots ``book`` says its command
+    thread allocated, the ones given back, and the tree's all-or-nothing verdict on the SWA hit
+    the sync thread published beside the completion."""
+    rank, rid, epoch = who
+    hit, done = tokens
+    staged = tuple(book.side_staged.get((epoch, rid), ()))
+    given_back = book.side_given_back.get((epoch, rid), set()) | (
+        set(staged) & queued_side_releases(controller)
+    )
+    hits = getattr(operation.pool_storage_result, "extra_pool_hit_pages", None) or {}
+    published = next((int(v) for k, v in hits.items() if pool_name(k) == SWA_POOL), None)
+    page = int(controller.page_size)
+    window = min(window_keys, hit // page, len(staged) // page)
+    return TakenWindow(
+        rank, rid, epoch, hit, done, staged, frozenset(given_back), span_keys, window_keys,
+        published, accepted=bool(window) and done == hit and published == window,
+    )  # fmt: skip
+
+
+def free_window(controller: Any, operation: Any) -> None:
+    """Buffer mode owns a taken ticket's window (its kept pages): loaded, then freed."""
+    for transfer in getattr(operation, "pool_transfers", None) or ():
+        slots = transfer.host_indices
+        if transfer.indices_from_pool is None and slots is not None and slots.numel():
+            side_pool_of(controller).free(slots)
+            transfer.host_indices = None
+
+
+def side_held(book: Any, controller: Any, rid: str) -> int:
+    """The SWA side-pool slots ``book`` says ``rid`` holds, less the ones the controller gave
+    back on its SWA release queue (not yet drained)."""
+    queued = queued_side_releases(controller)
+    owners = book.side_owners
+    return sum(1 for slot, owner in owners.items() if owner == rid and slot not in queued)
 
 
 def window_record(

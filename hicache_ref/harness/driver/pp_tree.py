@@ -60,11 +60,12 @@ from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_
 from hicache_ref.harness.driver.pp_books import RankBook, TicketLog, watch_host_pool
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
 from hicache_ref.harness.driver.pp_side import (
-    TakenWindow,
     drain_side_releases,
     fill_side,
-    queued_side_releases,
+    free_window,
+    side_held,
     side_pool_of,
+    taken_window,
     window_record,
     window_transfer,
 )
@@ -87,7 +88,6 @@ from hicache_ref.invariants.storage_snapshot import (
     StorageSnapshot,
     StoreRead,
 )
-from hicache_ref.storage.pool_transfers import SWA_POOL, pool_name
 
 IDLE_ROUNDS_MAX = 200  # rounds of run_until_idle with whole bodies (a round runs every kind)
 IDLE_ROUNDS_POINTS_MAX = 4_000  # ... stepped point by point (a body has up to a dozen)
@@ -197,7 +197,10 @@ class PpTree:
                 data = ramp + page_value(rank, index, page)
                 pool.set_from_flat_data_page(first, data)
                 digests.append((rank, page_digest(data)))
-            side = self._fill_side(rank, index, pages, tokens)
+            side = None  # an SWA world's side source: the chain's SWA pages, the rank's bytes
+            if self.swa_window:
+                keys = page_keys_of(tokens, self.page, controller)
+                side = fill_side(controller, (rank, index), keys, self.page, self.expected_side)
             controller.write_storage(host, list(tokens), side_host=side)
             slots.append(host)
             sides.append(side)
@@ -221,19 +224,6 @@ class PpTree:
         if min(acked) > 0:  # writes are prefix-covered: every rank holds the acked prefix
             self.confirmed[index] = min(acked)
         return chain
-
-    def _fill_side(self, rank: int, chain: int, pages: int, tokens: tuple[int, ...]) -> Any:
-        """An SWA world's backup source: the chain's SWA pages with rank ``rank``'s own bytes
-        (``pp_side.fill_side``), whose digests the model expects back by page key; else None."""
-        if not self.swa_window:
-            return None
-        filled = fill_side(self.cc[rank], rank, chain, pages, self.page)
-        if filled is None:
-            raise HiCacheInputError(f"no side room for a {pages}-page backup on rank {rank}")
-        slots, digests = filled
-        for key, digest in zip(page_keys_of(tokens, self.page, self.cc[0]), digests, strict=True):
-            self.expected_side[(rank, key)] = digest
-        return slots
 
     def _stored_keys(self, rank: int) -> list[str]:
         self._take_calls()
@@ -460,39 +450,22 @@ class PpTree:
                 controller.append_host_mem_release(host[completed:])
                 self._drain_releases(controller)
                 self._consume(rank, host[:completed])
-                self._consume_window(rank, operation)
+                free_window(controller, operation)
         self.check()
         return True
 
     def _judge_window(self, rank: int, rid: str, log: Any, operation: Any, done: int) -> None:
         """A taken ticket's SWA window on rank ``rank``, against the harness's byte model."""
-        book, key = self.books[rank], (self.epoch, rid)
-        staged = tuple(book.side_staged.get(key, ()))
-        given_back = book.side_given_back.get(key, set()) | (
-            set(staged) & queued_side_releases(self.cc[rank])
-        )
         chain, start = self.spans[rid]
         span_keys = self.chains[chain].keys[start // self.page :]
-        hits = getattr(operation.pool_storage_result, "extra_pool_hit_pages", None) or {}
-        published = next((int(v) for k, v in hits.items() if pool_name(k) == SWA_POOL), None)
         hit = int(log.hit_tokens or 0) if log is not None else 0
-        window = min(self.windows[rid], hit // self.page, len(staged) // self.page)
-        taken = TakenWindow(
-            rank, rid, self.epoch, hit, done, staged, frozenset(given_back), span_keys,
-            self.windows[rid], published,
-            accepted=bool(window) and done == hit and published == window,
+        taken = taken_window(
+            self.books[rank], self.cc[rank], (rank, rid, self.epoch), (hit, done),
+            span_keys, self.windows[rid], operation,
         )  # fmt: skip
         faults = self.storage.ranks[rank].faults
         pool = side_pool_of(self.cc[rank])
         self.side_windows.append(window_record(taken, self.page, pool, self.expected_side, faults))
-
-    def _consume_window(self, rank: int, operation: Any) -> None:
-        """Buffer mode owns a taken ticket's window (its kept pages): loaded, then freed."""
-        for transfer in getattr(operation, "pool_transfers", None) or ():
-            slots = transfer.host_indices
-            if transfer.indices_from_pool is None and slots is not None and slots.numel():
-                side_pool_of(self.cc[rank]).free(slots)
-                transfer.host_indices = None
 
     def _await_ready(self, rid: str) -> None:
         """Every rank's ``take_ready_pp_prefetch`` waits on its ticket's ``ready_event``: under
@@ -594,13 +567,7 @@ class PpTree:
         )
 
     def _side_held(self, rank: int, rid: str) -> int:
-        """The SWA side-pool slots the book says ``rid`` holds on ``rank``, less the ones the
-        controller gave back on its SWA release queue (not yet drained)."""
-        if not self.swa_window:
-            return 0
-        queued = queued_side_releases(self.cc[rank])
-        owners = self.books[rank].side_owners
-        return sum(1 for slot, owner in owners.items() if owner == rid and slot not in queued)
+        return side_held(self.books[rank], self.cc[rank], rid) if self.swa_window else 0
 
     def _at_rest(self) -> bool:
         """Every command thread waits with no ticket for it, and no IO or sync thread has work
