@@ -14,9 +14,9 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   those park the IO, sync and backup threads too, at the points any storage world with points
   parks them at, and three in four of those the IO before each host page it writes, so a
   release or a progress check lands between two batches of a ticket's IO or inside its sync
-  thread's publication; a third of the worlds have a draft pool riding on the KV's slots, so
-  every ticket carries its pool spec and every IO reads its sidecar pages, and a third an
-  independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
+  thread's publication; about a quarter of the worlds have a draft pool riding on the KV's
+  slots, so every ticket carries its pool spec and every IO reads its sidecar pages, and a
+  quarter an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
   window each rank allocates from its own side pool and its IO re-aligns to the served hit,
   ``pp_side``: INV-38 on its slots, INV-39 on its bytes) and steps (``PpOp``: a verb
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
@@ -121,7 +121,12 @@ class PpProgram:
 
 
 WORLDS = ("anchor", "sidecar", "swa")
-"""A PP world's pool group, drawn in roughly equal thirds (``world_of``)."""
+"""A PP world's pool group (``world_of``)."""
+WORLD_PICKS = st.sampled_from(WORLDS)
+"""The world's pool group. Hypothesis' generation favours a strategy's first item, so in the
+gate's ``find`` rounds about half the worlds are ``anchor`` and a quarter each ``sidecar`` and
+``swa`` (measured: 50 / 25 / 25 on 0.5.23 and 0.5.21); a failing program shrinks towards
+``anchor``."""
 
 
 def world_of(program: PpProgram) -> str:
@@ -170,9 +175,7 @@ def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
         storage_points=MOSTLY if storage_points else st.just(False),
         page_points=MOSTLY,
     ).flatmap(
-        lambda program: st.builds(
-            _in_world, st.just(program), st.sampled_from(WORLDS), st.integers(1, 3)
-        )
+        lambda program: st.builds(_in_world, st.just(program), WORLD_PICKS, st.integers(1, 3))
     )
 
 
