@@ -101,10 +101,10 @@ and read back as the trailing window of the hit (``PoolHitPolicy.TRAILING_PAGES`
 ``HybridCacheController``): not in ``CAPABILITIES``."""
 
 STORAGE_PP_CAPABILITY = "storage:pp"
-"""The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.23's hybrid
+"""The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.21+'s hybrid
 controller in ``buffer_only`` mode, whose PP rank 0 submits prefetch tickets that a PP command
-thread broadcasts to every rank (``harness/driver/pp_tree.py``, INV-38). Upstream 0.5.23+ only:
-not in ``CAPABILITIES``."""
+thread broadcasts to every rank (``harness/driver/pp_tree.py``, INV-38). Upstream 0.5.21+ only
+(0.5.21 - 0.5.22's tickets carry PP rank 0's hit): not in ``CAPABILITIES``."""
 
 HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
 """The tier serves a prefetch whose hit the tree cut to a shorter bounce buffer (host pressure:
