@@ -78,7 +78,7 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "the tickets); this tree's was not granted (issue 27)",
     "pp independent-pool tickets": "a ticket whose pool spec names an independent side pool "
     "(its own slots: num_slots, its keys, TRAILING_PAGES hits, _allocate_pp_prefetch_buffers' "
-    "per-pool allocation and rollback) is drawn in about a quarter of the PP gate's worlds (an SWA "
+    "per-pool allocation and rollback) is drawn in about a third of the PP gate's worlds (an SWA "
     "window, harness/driver/pp_side.py, INV-38 and INV-39) only on a tree with both PP "
     "tickets and an SWA side pool in L3 (capabilities storage:pp and storage:swa); this "
     "tree's were not both granted (issue 27)",

@@ -15,13 +15,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from random import Random
 
 import pytest
+from hypothesis import Phase, find, settings
+from hypothesis.errors import NoSuchExample
 
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
-from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
+from hicache_ref.harness.campaigns.pp_gate import (
+    WORLDS,
+    PpProgram,
+    programs_of_round,
+    run_pp_gate,
+    world_of,
+)
 from hicache_ref.harness.driver.pp_tree import PpTree
 from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.invariants.checks_storage_pp import check_inv_38_pp_ticket_agreement
@@ -136,3 +145,21 @@ def test_pp_side_bug_planted_in_0_5_23_is_caught(
     found = report.found
     assert found is not None and found.swa_window, report.program  # only an SWA world shows it
     assert report.program.count("(") <= 6, report.program
+
+
+def test_each_search_round_of_the_pp_gate_favours_another_world() -> None:
+    """Hypothesis favours a strategy's first item; the gate rotates the worlds' order per round,
+    so over three rounds every world is the most drawn once (an even share overall)."""
+    favoured = []
+    for round_index in range(len(WORLDS)):
+        drawn: dict[str, int] = {}
+
+        def count(program: PpProgram, drawn: dict[str, int] = drawn) -> bool:
+            drawn[world_of(program)] = drawn.get(world_of(program), 0) + 1
+            return False
+
+        quick = settings(max_examples=300, database=None, phases=[Phase.generate])
+        with pytest.raises(NoSuchExample):
+            find(programs_of_round(round_index), count, settings=quick, random=Random(round_index))
+        favoured.append(max(drawn, key=lambda world: drawn[world]))
+    assert favoured == list(WORLDS)

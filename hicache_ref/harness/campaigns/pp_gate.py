@@ -14,9 +14,9 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   those park the IO, sync and backup threads too, at the points any storage world with points
   parks them at, and three in four of those the IO before each host page it writes, so a
   release or a progress check lands between two batches of a ticket's IO or inside its sync
-  thread's publication; about a quarter of the worlds have a draft pool riding on the KV's
+  thread's publication; about a third of the worlds have a draft pool riding on the KV's
   slots, so every ticket carries its pool spec and every IO reads its sidecar pages, and a
-  quarter an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
+  third an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
   window each rank allocates from its own side pool and its IO re-aligns to the served hit,
   ``pp_side``: INV-38 on its slots, INV-39 on its bytes) and steps (``PpOp``: a verb
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
@@ -122,11 +122,15 @@ class PpProgram:
 
 WORLDS = ("anchor", "sidecar", "swa")
 """A PP world's pool group (``world_of``)."""
-WORLD_PICKS = st.sampled_from(WORLDS)
-"""The world's pool group. Hypothesis' generation favours a strategy's first item, so in the
-gate's ``find`` rounds about half the worlds are ``anchor`` and a quarter each ``sidecar`` and
-``swa`` (measured: 50 / 25 / 25 on 0.5.23 and 0.5.21); a failing program shrinks towards
-``anchor``."""
+
+
+def world_picks(first: int = 0) -> st.SearchStrategy[str]:
+    """The world's pool group, ``WORLDS`` rotated to start at ``first``. Hypothesis' generation
+    favours a strategy's first item (measured with one order: 50 / 25 / 25), so the gate rotates
+    the order each search round (``programs_of_round``) and over rounds every world is drawn
+    about as often; a failing program shrinks towards its round's first world."""
+    first %= len(WORLDS)
+    return st.sampled_from(WORLDS[first:] + WORLDS[:first])
 
 
 def world_of(program: PpProgram) -> str:
@@ -161,9 +165,10 @@ MOSTLY = st.sampled_from([True, True, True, False])
 page points (each inside the last; every kind of world is still drawn)."""
 
 
-def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
+def programs(*, storage_points: bool = True, first_world: int = 0) -> st.SearchStrategy[PpProgram]:
     """Programs as the gate draws them; ``storage_points=False`` the same draw with the storage
-    threads always running whole loop bodies (a baseline: what points inside them add)."""
+    threads always running whole loop bodies (a baseline: what points inside them add);
+    ``first_world``: the world the draw favours (``world_picks``)."""
     return st.builds(
         PpProgram,
         faults=st.booleans(),
@@ -175,12 +180,22 @@ def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
         storage_points=MOSTLY if storage_points else st.just(False),
         page_points=MOSTLY,
     ).flatmap(
-        lambda program: st.builds(_in_world, st.just(program), WORLD_PICKS, st.integers(1, 3))
+        lambda program: st.builds(
+            _in_world, st.just(program), world_picks(first_world), st.integers(1, 3)
+        )
     )
 
 
 PROGRAMS = programs()
 """A program starts with a chain in L3, so its first submit has something to fetch."""
+
+ROUND_PROGRAMS = tuple(programs(first_world=first) for first in range(len(WORLDS)))
+
+
+def programs_of_round(round_index: int) -> st.SearchStrategy[PpProgram]:
+    """What the gate's search round ``round_index`` draws: ``PROGRAMS`` favouring world
+    ``round_index`` mod 3, so the gate's rounds share the worlds about evenly."""
+    return ROUND_PROGRAMS[round_index % len(ROUND_PROGRAMS)]
 
 
 def _pick(items: list[str], pick: int) -> str | None:
@@ -278,9 +293,10 @@ def run_pp_gate(
     known: Sequence[KnownFinding] = (),
     impl: str = "sglang",
     release: str | None = None,
-    drawn: st.SearchStrategy[PpProgram] = PROGRAMS,
+    drawn: st.SearchStrategy[PpProgram] | None = None,
 ) -> PpGateReport:
-    """Draw programs until ``seconds`` are spent or one fails (then shrink it). A case whose
+    """Draw programs (``drawn``, by default each round's ``programs_of_round``) until
+    ``seconds`` are spent or one fails (then shrink it). A case whose
     failure one of ``known`` explains (for ``impl`` at ``release``) is counted, not failed: a
     PP world on 0.5.21 meets F26 (the IO thread dies of a backend exception) under faults."""
     report = PpGateReport()
@@ -335,7 +351,10 @@ def run_pp_gate(
     for round_index in range(CASES_MAX // ROUND_CASES):
         try:  # a fresh search each round: Hypothesis draws one round's programs near each other
             found = find(
-                drawn, fails, settings=search, random=random.Random(f"{seed}/{round_index}")
+                drawn if drawn is not None else programs_of_round(round_index),
+                fails,
+                settings=search,
+                random=random.Random(f"{seed}/{round_index}"),
             )
         except NoSuchExample:
             continue
