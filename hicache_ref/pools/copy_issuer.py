@@ -65,6 +65,11 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.hc_issue.restype = ctypes.c_int
     library.hc_issue.argtypes = [void_p, void_p, void_p, void_p, void_p, size_t, void_p, size_t,
                                  size_t]  # fmt: skip
+    library.hc_issue_stepped.restype = u64
+    library.hc_issue_stepped.argtypes = [void_p, void_p, void_p, void_p, void_p, size_t, void_p,
+                                         size_t, size_t, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+    library.hc_wait.restype = ctypes.c_int
+    library.hc_wait.argtypes = [void_p, void_p, u64]
     library.hc_drain.restype = None
     library.hc_drain.argtypes = [void_p]
     library.hc_error.restype = ctypes.c_int
@@ -188,6 +193,51 @@ class CopyIssuer:
                 issued = self.library.hc_issued(self.handle)
                 while self._pending and self._pending[0][0] <= issued:
                     self._pending.popleft()
+
+    def issue_stepped(
+        self,
+        caller_stream: int,
+        dsts: int,
+        srcs: int,
+        sizes: int,
+        count: int,
+        attrs: int,
+        *,
+        keep: object,
+        repeat: int,
+        stride: int,
+    ) -> int:
+        """Queue ``repeat`` batches that the side stream runs back to back, batch ``k`` writing
+        *done* = ``first + k``; returns ``first``. ``caller_stream`` gets only the *ready*
+        write: the caller orders it after batch ``k`` with ``wait_done(caller_stream, first +
+        k)``, in ``k`` order, and must wait for the last batch before any work that may depend
+        on the copies (``CudaBatchCopier.issue_rows_stepped`` does both)."""
+        assert repeat >= 1
+        error = ctypes.c_int(0)
+        with self._lock:
+            first = self.library.hc_issue_stepped(
+                self.handle, caller_stream, dsts, srcs, sizes, count, attrs, repeat, stride,
+                ctypes.byref(error),
+            )  # fmt: skip
+            if error.value != 0:
+                self.check()
+                raise CopyIssuerError(f"queuing a copy batch failed with CUDA error {error.value}")
+            self._enqueued += 1
+            self._pending.append((self._enqueued, keep))
+            if len(self._pending) > 8:
+                issued = self.library.hc_issued(self.handle)
+                while self._pending and self._pending[0][0] <= issued:
+                    self._pending.popleft()
+        return int(first)
+
+    def wait_done(self, caller_stream: int, value: int) -> None:
+        """Order ``caller_stream`` after the batch whose *done* value is ``value``."""
+        code = self.library.hc_wait(self.handle, caller_stream, value)
+        if code != 0:
+            self.check()
+            raise CopyIssuerError(
+                f"queuing a wait for copy batch {value} failed with CUDA error {code}"
+            )
 
     def check(self) -> None:
         """Raise the first failure the thread (or a caller's stream operation) met, if any."""
