@@ -8,7 +8,9 @@
  *   side stream:            wait(ready >= seq) | batch of copies  | write(done, seq)
  *
  * so S's later work runs after the copies, and the copies after S's earlier work: the same
- * order as a batch issued on S itself. The thread holds no Python lock, so a caller blocked
+ * order as a batch issued on S itself. A stepped entry (hc_issue_stepped) of n batches gives S
+ * the ready write alone and writes done after each batch; S then waits batch by batch
+ * (hc_wait), so the batches follow each other on the side stream with no round trip through S. The thread holds no Python lock, so a caller blocked
  * on the GPU while holding Python's GIL cannot stall it.
  *
  * Function pointers (the runtime's batch call, the driver's cuStreamWaitValue64_v2,

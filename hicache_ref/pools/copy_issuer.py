@@ -12,6 +12,13 @@ stream wait for *ready*, issues the batch there and writes *done*. ``S``'s later
 runs after the copies and the copies after ``S``'s earlier work: the stream order of a batch
 issued on ``S``, with no SM used (stream memory operations run in the GPU's front end).
 
+A *stepped* entry (``issue_stepped``) carries several batches (a load's layers): the caller's
+stream gets the *ready* write alone, the thread issues the batches back to back and writes
+*done* after each, and the caller orders its stream after batch ``k`` with ``wait_done`` (then
+records that layer's event). Per batch, the plain entry's round trip (batch ``k`` waits for
+``S`` to pass batch ``k - 1``'s *done* and write *ready*: two stream memory operations seen by
+two streams) is gone from between the copies.
+
 What the caller must keep: the descriptor arrays alive until the thread has issued them
 (``CopyIssuer`` holds a reference per pending batch and drops it once ``hc_issued`` passes it).
 A failed call in the thread still writes *done* (``S`` never waits forever) and is raised as
