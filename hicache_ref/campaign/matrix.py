@@ -167,7 +167,7 @@ def gate_release(
     row.drove = drove(report)
     if pp is not None and not pp.skipped:  # the PP gate's cases are a part the row drove
         row.seconds += pp.seconds
-        row.drove.append(f"pp tickets {pp.cases} cases")
+        row.drove.append(f"pp tickets {pp.cases} cases ({pp.worlds.get('swa', 0)} swa)")
     row.known_hits = dict(report.known_hits)
     row.new_failures = [
         {"invariant": f["invariant"], "error": f["error"], "trace": f["trace"]}

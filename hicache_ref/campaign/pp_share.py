@@ -70,6 +70,7 @@ class PpShare:
     interrupted: bool = False
     skipped: str = ""
     known_hits: dict[str, int] = field(default_factory=dict)  # cases a known finding explained
+    worlds: dict[str, int] = field(default_factory=dict)  # cases per pool group (pp_gate.WORLDS)
 
     @property
     def failed(self) -> bool:
@@ -84,12 +85,20 @@ class PpShare:
             "cases": self.cases,
             "checks": dict(sorted(self.checks.items())),
             "known_hits": dict(sorted(self.known_hits.items())),
+            "worlds": self.world_shares(),
             "seconds": round(self.seconds, 1),
             "seed": self.seed,
             "passed": not self.failed and not self.interrupted and not self.skipped,
             "failure": self.failure_record() if self.failed else None,
             "interrupted": self.interrupted,
         }
+
+    def world_shares(self) -> dict[str, float]:
+        """Each pool group's share of the cases (anchor, sidecar, swa), to a hundredth."""
+        from hicache_ref.harness.campaigns.pp_gate import WORLDS
+
+        total = sum(self.worlds.values())
+        return {w: round(self.worlds.get(w, 0) / total, 2) if total else 0.0 for w in WORLDS}
 
     def failure_record(self) -> dict[str, Any]:
         """The new failure, as a campaign report's ``failures`` holds one (its ``trace``: the
@@ -190,6 +199,7 @@ def run_pp_share(
     share.seconds = time.monotonic() - started
     share.cases, share.checks = pp.cases, dict(pp.checks)
     share.known_hits = dict(pp.known_hits)
+    share.worlds = dict(pp.worlds)
     if pp.failed:
         _keep_program(share, pp, implementation, impl, out_dir)
     return share

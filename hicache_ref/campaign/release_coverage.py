@@ -72,11 +72,12 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "tickets carrying PP rank 0's hit, 0.5.23's queried by every PP rank; the command, IO, "
     "sync and backup threads under schedule points; assume_stored submits; a draft sidecar on "
     "the tickets); this tree's was not granted (issue 27)",
-    "pp independent-pool tickets": "a PP world's pool group is KV alone or with the draft "
-    "sidecar riding on the KV's slots (a pool spec with indices_from_pool KV, drawn in half the "
-    "PP worlds); a spec of an independent side pool (its own slots: num_slots, its keys, "
-    "TRAILING_PAGES hits, _allocate_pp_prefetch_buffers' per-pool allocation and rollback) is "
-    "never drawn (issue 27)",
+    "pp independent-pool tickets": "a ticket whose pool spec names an independent side pool "
+    "(its own slots: num_slots, its keys, TRAILING_PAGES hits, _allocate_pp_prefetch_buffers' "
+    "per-pool allocation and rollback) is drawn in about a quarter of the PP gate's worlds (an SWA "
+    "window, harness/driver/pp_side.py, INV-38 and INV-39) only on a tree with both PP "
+    "tickets and an SWA side pool in L3 (capabilities storage:pp and storage:swa); this "
+    "tree's were not both granted (issue 27)",
     "pp timeout verdict": "the timeout stop policy's verdict in a PP group "
     "(_can_terminate_prefetch: PP rank 0 decides, _all_reduce hands it along PP) runs only for "
     "a prefetch without a PP ticket (cache mode), which the PP gate's buffer_only worlds never "
@@ -134,6 +135,8 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         # the matrix runs the PP gate on such a tree (matrix.gate_release)
         "pp prefetch": "storage:pp" in capabilities,
         "independent-pool storage": {"storage:swa", "pool_group:swa"} <= set(capabilities),
+        # the PP gate draws SWA worlds on such a tree (pp_gate.WORLDS)
+        "pp independent-pool tickets": {"storage:pp", "storage:swa"} <= set(capabilities),
     }
     return [
         (name, NOT_DRIVEN_REASONS[name])

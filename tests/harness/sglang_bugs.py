@@ -888,3 +888,28 @@ BUGS_0522_PP: tuple[type[PlantedBug], ...] = (
 )
 """Planted in 0.5.22's hit-carrying PP tickets (``submit_prefetch``'s query of every PP rank's
 shard, the command thread's staging of the carried hit): caught by the PP gate."""
+
+
+# -- 0.5.23's PP tickets with an independent SWA side pool (issue 27): caught in SWA PP worlds ----
+class PpRetiredTicketKeepsItsWindow(PlantedBug):
+    NAME = "pp_retired_ticket_keeps_its_window"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "_free_pp_prefetch_state frees a retired ticket's KV slots but not the window it "
+        "allocated from an independent side pool, so the SWA window's slots leak"
+    )
+    OLD = (
+        "            if transfer.indices_from_pool is None and transfer.host_indices is not None:\n"
+    )
+    NEW = "            if False:  # BUG: the side pool's window is never freed\n"
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0523_PP_SIDE: tuple[type[PlantedBug], ...] = (
+    PpRetiredTicketKeepsItsWindow,
+    TrailingKeysOfTheQueriedHit,
+)
+"""Planted in 0.5.23's PP tickets whose spec names an independent SWA side pool (the window's
+slots on retirement, ``_free_pp_prefetch_state``; its keys on the PP path, the same
+``_page_transfer_sidecar`` as a non-PP world's): caught by the PP gate in its SWA worlds."""

@@ -211,9 +211,9 @@ def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> No
 
 
 def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_path: Path) -> None:
-    # 0.5.21+'s tickets carry pool specs (the PP gate draws only the draft sidecar riding on the
-    # KV's slots), and 0.5.20+'s unified radix cache lets PP rank 0 decide the timeout verdict
-    # (only without a ticket): the PP gate's ticketed worlds draw neither part
+    # 0.5.21+'s tickets carry pool specs (an independent side pool's only on a tree with an SWA
+    # window in L3 too, storage:swa), and 0.5.20+'s unified radix cache lets PP rank 0 decide
+    # the timeout verdict (only without a ticket): the PP gate's ticketed worlds draw neither
     hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
     hybrid.mkdir(parents=True)
     (hybrid.parent / "hicache_storage.py").write_text("")
@@ -226,6 +226,9 @@ def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_pa
     assert set(parts) == {"pp independent-pool tickets", "pp timeout verdict"}
     assert "independent side pool" in parts["pp independent-pool tickets"]
     assert "without a PP ticket" in parts["pp timeout verdict"]
+    # with an SWA side pool in L3 too, the PP gate draws the independent pool's tickets
+    parts = dict(not_driven(tmp_path, {"storage", "storage:pp", "storage:swa"}))
+    assert set(parts) == {"pp timeout verdict"}
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -257,6 +260,7 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     assert "0.5.23: not driven: buffer mode: " in out
     # 0.5.23's PP tickets: the matrix ran the PP gate on it, and only on it
     assert "pp prefetch" not in rows[2]["not_driven"], out
+    assert "pp independent-pool tickets" not in rows[2]["not_driven"], out  # its SWA worlds
     assert any(part.startswith("pp tickets ") for part in rows[2]["drove"]), out
     assert not any(part.startswith("pp tickets ") for row in rows[:2] for part in row["drove"])
 

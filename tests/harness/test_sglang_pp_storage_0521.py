@@ -26,7 +26,8 @@ from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
 from hicache_ref.harness.campaigns import pp_gate
 from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
 from hicache_ref.harness.campaigns.pp_gate import PpProgram, run_pp_gate
-from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.harness.driver.pp_tree import PpTree
+from hicache_ref.harness.driver.pp_world import pp_config
 
 from .sglang_bugs import BUGS_0522_PP, PlantedBug
 from .test_sglang_gate import SNIPPET_LINES_MAX

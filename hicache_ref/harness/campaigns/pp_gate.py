@@ -14,8 +14,11 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   those park the IO, sync and backup threads too, at the points any storage world with points
   parks them at, and three in four of those the IO before each host page it writes, so a
   release or a progress check lands between two batches of a ticket's IO or inside its sync
-  thread's publication; half the worlds have a draft pool riding on the KV's slots, so every
-  ticket carries its pool spec and every IO reads its sidecar pages) and steps (``PpOp``: a verb
+  thread's publication; about a quarter of the worlds have a draft pool riding on the KV's
+  slots, so every ticket carries its pool spec and every IO reads its sidecar pages, and a
+  quarter an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
+  window each rank allocates from its own side pool and its IO re-aligns to the served hit,
+  ``pp_side``: INV-38 on its slots, INV-39 on its bytes) and steps (``PpOp``: a verb
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
@@ -38,7 +41,8 @@ from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
-from hicache_ref.harness.driver.pp_tree import PpTree, pp_config
+from hicache_ref.harness.driver.pp_tree import PpTree
+from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
 
 VERBS = (
@@ -103,14 +107,38 @@ class PpProgram:
     storage_points: bool = False  # (with points) so do the IO, sync and backup threads
     page_points: bool = False  # (with storage points) the IO before each host page it writes
     sidecar: bool = False  # a draft pool rides on the KV's slots: every ticket carries its spec
+    swa_window: int = 0  # an independent SWA side pool: every ticket names a window of this many
+    # pages, allocated by each rank from the side pool's own slots (0: none)
 
     def describe(self) -> str:
         steps = " ".join(op.describe() for op in self.ops)
         threads = f" storage_points={self.storage_points}" if self.storage_points else ""
         pages = f" page_points={self.page_points}" if self.page_points else ""
         sidecar = " sidecar=True" if self.sidecar else ""
+        sidecar += f" swa_window={self.swa_window}" if self.swa_window else ""
         world = f"faults={self.faults} backend={self.backend} points={self.points}"
         return f"{world}{threads}{pages}{sidecar}: {steps}"
+
+
+WORLDS = ("anchor", "sidecar", "swa")
+"""A PP world's pool group (``world_of``)."""
+WORLD_PICKS = st.sampled_from(WORLDS)
+"""The world's pool group. Hypothesis' generation favours a strategy's first item, so in the
+gate's ``find`` rounds about half the worlds are ``anchor`` and a quarter each ``sidecar`` and
+``swa`` (measured: 50 / 25 / 25 on 0.5.23 and 0.5.21); a failing program shrinks towards
+``anchor``."""
+
+
+def world_of(program: PpProgram) -> str:
+    """Which of ``WORLDS`` a program's world is."""
+    return "swa" if program.swa_window else "sidecar" if program.sidecar else "anchor"
+
+
+def _in_world(program: PpProgram, world: str, window: int) -> PpProgram:
+    """``program`` in a world of pool group ``world`` (an SWA one with a ``window``-page window),
+    each kind of point nested in the last."""
+    program = _nested(program)
+    return replace(program, sidecar=world == "sidecar", swa_window=window if world == "swa" else 0)
 
 
 def _nested(program: PpProgram) -> PpProgram:
@@ -146,8 +174,9 @@ def programs(*, storage_points: bool = True) -> st.SearchStrategy[PpProgram]:
         ).map(lambda runs: (FIRST, *(op for run in runs for op in run))),
         storage_points=MOSTLY if storage_points else st.just(False),
         page_points=MOSTLY,
-        sidecar=st.booleans(),
-    ).map(_nested)
+    ).flatmap(
+        lambda program: st.builds(_in_world, st.just(program), WORLD_PICKS, st.integers(1, 3))
+    )
 
 
 PROGRAMS = programs()
@@ -201,6 +230,7 @@ def run_program(implementation: Implementation, program: PpProgram, seed: int = 
     """One case: a fresh PP world, the program, then every request released and run to idle."""
     config = pp_config(
         sidecar=program.sidecar,
+        swa_window=program.swa_window,
         storage_faults=program.faults,
         storage_backend=program.backend,
         seed=seed,
@@ -233,6 +263,7 @@ class PpGateReport:
     found: PpProgram | None = None  # that program itself (what a program file replays)
     flaky: bool = False  # the failure did not repeat on a replay (thread timing): the first one
     known_hits: dict[str, int] = field(default_factory=dict)  # cases a known finding explained
+    worlds: dict[str, int] = field(default_factory=dict)  # cases per pool group (WORLDS)
 
     @property
     def failed(self) -> bool:
@@ -275,6 +306,8 @@ def run_pp_gate(
         if now >= shrink_deadline:
             return False  # shrinking stops: every further candidate is rejected
         report.cases += 1
+        world = world_of(program)
+        report.worlds[world] = report.worlds.get(world, 0) + 1
         try:
             tree = run_program(implementation, program, seed)
         except InvariantViolation as exc:

@@ -8,8 +8,8 @@ replays it is the program ``pp_gate.run_program`` ran. The file is two JSON line
   read, the seed of the world's config, and what failed;
 - the program (``PpProgramRecord``): its faults, backend, schedule points (the command
   threads'; ``storage_points``, ``page_points``: the storage threads' too), ``sidecar`` (a draft
-  pool riding on the KV's slots) and ops; the last three are absent in a file written before
-  they were drawn.
+  pool riding on the KV's slots), ``swa_window`` (an independent SWA side pool's window) and
+  ops; the last four are absent in a file written before they were drawn.
 
 In the order a failure flows through them: ``write_program_file`` (the PP gate, under ``--out``),
 ``is_program_file`` (``replay`` peeks at the first line), ``read_program_file`` (every problem one
@@ -77,6 +77,7 @@ class PpProgramRecord(BaseModel):
     storage_points: bool = False
     page_points: bool = False
     sidecar: bool = False
+    swa_window: int = Field(default=0, ge=0, le=3)
 
     @field_validator("backend")
     @classmethod
@@ -95,6 +96,7 @@ class PpProgramRecord(BaseModel):
             self.storage_points,
             self.page_points,
             self.sidecar,
+            self.swa_window,
         )
 
     @staticmethod
@@ -108,6 +110,7 @@ class PpProgramRecord(BaseModel):
             storage_points=program.storage_points,
             page_points=program.page_points,
             sidecar=program.sidecar,
+            swa_window=program.swa_window,
         )
 
 
@@ -161,7 +164,7 @@ HEADER_HINT = "header", "a header holds version, implementation, source and seed
 PROGRAM_HINT = (
     "program",
     "a program holds faults, backend, points, ops and optionally storage_points, "
-    "page_points and sidecar; verbs: " + ", ".join(VERBS),
+    "page_points, sidecar and swa_window; verbs: " + ", ".join(VERBS),
 )
 
 

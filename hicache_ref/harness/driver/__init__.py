@@ -21,9 +21,11 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   with an SWA side pool in L3, ``storage_side`` (the tree's window: staged at the hit, judged
   whole), ``storage_side_book`` (the side slots and other requests' host pages the driver
   holds) and ``storage_side_events`` (what the harness records of each window: INV-39);
-- ``pp_tree.PpTree``: the radix cache's PP half of 0.5.23's prefetch tickets over a world of 2
+- ``pp_world``: a PP world's config and build (``pp_config``, ``build_pp_world``); ``pp_tree.PpTree``: the radix cache's PP half of 0.5.23's prefetch tickets over a world of 2
   PP storage ranks (PP rank 0 submits, the others follow the broadcast tickets; INV-38), over
   ``pp_commands`` (every rank's PP command thread, stepped by whole bodies or by points) and
   ``pp_storage_threads`` (every rank's IO, sync and backup threads, by bodies or by points)
-  and ``pp_books`` (what the harness saw of each rank's tickets and host slots).
+  and ``pp_books`` (what the harness saw of each rank's tickets and host slots), and in a
+  world with an SWA side pool ``pp_side`` (the harness's byte model of each ticket's window:
+  INV-39).
 """

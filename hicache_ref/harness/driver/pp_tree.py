@@ -46,9 +46,7 @@ ticket's IO writes only slots the ticket holds) and INV-30 (a rank reads its own
 from __future__ import annotations
 
 import inspect
-import sys
 from array import array
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,80 +59,39 @@ from hicache_ref.harness.adapters.sglang_stubs import RadixKey
 from hicache_ref.harness.adapters.sglang_world import PpBroadcast, pp_broadcast_for
 from hicache_ref.harness.driver.pp_books import RankBook, TicketLog, watch_host_pool
 from hicache_ref.harness.driver.pp_commands import PpCommandThreads
+from hicache_ref.harness.driver.pp_side import (
+    drain_side_releases,
+    fill_side,
+    free_window,
+    side_held,
+    side_pool_of,
+    taken_window,
+    window_record,
+    window_transfer,
+)
 from hicache_ref.harness.driver.pp_storage_threads import TICKET_KINDS, PpStorageThreads
+from hicache_ref.harness.driver.pp_world import (
+    Chain,
+    RequestHandle,
+    build_pp_world,
+    page_keys_of,
+    page_value,
+)
 from hicache_ref.harness.schedule.points import WAIT
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.recording_storage import page_digest
-from hicache_ref.harness.world.storage_world import StorageWorld
-from hicache_ref.harness.world.world import build_world
 from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.storage_snapshot import (
     L3Model,
     PpTicketRecord,
+    SideWindowRecord,
     StorageSnapshot,
     StoreRead,
 )
 
-PP_RANKS = 2
-MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
 IDLE_ROUNDS_MAX = 200  # rounds of run_until_idle with whole bodies (a round runs every kind)
 IDLE_ROUNDS_POINTS_MAX = 4_000  # ... stepped point by point (a body has up to a dozen)
 STOP_POINTS_MAX = 64  # points storage_to runs a kind at most (a 4-page ticket's IO: about 14)
-
-
-def pp_config(*, sidecar: bool = False, **fields: Any) -> HarnessConfig:
-    """A PP world's config: 2 PP storage ranks over a KV-only group, small pools; ``sidecar``:
-    with a one-layer draft pool riding on the KV's slots (its pages beside the KV's in L3 and
-    on every ticket: the ticket's ``pool_specs``)."""
-    group = {"pool_group": "sidecar", "draft_layer_num": 1} if sidecar else {}
-    base: dict[str, Any] = {
-        "page_size": 2,
-        "layer_num": 2,
-        "pool_group": "anchor",
-        **group,
-        "storage_ranks": PP_RANKS,
-        "storage_pp": True,
-        "storage_batch_pages": 2,
-        "host_pages": 16,
-        "device_pages": 16,
-    }
-    return HarnessConfig(**{**base, **fields})
-
-
-def carries_rank_0_hit(hybrid: Any) -> bool:
-    """0.5.21 - 0.5.22's tickets carry the hit PP rank 0 found (``storage_hit_count``): PP rank
-    0 queries every PP rank's shard in ``submit_prefetch`` and the command threads stage that hit
-    without a query; 0.5.23+'s carry none (every rank queries its own shard, then a MIN)."""
-    fields = getattr(getattr(hybrid, "PPPrefetchTicket", None), "__dataclass_fields__", {})
-    return "storage_hit_count" in fields
-
-
-def page_keys_of(tokens: tuple[int, ...], page: int, controller: Any) -> list[str]:
-    """The content keys of a chain from the root, as upstream's radix cache computes them."""
-    keys: list[str] = controller._harness_page_keys(list(tokens), None, page)
-    return keys
-
-
-def page_value(rank: int, chain: int, page: int) -> float:
-    """The first element of page ``page`` of chain ``chain`` on PP rank ``rank`` (its layers)."""
-    return float((rank + 1) * 1_000_000 + chain * 1_000 + page + 1)
-
-
-@dataclass(frozen=True)
-class RequestHandle:
-    """Upstream's ``CacheRequestHandle`` (the harness stubs its module): a ticket pickles it."""
-
-    rid: str
-    attempt_id: int = 0
-
-
-@dataclass(frozen=True)
-class Chain:
-    """A chain the world backed up: its tokens and, per rank, its page keys."""
-
-    index: int
-    tokens: tuple[int, ...]
-    keys: tuple[str, ...]
 
 
 class PpTree:
@@ -157,29 +114,14 @@ class PpTree:
                 f"points={points} storage_points={storage_points} page_points={page_points}: "
                 "page points need storage points, which need points (each narrows the last)"
             )
-        refine = getattr(implementation, "refine_config", None)
-        config = refine(config) if callable(refine) else config
-        if not config.storage_pp or config.storage_ranks != PP_RANKS:
-            raise HiCacheSetupError(
-                f"{implementation.name} draws no PP storage world (capability storage:pp)"
-            )
-        self.config = config
+        built = build_pp_world(implementation, config)
+        self.config = config = built.config
         self.page = config.page_size
-        self.world = build_world(config, implementation)
-        self.storage = StorageWorld(self.world, implementation)
-        self.cc: list[Any] = self.storage.controllers
-        self.hybrid = sys.modules[type(self.cc[0]).__mro__[1].__module__]
-        self.carries_hit = carries_rank_0_hit(self.hybrid)
-        self.storage.attach(MOONCAKE if self.carries_hit else "")
-        if self.carries_hit:  # Mooncake's zero-copy page calls are its client's, not the PP
-            for controller in self.cc:  # protocol's: the harness's clients take flat pages
-                controller.page_get_func = controller._generic_page_get
-                controller.page_set_func = controller._generic_page_set
-        if any(getattr(c, "pp_prefetch_command_group", None) is None for c in self.cc):
-            raise HiCacheSetupError(
-                "upstream's attach made no PP command group (enable_pp_ticket: buffer_only "
-                "host memory and a PP group of 2+ ranks)"
-            )
+        self.storage = built.storage
+        self.world = built.world
+        self.cc: list[Any] = built.cc
+        self.hybrid = built.hybrid
+        self.carries_hit = built.carries_hit
         self.broadcast: PpBroadcast = pp_broadcast_for(self.cc[0]._harness_collectives)
         self.books = [RankBook() for _ in self.cc]
         for rank, controller in enumerate(self.cc):
@@ -216,6 +158,11 @@ class PpTree:
         self.confirmed: dict[int, int] = {}
         self.spans: dict[str, tuple[int, int]] = {}
         self.assumed: set[str] = set()  # requests submitted with assume_stored
+        # an SWA world (pp_config(swa_window=N)): the side pool's window on every ticket
+        self.swa_window = config.storage_swa_window
+        self.windows: dict[str, int] = {}  # request -> the window pages its ticket names
+        self.expected_side: dict[tuple[int, str], str] = {}  # (rank, key) -> its SWA digest
+        self.side_windows: list[SideWindowRecord] = []  # taken windows, judged next (INV-39)
         self.steps = 0
 
     def held_by(self, rank: int, rid: str) -> int:
@@ -223,16 +170,20 @@ class PpTree:
 
     # -- L3 ----------------------------------------------------------------------------------------
     def has_room(self, pages: int) -> bool:
-        """Every rank's host pool has room to stage a ``pages``-page backup (tickets hold the
-        rest)."""
+        """Every rank's host pool (and side pool, in an SWA world) has room to stage a
+        ``pages``-page backup (tickets hold the rest)."""
         need = pages * self.page
-        return all(int(c.mem_pool_host.available_size()) >= need for c in self.cc)
+        kv = all(int(c.mem_pool_host.available_size()) >= need for c in self.cc)
+        return kv and all(
+            not self.swa_window or int(side_pool_of(c).available_size()) >= need for c in self.cc
+        )
 
     def back_up(self, pages: int) -> Chain:
         """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
         index = len(self.chains)
         tokens = tuple(range(index * 4096 + 1, index * 4096 + 1 + pages * self.page))
         slots: list[Any] = []
+        sides: list[Any] = []  # an SWA world's side source pages, per rank
         digests: list[tuple[int, str]] = []  # (rank, the oracle's digest) per page, in order
         for rank, controller in enumerate(self.cc):
             host = controller.mem_pool_host.alloc(pages * self.page)
@@ -246,8 +197,13 @@ class PpTree:
                 data = ramp + page_value(rank, index, page)
                 pool.set_from_flat_data_page(first, data)
                 digests.append((rank, page_digest(data)))
-            controller.write_storage(host, list(tokens))
+            side = None  # an SWA world's side source: the chain's SWA pages, the rank's bytes
+            if self.swa_window:
+                keys = page_keys_of(tokens, self.page, controller)
+                side = fill_side(controller, (rank, index), keys, self.page, self.expected_side)
+            controller.write_storage(host, list(tokens), side_host=side)
             slots.append(host)
+            sides.append(side)
         self.run_until_idle()
         acked: list[int] = []  # per rank, the tokens its backup ack says it stored
         for rank, controller in enumerate(self.cc):
@@ -257,6 +213,8 @@ class PpTree:
                 stored = max(stored, int(getattr(ack, "completed_tokens", 0) or 0))
             acked.append(stored)
             controller.mem_pool_host.free(slots[rank])
+            if sides[rank] is not None:
+                side_pool_of(controller).free(sides[rank])
             self._stored_keys(rank)  # what the backups stored is INV-30's expectation's
         page_keys = page_keys_of(tokens, self.page, self.cc[0])
         for position, (rank, digest) in enumerate(digests):
@@ -314,6 +272,8 @@ class PpTree:
         key = RadixKey(array("q", tokens)).page_aligned(self.page)
         assumed = {"assume_stored": True} if assume_stored and self.assumes else {}
         sidecars = sidecar_transfers() if controller._harness_sidecar() else None
+        if self.swa_window:  # the SWA window's placeholder keys, no slots (num_slots 0)
+            sidecars = window_transfer(len(tokens) // self.page, self.swa_window, start == 0)
         submission = controller.submit_prefetch(
             handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), sidecars, **assumed
         )
@@ -329,6 +289,7 @@ class PpTree:
             return None
         self._bind(0, rid, bool(submission.decision))
         self.live.add(rid)
+        self.windows[rid] = len(sidecars[0].keys) if self.swa_window and sidecars else 0
         return rid
 
     def _shard_run(self, rank: int, keys: tuple[str, ...]) -> int:
@@ -480,6 +441,8 @@ class PpTree:
             state = controller.take_ready_pp_prefetch(rid)
             operation = state.operation
             host, completed = operation.host_indices, int(operation.completed_tokens)
+            if self.windows.get(rid):  # judged before the tree gives the window back
+                self._judge_window(rank, rid, log, operation, completed)
             if rank == 0 and host is not None and completed > 0 and rid in self.spans:
                 chain, start = self.spans[rid]  # every rank's completion: the MIN over them
                 self.confirmed[chain] = max(self.confirmed.get(chain, 0), start + completed)
@@ -487,8 +450,22 @@ class PpTree:
                 controller.append_host_mem_release(host[completed:])
                 self._drain_releases(controller)
                 self._consume(rank, host[:completed])
+                free_window(controller, operation)
         self.check()
         return True
+
+    def _judge_window(self, rank: int, rid: str, log: Any, operation: Any, done: int) -> None:
+        """A taken ticket's SWA window on rank ``rank``, against the harness's byte model."""
+        chain, start = self.spans[rid]
+        span_keys = self.chains[chain].keys[start // self.page :]
+        hit = int(log.hit_tokens or 0) if log is not None else 0
+        taken = taken_window(
+            self.books[rank], self.cc[rank], (rank, rid, self.epoch), (hit, done),
+            span_keys, self.windows[rid], operation,
+        )  # fmt: skip
+        faults = self.storage.ranks[rank].faults
+        pool = side_pool_of(self.cc[rank])
+        self.side_windows.append(window_record(taken, self.page, pool, self.expected_side, faults))
 
     def _await_ready(self, rid: str) -> None:
         """Every rank's ``take_ready_pp_prefetch`` waits on its ticket's ``ready_event``: under
@@ -505,13 +482,18 @@ class PpTree:
         """The buffer pipeline loads the staged pages to the device, then frees them."""
         self.cc[rank].mem_pool_host.free(host)
 
-    @staticmethod
-    def _drain_releases(controller: Any) -> None:
+    def _drain_releases(self, controller: Any) -> None:
         release = controller.host_mem_release_queue
         while not release.empty():
             indices = release.get_nowait()
             if indices is not None and len(indices):
                 controller.mem_pool_host.free(indices)
+        if self.swa_window:  # the window tails the IO gave back (_sync_trailing_keys)
+            book = self.books[self.cc.index(controller)]
+            holders = dict(book.side_owners)
+            for slot in drain_side_releases(controller):
+                holder = (self.epoch, holders.get(slot, ""))
+                book.side_given_back.setdefault(holder, set()).add(slot)
 
     def release(self, rid: str) -> None:
         """The request finished: every rank retires its ticket (``claim_kv_row``)."""
@@ -531,6 +513,9 @@ class PpTree:
         for rank, controller in enumerate(self.cc):
             controller.mem_pool_host.anchor_entry.host_pool.clear()
             self.books[rank].owners.clear()
+            if self.swa_window:
+                side_pool_of(controller).clear()
+                self.books[rank].side_owners.clear()
             self.books[rank].relayed.clear()
             self._stored_keys(rank)
         self.epoch += 1
@@ -554,6 +539,10 @@ class PpTree:
                     ended=log.ended,
                     shard_tokens=log.shard_tokens,
                     stray_writes=log.stray_writes,
+                    side_held_tokens=self._side_held(rank, log.request_id)
+                    if log.epoch == self.epoch
+                    else 0,
+                    side_window_tokens=self.windows.get(log.request_id, 0) * self.page,
                 )
                 for log in book.tickets
             )
@@ -570,11 +559,15 @@ class PpTree:
             collectives=tuple(() for _ in self.cc),
             pp_tickets=tickets,
             pp_at_rest=self._at_rest(),
+            side_windows=tuple(self.side_windows),
             l3=L3Model(
                 reads=tuple(self.reads),
                 expected=tuple((r, k, d) for (r, k), d in sorted(self.expected.items())),
             ),
         )
+
+    def _side_held(self, rank: int, rid: str) -> int:
+        return side_held(self.books[rank], self.cc[rank], rid) if self.swa_window else 0
 
     def _at_rest(self) -> bool:
         """Every command thread waits with no ticket for it, and no IO or sync thread has work
@@ -586,6 +579,9 @@ class PpTree:
         snapshot = self.snapshot()
         self.checks.run("INV-38", snapshot)
         self.checks.run("INV-30", snapshot)  # each rank reads back its own shard's bytes
+        if snapshot.side_windows:  # the windows taken since the last look (INV-39)
+            self.checks.run("INV-39", snapshot)
+            self.side_windows.clear()
         self.reads.clear()  # judged: the next snapshot carries the reads since
 
     def finish(self) -> None:

@@ -21,7 +21,7 @@ STORAGE_RANKS_MAX = 4
 PoolGroup = Literal["none", "anchor", "packed", "sidecar", "swa"]
 SIDE_POOL_GROUPS = ("swa",)
 STORAGE_DRAFT_GROUPS = ("none", "sidecar")
-PP_GROUPS = ("anchor", "sidecar")
+PP_GROUPS = ("anchor", "sidecar", "swa")
 """The pool groups of a PP world: KV alone, or with the draft pool riding on its slots."""
 """How a storage world may carry a draft pool: as a draft pair (the reference) or upstream's
 ``DRAFT`` sidecar; either way its pages are stored beside the KV's (``storage/pool_transfers.py``)."""
@@ -127,7 +127,9 @@ class HarnessConfig(BaseModel):
     in ``buffer_only`` host memory: PP rank 0 submits prefetch tickets, its PP command thread
     broadcasts them over the PP command group, and every rank queries and allocates in ticket
     order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38). Its pool group is
-    KV alone (``anchor``) or with the draft pool riding on the KV's slots (``sidecar``)."""
+    KV alone (``anchor``), with the draft pool riding on the KV's slots (``sidecar``), or with
+    the draft pool as an independent SWA side pool of its own slots (``swa``, with
+    ``storage_swa_window``: each rank allocates a ticket's window itself; INV-38, INV-39)."""
     storage_swa_window: int = 0
     """In a storage world with an independent side pool (``pool_group="swa"``, capability
     ``storage:swa``): the SWA window in pages (1 .. 3, a chain's most). A backup stores the
@@ -186,9 +188,9 @@ class HarnessConfig(BaseModel):
             raise ValueError("storage_lock_points needs storage_points (a lock point is one)")
         if self.storage_pp and (self.storage_ranks != 2 or self.pool_group not in PP_GROUPS):
             raise ValueError(
-                "storage_pp is a world of 2 PP storage ranks over a KV-only pool group, or one "
-                "with the draft pool as its KV-derived sidecar (storage_ranks=2, pool_group "
-                "'anchor' or 'sidecar')"
+                "storage_pp is a world of 2 PP storage ranks over a KV-only pool group, one "
+                "with the draft pool as its KV-derived sidecar, or one with an independent SWA "
+                "side pool (storage_ranks=2, pool_group 'anchor', 'sidecar' or 'swa')"
             )
         if self.storage_ranks and (
             self.uses_cp
@@ -211,8 +213,6 @@ class HarnessConfig(BaseModel):
                 "of a storage world with an independent side pool (pool_group='swa', "
                 "storage_ranks >= 1), and 0 in every other world"
             )
-        if swa_storage and self.storage_pp:
-            raise ValueError("storage_pp worlds are KV-only (pool_group='anchor'), not 'swa'")
         return self
 
     @property
