@@ -9,7 +9,7 @@ files, never from a finding's absence):
 - ``features_of``: the tree's parts that matter to the gate, each detected by a file or a name
   in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, the draft
   releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
-  sidecars in pool groups and of independent pools, buffer mode, PP prefetch (and what of it
+  sidecars in pool groups and of independent pools, a Mamba pool's L3 page, buffer mode, PP prefetch (and what of it
   no PP world draws: an independent side pool on a ticket, the timeout policy's PP-rank-0
   verdict), decode context parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
@@ -40,10 +40,11 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "storage": "its controller lacks one of upstream's storage threads, or its tree no "
     "page-key hash the gate can compute (sglang_storage.supports_storage, sglang_hashes)",
     "side pools": "independent side pools need the hybrid controller's side-pool surface",
-    "mamba side pool": "the harness models no per-request state pool (one slot per node, "
-    "TRAILING_PAGES): before 0.5.19 the HybridCacheController serves the Mamba radix cache "
-    "alone (its pool transfers and their L3 pages included), from 0.5.19 only the SWA side "
-    "pool is drawn (issue 27)",
+    "mamba side pool": "a Mamba state pool (one slot per node) is drawn as pool_group='mamba' "
+    "only where the gate loads the tree's pool-group HybridCacheController (capability "
+    "pool_group:mamba, 0.5.19+): before 0.5.19 the HybridCacheController serves the Mamba "
+    "radix cache alone (its pool transfers and their L3 pages included), which the harness "
+    "does not model (issue 27)",
     "draft storage copies": "the draft releases' best-effort draft L3 copies "
     "(_draft_page_set / _draft_page_get, 'd:{key}' then '{key}.draft' keys) run only in "
     "storage worlds with a draft pair, drawn where the gate drives the release's storage "
@@ -61,6 +62,9 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "prefixes) is drawn in SWA storage worlds only where the gate loads the tree's "
     "HybridCacheController with its storage threads (capability storage:swa, 0.5.19+; "
     "harness/driver/storage_side.py, INV-39)",
+    "mamba storage": "a Mamba state pool's L3 page (one TRAILING_PAGES page per node: "
+    "should_backup's MAMBA rule, _sync_trailing_keys' last hit page, _page_transfer_sidecar's "
+    "non-KV-derived read) is not drawn: Mamba worlds have no storage tier (issue 27)",
     "buffer mode": "buffer_only mode is the unified radix cache's BufferModePipeline "
     "(mem_cache/buffer_mode/: staging, existence beliefs, storage writes at the D2H ack), a "
     "tree half of its own (staging, beliefs, the D2H-ack write) the harness does not model: "
@@ -110,6 +114,8 @@ def features_of(tree: Path) -> list[str]:
         "storage sidecars in pool groups": "def write_storage" in hybrid_text
         and GROUP_CONTROLLER_MARK in hybrid_text,
         "independent-pool storage": "def _page_transfer_sidecar" in hybrid_text,
+        "mamba storage": "def _page_transfer_sidecar" in hybrid_text
+        and (tree / MEM_CACHE / "pool_host/mamba.py").exists(),
         "buffer mode": (tree / MEM_CACHE / "buffer_mode").is_dir(),
         "pp prefetch": "pp_prefetch_command_thread_func" in hybrid_text,
         "pp independent-pool tickets": "pool_specs" in hybrid_text,
@@ -128,6 +134,7 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
     driven = {
         "storage": "storage" in capabilities,
         "side pools": "pool_group:swa" in capabilities,
+        "mamba side pool": "pool_group:mamba" in capabilities,
         "storage sidecars in pool groups": {"storage:sidecar", "pool_group:sidecar"}
         <= set(capabilities),
         "storage memory-pressure fallback": "storage:host_pressure" in capabilities,

@@ -57,6 +57,7 @@ POOL_GROUP_WORLDS: dict[str, str] = {
     "packed": "packed MTP drafts in the anchor's host pool",
     "sidecar": "a draft sidecar riding on the KV indices",
     "swa": "an independent SWA side pool: own rows, own host slots, own transfer layers",
+    "mamba": "an independent Mamba state pool: one state slot per node, own host slots",
 }
 """What each ``pool_group`` world drives, as a report names it beside its share of cases."""
 

@@ -222,6 +222,12 @@ class ControllerState:
     def _pages(self, indices: torch.Tensor | None) -> frozenset[int]:
         return pages_of(indices, self.page_size)
 
+    def _draft_pages(self, indices: torch.Tensor | None) -> frozenset[int]:
+        """Pages of the draft (or side) pool's indices, at that pool's page size: a draft pair
+        pages like the anchor; a Mamba state pool's page is one slot."""
+        host = self.draft_mem_pool_host
+        return pages_of(indices, self.page_size if host is None else host.page_size)
+
     @staticmethod
     def _validate_options(write_policy: str, io_backend: str, layout: str) -> None:
         if write_policy not in WRITE_POLICIES:

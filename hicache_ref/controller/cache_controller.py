@@ -355,8 +355,8 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
             {
                 "host": self._pages(host_indices),
                 "device": self._pages(device_indices),
-                "draft_host": self._pages(draft_host),
-                "draft_device": self._pages(draft_device),
+                "draft_host": self._draft_pages(draft_host),
+                "draft_device": self._draft_pages(draft_device),
             },
         )
         self._append_write_ack(HiCacheAck(start_event, finish_event, list(node_ids)))
@@ -453,8 +453,8 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
             {
                 "host": self._pages(host_indices),
                 "device": self._pages(device_indices),
-                "draft_host": self._pages(draft_host),
-                "draft_device": self._pages(draft_device),
+                "draft_host": self._draft_pages(draft_host),
+                "draft_device": self._draft_pages(draft_device),
             },
         )
         self._append_load_ack(

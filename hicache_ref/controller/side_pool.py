@@ -1,9 +1,12 @@
 """An independent side pool: a second pool of a group with its own device rows and host slots.
 
 Hybrid models cache a second kind of state beside the KV cache (sliding-window attention
-rows, upstream 0.5.19+'s ``HostPoolGroup`` entry ``SWA``): its device rows come from its own
-allocator, its host slots from its own host pool, and a node's rows and slots in it are never
-the anchor's (INV-36). What a correct controller does for it, in the order a node goes through:
+rows, upstream 0.5.19+'s ``HostPoolGroup`` entry ``SWA``; a Mamba model's recurrent state, the
+entry ``MAMBA``): its device rows come from its own allocator, its host slots from its own host
+pool, and a node's rows and slots in it are never the anchor's (INV-36). An SWA pool holds a row
+per token at the anchor's page size; a Mamba pool is a state pool: one state slot per node
+(a page of one slot), backed up and loaded with the node's KV (INV-40). What a correct
+controller does for it, in the order a node goes through:
 
 - ``attach_side_pool``: the side pool's device pool, host pool and device allocator; its layers
   get their own load events (the reference's counterpart of upstream's transfer ids where the
@@ -35,14 +38,17 @@ import torch
 from hicache_ref.controller.base import ControllerState
 from hicache_ref.controller.operations import CacheOperation, DraftLayerCounterView
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
+from hicache_ref.pools.page_index import validate_page_aligned_token_indices
 
 if TYPE_CHECKING:
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
     from hicache_ref.pools.device_pool import KVCache
     from hicache_ref.pools.host_pool import HostKVCache
 
-SIDE_POOL_NAMES = ("swa",)
-"""The independent side pools the reference holds (upstream's ``PoolName.SWA``)."""
+SIDE_POOL_NAMES = ("swa", "mamba")
+"""The independent side pools the reference holds (upstream's ``PoolName.SWA``, ``MAMBA``)."""
+STATE_POOL_NAMES = ("mamba",)
+"""Side pools with one state slot per node (their pages are single slots)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,11 @@ class SidePool:
     device_pool: KVCache
     host_pool: HostKVCache
     allocator: PagedTokenToKVPoolAllocator
+
+    @property
+    def is_state_pool(self) -> bool:
+        """One state slot per node (Mamba), not one row per token (SWA)."""
+        return self.name in STATE_POOL_NAMES
 
 
 class SidePoolMixin(ControllerState):
@@ -78,10 +89,13 @@ class SidePoolMixin(ControllerState):
                 "a side pool is attached to a controller without CP and without a draft pair "
                 "(its layers would share the draft events)"
             )
-        if host_pool.page_size != self.page_size or device_pool.layer_num < 1:
+        page = 1 if name in STATE_POOL_NAMES else self.page_size  # a state pool: one slot
+        if host_pool.page_size != page or allocator.page_size != page or device_pool.layer_num < 1:
             raise HiCacheInputError(
-                f"side pool {name!r}: host page_size={host_pool.page_size} must equal "
-                f"page_size={self.page_size}, and its device pool needs at least one layer"
+                f"side pool {name!r}: host and allocator page_size "
+                f"{host_pool.page_size}/{allocator.page_size} must be {page} (a state pool's "
+                "page is one slot, an SWA pool's the anchor's page), and its device pool needs "
+                "at least one layer"
             )
         if allocator.get_kvcache() is not device_pool:
             raise HiCacheInputError(
@@ -109,6 +123,19 @@ class SidePoolMixin(ControllerState):
             raise HiCacheInputError("no side pool attached (call attach_side_pool first)")
         return self.side_pool
 
+    def _check_side_indices(self, side: SidePool, indices: torch.Tensor, what: str) -> None:
+        """A side pool's indices: whole pages of its own page size, and in a state pool exactly
+        one state slot per node (INV-40: a node's state is one slot, never per token)."""
+        self._check_indices(indices, f"{side.name} {what}", page_aligned=False)
+        if side.is_state_pool:
+            if len(indices) != 1:
+                raise HiCacheInputError(
+                    f"{side.name} {what}: a state pool holds one slot per node, got "
+                    f"{len(indices)} (INV-40)"
+                )
+            return
+        validate_page_aligned_token_indices(indices, self.page_size, f"{side.name} {what}")
+
     # -- seams: where each pool's rows and slots come from (INV-36) ----------------------------
     def _alloc_side_host(self, side: SidePool, tokens: int) -> torch.Tensor | None:
         return side.host_pool.alloc(tokens)
@@ -123,7 +150,7 @@ class SidePoolMixin(ControllerState):
         """Back up a node's anchor rows and side rows; (anchor slots, side slots) or None."""
         side = self._require_side_pool()
         self._check_indices(device_indices, "device_indices", page_aligned=True)
-        self._check_indices(side_device, f"{side.name} device_indices", page_aligned=True)
+        self._check_side_indices(side, side_device, "device_indices")
         # Verify the node has no undrained write ack: a second one would ack it twice (INV-02)
         if node_id >= 0 and self.node_has_undrained_write_ack(node_id):
             raise InvariantViolation(
@@ -154,13 +181,25 @@ class SidePoolMixin(ControllerState):
 
     # -- load ----------------------------------------------------------------------------------
     def load_with_side(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Fresh rows of each pool's own allocator for a node's slots, queued for
-        ``start_loading``; (anchor rows, side rows) or None (nothing held)."""
+        ``start_loading``; (anchor rows, side rows) or None (nothing held). ``request``: a
+        state pool's slot the caller allocated for a request, loaded with the node's state
+        too (a copy-on-write load; the caller keeps it, on a refusal too)."""
         side = self._require_side_pool()
         self._check_indices(host_indices, "host_indices", page_aligned=True)
-        self._check_indices(side_host, f"{side.name} host_indices", page_aligned=True)
+        self._check_side_indices(side, side_host, "host_indices")
+        if request is not None:
+            if not side.is_state_pool:
+                raise HiCacheInputError(
+                    f"a request slot is loaded into a state pool only, not {side.name!r}"
+                )
+            self._check_side_indices(side, request, "request device_indices")
         device = self.mem_pool_device_allocator.alloc(len(host_indices))
         if device is None:
             return None
@@ -170,20 +209,22 @@ class SidePoolMixin(ControllerState):
             return None
         self.load_queue.append(CacheOperation(host_indices, device, node_id))
         self.draft_load_queue.append(CacheOperation(side_host, side_device, node_id))
+        if request is not None:  # the same host state into the caller's slot
+            self.draft_load_queue.append(CacheOperation(side_host, request, node_id))
         return device, side_device
 
     # -- host release --------------------------------------------------------------------------
     def evict_side_host(self, side_host: torch.Tensor) -> int:
         """Free side host slots; refused while a queued copy still uses them (INV-07)."""
         side = self._require_side_pool()
-        self._check_indices(side_host, f"{side.name} host_indices", page_aligned=True)
+        self._check_side_indices(side, side_host, "host_indices")
         self._check_side_slots_idle(side_host)
         side.host_pool.free(side_host)
         return len(side_host)
 
     def _check_side_slots_idle(self, side_host: torch.Tensor) -> None:
         # Verify no unacked D2H writes and no H2D reads these side slots (INV-07)
-        pages = self._pages(side_host)
+        pages = self._draft_pages(side_host)  # at the side pool's own page size
         self.inflight.check_not_in_flight("draft_host", pages, "INV-07", "evict_side_host")
 
 
@@ -199,9 +240,13 @@ class SidePools:
         return self._controller.write_with_side(device_indices, node_id, side_device)
 
     def load(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return self._controller.load_with_side(host_indices, node_id, side_host)
+        return self._controller.load_with_side(host_indices, node_id, side_host, request)
 
     def evict_host(self, side_host: torch.Tensor) -> None:
         self._controller.evict_side_host(side_host)

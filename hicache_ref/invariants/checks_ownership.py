@@ -161,3 +161,18 @@ def check_pool_indices_own(
             f"{what}: {pool} pages {shorten(shared)} are held by another node in that pool "
             "(a side transfer took another pool's or another node's indices)",
         )
+
+
+def check_state_slot_count(pool: str, slots: Collection[int], expected: int, what: str) -> None:
+    """Raise INV-40 unless a state pool handed a node exactly ``expected`` distinct slots (its
+    one state slot): a state counted per token or per anchor page takes slots no other node
+    can have, and its extra slots hold no state the harness ever stored."""
+    values = list(slots)
+    # Verify one state slot per node, never one per token or per anchor page
+    if len(values) != expected or len(set(values)) != len(values):
+        raise InvariantViolation(
+            "INV-40",
+            f"{what}: the {pool} pool handed the node {len(values)} state slot(s) "
+            f"{shorten(sorted(values))}; a state pool holds {expected} per node (a state is "
+            "one slot, not a row per token or a page of the anchor's size)",
+        )

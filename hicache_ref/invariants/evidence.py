@@ -156,6 +156,18 @@ class PoolIndices:
     what: str
 
 
+@dataclass(frozen=True)
+class StateSlots:
+    """The state slots a write (``pool="side host"``) or load (``"side device"``) handed one
+    node in a state pool (Mamba), counted against what the harness's geometry says a node
+    holds there (``HarnessConfig.side_rows``: one)."""
+
+    pool: str
+    indices: torch.Tensor
+    expected: int
+    what: str
+
+
 Evidence = (
     StateView
     | Refusal
@@ -168,6 +180,7 @@ Evidence = (
     | Rows
     | BackupRead
     | PoolIndices
+    | StateSlots
     | StorageSnapshot
 )
 

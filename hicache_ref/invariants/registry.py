@@ -62,6 +62,7 @@ from hicache_ref.invariants.checks_ownership import (
     check_no_device_free_in_flight,
     check_pages_owned_once,
     check_pool_indices_own,
+    check_state_slot_count,
     check_unchanged,
 )
 from hicache_ref.invariants.checks_storage import STORAGE_MODULES
@@ -99,6 +100,7 @@ from hicache_ref.invariants.evidence import (
     Rows,
     SlotCount,
     SlotReuse,
+    StateSlots,
     StateView,
 )
 from hicache_ref.invariants.snapshot import RankSnapshot
@@ -462,6 +464,16 @@ def check_inv_36_pool_own_indices(evidence: Evidence) -> None:
         raise _other("INV-36", evidence)
     pages = {value // evidence.page_size for value in to_ints(evidence.indices)}
     check_pool_indices_own(evidence.pool, pages, evidence.allocated, evidence.others, evidence.what)
+
+
+# -- INV-40: state pools ------------------------------------------------------------------------
+@registered("INV-40", StateSlots)
+def check_inv_40_state_slot_per_node(evidence: Evidence) -> None:
+    """INV-40: a state pool (Mamba) hands a node one state slot on a write and on a load."""
+    if not isinstance(evidence, StateSlots):
+        raise _other("INV-40", evidence)
+    slots = to_ints(evidence.indices)
+    check_state_slot_count(evidence.pool, slots, evidence.expected, evidence.what)
 
 
 CHECKERS = collect([globals(), *(vars(module) for module in STORAGE_MODULES)])

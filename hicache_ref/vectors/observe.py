@@ -99,8 +99,11 @@ def _page_digests(
     page = session.config.page_size
     pages = -(-node.logical_len // page)
     hashes = [hashlib.sha256() for _ in range(pages)]
-    names = session.world.ranks[0].device_pool.component_names()
     for draft in (False, True):
+        if draft and not session.config.has_draft:
+            continue
+        # each pool's own components (a Mamba state pool: conv and temporal, beside MLA's kv)
+        names = session.tree.geometry.pools(0, draft)[0].component_names()
         for layer in range(layers.get(draft, 0)):
             for component in range(len(names)):
                 full: torch.Tensor | None = None
@@ -158,15 +161,16 @@ def actual_bytes(session: Session, node: Node, copy_kind: CopyKind) -> CopyBytes
 
 def expected_bytes(session: Session, node: Node, copy_kind: CopyKind) -> CopyBytes:
     """The digests the content oracle predicts for the same copy."""
-    world = session.world
-    shapes = [tuple(s) for s in world.ranks[0].device_pool.component_row_shapes().values()]
+    config, geometry = session.config, session.tree.geometry
 
     def oracle_rows(
         rank: int, draft: bool, layer: int, c: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = (
-            torch.arange(node.logical_len) if rank == 0 else torch.empty(0, dtype=torch.int64)
-        )
+        # each pool's rows at its own shape; a state pool's node holds one slot (position 0)
+        pool = geometry.pools(0, draft)[0]
+        shapes = [tuple(s) for s in pool.component_row_shapes().values()]
+        held = config.side_rows(node.logical_len) if draft else node.logical_len
+        positions = torch.arange(held) if rank == 0 else torch.empty(0, dtype=torch.int64)
         return positions, expected_rows(node.handle, draft, layer, c, positions, shapes[c])
 
     layers = _layer_counts(session, node, copy_kind)
@@ -178,12 +182,17 @@ def expected_bytes(session: Session, node: Node, copy_kind: CopyKind) -> CopyByt
 
 
 # -- one step ---------------------------------------------------------------------------------
-def _returned(indices: Sequence[torch.Tensor | None], page: int) -> Returned | None:
-    tensors = [t for t in indices if t is not None]
-    if not tensors:
+def _returned(
+    indices: Sequence[torch.Tensor | None], page: int, side_page: int | None = None
+) -> Returned | None:
+    """The count and alignment of returned indices; ``side_page``: the page size of the
+    second tensor's pool (an independent side pool's; the first's elsewhere)."""
+    pages = [page, page if side_page is None else side_page, *[page] * len(indices)]
+    held = [(t, p) for t, p in zip(indices, pages, strict=False) if t is not None]
+    if not held:
         return None
-    count = sum(int(t.numel()) for t in tensors)
-    aligned = all(_is_aligned(t, page) for t in tensors)
+    count = sum(int(t.numel()) for t, _ in held)
+    aligned = all(_is_aligned(t, p) for t, p in held)
     return Returned(count=count, aligned=aligned)
 
 
@@ -272,9 +281,11 @@ def observe(session: Session, before: Before, step: Step, outcome: Outcome) -> E
             returned = _returned(_host_indices(session, node), page)
     elif record.refusable and node is not None:
         if record.returns == "device_pages" and node.value is not None:
-            returned = _returned([node.value, node.side_value], page)
+            side_page = session.config.side_page_size  # each pool at its own page size
+            returned = _returned([node.value, node.side_value], page, side_page)
         elif node.backup != "none":
-            returned = _returned(_host_indices(session, node), page)
+            side_page = session.config.side_page_size  # each pool at its own page size
+            returned = _returned(_host_indices(session, node), page, side_page)
     refusal = reason
     after = capture(session)
     if record.resets:

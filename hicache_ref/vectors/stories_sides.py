@@ -113,3 +113,60 @@ def _inv11_side_tail(r: Recorder) -> None:
     r.apply("synchronize", {"stream": "forward"}, inv="INV-11")
     r.apply("synchronize", {"stream": "load"})
     r.apply("drain_load")
+
+
+STATES = {
+    "pool_group": "mamba",
+    "draft_layer_num": 2,
+    "side_device_pages": 3,
+    "draft_host_pages": 2,
+}
+"""A Mamba state pool: three device state slots and two host state slots (a node holds one)."""
+
+
+@story(
+    "story-inv40-state-slot-round-trip",
+    "INV-40",
+    "a node's state is one slot of the state pool's own, backed up and loaded with its KV",
+    **STATES,
+)
+def _inv40_round_trip(r: Recorder) -> None:
+    h = node_of(r, 8)  # two anchor pages, one state slot
+    r.apply("write", {"node": h}, inv="INV-40", note="one host state slot beside 8 KV slots")
+    r.apply("synchronize", {"stream": "write"})
+    r.apply("drain_write", inv="INV-06", note="the state slot's host bytes")
+    r.apply("evict_device", {"node": h}, note="the state slot goes back to its allocator")
+    r.apply("load", {"node": h}, inv="INV-40", note="one device state slot beside 8 KV rows")
+    r.apply("start_loading")
+    r.apply("synchronize", {"stream": "load"})
+    r.apply("drain_load", inv="INV-06", note="the state loaded back is the one backed up")
+
+
+@story(
+    "story-inv17-state-host-full-write-refused",
+    "INV-17",
+    "a backup with no free host state slot is refused whole: the anchor's slots go back",
+    **STATES,
+)
+def _inv17_state_write(r: Recorder) -> None:
+    a, b = node_of(r, 4), node_of(r, 4)
+    backup(r, a)
+    backup(r, b)  # both host state slots held
+    c = node_of(r, 4)
+    r.apply("write", {"node": c}, inv="INV-17", note="refused: both pools as before")
+
+
+@story(
+    "story-inv09-state-cow-request-slot",
+    "INV-09",
+    "a load also copies the node's state into the request's own slot, drained with the load",
+    **STATES,
+    state_cow=True,
+)
+def _inv09_state_cow(r: Recorder) -> None:
+    h = node_of(r, 4)
+    offload(r, h)
+    r.apply("load", {"node": h}, note="the node's slot and the request's slot, one host state")
+    r.apply("start_loading")
+    r.apply("synchronize", {"stream": "load"})
+    r.apply("drain_load", inv="INV-09", note="the request's slot holds the node's state")

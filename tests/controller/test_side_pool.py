@@ -130,9 +130,15 @@ def test_a_side_pool_whose_allocator_serves_another_pool_is_refused_at_attach() 
     )
     with pytest.raises(HiCacheInputError, match="INV-36"):
         fresh.attach_side_pool(rank.draft_device_pool, rank.draft_host_pool, rank.allocator)
-    with pytest.raises(HiCacheInputError, match="unknown side pool 'mamba'"):
+    with pytest.raises(HiCacheInputError, match="unknown side pool 'indexer'"):
         fresh.attach_side_pool(
-            rank.draft_device_pool, rank.draft_host_pool, rank.allocator, name="mamba"
+            rank.draft_device_pool, rank.draft_host_pool, rank.allocator, name="indexer"
+        )
+    # a Mamba state pool pages by single slots: an SWA world's pools (pages of 4) are refused
+    assert rank.side_allocator is not None
+    with pytest.raises(HiCacheInputError, match="must be 1"):
+        fresh.attach_side_pool(
+            rank.draft_device_pool, rank.draft_host_pool, rank.side_allocator, name="mamba"
         )
     assert fresh.side_pools is None and not fresh.has_draft_hicache
 

@@ -556,6 +556,59 @@ BUGS_0523_SIDES: tuple[type[PlantedBug], ...] = (
 once the gate draws independent side pools (``pool_group="swa"``)."""
 
 
+# -- 0.5.23's Mamba state pool (issue 27): caught in pool_group="mamba" worlds -------------------
+class MambaDeviceSlotsPerKvToken(PlantedBug):
+    NAME = "mamba_device_slots_per_kv_token"
+    TARGET = HYBRID
+    BUG_CLASS = "state pool geometry"
+    DESCRIPTION = (
+        "_resolve_device_transfers sizes a side pool's device allocation by the KV's host "
+        "indices, so a load takes a Mamba state slot per KV token (an SWA pool, one row per "
+        "token, cannot tell)"
+    )
+    OLD = "            size = len(pool.host_indices)\n"
+    NEW = "            size = len(kv_host_indices)  # BUG: the KV's length\n"
+    INVARIANTS = ("INV-40",)
+
+
+class MambaHostSlotsPerKvToken(PlantedBug):
+    NAME = "mamba_host_slots_per_kv_token"
+    TARGET = GROUP
+    BUG_CLASS = "state pool geometry"
+    DESCRIPTION = (
+        "resolve_host_transfers sizes a side pool's host allocation by the anchor's device "
+        "indices, so a backup takes a Mamba host state slot per KV token"
+    )
+    OLD = "                len(transfer.device_indices),\n"
+    NEW = "                len(primary_device_indices),  # BUG: the anchor's length\n"
+    INVARIANTS = ("INV-40",)
+
+
+class MambaRequestSlotAllocatedOver(PlantedBug):
+    NAME = "mamba_request_slot_allocated_over"
+    TARGET = HYBRID
+    BUG_CLASS = "state pool copy-on-write"
+    DESCRIPTION = (
+        "_resolve_device_transfers allocates device slots for a side transfer the caller "
+        "already gave its slot (the per-request copy-on-write load), so the request's slot "
+        "never receives the state and the fresh slot leaks"
+    )
+    OLD = "            if pool.device_indices is not None or pool.host_indices is None:\n"
+    NEW = "            if pool.host_indices is None:  # BUG: a caller's slot allocated over\n"
+    INVARIANTS = ("INV-05", "INV-09")  # the leaked slot at the load, or the empty request slot
+
+
+BUGS_0523_MAMBA: tuple[type[PlantedBug], ...] = (
+    MambaDeviceSlotsPerKvToken,
+    MambaHostSlotsPerKvToken,
+    MambaRequestSlotAllocatedOver,
+)
+"""Planted in 0.5.23's side-pool sizing and copy-on-write (``HybridCacheController``,
+``HostPoolGroup``): harmless where a side pool holds a row per token and no caller-owned slot
+(SWA), caught once the gate draws Mamba state pools (``pool_group="mamba"``: one slot per
+node; ``state_cow``: a load also fills a request's slot)."""
+
+
 # -- 0.5.23's storage of a KV-derived sidecar (issue 27): caught in sidecar storage worlds ----------
 class SidecarHitsIgnored(PlantedBug):
     NAME = "sidecar_hits_ignored"

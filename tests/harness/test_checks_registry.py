@@ -24,6 +24,7 @@ from hicache_ref.invariants.evidence import (
     ReturnedIndices,
     Rows,
     SlotReuse,
+    StateSlots,
     StateView,
 )
 from hicache_ref.invariants.models import HiCacheWriteReservation
@@ -352,3 +353,21 @@ def test_inv36_side_rows_another_node_holds_are_caught() -> None:
     rows = torch.arange(12, 16)
     evidence = PoolIndices("side device", rows, 4, frozenset({1, 3}), frozenset({3}), "load")
     assert "side device pages [3] are held by another node" in check("INV-36", evidence)
+
+
+def test_inv40_a_state_counted_per_token_is_caught() -> None:
+    # a load handed node 2 four state slots (a page of the anchor's size) for its one state
+    REGISTERED["INV-40"](StateSlots("side device", torch.tensor([5]), 1, "load of node 2"))
+    text = check("INV-40", StateSlots("side device", torch.arange(1, 5), 1, "load of node 2"))
+    assert "load of node 2: the side device pool handed the node 4 state slot(s)" in text
+
+
+def test_inv40_a_backup_with_no_state_slot_or_a_repeated_one_is_caught() -> None:
+    # a write that resolved no state slot, and a copy that pairs one slot twice
+    empty = torch.empty(0, dtype=torch.int64)
+    assert "handed the node 0 state slot(s)" in check(
+        "INV-40", StateSlots("side host", empty, 1, "write of node 0")
+    )
+    assert "handed the node 2 state slot(s) [3, 3]" in check(
+        "INV-40", StateSlots("side host", torch.tensor([3, 3]), 2, "backup")
+    )

@@ -179,6 +179,28 @@ def test_a_hybrid_controller_before_pool_groups_is_named_as_the_mamba_cache_it_s
     )
 
 
+def test_a_mamba_state_pool_is_driven_where_pool_group_mamba_is_granted_its_l3_page_never(
+    tmp_path: Path,
+) -> None:
+    # 0.5.19+'s pool-group controller with a Mamba host pool: the state pool is drawn where the
+    # gate grants pool_group:mamba; its L3 page (Mamba worlds have no storage) stays named
+    mem = tmp_path / "sglang/srt/mem_cache"
+    (mem / "hybrid_cache").mkdir(parents=True)
+    (mem / "pool_host").mkdir()
+    (mem / "hicache_storage.py").write_text("")
+    (mem / "pool_host" / "mamba.py").write_text("class MambaPoolHost: ...\n")
+    (mem / "hybrid_cache" / "hybrid_cache_controller.py").write_text(
+        "class HybridCacheController:\n    def _page_transfer_sidecar(self): ...\n"
+    )
+    granted = {"storage", "storage:swa", "pool_group:swa"}
+    parts = dict(not_driven(tmp_path, granted))
+    assert set(parts) == {"mamba side pool", "mamba storage"}
+    assert "pool_group:mamba" in parts["mamba side pool"]
+    parts = dict(not_driven(tmp_path, granted | {"pool_group:mamba"}))
+    assert set(parts) == {"mamba storage"}
+    assert "no storage tier" in parts["mamba storage"]
+
+
 def test_an_independent_pool_window_in_l3_is_driven_only_where_storage_swa_is_granted(
     tmp_path: Path,
 ) -> None:
@@ -255,6 +277,8 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     assert "buffer mode" in rows[2]["not_driven"] and "storage" not in rows[2]["not_driven"]
     assert "side pools" not in rows[2]["not_driven"]  # 0.5.23 draws pool_group="swa"
     assert "independent-pool storage" not in rows[2]["not_driven"]  # ... in storage worlds too
+    assert "mamba side pool" not in rows[2]["not_driven"]  # ... and pool_group="mamba"
+    assert "mamba storage" in rows[2]["not_driven"]  # whose worlds have no storage tier
     # storage on every release: 0.5.19 keys its pages with utils.py's get_hash_str
     assert all("storage" not in row["not_driven"] for row in rows), out
     assert "0.5.23: not driven: buffer mode: " in out

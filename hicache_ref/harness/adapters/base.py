@@ -72,12 +72,12 @@ CAPABILITIES = frozenset(
 )
 
 GROUP_CAPABILITIES = frozenset(
-    {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa"}
+    {"pool_group", "pool_group:packed", "pool_group:sidecar", "pool_group:swa", "pool_group:mamba"}
 )
 """What upstream 0.5.19+'s ``HybridCacheController`` declares: the host pools arrive as a
 ``HostPoolGroup``; ``:packed`` / ``:sidecar`` carry the draft pool in it, ``:swa`` as an
 independent side pool (its own rows and slots: the controller has ``side_pools``, a
-``SidePoolsLike``). None is in ``CAPABILITIES`` (what an outside implementation copies: its
+``SidePoolsLike``), ``:mamba`` as an independent state pool (one slot per node). None is in ``CAPABILITIES`` (what an outside implementation copies: its
 adapter would have to hand the side pool over), but the reference declares ``:swa`` too
 (``SIDE_POOL_CAPABILITY``): it holds an independent side pool itself
 (``controller/side_pool.py``), and takes its pools and its draft pair directly otherwise; the
@@ -114,6 +114,11 @@ HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
 SIDE_POOL_CAPABILITY = "pool_group:swa"
 """An independent side pool: the controller's ``side_pools`` (a ``SidePoolsLike``) names it on
 every write, load and host release (``pool_group="swa"`` worlds)."""
+
+STATE_POOL_CAPABILITY = "pool_group:mamba"
+"""An independent Mamba state pool (``pool_group="mamba"``): one state slot per node, named
+through the same ``side_pools`` calls as an SWA pool (upstream 0.5.19+'s ``MAMBA`` entry of a
+``HostPoolGroup``; the reference's ``attach_side_pool(name="mamba")``)."""
 
 CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "cp": ("reserve_write_cp", "submit_write_cp_all_layer", "load_cp", "evict_cp_host"),
@@ -301,13 +306,20 @@ class SidePoolsLike(Protocol):
     slots and side host slots into fresh rows of each pool's own allocator and returns (anchor
     rows, side rows), or None (nothing held); ``evict_host`` releases the side host slots (the
     anchor's go through the controller's ``evict_host``). The side rows are freed through the
-    side allocator, as the tree frees an SWA segment."""
+    side allocator, as the tree frees an SWA segment. In a Mamba world with ``state_cow`` a
+    load also names ``request``: a state slot the tree allocated for a request, which the load
+    fills with the node's state too (upstream's copy-on-write ``LOAD_BACK`` transfer); the
+    tree owns it (it frees it, on a refusal too)."""
 
     def write(
         self, device_indices: torch.Tensor, node_id: int, side_device: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
     def load(
-        self, host_indices: torch.Tensor, node_id: int, side_host: torch.Tensor
+        self,
+        host_indices: torch.Tensor,
+        node_id: int,
+        side_host: torch.Tensor,
+        request: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
     def evict_host(self, side_host: torch.Tensor) -> None: ...
 

@@ -15,6 +15,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
     SIDE_POOL_CAPABILITY,
+    STATE_POOL_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     BuildRequest,
 )
@@ -30,6 +31,7 @@ class ReferenceImplementation(ImplementationBase):
     # hit the tree cut to a shorter bounce buffer
     capabilities = CAPABILITIES | {
         SIDE_POOL_CAPABILITY,
+        STATE_POOL_CAPABILITY,
         STORAGE_SIDECAR_CAPABILITY,
         HOST_PRESSURE_CAPABILITY,
     }
@@ -62,5 +64,10 @@ class ReferenceImplementation(ImplementationBase):
         )
         if side is not None:
             assert request.draft_device_pool is not None and request.draft_host_pool is not None
-            controller.attach_side_pool(request.draft_device_pool, request.draft_host_pool, side)
+            controller.attach_side_pool(
+                request.draft_device_pool,
+                request.draft_host_pool,
+                side,
+                name=request.config.pool_group,  # swa, or mamba (a state pool)
+            )
         return controller

@@ -18,6 +18,9 @@ does for a KV-only stack):
   indices (``PoolTransfer(indices_from_pool=KV)``, upstream's ``DRAFT_SWA`` pattern); the tree
   names it on every ``write`` and ``load`` (as upstream's radix cache builds ``extra_pools``),
   and transfer ids span ``max(L, draft layers)`` with holes where a pool has no layer;
+- ``mamba``: the same, as the ``MAMBA`` entry of a state pool (one slot per node, pages of
+  one slot: ``HarnessConfig.side_page_size``); the entry's host pool is the harness's own,
+  in place of upstream's ``MambaPoolHost`` (whose copies need sgl_kernel);
 - ``swa``: the draft pool as an independent ``SWA`` side entry: its own device rows
   (``device_alloc_fn`` / ``device_free_fn``: the world's side allocator), its own host slots
   (its host pool's allocator, resolved by ``HostPoolGroup.resolve_host_transfers``), its
@@ -42,7 +45,7 @@ from typing import Any
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import BuildRequest
 from hicache_ref.harness.adapters.sglang_shapes import AfterTargetForward, L2HostPoolShim
-from hicache_ref.harness.adapters.sglang_sides import SglangSidePools
+from hicache_ref.harness.adapters.sglang_sides import SglangSidePools, side_pool_name
 from hicache_ref.harness.world.side_pools import MappedCounter, side_layout
 
 
@@ -62,6 +65,66 @@ class GroupHostPoolShim(L2HostPoolShim):
     can_use_write_back_jit = False
     shared_allocation_domain = None
     stores_page_envelope = False
+
+
+class StatePoolShim(GroupHostPoolShim):
+    """The harness's Mamba state pool as the group's ``MAMBA`` entry (in place of upstream's
+    ``MambaPoolHost``): a state copy pairs each slot it writes with one slot it reads, so a copy
+    of a node's state moves exactly its one slot each way. A backup writes distinct host slots,
+    one per device slot; a load writes distinct device slots, one per host slot (a host slot may
+    repeat: a copy-on-write load reads a node's host state into its own slot and a request's).
+    A copy whose slots do not pair (more slots written than read, or one written twice) is a
+    state counted per token: the one checker of INV-40 judges it before any byte moves (the
+    harness's pool would otherwise fail on the shapes). While the tree backs a node up (``node_slots``: the state
+    slots the node holds, set by ``SglangSidePools.write``) the host slots the group allocates
+    here are judged the same way, before upstream moves or sorts them."""
+
+    node_slots: int | None = None
+
+    def alloc(self, need_size: int, **kwargs: Any) -> Any:
+        from hicache_ref.invariants.evidence import StateSlots
+        from hicache_ref.invariants.registry import REGISTERED
+
+        indices = self._pool.alloc(need_size, **kwargs)
+        if indices is not None and self.node_slots is not None:
+            what = f"the MAMBA entry's host allocation for a node of {self.node_slots} slot(s)"
+            REGISTERED["INV-40"](StateSlots("side host", indices, self.node_slots, what))
+        return indices
+
+    def _check_pairs(self, host_indices: Any, device_indices: Any, verb: str) -> None:
+        from hicache_ref.invariants.evidence import StateSlots
+        from hicache_ref.invariants.registry import REGISTERED
+
+        if verb == "backup":  # the host slots written, one per device slot read
+            what = f"the MAMBA entry's backup of {len(device_indices)} device state slot(s)"
+            evidence = StateSlots("side host", host_indices, len(device_indices), what)
+        else:  # the device slots written, one per host slot read (host slots may repeat)
+            what = f"the MAMBA entry's load of {len(host_indices)} host state slot(s)"
+            evidence = StateSlots("side device", device_indices, len(host_indices), what)
+        REGISTERED["INV-40"](evidence)
+
+    def backup_from_device_all_layer(
+        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: str
+    ) -> None:
+        self._check_pairs(host_indices, device_indices, "backup")
+        self._pool.backup_from_device_all_layer(
+            device_pool, host_indices, device_indices, io_backend
+        )
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: Any,
+        host_indices: Any,
+        device_indices: Any,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        self._check_pairs(host_indices, device_indices, "load")
+        self._pool.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend
+        )
 
 
 class PackedHostPoolShim(GroupHostPoolShim):
@@ -175,8 +238,13 @@ def build_group_controller(
         assert draft_device is not None and draft_host is not None and side_allocator is not None
         entries.append(
             PoolEntry(
-                name=PoolName.SWA,
-                host_pool=GroupHostPoolShim(draft_host),
+                # the SWA entry, or the MAMBA one (a state pool: one slot per node; the
+                # harness's own pool in place of upstream's MambaPoolHost, whose copies are
+                # sgl_kernel / triton kernels)
+                name=side_pool_name(PoolName, config.pool_group),
+                host_pool=(StatePoolShim if config.has_state_pool else GroupHostPoolShim)(
+                    draft_host
+                ),
                 device_pool=draft_device,
                 layer_mapper=layout.mapper(side=True),
                 device_alloc_fn=side_allocator.alloc,
@@ -240,7 +308,9 @@ def build_group_controller(
         layout = side_layout(config)
         device_pool.register_layer_transfer_counter(MappedCounter(counter, layout, side=False))
         draft_device.register_layer_transfer_counter(MappedCounter(counter, layout, side=True))
-        controller.side_pools = SglangSidePools(controller, PoolTransfer, PoolName)
+        controller.side_pools = SglangSidePools(
+            controller, PoolTransfer, side_pool_name(PoolName, config.pool_group)
+        )
         return controller
     device_pool.register_layer_transfer_counter(counter)  # the assembler re-registers it
     if config.pool_group == "packed":

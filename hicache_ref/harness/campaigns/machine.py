@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     LOCK_POINTS_CAPABILITY,
+    STATE_POOL_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     STORAGE_SWA_CAPABILITY,
     Implementation,
@@ -217,9 +218,10 @@ def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) 
 def _side_pool_fields(
     draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
 ) -> dict[str, Any]:
-    """Half the single-pool worlds gain an independent side pool (``pool_group="swa"``): its
-    layers, its own device pages and host pages, often scarce (drawn after every other field,
-    so no other world's draws move). Upstream's come from the anchor-only worlds of its
+    """Half the single-pool worlds gain an independent side pool (``pool_group="swa"``, or,
+    where the implementation holds one, half of them a Mamba state pool, ``"mamba"``, without
+    storage): its layers, its own device pages and host pages (state slots), often scarce
+    (drawn after every other field, so no other world's draws move). Upstream's come from the anchor-only worlds of its
     ``HostPoolGroup``; an implementation that holds side pools without a group (the reference)
     takes them from the worlds without CP, draft pool or storage. A side-pool world keeps its
     storage tier where the implementation stores the side pool's window (``storage:swa``,
@@ -244,6 +246,12 @@ def _side_pool_fields(
         side["storage_swa_window"] = draw(integers_once(1, 3))
         # mostly waiting for the window's read: a best-effort check terminates it before
         side["storage_policy"] = draw(_SWA_POLICIES)
+    if STATE_POOL_CAPABILITY in capabilities and draw(_BOOLS):
+        # half the side-pool worlds hold a Mamba state pool instead: the same sizes, counted
+        # in state slots (one per node), without a storage tier (Mamba pages in L3 are not
+        # driven); drawn last, so no other world's draws move
+        side.update(pool_group="mamba", storage_ranks=0, storage_swa_window=0)
+        side["state_cow"] = draw(_BOOLS)  # half: loads copy the state into a request's slot
     return side
 
 

@@ -70,7 +70,7 @@ class ByteChecks:
         row_shape: tuple[int, ...],
     ) -> torch.Tensor:
         """The content oracle's rows for the node's positions on ``rank`` (cached; read only)."""
-        positions, _ = self.geometry.placement(rank, node)
+        positions, _ = self.geometry.placement(rank, node, draft)  # a side pool's own
         key = (rank, draft, layer, component, row_shape)
         rows = node.rows_cache.get(key)
         if rows is None:
@@ -165,6 +165,27 @@ class ByteChecks:
                             f"{'draft' if draft else 'target'} layer {layer} component {c} "
                             f"rank {rank_index}",
                         )
+
+    def check_request_bytes(
+        self, node: Node, request: torch.Tensor, inv_id: str, when: str
+    ) -> None:
+        """A request's state slot a load copied the node's state into (``state_cow``): each
+        state layer holds the node's state, as its own slot does (the oracle's rows at
+        position 0)."""
+        pool, _ = self.geometry.pools(0, True)
+        slot = request.to(pool.device)
+        for layer in range(min(self.geometry.layer_num(True), node.layers_stored)):
+            for c, buf in enumerate(pool.layer_buffers(layer)):
+                rows = self.device_rows(0, node, True, layer, c, tuple(buf.shape[1:]))
+                self.check_rows(
+                    buf[slot],
+                    rows,
+                    inv_id,
+                    f"{when}: the request's state slot {request.tolist()} of node {node.handle} "
+                    f"layer {layer} component {c}",
+                    "the load's copy-on-write transfer left the request's slot without the "
+                    "node's state (its slot was not the one the caller allocated)",
+                )
 
     def check_rows(
         self,
@@ -274,14 +295,13 @@ class FreeSlotWatch:
     def poison_free(self, pool: str, inv_id: str, why: str) -> int:
         """Write the scribble into every free page of ``pool`` on every rank, from the CPU;
         returns the number of slots written."""
-        page = self.world.config.page_size
         written = 0
         for rank in range(self.geometry.num_ranks):
             for draft, _ in self.geometry.layer_kinds():
                 pages = self._free_pages(rank, pool, draft)
                 if not pages:
                     continue
-                locs = pages_to_token_locs(sorted(pages), page)
+                locs = pages_to_token_locs(sorted(pages), self.geometry.page_size(draft))
                 device_pool, host_pool = self.geometry.pools(rank, draft)
                 for layer in range(device_pool.layer_num):
                     if pool == "device":
@@ -311,12 +331,12 @@ class FreeSlotWatch:
     # -- verify ---------------------------------------------------------------------------------
     def verify(self) -> None:
         """Every watched page still free holds the scribble; handed-out pages leave the watch."""
-        page = self.world.config.page_size
         passed = all(marker.query() for marker in self.horizon)
         for watched in self.watched:
             still_free = self._still_free(watched)
             if still_free != watched.pages or watched.locs is None:
                 watched.pages = still_free
+                page = self.geometry.page_size(watched.draft)  # a state pool's: one slot
                 watched.locs = pages_to_token_locs(sorted(still_free), page)
                 watched.slots = str(watched.locs.tolist()[:16])
                 watched.poison = {}

@@ -53,6 +53,9 @@ class Node:
     side_placement: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(
         default=None, repr=False
     )  # (side_value it was computed from, positions, rows on the pools' device)
+    # a Mamba world with ``state_cow``: the request's state slot a load also copies the node's
+    # state into (allocated by the tree before the load, freed once the load is drained)
+    side_request: torch.Tensor | None = None
     loading: bool = False
     producer_id: int | None = None
     pending_reads: int = 0
@@ -104,8 +107,13 @@ def compute_busy(node: Node) -> str:
     return "backup in flight" if node.backup == "in_flight" and node.value is not None else ""
 
 
-def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> NodeHoldings:
-    """One node's pages, rebuilt only when a tensor it reads (or its backup) changed."""
+def compute_holdings(
+    node: Node, page: int, num_ranks: int, uses_cp: bool, side_page: int | None = None
+) -> NodeHoldings:
+    """One node's pages, rebuilt only when a tensor it reads (or its backup) changed;
+    ``side_page``: the page size of an independent side pool's allocator and host pool (one
+    slot in a Mamba state pool; the anchor's ``page`` when None)."""
+    side_page = page if side_page is None else side_page
     if uses_cp:
         metas = node.cp_meta or [None] * num_ranks
         host_of = [meta.host_indices if meta else None for meta in metas]
@@ -115,16 +123,22 @@ def compute_holdings(node: Node, page: int, num_ranks: int, uses_cp: bool) -> No
         draft_of = list(node.side_host)  # an independent side pool's own slots, else none
     busy = compute_busy(node)
     side = node.side_value
-    key = (node.value, side, node.backup, node.layers_stored, busy, *host_of, *draft_of)
+    request = node.side_request  # a load's copy-on-write state slot, held until drained
+    key = (node.value, side, request, node.backup, node.layers_stored, busy, *host_of, *draft_of)
     if node.holdings is not None and _is_same_key(node.holdings_key, key):
         return node.holdings
     device = pages_covered(node.value, page) if node.value is not None else frozenset()
     host = tuple(pages_covered(t, page) if t is not None else frozenset() for t in host_of)
     if draft_of:
-        draft = tuple(pages_covered(t, page) if t is not None else frozenset() for t in draft_of)
+        draft_page = page if uses_cp else side_page  # a CP draft pool pages like the anchor
+        draft = tuple(
+            pages_covered(t, draft_page) if t is not None else frozenset() for t in draft_of
+        )
     else:
         draft = tuple(frozenset() for _ in range(num_ranks))
-    side_pages = pages_covered(side, page) if side is not None else frozenset()
+    side_pages = pages_covered(side, side_page) if side is not None else frozenset()
+    if request is not None:
+        side_pages |= pages_covered(request, side_page)
     node.holdings = NodeHoldings(
         node.handle,
         node.node_id,

@@ -49,6 +49,13 @@ class RankGeometry:
             kinds.append((True, self.config.draft_layer_num))
         return kinds
 
+    def page_size(self, draft: bool) -> int:
+        """Rows per page of a pool's allocator and host pool: an independent side pool's own
+        (one slot in a Mamba state pool), the anchor's page elsewhere."""
+        if draft and self.config.has_side_pools:
+            return self.config.side_page_size
+        return self.config.page_size
+
     def layer_num(self, draft: bool) -> int:
         """Layers of the target (or the draft) pool."""
         return self.config.draft_layer_num if draft else self.config.layer_num
@@ -125,18 +132,20 @@ class RankGeometry:
         return hit
 
     def side_placement(self, node: Node) -> tuple[torch.Tensor, torch.Tensor]:
-        """(positions, rows) of the node in the independent side pool (no CP: every position),
-        once per ``node.side_value`` (replaced, never changed, by a load)."""
+        """(positions, rows) of the node in the independent side pool (no CP: every position;
+        a state pool: its one state slot, position 0), once per ``node.side_value`` (replaced,
+        never changed, by a load)."""
         value = node.side_value
         assert value is not None, f"node {node.handle} holds no side pool rows"
         cached = node.side_placement
         if cached is not None and cached[0] is value:
             return cached[1], cached[2]
-        locs = value[: node.logical_len]
+        rows = self.config.side_rows(node.logical_len)
+        locs = value[:rows]
         target = self.world.device.device
         if locs.device != target:  # uploaded once per value, as ``placement`` does
             locs = self.uploads.upload(locs, target)
-        positions = torch.arange(node.logical_len)
+        positions = torch.arange(rows)
         node.side_placement = (value, positions, locs)
         return positions, locs
 
@@ -189,7 +198,8 @@ class RankGeometry:
             side = draft and self.config.has_side_pools
             host = node.side_host[rank_index] if side else node.host_value[rank_index]
             assert host is not None
-            return torch.arange(node.logical_len), host
+            rows = self.config.side_rows(node.logical_len) if side else node.logical_len
+            return torch.arange(rows), host
         owned = node.owned_positions[rank_index]
         keep = owned < node.logical_len
         return owned[keep], self.host_slots(rank_index, node, draft)[keep]

@@ -47,7 +47,7 @@ from hicache_ref.harness.driver.rank_geometry import RankGeometry
 from hicache_ref.harness.driver.store_watch import StoreWatch
 from hicache_ref.harness.step_types import Outcome, done
 from hicache_ref.harness.world.world import World
-from hicache_ref.invariants.evidence import DrainedAck, PoolIndices, RankValues
+from hicache_ref.invariants.evidence import DrainedAck, PoolIndices, RankValues, StateSlots
 from hicache_ref.invariants.registry import CheckRunner
 from hicache_ref.invariants.snapshot import HarnessModel, NodeHoldings
 
@@ -137,27 +137,42 @@ class TreeDriver:
         node = self.nodes[handle]
         return any(node.node_id in c.pending_layer_writes for c in self.per_layer_controllers())
 
+    def check_state_slots(self, node: Node, kind: str, side: torch.Tensor, what: str) -> None:
+        """What a backup (``kind="host"``) or load (``"device"``) handed the node in a state
+        pool (Mamba): its one state slot, as the harness's geometry counts it (INV-40)."""
+        if not self.config.has_state_pool:
+            return
+        expected = self.config.side_rows(node.logical_len)
+        self.checks.run("INV-40", StateSlots(f"side {kind}", side, expected, what))
+
     def check_group_indices(
         self, node: Node, kind: str, anchor: torch.Tensor, side: torch.Tensor, what: str
     ) -> None:
         """What a backup (``kind="host"``) or load (``"device"``) in an independent side-pool
         world handed the node, each pool's from its own allocator and no other node's (INV-36):
         judged against the harness's pools and the tree's other nodes, never the controller."""
-        rank, page = self.world.ranks[0], self.config.page_size
+        rank = self.world.ranks[0]
+        page, side_page = self.config.page_size, self.config.side_page_size  # each pool's own
         others = [n for n in self.nodes.values() if n.handle != node.handle]
         if kind == "host":
             assert rank.draft_host_pool is not None
             pools = (
-                ("anchor host", anchor, rank.host_pool.allocated_pages(), "host_value"),
-                ("side host", side, rank.draft_host_pool.allocated_pages(), "side_host"),
+                ("anchor host", anchor, rank.host_pool.allocated_pages(), "host_value", page),
+                ("side host", side, rank.draft_host_pool.allocated_pages(), "side_host", side_page),
             )
         else:
             assert rank.side_allocator is not None
             pools = (
-                ("anchor device", anchor, rank.allocator.allocated_page_ids(), "value"),
-                ("side device", side, rank.side_allocator.allocated_page_ids(), "side_value"),
+                ("anchor device", anchor, rank.allocator.allocated_page_ids(), "value", page),
+                (
+                    "side device",
+                    side,
+                    rank.side_allocator.allocated_page_ids(),
+                    "side_value",
+                    side_page,
+                ),
             )
-        for pool, indices, allocated, field in pools:
+        for pool, indices, allocated, field, page in pools:
             held = frozenset(p for n in others for p in _held_pages(n, field, page))
             evidence = PoolIndices(pool, indices, page, frozenset(allocated), held, what)
             self.checks.run("INV-36", evidence)
@@ -205,6 +220,19 @@ class TreeDriver:
                 self.check_host_bytes(node, "INV-09", "write ack drained")
         return done(f"drained {len(rows)} write ack(s)")
 
+    def _release_request_slot(self, node: Node) -> None:
+        """A drained load's copy-on-write state slot (``state_cow``): it holds the node's state
+        as the load copied it (INV-09), then goes back to the state allocator (the request is
+        done with it)."""
+        request = node.side_request
+        if request is None:
+            return
+        self.bytes.check_request_bytes(node, request, "INV-09", "load ack drained")
+        allocator = self.world.ranks[0].side_allocator
+        assert allocator is not None
+        allocator.free(request)
+        node.side_request = None
+
     def loading_check(self) -> Outcome:
         rows = self._pop_rows("ack_load_queue", self._ready_prefix("ack_load_queue"))
         for row in rows:
@@ -218,6 +246,7 @@ class TreeDriver:
                 node.producer_id = None
                 self.acked_loads += 1
                 self.check_device_bytes(node, "INV-09", "load ack drained")
+                self._release_request_slot(node)
         return done(f"drained {len(rows)} load ack(s)")
 
     def _rows_backing_up(self, rank: int, pool: str) -> dict[int, set[int]]:
@@ -237,7 +266,8 @@ class TreeDriver:
         bounce buffers)."""
         page, ranks = self.config.page_size, len(self.world.ranks)
         nodes = tuple(
-            compute_holdings(node, page, ranks, self.config.uses_cp) for node in self.nodes.values()
+            compute_holdings(node, page, ranks, self.config.uses_cp, self.config.side_page_size)
+            for node in self.nodes.values()
         )
         return HarnessModel(
             num_counters=self.config.num_counters,

@@ -56,7 +56,8 @@ def unsupported_reason(session: Session) -> str | None:
     if len(session.world.ranks) != session.config.num_ranks:
         return "a rank session (one process per CP rank): the oracle steps every rank at once"
     if session.config.has_side_pools:
-        return "an independent side pool (pool_group='swa'): the oracle has no side pools"
+        group = session.config.pool_group
+        return f"an independent side pool (pool_group={group!r}): the oracle has no side pools"
     return None
 
 

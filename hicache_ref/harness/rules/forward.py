@@ -88,7 +88,7 @@ def prefill(
     )
     tree.next_node_id += 1
     if isinstance(side, torch.Tensor):
-        node.side_value = side[:logical_len].clone()
+        node.side_value = side[: config.side_rows(logical_len)].clone()
         node.side_host = [None] * len(world.ranks)
     node.host_value = [None] * len(world.ranks)
     node.cp_meta = [None] * len(world.ranks)
@@ -112,7 +112,7 @@ def _alloc_side_rows(tree: TreeDriver, padded_len: int) -> torch.Tensor | bool:
     allocator = tree.world.ranks[0].side_allocator
     if allocator is None:
         return True
-    rows = allocator.alloc(padded_len)
+    rows = allocator.alloc(tree.config.side_rows(padded_len))  # a state pool: one slot
     return False if rows is None else rows
 
 

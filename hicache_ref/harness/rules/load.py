@@ -104,16 +104,30 @@ def _load_with_sides(tree: TreeDriver, node: Node) -> Outcome:
     rank = tree.world.ranks[0]
     host, side_host = node.host_value[0], node.side_host[0]
     assert rank.sides is not None and host is not None and side_host is not None
-    both = rank.sides.load(host, node.node_id, side_host)
+    request = None
+    if tree.config.state_cow:  # the request's own state slot first (prepare_load_back)
+        assert rank.side_allocator is not None
+        request = rank.side_allocator.alloc(1)
+        if request is None:
+            return refused("state pool full (no slot for the request)")
+        both = rank.sides.load(host, node.node_id, side_host, request)
+    else:
+        both = rank.sides.load(host, node.node_id, side_host)
     if both is None:
+        if request is not None:  # finalize_load_back(success=False): the slot goes back
+            rank.side_allocator.free(request)  # type: ignore[union-attr]
         return refused("device full")
-    tree.check_group_indices(node, "device", *both, f"load of node {node.handle}")  # INV-36
+    node.side_request = request
+    what = f"load of node {node.handle}"
+    tree.check_state_slots(node, "device", both[1], what)  # INV-40: one state slot
+    tree.check_group_indices(node, "device", *both, what)  # INV-36
     node.value, node.side_value = both
     node.loading = True
     tree.ongoing_load[node.node_id] = node.handle
     tree.queued_loads.append(node.handle)
     rows = both[1].numel()
-    return done(f"load node {node.handle} -> {both[0].numel()} locs, side {rows} rows")
+    text = f"load node {node.handle} -> {both[0].numel()} locs, side {rows} rows"
+    return done(text + (", and the request's state slot" if request is not None else ""))
 
 
 def process_load(ctx: StepContext, args: Args) -> Outcome:

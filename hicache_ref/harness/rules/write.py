@@ -63,7 +63,9 @@ def write_backup(tree: TreeDriver, handle: int) -> Outcome:
         if both is None:
             return refused("host full")
         host, side_host = both
-        tree.check_group_indices(node, "host", host, side_host, f"write of node {handle}")  # INV-36
+        what = f"write of node {handle}"
+        tree.check_state_slots(node, "host", side_host, what)  # INV-40: one state slot
+        tree.check_group_indices(node, "host", host, side_host, what)  # INV-36
     else:
         host = rank.controller.write(node.value, node_id=node.node_id)
     if host is None:
@@ -75,7 +77,8 @@ def write_backup(tree: TreeDriver, handle: int) -> Outcome:
     text = f"write node {handle} -> host {host.numel()} slots"
     if side_host is not None:
         what = f"write of node {handle} (side pool)"
-        tree.checks.run("INV-01", ReturnedIndices(side_host, page, what))
+        side_page = tree.config.side_page_size  # a state pool's page is one slot
+        tree.checks.run("INV-01", ReturnedIndices(side_host, side_page, what))
         node.side_host[0] = side_host
         text += f", side host {side_host.numel()} slots"
     _start_backup(tree, node)

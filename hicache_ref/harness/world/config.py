@@ -18,8 +18,10 @@ CopyPath = Literal["gather", "runs", "batch", "triton"]
 StorageBackendName = Literal["memory", "file", "upstream_file"]
 StoragePolicy = Literal["best_effort", "wait_complete", "timeout"]
 STORAGE_RANKS_MAX = 4
-PoolGroup = Literal["none", "anchor", "packed", "sidecar", "swa"]
-SIDE_POOL_GROUPS = ("swa",)
+PoolGroup = Literal["none", "anchor", "packed", "sidecar", "swa", "mamba"]
+SIDE_POOL_GROUPS = ("swa", "mamba")
+STATE_POOL_GROUPS = ("mamba",)
+"""Side pools that hold one state slot per node (a page of one slot), not rows per token."""
 STORAGE_DRAFT_GROUPS = ("none", "sidecar")
 PP_GROUPS = ("anchor", "sidecar", "swa")
 """The pool groups of a PP world: KV alone, or with the draft pool riding on its slots."""
@@ -76,11 +78,20 @@ class HarnessConfig(BaseModel):
     ``indices_from_pool=KV``), ``swa`` (the draft pool as an independent SWA side pool: its own
     device rows from its own allocator, its own host slots from its own host pool, its layers
     interleaved with the KV layers in the transfer ids, so the anchor has no mapping for them;
-    ``harness/world/side_pools.py``). Capability ``pool_group`` (``:packed``, ``:sidecar``,
-    ``:swa``); no CP."""
+    ``harness/world/side_pools.py``), ``mamba`` (the draft pool as an independent Mamba state
+    pool: one state slot per node, not one row per token, from its own allocator and its own
+    host pool, whose pages are single slots; ``side_pools.make_state_pool``). Capability
+    ``pool_group`` (``:packed``, ``:sidecar``, ``:swa``, ``:mamba``); no CP."""
     side_device_pages: int = 0
-    """Device pages of an independent side pool's own allocator (``pool_group="swa"``; its host
-    pages are ``draft_host_pages``)."""
+    """Device pages of an independent side pool's own allocator (``pool_group="swa"``: pages of
+    ``page_size`` rows; ``"mamba"``: state slots, a page being one slot); its host pages are
+    ``draft_host_pages`` (of the same size)."""
+    state_cow: bool = False
+    """In a Mamba world (``pool_group="mamba"``): every load also copies the node's state into
+    a request's own state slot, which the tree allocates from the state pool first (upstream's
+    per-request copy-on-write ``LOAD_BACK`` transfer: ``prepare_load_back`` allocates it, the
+    second ``MAMBA`` transfer names it with ``device_indices``); its bytes are checked when the
+    load is drained, and the slot is freed then (the request done with it)."""
     copy_path: CopyPath = "gather"
     """How the host pools execute a copy: ``gather`` (index_select, the CPU path), ``runs``
     (the run-merged slice copies, ``plan_runs``), ``batch`` (the copy engine's pointer arrays,
@@ -168,7 +179,17 @@ class HarnessConfig(BaseModel):
                 "side_device_pages >= 1 and draft_host_pages >= 1 (its own rows and slots)"
             )
         if self.side_device_pages and not self.has_side_pools:
-            raise ValueError("side_device_pages is the device size of pool_group='swa' only")
+            raise ValueError(
+                "side_device_pages is the device size of an independent side pool only "
+                f"(pool_group in {SIDE_POOL_GROUPS})"
+            )
+        if self.state_cow and not self.has_state_pool:
+            raise ValueError("state_cow is a Mamba world's (pool_group='mamba')")
+        if self.has_state_pool and self.storage_ranks:
+            raise ValueError(
+                "pool_group='mamba' is drawn without a storage tier (Mamba pages in L3 are not "
+                "driven: storage_ranks=0)"
+            )
         if self.pool_group == "anchor" and self.has_draft:
             raise ValueError("pool_group='anchor' has no draft pool; use 'packed' or 'sidecar'")
         if self.forward_stream and self.cp_size >= 1:
@@ -233,6 +254,22 @@ class HarnessConfig(BaseModel):
         return self.pool_group in SIDE_POOL_GROUPS
 
     @property
+    def has_state_pool(self) -> bool:
+        """The side pool holds one state slot per node (Mamba), not rows per token."""
+        return self.pool_group in STATE_POOL_GROUPS
+
+    @property
+    def side_page_size(self) -> int:
+        """Slots per page of the side pool's allocator and host pool: a state pool's page is
+        one slot; an SWA pool's is the anchor's page."""
+        return 1 if self.has_state_pool else self.page_size
+
+    def side_rows(self, tokens: int) -> int:
+        """Rows (slots) a node of ``tokens`` tokens holds in the side pool: one state slot in a
+        state pool, one row per token otherwise."""
+        return 1 if self.has_state_pool else tokens
+
+    @property
     def uses_storage(self) -> bool:
         return self.storage_ranks >= 1
 
@@ -253,7 +290,9 @@ class HarnessConfig(BaseModel):
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""
         if self.has_side_pools:
-            runs += f" side={self.side_device_pages}p/{self.draft_host_pages}hp"
+            unit = "slot" if self.has_state_pool else "p"
+            runs += f" side={self.side_device_pages}{unit}/{self.draft_host_pages}h{unit}"
+            runs += "+cow" if self.state_cow else ""
         return (
             f"{self.pool_kind} {self.layer_num}L page={self.page_size} {self.layout}/"
             f"{self.io_backend} alloc={self.alloc_policy}{cp}{draft}{runs}"

@@ -17,6 +17,12 @@ uses what is here:
 - ``side_pool_focus``: a mutant's ``refine_config`` that turns every drawn world into a
   side-pool world (the reference holds the side pool itself, ``controller/side_pool.py``).
 
+A Mamba side pool (``pool_group="mamba"``) is a state pool: a node holds one state slot there
+(upstream's ``PoolTransfer(MAMBA, device_indices=<one slot>)``), not one row per token, so its
+allocator and host pool count slots (a page of one slot, ``HarnessConfig.side_page_size``) and
+a node's rows there are ``HarnessConfig.side_rows`` of its tokens. ``make_state_pool`` builds
+its device pool and ``state_bytes_per_slot`` is the harness's own model of a slot's bytes.
+
 What a node holds in the side pool (its own device rows, its own host slots) is the tree's
 model (``Node.side_value``, ``Node.side_host``), never what the controller says of itself.
 """
@@ -26,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from hicache_ref.harness.world.config import SIDE_POOL_GROUPS, HarnessConfig
 
@@ -92,16 +100,55 @@ class MappedCounter:
         return getattr(self._counter, name)
 
 
+MAMBA_STATE_HEADS, MAMBA_STATE_DIM = 2, 6
+"""A state slot's row per layer and component: (heads, state dim), wider than a KV token's row
+(``world.MHA_HEADS`` x ``MHA_HEAD_DIM``), so a slot read as a token row cannot pass."""
+MAMBA_STATE_COMPONENTS = ("conv", "temporal")
+"""What the state pool's two components hold, in its component order (upstream's Mamba state
+is a conv state and a temporal (SSM) state per layer); the pool names them ``k`` and ``v``."""
+
+
+def make_state_pool(config: HarnessConfig, device: DeviceModule) -> KVCache:
+    """A Mamba state pool's device pool: ``side_device_pages`` slots (a page of one slot), two
+    components (conv, temporal) of ``MAMBA_STATE_HEADS x MAMBA_STATE_DIM`` per layer, one row per
+    slot. The host pool built over it has pages of one slot as well."""
+    from hicache_ref.harness.world.content import HARNESS_DTYPE
+    from hicache_ref.pools.device_pool import MHATokenToKVPool
+
+    assert config.has_state_pool
+    return MHATokenToKVPool(
+        config.side_device_pages,
+        config.side_page_size,
+        HARNESS_DTYPE,
+        MAMBA_STATE_HEADS,
+        MAMBA_STATE_DIM,
+        config.draft_layer_num,
+        device,
+    )
+
+
+def state_bytes_per_slot(config: HarnessConfig) -> int:
+    """The bytes one node's state slot holds over every layer and component, from the harness's
+    geometry (not from a pool's description of itself): what a backup moves to the host and a
+    load moves back, per node."""
+    from hicache_ref.harness.world.content import HARNESS_DTYPE
+
+    itemsize = torch.empty((), dtype=HARNESS_DTYPE).element_size()
+    per_layer = len(MAMBA_STATE_COMPONENTS) * MAMBA_STATE_HEADS * MAMBA_STATE_DIM * itemsize
+    return per_layer * config.draft_layer_num
+
+
 def build_side_allocator(
     config: HarnessConfig, side_device_pool: KVCache, device: DeviceModule
 ) -> PagedTokenToKVPoolAllocator:
-    """The side pool's own device allocator (pages ``1 .. side_device_pages``)."""
+    """The side pool's own device allocator (pages ``1 .. side_device_pages``, each
+    ``side_page_size`` rows: one slot in a state pool)."""
     from hicache_ref.harness.world.content import HARNESS_DTYPE
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
 
     return PagedTokenToKVPoolAllocator(
-        config.side_device_pages * config.page_size,
-        config.page_size,
+        config.side_device_pages * config.side_page_size,
+        config.side_page_size,
         HARNESS_DTYPE,
         device.device,
         side_device_pool,
@@ -116,7 +163,7 @@ def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
     set over it."""
 
     def focus(config: HarnessConfig) -> HarnessConfig:
-        update = {
+        update: dict[str, Any] = {
             "cp_size": 0,
             "storage_ranks": 0,
             "pool_group": SIDE_POOL_GROUPS[0],
@@ -125,5 +172,24 @@ def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
             "draft_host_pages": config.draft_host_pages or config.host_pages,
         }
         return HarnessConfig.model_validate({**config.model_dump(), **update, **fields})
+
+    return focus
+
+
+def state_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
+    """A mutant's ``refine_config``: the drawn world with a Mamba state pool (as
+    ``side_pool_focus``) and pages of at least two tokens, so a state counted per anchor page
+    or per token takes more than its one slot; ``fields`` set over it."""
+    side = side_pool_focus(pool_group="mamba", **fields)
+
+    def focus(config: HarnessConfig) -> HarnessConfig:
+        pages = {"page_size": max(2, config.page_size)}
+        without_storage = {
+            "storage_host_pressure": False,
+            "storage_swa_window": 0,
+            "storage_pp": False,
+        }
+        data = {**config.model_dump(), **pages, **without_storage, "storage_ranks": 0}
+        return side(HarnessConfig.model_validate(data))
 
     return focus

@@ -38,7 +38,7 @@ from hicache_ref.harness.adapters.base import (
 )
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.content import HARNESS_DTYPE
-from hicache_ref.harness.world.side_pools import build_side_allocator
+from hicache_ref.harness.world.side_pools import build_side_allocator, make_state_pool
 from hicache_ref.invariants.snapshot import RankSnapshot
 from hicache_ref.pools.triton_copy import is_triton_available
 
@@ -285,16 +285,20 @@ def build_world(
             draft_tokens = physical_size_tokens(config)
             if config.has_side_pools:  # rows of its own, from its own allocator
                 draft_tokens = config.side_device_pages * page
-            draft_device_pool = make_device_pool(
-                config, config.draft_layer_num, draft_tokens, device
-            )
+            if config.has_state_pool:  # one state slot per node, pages of one slot
+                draft_device_pool = make_state_pool(config, device)
+            else:
+                draft_device_pool = make_device_pool(
+                    config, config.draft_layer_num, draft_tokens, device
+                )
             if config.has_side_pools:
                 side_allocator = build_side_allocator(config, draft_device_pool, device)
             draft_pages = config.draft_host_pages if config.uses_cp or config.has_side_pools else 0
             draft_host_pool = make_host_pool(
                 draft_device_pool,
                 layout=config.layout,
-                size_tokens=(draft_pages or config.host_pages) * page,
+                # a state pool's host pages are single slots (the anchor's page elsewhere)
+                size_tokens=(draft_pages or config.host_pages) * config.side_page_size,
                 alloc_policy=config.draft_alloc_policy,
                 seed=config.seed + 2,
                 copy_path=config.copy_path,
