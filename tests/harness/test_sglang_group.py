@@ -58,8 +58,11 @@ def test_0523_declares_the_groupings_and_the_reference_only_side_pools(
     from hicache_ref.harness.adapters.reference import ReferenceImplementation
 
     assert GROUP_CAPABILITIES <= upstream_0523.capabilities
-    # the reference holds an independent side pool itself, never a HostPoolGroup
-    assert GROUP_CAPABILITIES & ReferenceImplementation.capabilities == {"pool_group:swa"}
+    # the reference holds its independent side pools (SWA, Mamba) itself, never a HostPoolGroup
+    assert GROUP_CAPABILITIES & ReferenceImplementation.capabilities == {
+        "pool_group:swa",
+        "pool_group:mamba",
+    }
 
 
 @pytest.mark.parametrize(

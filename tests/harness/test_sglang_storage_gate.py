@@ -227,8 +227,8 @@ def test_0_5_10_prefetch_threads_take_one_queue_item_per_step_and_the_tree_reduc
     assert all(len(log) == 2 for log in logs)
     record = storage.log.prefetches[0][rid]
     assert (record.published_hit_tokens, record.bounce_tokens) == (8, 8)
-    assert record.published_progress == [8] and record.landed_pages == [2]
-    assert record.released == [(0, 8, "inserted")] and record.final_acks == 1
+    assert record.published_progress == (8,) and record.landed_pages == (2,)
+    assert record.released == ((0, 8, "inserted"),) and record.final_acks == 1
     apply(session, "detach_storage")
     assert all(not tier.alive_threads() for tier in storage.l3.tiers)
     session.finish()

@@ -109,7 +109,7 @@ def _judge_sidecar(driver: DriverView, rank: int, log: PrefetchLog, op: Any) -> 
     progress = log.published_progress[-1] if log.published_progress else 0
     pages = _sidecar_pages(driver, rank, log, op, progress)
     if pages is not None:
-        log.sidecar_pages.append(pages)
+        log.sidecar_pages += (pages,)
 
 
 def _sidecar_pages(
@@ -175,7 +175,7 @@ def _judge_io_count(driver: DriverView, rank: int, rid: str, op: Any, tokens: in
         prefix = log.anchor_prefix + chain[: (i + 1) * page]
         want = driver.log.expected.get((rank, prefix))
         landed += want == page_digest(pool.get_data_page(int(host[i * page]), True))
-    log.io_counted.append((before, tokens, landed))
+    log.io_counted += ((before, tokens, landed),)
 
 
 def _give_back(
@@ -198,7 +198,7 @@ def _give_back(
         if log.bounce_tokens is None or index >= log.bounce_tokens:
             continue  # 0.5.10: a page allocated up front past the hit, the hit thread's to give
         seen.add(index // page)
-        log.events.append(BouncePageEvent(log.request_id, index // page, action, published, final))
+        log.events += (BouncePageEvent(log.request_id, index // page, action, published, final),)
 
 
 def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, Any]) -> None:
@@ -228,9 +228,9 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
         _reowned(driver, rank, log.owned_slots)
         _scribble_bounce(driver, rank, data["host_indices"])
     elif kind == "release" and log is not None and "end" in data:  # 0.5.10's tree releases
-        log.released.append((int(data["start"]), int(data["end"]), str(data["how"])))
+        log.released += ((int(data["start"]), int(data["end"]), str(data["how"])),)
     elif kind == "release" and log is not None and op.host_indices is not None:
-        log.released.append((int(data["start"]), int(op.host_indices.numel()), "tail"))
+        log.released += ((int(data["start"]), int(op.host_indices.numel()), "tail"),)
     elif kind == "published" and log is not None:
         _on_published(driver, rank, log, int(data["agreed"]))
     elif kind == "insert" and log is not None:
@@ -245,14 +245,14 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
     elif kind == "retire" and log is not None:
         log.retired = True
     elif kind == "verdict" and log is not None:
-        log.verdicts.append(
+        log.verdicts += (
             VerdictRecord(
                 log.request_id,
                 bool(data["complete"]),
                 log.published_hit_tokens is not None,
                 log.published_tokens,
                 log.published_hit_tokens if log.cut_tokens is None else log.cut_tokens,
-            )
+            ),
         )
     elif kind == "free":
         freed = [int(s) for s in data["slots"].tolist()]
@@ -317,8 +317,8 @@ def _on_ack(driver: DriverView, rank: int, data: dict[str, Any]) -> None:
     if log is None:
         return
     if ack.completed_tokens is not None and data["current"]:
-        log.published_progress.append(int(ack.completed_tokens))
-        log.landed_pages.append(_landed_pages(driver, rank, log, ack.operation))
+        log.published_progress += (int(ack.completed_tokens),)
+        log.landed_pages += (_landed_pages(driver, rank, log, ack.operation),)
         _judge_sidecar(driver, rank, log, ack.operation)
     if ack.completed_req:
         log.final_acks += 1
@@ -337,9 +337,9 @@ def _on_insert(
     op = log.operation
     host = getattr(op, "host_indices", None)
     if matched:
-        log.released.append((0, matched, "matched"))
+        log.released += ((0, matched, "matched"),)
     if end > matched:
-        log.released.append((matched, end, "inserted"))
+        log.released += ((matched, end, "inserted"),)
     if host is None:
         return
     final, page = log.final_acks > 0, driver.page
@@ -506,18 +506,18 @@ def observe_polled_step(
     # the IO is done with the operation: its progress is what this rank's tree reads (INV-19
     # checks it against the bytes that landed), and nothing of the operation is written again
     completed = int(op.completed_tokens)
-    log.published_progress.append(completed)
+    log.published_progress += (completed,)
     if completed == log.terminated_at and log.landed_at_termination is not None:
         # frozen at termination: those pages went to the tree then, and it may have freed and
         # reused them since; their bytes were judged when the progress froze
-        log.landed_pages.append(log.landed_at_termination)
+        log.landed_pages += (log.landed_at_termination,)
         if log.sidecar_at_termination is not None:
-            log.sidecar_pages.append(log.sidecar_at_termination)
+            log.sidecar_pages += (log.sidecar_at_termination,)
     else:
-        log.landed_pages.append(_landed_pages(driver, rank, log, op))
+        log.landed_pages += (_landed_pages(driver, rank, log, op),)
         _judge_sidecar(driver, rank, log, op)  # the draft releases' draft pages (INV-37)
     log.final_acks += 1
     for tensor in released:
         indices = sorted(log.owned_slots[s] for s in tensor.tolist() if s in log.owned_slots)
         if indices:
-            log.released.append((indices[0], indices[-1] + 1, "io"))
+            log.released += ((indices[0], indices[-1] + 1, "io"),)

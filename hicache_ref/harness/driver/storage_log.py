@@ -9,7 +9,8 @@ driver fills the logs from the tree's decisions, the recording backend and the h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from hicache_ref.invariants.storage_snapshot import (
     AckedPageRead,
@@ -37,10 +38,37 @@ from hicache_ref.invariants.storage_snapshot import (
 
 LOG_RECORDS_MAX = 100_000
 """Bound on the records of one case (TigerStyle); a case this long is refused loudly."""
+_UNSET = object()
+
+
+class KeptRecord:
+    """A log that keeps its last frozen record until a field the record copies is assigned a
+    different value.
+
+    Every field named in ``record_fields`` holds an immutable value (ints, strings, None,
+    tuples of frozen records), so assignment is the only way it changes: the record a
+    snapshot froze is the record a fresh freeze would build, and the next snapshot reuses it
+    (a storage check freezes every log of the case, most of them unchanged since the last
+    one). A field a log changes in place would go stale here; ``tests/harness/
+    test_storage_log_records.py`` pins the field types."""
+
+    record_fields: ClassVar[frozenset[str]] = frozenset()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in self.record_fields and self.__dict__.get(name, _UNSET) != value:
+            self.__dict__["_record"] = None  # the next freeze builds a new record
+        object.__setattr__(self, name, value)
+
+    def kept_record(self) -> object:
+        """The last record frozen, or None when a copied field changed since."""
+        return self.__dict__.get("_record")
+
+    def keep_record(self, record: object) -> None:
+        self.__dict__["_record"] = record
 
 
 @dataclass
-class PrefetchLog:
+class PrefetchLog(KeptRecord):
     request_id: str
     epoch: int
     tokens: int
@@ -51,9 +79,9 @@ class PrefetchLog:
     hash_pages: int | None = None
     cut_tokens: int | None = None  # the tree cut the hit to this for lack of host room
     bounce_tokens: int | None = None
-    published_progress: list[int] = field(default_factory=list)
-    landed_pages: list[int] = field(default_factory=list)
-    sidecar_pages: list[int] = field(default_factory=list)
+    published_progress: tuple[int, ...] = ()
+    landed_pages: tuple[int, ...] = ()
+    sidecar_pages: tuple[int, ...] = ()
     """In a sidecar world, per published progress value: leading pages whose draft page holds
     the oracle's bytes too (INV-37)."""
     terminated_at: int | None = None
@@ -62,16 +90,16 @@ class PrefetchLog:
     """Leading pages with the oracle's bytes when ``terminate_prefetch`` froze the progress:
     the tree owns ``[0:terminated_at)`` from then on and may free and reuse those pages before
     the IO's body ends, so they are judged then (INV-19)."""
-    io_counted: list[tuple[int, int, int]] = field(default_factory=list)
+    io_counted: tuple[tuple[int, int, int], ...] = ()
     """Under schedule points, each IO progress ack that counted more tokens than the last, as it
     became visible: ``(tokens before, tokens after, pages of that range with the oracle's
     bytes then)`` (INV-19; a count that runs ahead of a page write)."""
     completed_now: int | None = None
     final_acks: int = 0
     retired: bool = False
-    released: list[tuple[int, int, str]] = field(default_factory=list)
-    events: list[BouncePageEvent] = field(default_factory=list)
-    verdicts: list[VerdictRecord] = field(default_factory=list)
+    released: tuple[tuple[int, int, str], ...] = ()
+    events: tuple[BouncePageEvent, ...] = ()
+    verdicts: tuple[VerdictRecord, ...] = ()
     owned_slots: dict[int, int] = field(default_factory=dict)  # bounce slot -> token index
     operation: object = None  # the prefetch the tree started (to read its progress)
     local_restorable: tuple[int, ...] | None = None  # an SWA world's restorable prefixes
@@ -86,10 +114,22 @@ class PrefetchLog:
         return self.published_progress[-1] if self.published_progress else 0
 
     def freeze(self) -> PrefetchRecord:
+        """The record of this prefetch now; the last one when nothing it copies changed (its
+        two fields read from ``owned_slots``, a dict changed in place, are compared instead)."""
         settled = self.bounce_tokens is None or (
             self.retired and self.final_acks >= 1 and not self.owned_slots
         )
-        return PrefetchRecord(
+        unreturned = tuple(
+            sorted(i for i in self.owned_slots.values() if i < (self.bounce_tokens or 0))
+        )
+        kept = self.kept_record()
+        if (
+            isinstance(kept, PrefetchRecord)
+            and kept.settled == settled
+            and kept.unreturned == unreturned
+        ):
+            return kept
+        record = PrefetchRecord(
             request_id=self.request_id,
             epoch=self.epoch,
             tokens=self.tokens,
@@ -98,27 +138,27 @@ class PrefetchLog:
             hash_pages=self.hash_pages,
             cut_tokens=self.cut_tokens,
             bounce_tokens=self.bounce_tokens,
-            published_progress=tuple(self.published_progress),
-            landed_pages=tuple(self.landed_pages),
-            sidecar_pages=tuple(self.sidecar_pages),
+            published_progress=self.published_progress,
+            landed_pages=self.landed_pages,
+            sidecar_pages=self.sidecar_pages,
             terminated_at=self.terminated_at,
-            io_counted=tuple(self.io_counted),
+            io_counted=self.io_counted,
             completed_now=self.completed_now,
             final_acks=self.final_acks,
             settled=settled,
             retired=self.retired,
-            unreturned=tuple(
-                sorted(i for i in self.owned_slots.values() if i < (self.bounce_tokens or 0))
-            ),
-            released=tuple(self.released),
-            events=tuple(self.events),
-            verdicts=tuple(self.verdicts),
+            unreturned=unreturned,
+            released=self.released,
+            events=self.events,
+            verdicts=self.verdicts,
             local_restorable=self.local_restorable,
         )
+        self.keep_record(record)
+        return record
 
 
 @dataclass
-class BackupLog:
+class BackupLog(KeptRecord):
     op_id: int
     epoch: int
     chain_uid: int
@@ -129,7 +169,11 @@ class BackupLog:
     acked_tokens: int | None = None
 
     def freeze(self) -> BackupRecord:
-        return BackupRecord(
+        """The record of this backup now; the last one when no field changed since."""
+        kept = self.kept_record()
+        if isinstance(kept, BackupRecord):
+            return kept
+        record = BackupRecord(
             op_id=self.op_id,
             epoch=self.epoch,
             pages=self.pages,
@@ -138,6 +182,16 @@ class BackupLog:
             acked_tokens=self.acked_tokens,
             skipped=self.skipped,
         )
+        self.keep_record(record)
+        return record
+
+
+PrefetchLog.record_fields = frozenset(
+    f.name for f in fields(PrefetchRecord) if f.name not in ("settled", "unreturned")
+)
+"""What a prefetch's record copies from its log (``settled`` and ``unreturned`` are computed
+from ``owned_slots`` at every freeze)."""
+BackupLog.record_fields = frozenset(f.name for f in fields(BackupRecord))
 
 
 @dataclass

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hicache_ref.harness.world.config import SIDE_POOL_GROUPS, HarnessConfig
+from hicache_ref.harness.world.config import SIDE_POOL_GROUPS, STATE_POOL_GROUPS, HarnessConfig
 
 if TYPE_CHECKING:
     from hicache_ref.device.protocol import DeviceModule
@@ -163,10 +163,16 @@ def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
     set over it."""
 
     def focus(config: HarnessConfig) -> HarnessConfig:
+        group = fields.get("pool_group", SIDE_POOL_GROUPS[0])
         update: dict[str, Any] = {
             "cp_size": 0,
-            "storage_ranks": 0,
-            "pool_group": SIDE_POOL_GROUPS[0],
+            "storage_ranks": 0,  # and what only a storage world may set
+            "storage_host_pressure": False,
+            "storage_swa_window": 0,
+            "storage_pp": False,
+            "pool_group": group,
+            # a drawn Mamba world's copy-on-write loads stay only where the focus keeps Mamba
+            "state_cow": config.state_cow and group in STATE_POOL_GROUPS,
             "draft_layer_num": config.draft_layer_num or 2,
             "side_device_pages": config.side_device_pages or max(2, config.device_pages // 2),
             "draft_host_pages": config.draft_host_pages or config.host_pages,
