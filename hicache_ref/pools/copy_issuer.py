@@ -194,12 +194,7 @@ class CopyIssuer:
             if code != 0:
                 self.check()
                 raise CopyIssuerError(f"queuing a copy batch failed with CUDA error {code}")
-            self._enqueued += 1
-            self._pending.append((self._enqueued, keep))
-            if len(self._pending) > 8:
-                issued = self.library.hc_issued(self.handle)
-                while self._pending and self._pending[0][0] <= issued:
-                    self._pending.popleft()
+            self._keep_until_issued(keep)
 
     def issue_stepped(
         self,
@@ -229,13 +224,18 @@ class CopyIssuer:
             if error.value != 0:
                 self.check()
                 raise CopyIssuerError(f"queuing a copy batch failed with CUDA error {error.value}")
-            self._enqueued += 1
-            self._pending.append((self._enqueued, keep))
-            if len(self._pending) > 8:
-                issued = self.library.hc_issued(self.handle)
-                while self._pending and self._pending[0][0] <= issued:
-                    self._pending.popleft()
+            self._keep_until_issued(keep)
         return int(first)
+
+    def _keep_until_issued(self, keep: object) -> None:
+        """Hold ``keep`` (an entry's arrays) until the thread has issued that entry; drop the
+        ones it has (under ``_lock``)."""
+        self._enqueued += 1
+        self._pending.append((self._enqueued, keep))
+        if len(self._pending) > 8:
+            issued = self.library.hc_issued(self.handle)
+            while self._pending and self._pending[0][0] <= issued:
+                self._pending.popleft()
 
     def wait_done(self, caller_stream: int, value: int) -> None:
         """Order ``caller_stream`` after the batch whose *done* value is ``value``."""
