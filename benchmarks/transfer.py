@@ -11,7 +11,9 @@ layer, ``backup_from_device_all_layer``):
 - CPU microseconds to issue one layer's H2D and one all-layer D2H (``time.perf_counter`` around
   the call only, median) and the first call's cost (it validates and plans; later layers reuse
   the plan); ``batch-inline`` is ``batch`` with the copier's issuing thread off (the runtime's
-  call on the caller's thread, as before ``copy_issuer``);
+  call on the caller's thread, as before ``copy_issuer``); ``batch-layers`` and
+  ``auto-layers`` load as the controller does (``load_to_device_layers``: all layers in one
+  call, an event recorded after each; the issue column is then the call's CPU over its layers);
 - bidirectional: per-layer loads and per-layer backups on two streams at once, against both
   pinned directions at once (``--bidir-cases``);
 - the H2D beside a compute-bound bf16 matmul loop on a third stream: transfer GB/s and the
@@ -186,6 +188,10 @@ class Path_:
     """Triton: (rows per tile, warps)."""
     inline: bool = False
     """``batch``: issue on the caller's thread (the copier's issuing thread off)."""
+    layers: bool = False
+    """Load as the controller does: every layer in one ``load_to_device_layers`` call, an
+    event recorded after each layer (``batch``/``auto``: one stepped entry of the issuing
+    thread); otherwise one ``load_to_device_per_layer`` per layer, no event."""
 
     @property
     def label(self) -> str:
@@ -220,6 +226,10 @@ def inline_issue() -> Iterator[None]:
         copier.threaded = saved
 
 
+LAYER_EVENTS: dict[int, list[torch.cuda.Event]] = {}
+"""The per-layer events of ``Path_.layers`` loads, by layer count (made once)."""
+
+
 def issue_loads(
     world: World,
     path: Path_,
@@ -238,6 +248,20 @@ def issue_loads(
         host, device = host.clone(), device.clone()
     with path.context():
         op_start = time.perf_counter()
+        if path.layers:
+            events = LAYER_EVENTS.setdefault(device_pool.layer_num, [])
+            while len(events) < device_pool.layer_num:
+                events.append(new_event(timing=False))
+            host_pool.load_to_device_layers(
+                device_pool, host, device, range(device_pool.layer_num), backend,
+                lambda layer: events[layer].record(),
+            )  # fmt: skip
+            elapsed = (time.perf_counter() - op_start) * 1e6 / device_pool.layer_num
+            if issue_us is not None:
+                issue_us.append(elapsed)
+            if op_us is not None:
+                op_us.append(elapsed)
+            return
         for layer in range(device_pool.layer_num):
             start = time.perf_counter()
             host_pool.load_to_device_per_layer(device_pool, host, device, layer, backend)
@@ -435,6 +459,9 @@ def run(args: argparse.Namespace) -> int:
             say("triton is not installed: skipping the triton paths")
     if "auto" in args.paths:
         paths.append(Path_("auto", "auto"))  # the default: its row names the path it chose
+    for name in ("batch", "auto"):
+        if f"{name}-layers" in args.paths:
+            paths.append(Path_(f"{name} layers", name, layers=True))
     copier_line = ""
     if any(p.copy_path == "batch" for p in paths):
         from hicache_ref.pools.copy_engine import load_cuda_batch_copier
@@ -585,10 +612,11 @@ def resolved_path(world: World, path: Path_) -> str:
 
 
 def row_label(world: World, path: Path_) -> str:
-    """The path's label; ``auto`` also names the path it resolved to, e.g. ``auto (batch)``."""
+    """The path's label; ``auto`` also names the path it resolved to, e.g. ``auto (batch)``
+    or ``auto layers (batch)``."""
     if path.copy_path != "auto":
         return path.label
-    return f"auto ({world.host_pool.describe_auto_copy_path(world.device_pool)})"
+    return f"{path.name} ({world.host_pool.describe_auto_copy_path(world.device_pool)})"
 
 
 def measure_path(
@@ -772,7 +800,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--paths", default="runs,batch,triton,auto",
                         help="copy paths to time; auto is the default path, its row names "
                         "what it chose; batch-inline is batch issued on the caller's thread "
-                        "(no issuing thread)")  # fmt: skip
+                        "(no issuing thread); batch-layers and auto-layers load all layers "
+                        "in one call as the controller does")  # fmt: skip
     parser.add_argument("--runs-page-sizes", default="64",
                         help="page sizes that time the slow reference path 'runs' (page 16 adds "
                         "~4 min to a full run)")  # fmt: skip

@@ -471,6 +471,35 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
     ) -> None:
         """On the load stream: H2D layer by layer, one event per layer, then the finish event."""
         draft_layers = self.draft_layer_num
+        no_draft = draft_host is None or draft_device is None or not len(draft_host)
+        if no_draft and self.layer_num > 0:
+            # no draft copies: the same events in the same stream order as the loop below, and
+            # the host pool may hand the target layers to the copy engine in one go
+            if draft_layers > 0:
+                producer_event.complete_draft(0)
+
+            def after_layer(i: int) -> None:
+                producer_event.complete(i)
+                if i + 1 < draft_layers:
+                    producer_event.complete_draft(i + 1)
+
+            if host_indices is not None and device_indices is not None and len(host_indices):
+                self.mem_pool_host.load_to_device_layers(
+                    self.mem_pool_device,
+                    host_indices,
+                    device_indices,
+                    range(self.layer_num),
+                    self.io_backend,
+                    after_layer,
+                )
+            else:
+                for i in range(self.layer_num):
+                    after_layer(i)
+            for i in range(self.layer_num + 1, draft_layers):
+                producer_event.complete_draft(i)
+            # The ack finishes only after the last target AND draft layer landed (INV-04)
+            producer_event.finish_event.record()
+            return
         for i in range(max(self.layer_num, draft_layers)):
             if i < draft_layers:
                 if draft_host is not None and draft_device is not None and len(draft_host):

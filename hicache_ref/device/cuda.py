@@ -45,6 +45,10 @@ class CudaDevice:
     """``DeviceModule`` over ``torch.cuda`` for one GPU."""
 
     name = "cuda"
+    launches_directly = True
+    """``launch`` runs its work at once with nothing queued around it, so one launch of several
+    layers is their launches back to back (``HostKVCache.load_to_device_layers`` relies on it;
+    the simulator queues a launch, a perturbed device spins before each)."""
 
     def __init__(self, device_index: int = 0) -> None:
         if not cuda_available():

@@ -33,6 +33,7 @@ import functools
 import glob
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,13 +265,7 @@ class CudaBatchCopier:
             if issuer is None:
                 issuer = self._new_issuer(torch.cuda.current_stream(device), device)
             if issuer is not None:
-                key = (rows.d2h, rows.device_index)
-                attrs = self._attr_addresses.get(key)
-                if attrs is None:
-                    attrs = ctypes.addressof(
-                        self.attributes(d2h=rows.d2h, device_index=rows.device_index)
-                    )
-                    self._attr_addresses[key] = attrs
+                attrs = self._attr_address(rows)
                 offset = start * rows.row_bytes
                 issuer.issue(
                     handle, rows.dsts_ptr + offset, rows.srcs_ptr + offset, rows.sizes_ptr,
@@ -282,6 +277,64 @@ class CudaBatchCopier:
             self.issue_on_stream(
                 rows.dsts[row], rows.srcs[row], rows.sizes, d2h=rows.d2h, device=device
             )
+
+    def issue_rows_stepped(
+        self,
+        rows: RowBatches,
+        device: torch.device,
+        after_row: Callable[[int], None],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> None:
+        """``issue_rows(rows, device, row, row + 1)`` then ``after_row(row)`` for each row of
+        ``start .. stop - 1`` in order, on torch's current stream: the same stream order. Through
+        the issuing thread, the rows go to it as one stepped entry (``issue_stepped``): the copy
+        engine runs them back to back, and the current stream waits for row ``k``'s *done*
+        before ``after_row(k)``, instead of one ready/done round trip through the current stream
+        per row. The last wait is queued even when ``after_row`` raises."""
+        if stop is None:
+            stop = rows.rows_num
+        # Verify a non-empty range of the table's rows (the thread reads memory past the end)
+        assert 0 <= start < stop <= rows.rows_num, (start, stop, rows.rows_num)
+        issuer = None
+        handle = 0
+        if self.threaded and not torch._C._cuda_isCurrentStreamCapturing():
+            handle = torch._C._cuda_getCurrentRawStream(rows.device_index)
+            issuer = self._issuers.get(handle)
+            if issuer is None:
+                issuer = self._new_issuer(torch.cuda.current_stream(device), device)
+        if issuer is None:  # inline, or under capture (issue_rows says why, once per row)
+            for row in range(start, stop):
+                self.issue_rows(rows, device, row, row + 1)
+                after_row(row)
+            return
+        first = issuer.issue_stepped(
+            handle, rows.dsts_ptr + start * rows.row_bytes, rows.srcs_ptr + start * rows.row_bytes,
+            rows.sizes_ptr, rows.count_num, self._attr_address(rows), keep=rows,
+            repeat=stop - start, stride=rows.row_bytes,
+        )  # fmt: skip
+        self.threaded_batches += stop - start
+        waited = -1
+        try:
+            for k, row in enumerate(range(start, stop)):
+                issuer.wait_done(handle, first + k)
+                waited = k
+                after_row(row)
+        finally:
+            if waited < stop - start - 1:
+                issuer.wait_done(handle, first + stop - start - 1)
+
+    def _attr_address(self, rows: RowBatches) -> int:
+        """The address of the one attribute of ``rows``' batches (kept per direction and
+        device)."""
+        key = (rows.d2h, rows.device_index)
+        address = self._attr_addresses.get(key)
+        if address is None:
+            address = ctypes.addressof(
+                self.attributes(d2h=rows.d2h, device_index=rows.device_index)
+            )
+            self._attr_addresses[key] = address
+        return address
 
     def _new_issuer(self, stream: torch.cuda.Stream, device: torch.device) -> CopyIssuer | None:
         """The issuing thread for ``stream`` (``None``, and ``threaded`` off, where it cannot

@@ -8,7 +8,9 @@
  *   side stream:            wait(ready >= seq) | batch of copies  | write(done, seq)
  *
  * so S's later work runs after the copies, and the copies after S's earlier work: the same
- * order as a batch issued on S itself. The thread holds no Python lock, so a caller blocked
+ * order as a batch issued on S itself. A stepped entry (hc_issue_stepped) of n batches gives S
+ * the ready write alone and writes done after each batch; S then waits batch by batch
+ * (hc_wait), so the batches follow each other on the side stream with no round trip through S. The thread holds no Python lock, so a caller blocked
  * on the GPU while holding Python's GIL cannot stall it.
  *
  * Function pointers (the runtime's batch call, the driver's cuStreamWaitValue64_v2,
@@ -42,6 +44,7 @@ typedef struct {
     uint64_t seq;
     size_t repeat; /* batches: the arrays of batch k start k * stride bytes further */
     size_t stride;
+    int stepped; /* 1: batch k writes done = seq + k (hc_issue_stepped); 0: done = seq once */
 } hc_item;
 
 typedef struct {
@@ -82,6 +85,7 @@ static void *run(void *arg) {
         value_fn wait = (value_fn)q->wait, write = (value_fn)q->write;
         int code = wait(q->side, q->ready, item.seq, 0 /* GEQ */);
         int stage = 1;
+        int written = 0;
         for (size_t k = 0; code == 0 && k < item.repeat; k++) {
             const char *d = (const char *)item.dsts + k * item.stride;
             const char *s = (const char *)item.srcs + k * item.stride;
@@ -94,8 +98,16 @@ static void *run(void *arg) {
                 code = ((batch12_fn)q->batch)(d, s, item.sizes, item.count, item.attrs,
                                               &q->attr_index, 1, &fail, q->side);
             }
+            if (code == 0 && item.stepped && k + 1 < item.repeat) {
+                /* batch k landed before this write runs: the caller may go on past seq + k */
+                written = write(q->side, q->done, item.seq + k, 0);
+                if (written != 0) break;
+            }
         }
-        int written = write(q->side, q->done, item.seq, 0);
+        /* the last value, even after a failure: the caller's stream never waits forever */
+        uint64_t last = item.stepped ? item.seq + item.repeat - 1 : item.seq;
+        int final = write(q->side, q->done, last, 0);
+        if (written == 0) written = final;
 
         pthread_mutex_lock(&q->lock);
         remember(q, code, stage);
@@ -140,9 +152,10 @@ hc_issuer *hc_create(void *batch, int runtime13, void *wait, void *write, void *
 /* Enqueue `repeat` batches of `count` copies (batch k's destination and source arrays start
  * k * stride bytes further; one sizes array for all); the arrays must stay valid until the thread has issued it (Python keeps
  * them alive with the plan). Returns 0, or the first remembered error (nothing enqueued). */
-int hc_issue(hc_issuer *q, void *caller_stream, const void *dsts, const void *srcs,
-             const void *sizes, size_t count, void *attrs, size_t repeat, size_t stride) {
-    pthread_mutex_lock(&q->lock); /* held throughout: one caller's two stream ops, in order */
+static int enqueue(hc_issuer *q, void *caller_stream, const void *dsts, const void *srcs,
+                   const void *sizes, size_t count, void *attrs, size_t repeat, size_t stride,
+                   int stepped, uint64_t *first) {
+    pthread_mutex_lock(&q->lock); /* held throughout: one caller's stream ops, in order */
     int error = q->error;
     if (error != 0) {
         pthread_mutex_unlock(&q->lock);
@@ -151,7 +164,10 @@ int hc_issue(hc_issuer *q, void *caller_stream, const void *dsts, const void *sr
     while (q->used == q->capacity) pthread_cond_wait(&q->changed, &q->lock);
     uint64_t seq = q->seq + 1;
     int code;
-    if (q->memops != NULL) {
+    if (stepped) {
+        /* the caller waits batch by batch itself (hc_wait): only the ready write here */
+        code = ((value_fn)q->write)(caller_stream, q->ready, seq, 0);
+    } else if (q->memops != NULL) {
         uint64_t ops[2 * HC_MEMOP_WORDS] = {0};
         ops[0] = HC_WRITE_VALUE_64;
         ops[1] = q->ready;
@@ -171,7 +187,8 @@ int hc_issue(hc_issuer *q, void *caller_stream, const void *dsts, const void *sr
         pthread_mutex_unlock(&q->lock);
         return code;
     }
-    q->seq = seq;
+    q->seq = stepped ? seq + repeat - 1 : seq;
+    *first = seq;
     hc_item *slot = &q->ring[(q->head + q->used) % q->capacity];
     slot->dsts = dsts;
     slot->srcs = srcs;
@@ -181,10 +198,43 @@ int hc_issue(hc_issuer *q, void *caller_stream, const void *dsts, const void *sr
     slot->seq = seq;
     slot->repeat = repeat;
     slot->stride = stride;
+    slot->stepped = stepped;
     q->used += 1;
     pthread_cond_broadcast(&q->changed);
     pthread_mutex_unlock(&q->lock);
     return 0;
+}
+
+int hc_issue(hc_issuer *q, void *caller_stream, const void *dsts, const void *srcs,
+             const void *sizes, size_t count, void *attrs, size_t repeat, size_t stride) {
+    uint64_t first = 0;
+    return enqueue(q, caller_stream, dsts, srcs, sizes, count, attrs, repeat, stride, 0, &first);
+}
+
+/* Enqueue `repeat` batches as hc_issue does, but stepped: the caller's stream gets only the
+ * ready write, and batch k writes done = first + k as soon as it is issued behind the previous
+ * one, so the side stream runs the batches back to back (no round trip through the caller's
+ * stream between two of them). The caller then orders its stream after batch k with
+ * hc_wait(first + k), in k order, and must wait for the last one before any work that may
+ * depend on the copies. Returns first (> 0), or 0 with the error in *error. */
+uint64_t hc_issue_stepped(hc_issuer *q, void *caller_stream, const void *dsts, const void *srcs,
+                          const void *sizes, size_t count, void *attrs, size_t repeat,
+                          size_t stride, int *error) {
+    uint64_t first = 0;
+    *error = enqueue(q, caller_stream, dsts, srcs, sizes, count, attrs, repeat, stride, 1,
+                     &first);
+    return *error == 0 ? first : 0;
+}
+
+/* Order the caller's stream after the batch whose done value is `value` (hc_issue_stepped). */
+int hc_wait(hc_issuer *q, void *caller_stream, uint64_t value) {
+    int code = ((value_fn)q->wait)(caller_stream, q->done, value, 0 /* GEQ */);
+    if (code != 0) {
+        pthread_mutex_lock(&q->lock);
+        remember(q, code, 4);
+        pthread_mutex_unlock(&q->lock);
+    }
+    return code;
 }
 
 /* Block until every enqueued batch has been issued (not completed on the GPU). */

@@ -12,6 +12,13 @@ stream wait for *ready*, issues the batch there and writes *done*. ``S``'s later
 runs after the copies and the copies after ``S``'s earlier work: the stream order of a batch
 issued on ``S``, with no SM used (stream memory operations run in the GPU's front end).
 
+A *stepped* entry (``issue_stepped``) carries several batches (a load's layers): the caller's
+stream gets the *ready* write alone, the thread issues the batches back to back and writes
+*done* after each, and the caller orders its stream after batch ``k`` with ``wait_done`` (then
+records that layer's event). Per batch, the plain entry's round trip (batch ``k`` waits for
+``S`` to pass batch ``k - 1``'s *done* and write *ready*: two stream memory operations seen by
+two streams) is gone from between the copies.
+
 What the caller must keep: the descriptor arrays alive until the thread has issued them
 (``CopyIssuer`` holds a reference per pending batch and drops it once ``hc_issued`` passes it).
 A failed call in the thread still writes *done* (``S`` never waits forever) and is raised as
@@ -65,6 +72,11 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.hc_issue.restype = ctypes.c_int
     library.hc_issue.argtypes = [void_p, void_p, void_p, void_p, void_p, size_t, void_p, size_t,
                                  size_t]  # fmt: skip
+    library.hc_issue_stepped.restype = u64
+    library.hc_issue_stepped.argtypes = [void_p, void_p, void_p, void_p, void_p, size_t, void_p,
+                                         size_t, size_t, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+    library.hc_wait.restype = ctypes.c_int
+    library.hc_wait.argtypes = [void_p, void_p, u64]
     library.hc_drain.restype = None
     library.hc_drain.argtypes = [void_p]
     library.hc_error.restype = ctypes.c_int
@@ -182,12 +194,57 @@ class CopyIssuer:
             if code != 0:
                 self.check()
                 raise CopyIssuerError(f"queuing a copy batch failed with CUDA error {code}")
-            self._enqueued += 1
-            self._pending.append((self._enqueued, keep))
-            if len(self._pending) > 8:
-                issued = self.library.hc_issued(self.handle)
-                while self._pending and self._pending[0][0] <= issued:
-                    self._pending.popleft()
+            self._keep_until_issued(keep)
+
+    def issue_stepped(
+        self,
+        caller_stream: int,
+        dsts: int,
+        srcs: int,
+        sizes: int,
+        count: int,
+        attrs: int,
+        *,
+        keep: object,
+        repeat: int,
+        stride: int,
+    ) -> int:
+        """Queue ``repeat`` batches that the side stream runs back to back, batch ``k`` writing
+        *done* = ``first + k``; returns ``first``. ``caller_stream`` gets only the *ready*
+        write: the caller orders it after batch ``k`` with ``wait_done(caller_stream, first +
+        k)``, in ``k`` order, and must wait for the last batch before any work that may depend
+        on the copies (``CudaBatchCopier.issue_rows_stepped`` does both)."""
+        assert repeat >= 1
+        error = ctypes.c_int(0)
+        with self._lock:
+            first = self.library.hc_issue_stepped(
+                self.handle, caller_stream, dsts, srcs, sizes, count, attrs, repeat, stride,
+                ctypes.byref(error),
+            )  # fmt: skip
+            if error.value != 0:
+                self.check()
+                raise CopyIssuerError(f"queuing a copy batch failed with CUDA error {error.value}")
+            self._keep_until_issued(keep)
+        return int(first)
+
+    def _keep_until_issued(self, keep: object) -> None:
+        """Hold ``keep`` (an entry's arrays) until the thread has issued that entry; drop the
+        ones it has (under ``_lock``)."""
+        self._enqueued += 1
+        self._pending.append((self._enqueued, keep))
+        if len(self._pending) > 8:
+            issued = self.library.hc_issued(self.handle)
+            while self._pending and self._pending[0][0] <= issued:
+                self._pending.popleft()
+
+    def wait_done(self, caller_stream: int, value: int) -> None:
+        """Order ``caller_stream`` after the batch whose *done* value is ``value``."""
+        code = self.library.hc_wait(self.handle, caller_stream, value)
+        if code != 0:
+            self.check()
+            raise CopyIssuerError(
+                f"queuing a wait for copy batch {value} failed with CUDA error {code}"
+            )
 
     def check(self) -> None:
         """Raise the first failure the thread (or a caller's stream operation) met, if any."""

@@ -59,6 +59,9 @@ from hicache_ref.pools.triton_copy import (
 
 FastCopyPath = Literal["batch", "triton"]
 
+Stepped = Callable[[Sequence[int], Callable[[int], None]], None]
+"""Stream work of consecutive layers with a callback after each (``BatchLayers.stepped``)."""
+
 PLAN_CACHE = PlanCache()
 """Plans of the last few index-tensor pairs (see ``PlanCache``)."""
 
@@ -128,6 +131,22 @@ class BatchLayers:
 
         return run
 
+    def stepped(self) -> Stepped | None:
+        """Consecutive layers through the issuing thread as one stepped entry
+        (``CudaBatchCopier.issue_rows_stepped``), or ``None`` without a CUDA copier."""
+        copier, rows, device = self.copier, self.rows, self.device
+        if copier is None or rows is None:
+            return None
+
+        def run(layer_ids: Sequence[int], after_layer: Callable[[int], None]) -> None:
+            spans = _consecutive(layer_ids)
+            # Verify one ascending run of rows: a stepped entry is a range of the table
+            assert len(spans) == 1 and list(layer_ids) == sorted(layer_ids), layer_ids
+            start, stop = spans[0]
+            copier.issue_rows_stepped(rows, device, after_layer, start, stop)
+
+        return run
+
 
 @dataclass(frozen=True)
 class FastLaunch:
@@ -136,6 +155,9 @@ class FastLaunch:
     plan: FastPlan
     closure: Callable[[Sequence[int]], Callable[[], None]]
     """The stream work of the given layers (no check repeated)."""
+    stepped: Stepped | None = None
+    """``batch`` on CUDA: the given consecutive layers in order, ``after_layer(layer)`` on the
+    current stream after each one's copies, the copy engine running them back to back."""
 
 
 def _plan_key(
@@ -512,7 +534,7 @@ def prepare_fast_transfer(
         batch = _batch_layers(
             direction=direction, plan=plan, host_buffers=host_buffers, device_pool=device_pool
         )
-        return FastLaunch(plan, batch.closure)
+        return FastLaunch(plan, batch.closure, batch.stepped())
     closure = functools.partial(
         _triton_layers,
         direction=direction,

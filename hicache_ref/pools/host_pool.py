@@ -24,9 +24,11 @@ Primitives in data-flow order: ``alloc`` -> ``backup_from_device_all_layer`` /
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -449,6 +451,60 @@ class HostKVCache:
                 pair, device_pool, host_indices, device_indices, layer_id, "h2d", io_backend
             )
         self.device_module.launch(launch.fn, label=launch.label, kind="copy", meta=launch.meta)
+
+    def load_to_device_layers(
+        self,
+        device_pool: KVCache,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_ids: Sequence[int],
+        io_backend: str,
+        after_layer: Callable[[int], None],
+    ) -> None:
+        """``load_to_device_per_layer(layer)`` then ``after_layer(layer)`` (e.g. record the
+        layer's event) for each of ``layer_ids`` in order, on the current stream.
+
+        Where the device runs a launch at once (``launches_directly``: a GPU, not the
+        simulator nor a perturbed device, whose spins go between launches) and the pair's copy
+        path is ``batch``, the layers go to the copy engine's issuing thread as one stepped
+        entry: it issues them back to back, and the current stream waits for each layer before
+        its ``after_layer``, instead of one round trip through the current stream per layer
+        (``CudaBatchCopier.issue_rows_stepped``). The checks are the per-layer path's: the pair
+        is checked and planned with the first layer, every layer is checked (INV-06)."""
+        ids = [operator.index(layer) for layer in layer_ids]
+        if not ids:
+            return
+        layers = [check_transfer_layer(device_pool, layer) for layer in ids]
+        if (
+            getattr(self.device_module, "launches_directly", False)
+            and layers == ids  # local ids: a stepped entry's rows are the pool's layers
+            and ids == list(range(ids[0], ids[0] + len(ids)))
+        ):
+            pair = self.layer_launches.current(
+                device_pool, host_indices, device_indices, "h2d", io_backend
+            )
+            if pair is None:
+                self._layer_launch(
+                    None, device_pool, host_indices, device_indices, layers[0], "h2d", io_backend
+                )
+                pair = self.layer_launches.current(
+                    device_pool, host_indices, device_indices, "h2d", io_backend
+                )
+            stepped = None if pair is None else pair.prepared.stepped
+            if pair is not None and stepped is not None:
+                run = tuple(ids)
+                self.device_module.launch(
+                    functools.partial(stepped, run, after_layer),
+                    label=f"h2d layers {run[0]}-{run[-1]}",
+                    kind="copy",
+                    meta=pair.prepared.meta(run),
+                )
+                return
+        for layer in ids:
+            self.load_to_device_per_layer(
+                device_pool, host_indices, device_indices, layer, io_backend
+            )
+            after_layer(layer)
 
     # ------------------------------------------------------------------ storage pages
     def _check_page_start(self, index: int | torch.Tensor) -> int:

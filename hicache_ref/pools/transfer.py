@@ -85,7 +85,7 @@ from hicache_ref.pools.copy_choice import (
     compute_page_copy_bytes,
 )
 from hicache_ref.pools.device_pool import KVCache
-from hicache_ref.pools.fast_transfer import PLAN_CACHE, prepare_fast_transfer
+from hicache_ref.pools.fast_transfer import PLAN_CACHE, Stepped, prepare_fast_transfer
 from hicache_ref.pools.host_layout import (
     PAGE_LOCAL_LAYOUTS,
     HostLayout,
@@ -324,6 +324,10 @@ class PreparedTransfer:
     device: torch.Tensor
     """The validated device indices (CPU int64)."""
     closure: Callable[[Sequence[int]], Callable[[], None]]
+    stepped: Stepped | None = None
+    """``batch`` on CUDA only: ``stepped(layer_ids, after_layer)`` is ``closure([layer])``
+    then ``after_layer(layer)`` for each of the consecutive ``layer_ids``, with the copy
+    engine running the layers back to back (``fast_transfer.BatchLayers.stepped``)."""
 
     def meta(self, layer_ids: tuple[int, ...]) -> dict[str, object]:
         """The launch's ``meta`` (``DeviceModule.launch``) for ``layer_ids``."""
@@ -389,7 +393,13 @@ def prepare_transfer(
             triton=triton,
         )
         return PreparedTransfer(
-            direction, io_backend, components, fast.plan.host, fast.plan.device, fast.closure
+            direction,
+            io_backend,
+            components,
+            fast.plan.host,
+            fast.plan.device,
+            fast.closure,
+            fast.stepped,
         )
     host, device = check_transfer_indices(
         host_indices,

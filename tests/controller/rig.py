@@ -120,8 +120,10 @@ def build_rig(
     cp_layout: CpSharedKVLayout | None = None,
     controller_class: type[HiCacheController] = HiCacheController,
     hybrid: bool = False,
+    copy_path: str = "auto",
 ) -> Rig:
-    """One rank's pools and controller; under CP the device pool is physical.
+    """One rank's pools and controller; under CP the device pool is physical; ``copy_path``:
+    the host pools' (``make_host_pool``).
 
     ``hybrid=True`` wraps the device pool as the ``full_kv_pool`` of a ``HybridLinearKVPool``
     (``hybrid_layer_ids``: a linear-attention layer before each full one) and gives the hybrid
@@ -154,6 +156,7 @@ def build_rig(
         size_tokens=host_pages * page_size,
         alloc_policy=host_alloc_policy,
         seed=seed + 1,
+        copy_path=copy_path,
     )
     draft_device_pool = draft_host_pool = None
     if draft_layer_num is not None:
@@ -171,6 +174,7 @@ def build_rig(
             size_tokens=pages * page_size,
             alloc_policy=host_alloc_policy,
             seed=seed + 2,
+            copy_path=copy_path,
         )
     at_construction = attach == "constructor"
     controller = controller_class(

@@ -185,6 +185,34 @@ def test_write_then_load_round_trips_on_the_gpu(
 
 @pytest.mark.cuda
 @requires_cuda
+@pytest.mark.parametrize("kind", POOL_KINDS)
+def test_a_load_without_draft_copies_goes_to_the_copy_engine_in_one_go_on_the_gpu(
+    cuda: DeviceModule, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no draft pool: the controller hands every target layer to the host pool at once, which
+    # on a GPU and the batch path is one stepped entry of the issuing thread; the round trip's
+    # bytes and acks are the per-layer loop's
+    from hicache_ref.pools.copy_engine import CudaBatchCopier, load_cuda_batch_copier
+
+    if not load_cuda_batch_copier().threaded:
+        pytest.fail(f"no issuing thread here: {load_cuda_batch_copier().threaded_missing}")
+    stepped: list[tuple[int, int | None]] = []
+    original = CudaBatchCopier.issue_rows_stepped
+
+    def counted(self, rows, device, after_row, start=0, stop=None):  # type: ignore[no-untyped-def]
+        stepped.append((start, stop))
+        original(self, rows, device, after_row, start, stop)
+
+    monkeypatch.setattr(CudaBatchCopier, "issue_rows_stepped", counted)
+    rig = build_rig(
+        cuda, kind=kind, page_size=4, controller_class=HeldWriteController, copy_path="batch"
+    )  # at page size 4 `auto` takes the kernel
+    assert_write_evict_load_round_trip(rig, merged=True)
+    assert stepped and all(span == (0, TARGET_LAYERS) for span in stepped)
+
+
+@pytest.mark.cuda
+@requires_cuda
 @pytest.mark.parametrize("path", CP_WRITE_PATHS)
 @pytest.mark.parametrize("cp_size", [1, 4])
 @pytest.mark.parametrize(("io_backend", "layout"), CP_PAIRS)

@@ -110,3 +110,44 @@ def test_the_stand_ins_are_plain_c_functions() -> None:
     write = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
                              ctypes.c_uint)(stand_ins.write)  # fmt: skip
     assert write(None, ctypes.addressof(word), 42, 0) == 0 and word[0] == 42
+
+
+def test_a_stepped_entry_releases_each_batch_as_soon_as_it_is_issued() -> None:
+    # Each batch copies the done word itself into its own slot of the target: what done held
+    # when the thread issued that batch. Stepped, batch k sees batch k-1's value; the caller
+    # then waits batch by batch, and a later plain issue goes on from the last value.
+    issuer, flags = cpu_issuer()
+    done_address = flags.data_ptr() + 8
+    target = torch.full((4,), -1, dtype=torch.int64)
+    dsts = torch.tensor([[target.data_ptr() + 8 * k] for k in range(4)])
+    srcs = torch.tensor([[done_address] for _ in range(4)])
+    sizes = torch.full((1,), 8, dtype=torch.int64)
+    rows = RowBatches(dsts, srcs, sizes, d2h=False, device_index=0)
+    first = issuer.issue_stepped(
+        CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, 1, 0,
+        keep=rows, repeat=4, stride=8,
+    )  # fmt: skip
+    for k in range(4):
+        issuer.wait_done(CALLER_STREAM, first + k)
+    issuer.drain()
+    assert first == 1
+    assert target.tolist() == [0, 1, 2, 3]  # batch k issued once done reached first + k - 1
+    assert flags.tolist() == [1, 4]  # one ready write; done reached the last batch
+    issuer.issue(CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, 1, 0, keep=rows)
+    issuer.drain()
+    assert flags.tolist() == [5, 5]
+    issuer.close()
+
+
+def test_a_plain_entry_of_several_batches_writes_done_once_after_the_last() -> None:
+    issuer, flags = cpu_issuer()
+    target = torch.full((3,), -1, dtype=torch.int64)
+    dsts = torch.tensor([[target.data_ptr() + 8 * k] for k in range(3)])
+    srcs = torch.tensor([[flags.data_ptr() + 8] for _ in range(3)])
+    rows = RowBatches(dsts, srcs, torch.full((1,), 8, dtype=torch.int64), d2h=False,
+                      device_index=0)  # fmt: skip
+    issuer.issue(CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, 1, 0,
+                 keep=rows, repeat=3, stride=8)  # fmt: skip
+    issuer.drain()
+    assert target.tolist() == [0, 0, 0] and flags.tolist() == [1, 1]
+    issuer.close()

@@ -362,6 +362,51 @@ def test_batch_copies_run_between_the_work_before_and_after_them_on_their_stream
         copier.threaded = saved
 
 
+@pytest.mark.parametrize("threaded", [True, False], ids=["issuing-thread", "inline"])
+def test_layers_loaded_in_one_go_keep_each_layer_event_after_its_copies(
+    cuda: CudaDevice, threaded: bool
+) -> None:
+    # a long spin, then every layer in one call with an event recorded after each layer and a
+    # read of that layer right behind it, all on one stream: each read sees its layer loaded;
+    # an event of a later layer is not complete while the spin holds the stream
+    copier = load_cuda_batch_copier()
+    if threaded and not copier.threaded:
+        pytest.fail(f"the issuing thread is unavailable here: {copier.threaded_missing}")
+    saved = copier.threaded
+    copier.threaded = threaded
+    try:
+        device_pool, host_pool = gpu_pools(cuda, "mha", "layer_first", 4, "batch")
+        host, _, load_locs = index_pairs("direct", "layer_first", 4)
+        load_cuda = load_locs.cuda()
+        for layer in range(device_pool.layer_num):
+            for name in device_pool.component_names():
+                host_pool.write_rows(name, layer, host, torch.tensor(layer + 7.0))
+                device_pool.component_buffer(name, layer)[load_cuda] = -1.0
+        stream = cuda.Stream()
+        events = [torch.cuda.Event() for _ in range(device_pool.layer_num)]
+        seen: list[torch.Tensor] = []
+
+        def after_layer(layer: int) -> None:
+            events[layer].record()
+            seen.append(device_pool.component_buffer("v", layer)[load_cuda].clone())
+
+        with cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
+            host_pool.load_to_device_layers(
+                device_pool, host, load_locs, range(device_pool.layer_num), "direct", after_layer
+            )
+            done = device_pool.component_buffer("k", device_pool.layer_num - 1)[load_cuda].clone()
+        assert not events[-1].query()  # behind the spin
+        stream.synchronize()
+        assert all(event.query() for event in events)
+        assert [rows.eq(layer + 7.0).all().item() for layer, rows in enumerate(seen)] == [
+            True
+        ] * device_pool.layer_num
+        assert done.eq(device_pool.layer_num + 6.0).all()
+    finally:
+        copier.threaded = saved
+
+
 def test_batch_inside_graph_capture_is_refused_in_one_line(cuda: CudaDevice) -> None:
     # the issuing thread's copies could not enter a graph the caller's stream operations enter
     copier = load_cuda_batch_copier()

@@ -201,3 +201,33 @@ def test_a_misspelled_io_backend_is_refused_naming_the_legal_ones_after_a_prepar
         with pytest.raises(UnknownOptionError, match=r"legal values: direct, kernel"):
             host_pool.load_to_device_per_layer(device_pool, host, device, 1, io_backend)  # type: ignore[arg-type]
     sim.run_until_idle()
+
+
+@pytest.mark.parametrize("copy_path", PATHS)
+def test_layers_in_one_call_queue_each_layer_then_its_callback_on_the_simulator(
+    copy_path: str,
+) -> None:
+    # the simulator queues each launch, so the layers go one launch each, the callback's event
+    # queued right behind its layer: the stream order of a per-layer loop
+    sim, device_pool, host_pool = loaded_world(copy_path)
+    host, device = pages_to_locs([2, 0], PAGE), pages_to_locs([1, 3], PAGE)
+    events = [sim.Event() for _ in range(device_pool.layer_num)]
+
+    def after_layer(layer: int) -> None:
+        events[layer].record()
+
+    host_pool.load_to_device_layers(
+        device_pool, host, device, range(device_pool.layer_num), "kernel", after_layer
+    )
+    sim.run_until_idle()
+    labels = [op.label for op in sim.log]
+    assert len(labels) == 2 * device_pool.layer_num
+    assert [("layer" in label) for label in labels] == [True, False] * device_pool.layer_num
+    for layer in range(device_pool.layer_num):
+        assert_layer_landed(device_pool, host_pool, layer, host, device)
+    # a layer outside the pool is refused before anything is queued (INV-06)
+    with pytest.raises(LayerOutsidePoolError, match="INV-06"):
+        host_pool.load_to_device_layers(
+            device_pool, host, device, [0, device_pool.layer_num], "kernel", after_layer
+        )
+    assert sim.pending_ops() == 0
