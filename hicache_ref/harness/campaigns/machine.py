@@ -36,6 +36,7 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     LOCK_POINTS_CAPABILITY,
     STATE_POOL_CAPABILITY,
+    STORAGE_MAMBA_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     STORAGE_SWA_CAPABILITY,
     Implementation,
@@ -248,9 +249,14 @@ def _side_pool_fields(
         side["storage_policy"] = draw(_SWA_POLICIES)
     if STATE_POOL_CAPABILITY in capabilities and draw(_BOOLS):
         # half the side-pool worlds hold a Mamba state pool instead: the same sizes, counted
-        # in state slots (one per node), without a storage tier (Mamba pages in L3 are not
-        # driven); drawn last, so no other world's draws move
-        side.update(pool_group="mamba", storage_ranks=0, storage_swa_window=0)
+        # in state slots (one per node); its storage tier kept where the implementation stores
+        # a node's state in L3 (``storage:mamba``: a window of one page), else none; drawn
+        # last, so no other world's draws move
+        side.update(pool_group="mamba")
+        if not (side.get("storage_ranks") and STORAGE_MAMBA_CAPABILITY in capabilities):
+            side.update(storage_ranks=0, storage_swa_window=0)
+        else:
+            side["storage_swa_window"] = 1
         side["state_cow"] = draw(_BOOLS)  # half: loads copy the state into a request's slot
     return side
 
