@@ -224,7 +224,8 @@ class HarnessConfig(BaseModel):
                 "a storage world has no CP (CP HiCache refuses a storage attach), and a draft "
                 "pool only as a KV-derived sidecar (pool_group 'none' for a draft pair, or "
                 "'sidecar'), whose pages ride into L3 with the KV's, or as an independent SWA "
-                "side pool (pool_group 'swa' with storage_swa_window)"
+                "side pool or Mamba state pool (pool_group 'swa' or 'mamba' with "
+                "storage_swa_window)"
             )
         swa_storage = self.storage_ranks >= 1 and self.has_side_pools
         if swa_storage != (self.storage_swa_window > 0) or self.storage_swa_window > 3:
