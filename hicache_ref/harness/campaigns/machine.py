@@ -220,13 +220,14 @@ def _side_pool_fields(
     draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
 ) -> dict[str, Any]:
     """Half the single-pool worlds gain an independent side pool (``pool_group="swa"``, or,
-    where the implementation holds one, half of them a Mamba state pool, ``"mamba"``, without
-    storage): its layers, its own device pages and host pages (state slots), often scarce
-    (drawn after every other field, so no other world's draws move). Upstream's come from the anchor-only worlds of its
-    ``HostPoolGroup``; an implementation that holds side pools without a group (the reference)
-    takes them from the worlds without CP, draft pool or storage. A side-pool world keeps its
-    storage tier where the implementation stores the side pool's window (``storage:swa``,
-    upstream 0.5.19+): its window is drawn last; elsewhere it has none."""
+    where the implementation holds one, half of them a Mamba state pool, ``"mamba"``): its
+    layers, its own device pages and host pages (state slots), often scarce (drawn after every
+    other field, so no other world's draws move). Upstream's come from the anchor-only worlds
+    of its ``HostPoolGroup``; an implementation that holds side pools without a group (the
+    reference) takes them from the worlds without CP, draft pool or storage. A side-pool world
+    keeps its storage tier where the implementation stores the side pool's window
+    (``storage:swa``, upstream 0.5.19+: its window is drawn last) or a Mamba node's state page
+    (``storage:mamba``: a window of one page); elsewhere it has none."""
     if "pool_group:swa" not in capabilities:
         return {}
     if "pool_group" in capabilities:
