@@ -9,7 +9,8 @@ files, never from a finding's absence):
 - ``features_of``: the tree's parts that matter to the gate, each detected by a file or a name
   in it (the storage threads, the ``HostPoolGroup``, its SWA and Mamba side pools, the draft
   releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
-  sidecars in pool groups and of independent pools, a Mamba pool's L3 page, buffer mode, PP prefetch (and what of it
+  sidecars in pool groups and of independent pools, a Mamba pool's L3 page, buffer mode, PP
+  prefetch (and what of it
   no PP world draws: an independent side pool on a ticket, the timeout policy's PP-rank-0
   verdict), decode context parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
@@ -62,9 +63,12 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "prefixes) is drawn in SWA storage worlds only where the gate loads the tree's "
     "HybridCacheController with its storage threads (capability storage:swa, 0.5.19+; "
     "harness/driver/storage_side.py, INV-39)",
-    "mamba storage": "a Mamba state pool's L3 page (one TRAILING_PAGES page per node: "
-    "should_backup's MAMBA rule, _sync_trailing_keys' last hit page, _page_transfer_sidecar's "
-    "non-KV-derived read) is not drawn: Mamba worlds have no storage tier (issue 27)",
+    "mamba storage": "a Mamba state pool's L3 page (one TRAILING_PAGES page per node under its "
+    "last page key: should_backup's MAMBA rule, _sync_trailing_keys' last hit page, "
+    "_page_transfer_sidecar's non-KV-derived read) is drawn in Mamba storage worlds only where "
+    "the gate loads the tree's HybridCacheController with its storage threads and the tree's "
+    "Mamba component stores its state in L3 (capability storage:mamba, 0.5.19+; "
+    "harness/driver/storage_side.py, INV-39); this tree's was not granted (issue 27)",
     "buffer mode": "buffer_only mode is the unified radix cache's BufferModePipeline "
     "(mem_cache/buffer_mode/: staging, existence beliefs, storage writes at the D2H ack), a "
     "tree half of its own (staging, beliefs, the D2H-ack write) the harness does not model: "
@@ -142,6 +146,7 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         # the matrix runs the PP gate on such a tree (matrix.gate_release)
         "pp prefetch": "storage:pp" in capabilities,
         "independent-pool storage": {"storage:swa", "pool_group:swa"} <= set(capabilities),
+        "mamba storage": {"storage:mamba", "pool_group:mamba"} <= set(capabilities),
         # the PP gate draws SWA worlds on such a tree (pp_gate.WORLDS)
         "pp independent-pool tickets": {"storage:pp", "storage:swa"} <= set(capabilities),
     }
@@ -166,7 +171,8 @@ def drove(report: CampaignReport) -> list[str]:
         ("storage", "none", "storage"),
         ("storage sidecar", ("none", "no storage"), "storage sidecar"),
         ("storage pressure", ("none", "no storage"), "host pressure"),
-        ("storage swa", ("none", "no storage"), "storage swa"),
+        ("storage swa", ("none", "no storage", "mamba"), "storage swa"),
+        ("storage swa", ("none", "no storage", "swa"), "storage mamba"),
         ("forward", "default", "fences"),
     ):
         counts: Mapping[str, int] = report.features.get(feature, {})

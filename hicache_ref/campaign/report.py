@@ -102,7 +102,7 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
             else "no storage"
         ),
         "storage swa": (
-            ("swa" if config.storage_swa_window else "none")
+            (("mamba" if config.has_state_pool else "swa") if config.storage_swa_window else "none")
             if config.uses_storage
             else "no storage"
         ),
@@ -276,10 +276,11 @@ class CampaignReport:
         }
 
     def _storage_world_share(self, feature: str, drawn: str, drives: str) -> dict[str, Any]:
-        """Storage worlds whose ``feature`` was ``drawn`` (the others count ``none``): their
-        cases and their share of the storage worlds (0 cases when none was drawn)."""
+        """Storage worlds whose ``feature`` was ``drawn`` (the others count ``none``, or another
+        value): their cases and their share of the storage worlds (0 cases when none was
+        drawn)."""
         counts = self.features.get(feature, Counter())
-        storage = counts.get(drawn, 0) + counts.get("none", 0)
+        storage = sum(c for value, c in counts.items() if value != "no storage")
         return {
             "cases": counts.get(drawn, 0),
             "share_of_storage": round(counts.get(drawn, 0) / storage, 4) if storage else 0.0,
@@ -310,6 +311,15 @@ class CampaignReport:
             "storage swa",
             "swa",
             "an SWA side pool's trailing window stored, found and read after the KV's",
+        )
+
+    def mamba_shares(self) -> dict[str, Any]:
+        """Storage worlds that carried a Mamba state pool's page into L3 (one state per node,
+        the served hit's last page: ``TRAILING_PAGES`` with a window of one)."""
+        return self._storage_world_share(
+            "storage swa",
+            "mamba",
+            "a Mamba state pool's one page per node stored, found and read after the KV's",
         )
 
     def family_shares(self) -> dict[str, float]:
@@ -352,6 +362,7 @@ class CampaignReport:
                 "storage sidecar": self.sidecar_shares(),
                 "storage pressure": self.pressure_shares(),
                 "storage swa": self.swa_shares(),
+                "storage mamba": self.mamba_shares(),
             },
             "distinct_configs": len(self.configs),
             "configs": {

@@ -1,5 +1,8 @@
 """Checker of an independent side pool's L3 window in an SWA storage world (INV-39).
 
+A Mamba state pool's page (``storage:mamba``) is the same rule with a window of one page: the
+node's one state slot, keyed by the served hit's last page.
+
 In a storage world with an SWA side pool (``HarnessConfig.storage_swa_window``) a prefetch names
 the trailing window of its hit (``PoolHitPolicy.TRAILING_PAGES``); the controller re-aligns the
 window's keys to the hit it serves, shrinks the window to it and reads it after the KV pages,
@@ -82,10 +85,10 @@ def _check_not_lost(records: list[SideWindowRecord]) -> None:
         raise InvariantViolation(
             "INV-39",
             f"{_where(first)}: every KV page landed and every rank's L3 holds the window, read "
-            f"without a fault, but the controller published an SWA hit of "
-            f"{first.published_pages} page(s) and the result was discarded (a window L3 holds "
-            "is not silently lost: shrink the staged window to the served hit's before the "
-            "read, _sync_trailing_keys)",
+            f"without a fault, but the controller published a window (SWA or Mamba state) hit "
+            f"of {first.published_pages} page(s) and the result was discarded (a window L3 "
+            "holds is not silently lost: key the window by the served hit's trailing pages and "
+            "shrink the staged window to them before the read, _sync_trailing_keys)",
         )
 
 

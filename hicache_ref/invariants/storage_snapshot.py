@@ -131,6 +131,7 @@ class BackupRecord:
     acks: int = 0
     acked_tokens: int | None = None
     skipped: bool = False  # this rank skips backups (MLA rank != 0): nothing may be stored
+    state_stored: bool = False  # a skipped rank stored every page of its Mamba state (sharded)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@ DRAFT_POOL = "draft"
 SWA_POOL = "swa"
 """An independent sliding-window pool (SGLang's ``PoolName.SWA``): its own host slots, its
 pages named by the trailing window of a hit."""
+MAMBA_POOL = "mamba"
+"""An independent Mamba state pool (SGLang's ``PoolName.MAMBA``): one state slot per node, its
+page (one slot) stored under the node's last page key, the trailing window of one page."""
+WINDOW_POOLS = (SWA_POOL, MAMBA_POOL)
+"""The independent pools whose L3 pages are a hit's trailing window (their own host slots)."""
 ALL_PAGES = "all_pages"
 """Every page of the KV hit needs the pool's page too (a KV-derived sidecar)."""
 TRAILING_PAGES = "trailing_pages"

@@ -710,6 +710,32 @@ BUGS_0523_SIDE_STORAGE: tuple[type[PlantedBug], ...] = (
 hits are cut to the host room (``storage_host_pressure``)."""
 
 
+# -- 0.5.23's L3 page of a Mamba state pool (issue 27): caught in Mamba storage worlds ------------
+class SingleStateKeyNotRealigned(PlantedBug):
+    NAME = "single_state_key_not_realigned"
+    TARGET = HYBRID
+    BUG_CLASS = "side pool storage"
+    DESCRIPTION = (
+        "_sync_trailing_keys re-aligns only windows of more than one page, taking a single "
+        "state's key as final, so a Mamba prefetch reads its placeholder key and the state "
+        "L3 holds for the served hit's last page is lost"
+    )
+    OLD = "            trailing_n = len(transfer.keys) if transfer.keys else 1\n"
+    NEW = (
+        "            trailing_n = len(transfer.keys) if transfer.keys else 1\n"
+        "            if trailing_n == 1:  # BUG: a single state's key taken as final\n"
+        "                continue\n"
+    )
+    INVARIANTS = ("INV-39",)
+
+
+BUGS_0523_MAMBA_STORAGE: tuple[type[PlantedBug], ...] = (SingleStateKeyNotRealigned,)
+"""Planted in 0.5.23's L3 page of a Mamba state pool (the last-hit-page form of
+``_sync_trailing_keys``): caught once the gate draws Mamba storage worlds (``storage:mamba``).
+SWA's ``trailing_keys_of_the_queried_hit`` also loads a cut hit's wrong state in a Mamba world
+(``test_sglang_mamba_storage.py``)."""
+
+
 # -- 0.5.23's storage threads inside one loop body (issue 32): caught under schedule points -------
 class BackupAcksBeforeWrite(PlantedBug):
     NAME = "backup_acks_before_write"

@@ -179,11 +179,11 @@ def test_a_hybrid_controller_before_pool_groups_is_named_as_the_mamba_cache_it_s
     )
 
 
-def test_a_mamba_state_pool_is_driven_where_pool_group_mamba_is_granted_its_l3_page_never(
+def test_a_mamba_state_pool_and_its_l3_page_are_driven_where_their_capabilities_are_granted(
     tmp_path: Path,
 ) -> None:
     # 0.5.19+'s pool-group controller with a Mamba host pool: the state pool is drawn where the
-    # gate grants pool_group:mamba; its L3 page (Mamba worlds have no storage) stays named
+    # gate grants pool_group:mamba, its L3 page where it grants storage:mamba too
     mem = tmp_path / "sglang/srt/mem_cache"
     (mem / "hybrid_cache").mkdir(parents=True)
     (mem / "pool_host").mkdir()
@@ -198,7 +198,8 @@ def test_a_mamba_state_pool_is_driven_where_pool_group_mamba_is_granted_its_l3_p
     assert "pool_group:mamba" in parts["mamba side pool"]
     parts = dict(not_driven(tmp_path, granted | {"pool_group:mamba"}))
     assert set(parts) == {"mamba storage"}
-    assert "no storage tier" in parts["mamba storage"]
+    assert "storage:mamba" in parts["mamba storage"]
+    assert not_driven(tmp_path, granted | {"pool_group:mamba", "storage:mamba"}) == []
 
 
 def test_an_independent_pool_window_in_l3_is_driven_only_where_storage_swa_is_granted(
@@ -278,7 +279,7 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     assert "side pools" not in rows[2]["not_driven"]  # 0.5.23 draws pool_group="swa"
     assert "independent-pool storage" not in rows[2]["not_driven"]  # ... in storage worlds too
     assert "mamba side pool" not in rows[2]["not_driven"]  # ... and pool_group="mamba"
-    assert "mamba storage" in rows[2]["not_driven"]  # whose worlds have no storage tier
+    assert "mamba storage" not in rows[2]["not_driven"]  # ... with its L3 page too
     # storage on every release: 0.5.19 keys its pages with utils.py's get_hash_str
     assert all("storage" not in row["not_driven"] for row in rows), out
     assert "0.5.23: not driven: buffer mode: " in out

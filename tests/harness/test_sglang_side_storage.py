@@ -182,6 +182,8 @@ def test_the_gate_draws_swa_storage_on_0_5_23_and_finds_nothing_new(
     assert status == EXIT_OK, stdout
     swa = report["worlds"]["storage swa"]  # what the pass covered
     assert swa["cases"] > 0 and 0 < swa["share_of_storage"] < 1, swa
+    mamba = report["worlds"]["storage mamba"]  # a Mamba state pool's page in L3, named apart
+    assert mamba["cases"] > 0 and 0 < mamba["share_of_storage"] < 1, mamba
     assert report["checks_by_id"].get("INV-39", 0) > 0
 
 

@@ -48,9 +48,14 @@ def test_a_state_pool_pages_by_single_slots_and_holds_one_per_node() -> None:
     assert "side=5slot/6hslot" in mamba.describe() and "side=5p/6hp" in swa.describe()
 
 
-def test_a_state_pool_world_has_no_storage_tier() -> None:
-    with pytest.raises(ValidationError, match="Mamba pages in L3 are not driven"):
-        config("mamba", storage_ranks=1)
+def test_a_state_pool_s_storage_world_stores_a_window_of_one_page() -> None:
+    # one state per node, stored under the node's last page key: the window is one page
+    stored = config("mamba", storage_ranks=1, storage_swa_window=1)
+    assert stored.uses_storage and "+state" in stored.describe()
+    with pytest.raises(ValidationError, match="trailing window is one page"):
+        config("mamba", storage_ranks=1, storage_swa_window=2)
+    with pytest.raises(ValidationError, match="storage_swa_window"):
+        config("mamba", storage_ranks=1)  # a storage world names its window
 
 
 def test_the_state_pool_holds_the_bytes_the_harness_models_per_slot() -> None:

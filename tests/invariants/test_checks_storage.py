@@ -255,6 +255,15 @@ def test_inv26_an_ack_past_the_first_failed_batch_is_caught() -> None:
     fires("INV-26", with_backup(healthy(), 1, stored_pages=1), "acked 8 tokens but .* first 1")
 
 
+def test_inv26_a_skipped_rank_acks_its_span_only_with_its_mamba_state_stored() -> None:
+    # MLA rank 1 stores no KV page; in a Mamba world it stores its own (sharded) state and
+    # acks the span when every state page is stored (should_backup's MAMBA rule), else nothing
+    skipped = with_backup(healthy(), 1, stored_pages=0, skipped=True, state_stored=True)
+    STORAGE_CHECKS["INV-26"](skipped)
+    lost = with_backup(skipped, 1, state_stored=False)
+    fires("INV-26", lost, "acked 8 tokens but .* first 0")
+
+
 def test_inv26_a_belief_in_an_unwritten_page_is_caught() -> None:
     model = replace(healthy().l3, believed=(*healthy().l3.believed, (0, "k9")))
     fires("INV-26", replace(healthy(), l3=model), "believes page k9 is in L3")

@@ -100,6 +100,14 @@ and read back as the trailing window of the hit (``PoolHitPolicy.TRAILING_PAGES`
 ``_sync_trailing_keys``, ``_page_transfer_sidecar``; INV-39). Upstream 0.5.19+ only (its
 ``HybridCacheController``): not in ``CAPABILITIES``."""
 
+STORAGE_MAMBA_CAPABILITY = "storage:mamba"
+"""A storage world may carry an independent Mamba state pool (``pool_group="mamba"`` with
+``storage_swa_window=1``): a backup stores the node's one state slot under its last page key
+(``<key>.mamba``, ``PoolHitPolicy.TRAILING_PAGES``), a prefetch names one placeholder key, which
+the controller turns into the served hit's last page key and reads after the KV pages (the
+last-hit-page form of ``_sync_trailing_keys``; INV-39). Upstream 0.5.19+ only, where the tree's
+Mamba component stores its state in L3: not in ``CAPABILITIES``."""
+
 STORAGE_PP_CAPABILITY = "storage:pp"
 """The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.21+'s hybrid
 controller in ``buffer_only`` mode, whose PP rank 0 submits prefetch tickets that a PP command
@@ -434,7 +442,9 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
         needed.add("pool:hybrid")
     if config.uses_storage:
         needed.add("storage")
-        if config.has_side_pools:  # the side pool's window goes to L3 (v2 calls, trailing)
+        if config.has_state_pool:  # a node's Mamba state goes to L3 (v2 calls, trailing)
+            needed.add(STORAGE_MAMBA_CAPABILITY)
+        elif config.has_side_pools:  # the side pool's window goes to L3 (v2 calls, trailing)
             needed.add(STORAGE_SWA_CAPABILITY)
         elif config.has_draft:  # the draft pool's pages go to L3 beside the KV's (v2 calls)
             needed.add(STORAGE_SIDECAR_CAPABILITY)

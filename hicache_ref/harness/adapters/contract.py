@@ -39,6 +39,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
+    STORAGE_MAMBA_CAPABILITY,
     STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     STORAGE_SWA_CAPABILITY,
@@ -190,6 +191,7 @@ def check_hooks(obj: object, origin: str) -> None:
             HOST_PRESSURE_CAPABILITY,
             STORAGE_PP_CAPABILITY,
             STORAGE_SWA_CAPABILITY,
+            STORAGE_MAMBA_CAPABILITY,
         }
     )
     unknown = sorted(str(c) for c in capabilities if c not in legal)

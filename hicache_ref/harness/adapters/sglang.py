@@ -53,6 +53,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
+    STORAGE_MAMBA_CAPABILITY,
     STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     STORAGE_SWA_CAPABILITY,
@@ -295,6 +296,8 @@ class SglangImplementation(ImplementationBase):
                         self.capabilities = self.capabilities | {STORAGE_PP_CAPABILITY}
                     if self._reads_side_windows():  # 0.5.19+: an SWA window in L3
                         self.capabilities = self.capabilities | {STORAGE_SWA_CAPABILITY}
+                        if self._stores_mamba_states():  # and a node's Mamba state
+                            self.capabilities = self.capabilities | {STORAGE_MAMBA_CAPABILITY}
 
     def _storage_driven(self) -> bool:
         """Upstream's storage threads are in the tree (``sglang_storage.supports_storage``) and
@@ -349,6 +352,13 @@ class SglangImplementation(ImplementationBase):
             for name in ("_page_transfer_sidecar", "_sync_trailing_keys")
         )
 
+    def _stores_mamba_states(self) -> bool:
+        """The tree's Mamba component names a node's state for L3 (its ``BACKUP_STORAGE``
+        transfer, one ``TRAILING_PAGES`` page per node: 0.5.19+), read in the tree's files."""
+        components = self.tree / "sglang" / "srt" / "mem_cache" / "unified_cache" / "components"
+        texts = [p.read_text(errors="replace") for p in sorted(components.glob("mamba*.py"))]
+        return any("BACKUP_STORAGE" in t and "TRAILING_PAGES" in t for t in texts)
+
     def _try_hybrid(self) -> str:
         from hicache_ref.device.sim import SimDevice
 
@@ -369,7 +379,11 @@ class SglangImplementation(ImplementationBase):
         stored_group = (
             (config.pool_group == "sidecar" and stores_draft)
             or (config.storage_pp and STORAGE_PP_CAPABILITY in self.capabilities)
-            or (config.storage_swa_window > 0 and STORAGE_SWA_CAPABILITY in self.capabilities)
+            or (
+                config.storage_swa_window > 0
+                and (STORAGE_MAMBA_CAPABILITY if config.has_state_pool else STORAGE_SWA_CAPABILITY)
+                in self.capabilities
+            )
         )
         stored_pair = (
             config.pool_group == "none" and stores_draft and "draft" in self.shape.features

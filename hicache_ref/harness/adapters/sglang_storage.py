@@ -60,6 +60,7 @@ from hicache_ref.harness.adapters.sglang_world import (
 )
 from hicache_ref.harness.driver.storage_side import staging_pages
 from hicache_ref.harness.schedule.points import ALL_REDUCE, WAIT, Grant, Point
+from hicache_ref.storage.pool_transfers import MAMBA_POOL
 
 THREAD_FUNCS: dict[StorageStepKind, str] = {
     StorageStepKind.HIT_QUERY: "prefetch_thread_func",
@@ -309,7 +310,9 @@ def storage_controller_class(
     unchanged. A hybrid controller's prefetches and backups name the group's ``DRAFT``
     sidecar (``extra_pools``, as the hybrid radix cache passes them), riding on the KV's slots,
     or its independent ``SWA`` pool's window (``swa_window`` pages: a backup's SWA host pages
-    with the node's keys, a prefetch's placeholder keys; ``TRAILING_PAGES``).
+    with the node's keys, a prefetch's placeholder keys; ``TRAILING_PAGES``), or its ``MAMBA``
+    state pool's (``side_pool="mamba"``, a window of one page: a backup's one state slot under
+    the node's last page key, a prefetch's one placeholder key).
     """
     owner = hybrid if hybrid is not None else module
     cached = owner.__dict__.get("_harness_storage_class")
@@ -346,9 +349,11 @@ def storage_controller_class(
             page_points: bool = False,
             pp: bool = False,
             swa_window: int = 0,
+            side_pool: str = "swa",
             **kwargs: Any,
         ) -> None:
-            self._harness_swa_window = swa_window  # pages; 0: no SWA side pool in L3
+            self._harness_swa_window = swa_window  # pages; 0: no side pool window in L3
+            self._harness_side_pool = side_pool  # the window pool: "swa" or "mamba" (a state)
             self._harness_gate = StepGate(
                 lambda: bool(self.storage_stop_event.is_set()),
                 points=schedule_points,
@@ -435,11 +440,12 @@ def storage_controller_class(
             if takes_handle:  # 0.5.20+'s hybrid controller: a CacheRequestHandle's fields
                 request = types.SimpleNamespace(rid=request_id, attempt_id=0)
             extra = {"extra_pools": sidecar_transfers()} if self._harness_sidecar() else {}
-            window = self._harness_swa_window
+            window, side = self._harness_swa_window, self._harness_side_pool
             last_hash = rest[0] if rest else None
-            staging = staging_pages(len(tokens) // self.page_size, window, last_hash is None)
-            if staging:  # the SWA window, sized now, allocated by the tree at the hit
-                extra = {"extra_pools": [_swa_prefetch_transfer(staging)]}
+            state = side == MAMBA_POOL
+            staging = staging_pages(len(tokens) // self.page_size, window, last_hash is None, state)
+            if staging:  # the side window, sized now, allocated by the tree at the hit
+                extra = {"extra_pools": [_window_prefetch_transfer(side, staging)]}
             operation = super().prefetch(request, *head, list(tokens), *rest, **extra)
             self.storage.live[operation.id] = operation
             return operation
@@ -459,9 +465,11 @@ def storage_controller_class(
                 hash_value = page_keys(list(token_ids), prior, self.page_size)
             keys = None if prefix_keys is None else list(prefix_keys)
             extra = {"extra_pools": sidecar_transfers()} if self._harness_sidecar() else {}
-            if side_host is not None:  # the node's SWA host pages beside its KV's
-                pages = int(side_host.numel()) // self.page_size
-                extra = {"extra_pools": [_swa_backup_transfer(side_host, list(hash_value), pages)]}
+            if side_host is not None:  # the node's SWA host pages (Mamba state) beside its KV's
+                side = self._harness_side_pool
+                pages = 1 if side == MAMBA_POOL else int(side_host.numel()) // self.page_size
+                backup = _window_backup_transfer(side, side_host, list(hash_value), pages)
+                extra = {"extra_pools": [backup]}
             op_id: int = super().write_storage(
                 host_indices, list(token_ids), list(hash_value), keys, **extra
             )
@@ -513,24 +521,28 @@ def _pool_names() -> Any:
     return sys.modules["sglang.srt.mem_cache.hicache_storage"]
 
 
-def _swa_prefetch_transfer(staging_pages: int) -> Any:
-    """The hybrid radix cache's SWA transfer of a prefetch (``CacheTransferPhase.PREFETCH``):
-    placeholder keys, one per staged page, which ``_sync_trailing_keys`` turns into the hit's
-    trailing keys; no host slots yet (the tree allocates them at the hit; INV-39)."""
+def _window_prefetch_transfer(side: str, staging_pages: int) -> Any:
+    """The hybrid radix cache's window transfer of a prefetch (``CacheTransferPhase.PREFETCH``)
+    of the ``side`` pool (SWA, or a Mamba state: one page): placeholder keys, one per staged
+    page, which ``_sync_trailing_keys`` turns into the hit's trailing keys; no host slots yet
+    (the tree allocates them at the hit; INV-39)."""
     names = _pool_names()
     return names.PoolTransfer(
-        name=names.PoolName.SWA,
+        name=names.PoolName(side),
         keys=["__placeholder__"] * staging_pages,
         hit_policy=names.PoolHitPolicy.TRAILING_PAGES,
     )
 
 
-def _swa_backup_transfer(side_host: torch.Tensor, hash_value: list[str], pages: int) -> Any:
-    """The hybrid radix cache's SWA transfer of a backup (``BACKUP_STORAGE``): the node's SWA
-    host pages with the node's last ``pages`` page keys, ``TRAILING_PAGES``."""
+def _window_backup_transfer(
+    side: str, side_host: torch.Tensor, hash_value: list[str], pages: int
+) -> Any:
+    """The hybrid radix cache's window transfer of a backup (``BACKUP_STORAGE``) of the
+    ``side`` pool: the node's SWA host pages with the node's last ``pages`` page keys, or a
+    Mamba node's one state slot with its last page key; ``TRAILING_PAGES``."""
     names = _pool_names()
     return names.PoolTransfer(
-        name=names.PoolName.SWA,
+        name=names.PoolName(side),
         host_indices=side_host,
         keys=hash_value[len(hash_value) - pages :],
         hit_policy=names.PoolHitPolicy.TRAILING_PAGES,

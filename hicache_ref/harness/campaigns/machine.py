@@ -36,6 +36,7 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     LOCK_POINTS_CAPABILITY,
     STATE_POOL_CAPABILITY,
+    STORAGE_MAMBA_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     STORAGE_SWA_CAPABILITY,
     Implementation,
@@ -219,13 +220,14 @@ def _side_pool_fields(
     draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
 ) -> dict[str, Any]:
     """Half the single-pool worlds gain an independent side pool (``pool_group="swa"``, or,
-    where the implementation holds one, half of them a Mamba state pool, ``"mamba"``, without
-    storage): its layers, its own device pages and host pages (state slots), often scarce
-    (drawn after every other field, so no other world's draws move). Upstream's come from the anchor-only worlds of its
-    ``HostPoolGroup``; an implementation that holds side pools without a group (the reference)
-    takes them from the worlds without CP, draft pool or storage. A side-pool world keeps its
-    storage tier where the implementation stores the side pool's window (``storage:swa``,
-    upstream 0.5.19+): its window is drawn last; elsewhere it has none."""
+    where the implementation holds one, half of them a Mamba state pool, ``"mamba"``): its
+    layers, its own device pages and host pages (state slots), often scarce (drawn after every
+    other field, so no other world's draws move). Upstream's come from the anchor-only worlds
+    of its ``HostPoolGroup``; an implementation that holds side pools without a group (the
+    reference) takes them from the worlds without CP, draft pool or storage. A side-pool world
+    keeps its storage tier where the implementation stores the side pool's window
+    (``storage:swa``, upstream 0.5.19+: its window is drawn last) or a Mamba node's state page
+    (``storage:mamba``: a window of one page); elsewhere it has none."""
     if "pool_group:swa" not in capabilities:
         return {}
     if "pool_group" in capabilities:
@@ -248,9 +250,14 @@ def _side_pool_fields(
         side["storage_policy"] = draw(_SWA_POLICIES)
     if STATE_POOL_CAPABILITY in capabilities and draw(_BOOLS):
         # half the side-pool worlds hold a Mamba state pool instead: the same sizes, counted
-        # in state slots (one per node), without a storage tier (Mamba pages in L3 are not
-        # driven); drawn last, so no other world's draws move
-        side.update(pool_group="mamba", storage_ranks=0, storage_swa_window=0)
+        # in state slots (one per node); its storage tier kept where the implementation stores
+        # a node's state in L3 (``storage:mamba``: a window of one page), else none; drawn
+        # last, so no other world's draws move
+        side.update(pool_group="mamba")
+        if not (side.get("storage_ranks") and STORAGE_MAMBA_CAPABILITY in capabilities):
+            side.update(storage_ranks=0, storage_swa_window=0)
+        else:
+            side["storage_swa_window"] = 1
         side["state_cow"] = draw(_BOOLS)  # half: loads copy the state into a request's slot
     return side
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from hicache_ref.errors import HiCacheInputError
-from hicache_ref.harness.adapters.sglang_storage import _swa_prefetch_transfer
+from hicache_ref.harness.adapters.sglang_storage import _window_prefetch_transfer
 from hicache_ref.harness.driver.pp_world import side_value
 from hicache_ref.harness.driver.storage_side import staging_pages
 from hicache_ref.harness.world.recording_storage import page_digest
@@ -87,7 +87,7 @@ def fill_side(
 def window_transfer(span_pages: int, window_pages: int, at_root: bool) -> list[Any] | None:
     """The ticket's ``pool_transfers``: the SWA window's placeholder keys, or None (no window)."""
     staging = staging_pages(span_pages, window_pages, at_root)
-    return [_swa_prefetch_transfer(staging)] if staging else None
+    return [_window_prefetch_transfer(SWA_POOL, staging)] if staging else None
 
 
 def _release_queue(controller: Any) -> Any | None:

@@ -41,7 +41,7 @@ from hicache_ref.harness.driver.node_model import Node, pages_covered
 from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
-from hicache_ref.harness.driver.storage_side import side_release_count, staging_pages
+from hicache_ref.harness.driver.storage_side import side_release_count
 from hicache_ref.harness.driver.storage_side_book import SideBook, pseudo_holding
 from hicache_ref.harness.driver.storage_tree import StorageTree, StorageTreeRank
 from hicache_ref.harness.driver.storage_tree_0510 import (
@@ -87,7 +87,7 @@ class StorageDriver:
         self.next_rid = 0
         self.known_ops: dict[int, tuple[object, int]] = {}
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
-        self.side = SideBook(self.n, self.page)  # an SWA world's side slots and crowds
+        self.side = SideBook.of(self.config)  # an SWA or Mamba world's side slots, crowds
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
@@ -214,7 +214,7 @@ class StorageDriver:
                 side_host=side_host,
             )
             self.sources[rank][op_id] = s
-            if side_host is not None:  # the chain's SWA pages at their own slots (INV-39)
+            if side_host is not None:  # the chain's SWA pages (Mamba state) at its own slots
                 uid = self.book.content_uid(rank, chain)
                 layers = self.config.draft_layer_num
                 storage_rank = self.l3.ranks[rank]
@@ -242,7 +242,7 @@ class StorageDriver:
         tokens = chain.pages * self.page
         if self.up_front and not self._up_front_room(tokens):
             return refused("host full")  # 0.5.10 allocates the whole prefetch up front
-        window = staging_pages(chain.pages, self.config.storage_swa_window, parent is None)
+        window = self.side.staging(chain.pages, self.config.storage_swa_window, parent is None)
         for rank, tree_rank in enumerate(self.storage_tree.ranks):
             self.log.prefetches[rank][rid] = PrefetchLog(
                 rid, self.epoch, chain.pages * self.page, anchor, chain.uid, swa_trailing=window

@@ -43,7 +43,7 @@ from hicache_ref.invariants.storage_snapshot import (
     StoreWrite,
     VerdictRecord,
 )
-from hicache_ref.storage.pool_transfers import SWA_POOL
+from hicache_ref.storage.pool_transfers import MAMBA_POOL, WINDOW_POOLS
 
 
 class DriverView(Protocol):
@@ -439,7 +439,7 @@ def _sidecar_run(calls: list[BackendCall], keys: list[str], run: int) -> int:
     """The KV run ``run`` cut at the first page a sidecar's exists did not find (a sidecar
     must hold every page of the hit: the usable run is the fewest, INV-37)."""
     found: dict[str, set[str]] = {}
-    for call in (c for c in calls if c.kind == "sidecar_exists" and c.pool != SWA_POOL):
+    for call in (c for c in calls if c.kind == "sidecar_exists" and c.pool not in WINDOW_POOLS):
         hit = found.setdefault(call.pool, set())
         hit.update(k.rsplit(".", 1)[0] for k in call.keys[: max(0, call.answer)])
     for present in found.values():
@@ -474,6 +474,9 @@ def _observe_backup(driver: DriverView, result: StepResult, calls: list[BackendC
         else:
             failed = True
     backup.stored_pages = stored
+    states = [c for c in calls if c.kind == "sidecar_set" and c.pool == MAMBA_POOL]
+    if backup.skipped and states:  # a skipped rank's own (sharded) Mamba state (INV-26)
+        backup.state_stored = all(c.ok for c in states)
     faults = driver.l3.ranks[rank].faults
     if faults is not None:
         driver.log.lost.update((rank, key) for key in faults.dropped_keys)

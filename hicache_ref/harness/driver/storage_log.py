@@ -167,6 +167,7 @@ class BackupLog(KeptRecord):
     stored_pages: int | None = None
     acks: int = 0
     acked_tokens: int | None = None
+    state_stored: bool = False  # a skipped rank's Mamba state pages all stored (INV-26)
 
     def freeze(self) -> BackupRecord:
         """The record of this backup now; the last one when no field changed since."""
@@ -181,6 +182,7 @@ class BackupLog(KeptRecord):
             acks=self.acks,
             acked_tokens=self.acked_tokens,
             skipped=self.skipped,
+            state_stored=self.state_stored,
         )
         self.keep_record(record)
         return record

@@ -1,7 +1,10 @@
 """The tree half of an independent side pool's L3 window, modelled on 0.5.23's hybrid radix cache.
 
 In a storage world with an SWA side pool (``storage_swa_window``) a prefetch names the pool's
-window as a ``PoolTransfer`` of placeholder keys (``sglang_storage._swa_prefetch_transfer``);
+window as a ``PoolTransfer`` of placeholder keys (``sglang_storage._window_prefetch_transfer``);
+with a Mamba state pool the window is one page of one slot: a node's state, stored under its
+last page key, and a prefetch's one placeholder key becomes the served hit's last page key
+(``MambaComponent``'s ``PREFETCH`` transfer, the last-hit-page form of ``_sync_trailing_keys``);
 the controller turns them into the hit's trailing keys (``_sync_trailing_keys``) and reads the
 window after the KV pages (``_page_transfer_sidecar``). What the tree does around that, in the
 order a prefetch meets it (upstream's ``UnifiedRadixCache`` names in brackets):
@@ -35,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hicache_ref.storage.pool_transfers import SWA_POOL, pool_name
+from hicache_ref.storage.pool_transfers import WINDOW_POOLS, pool_name
 from hicache_ref.storage.protocols import StorageHostPool
 
 
@@ -54,13 +57,18 @@ class SideTreeRank(Protocol):
     def on_event(self) -> Callable[[str, dict[str, Any]], None]: ...
 
 
-def staging_pages(prefetch_pages: int, window_pages: int, at_root: bool) -> int:
+def staging_pages(
+    prefetch_pages: int, window_pages: int, at_root: bool, state: bool = False
+) -> int:
     """The SWA window a prefetch of ``prefetch_pages`` names (0.5.23's ``SWAComponent.
     prepare_prefetch``): the whole window when the span covers it, the span itself at the root
     (its whole SWA is the window), else none (a mid-tree short span's window head would come
-    from the device prefix)."""
+    from the device prefix). A Mamba state pool (``state``) names its one page on every
+    prefetch (``MambaComponent.prepare_prefetch``: one state slot per fetch)."""
     if window_pages <= 0 or prefetch_pages <= 0:
         return 0
+    if state:
+        return 1
     if prefetch_pages >= window_pages:
         return window_pages
     return prefetch_pages if at_root else 0
@@ -76,16 +84,18 @@ def side_transfers(operation: Any) -> list[Any]:
 
 
 def alloc_staging(rank: SideTreeRank, operation: Any, hit_tokens: int) -> bool:
-    """Each side transfer's window slots: ``min(len(keys), hit pages)`` pages of the side pool;
-    on a shortfall what was taken goes back and nothing is staged."""
+    """Each side transfer's window slots: ``min(len(keys), hit pages)`` pages of the side pool
+    (at its own page size: one slot for a Mamba state); on a shortfall what was taken goes
+    back and nothing is staged."""
     pool = rank.side_host_pool
     assert pool is not None
     page = rank.page_size
+    side_page = int(pool.page_size)
     taken: list[Any] = []
     for transfer in side_transfers(operation):
         if transfer.host_indices is not None:
             continue
-        tokens = min(len(transfer.keys or ()), hit_tokens // page) * page
+        tokens = min(len(transfer.keys or ()), hit_tokens // page) * side_page
         if tokens == 0:
             continue
         slots = pool.alloc(tokens)
@@ -127,9 +137,10 @@ def release_staging(rank: SideTreeRank, transfers: list[Any]) -> None:
 
 
 def side_release_queue(cc: Any) -> Any:
-    """The controller's release queue of the SWA pool's host pages, or None."""
+    """The controller's release queue of the window pool's host pages (SWA or Mamba), or
+    None."""
     queues = getattr(cc, "extra_host_mem_release_queues", None) or {}
-    return next((q for name, q in queues.items() if pool_name(name) == SWA_POOL), None)
+    return next((q for name, q in queues.items() if pool_name(name) in WINDOW_POOLS), None)
 
 
 def side_release_count(cc: Any) -> int:
@@ -138,7 +149,7 @@ def side_release_count(cc: Any) -> int:
 
 
 def drain_side_releases(rank: SideTreeRank, count: int) -> None:
-    """``count`` pages off the controller's SWA release queue, into the side pool."""
+    """``count`` items off the controller's side release queue, into the side pool."""
     queue = side_release_queue(rank.cc)
     pool = rank.side_host_pool
     if queue is None or pool is None or count <= 0:

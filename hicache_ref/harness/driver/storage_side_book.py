@@ -3,9 +3,13 @@
 In a storage world with an independent SWA side pool (``storage_swa_window``) the driver also
 holds, per rank, in the order a chain and its prefetch meet them:
 
+- ``of`` / ``staging``: the book of a world (its side pool's page, whether it is a state pool)
+  and the window pages a prefetch names;
 - ``alloc_side`` / ``fill_side``: a backup's SWA source pages, filled with the content oracle's
   rows of the chain (the digests the L3 model expects back: ``StorageLog.expected_swa``, INV-39),
-  given back at the backup's ack (``free_source``);
+  given back at the backup's ack (``free_source``); in a Mamba storage world (``state``) the
+  chain's one state slot, filled with the oracle's state of the chain's node, expected back
+  for the chain's whole prefix only (a state is valid at its node's end);
 - ``note``: every side slot the storage half holds (sources, staged windows), from its own
   allocations and the frees it heard, so rank 0's count in INV-05's conservation;
 - ``crowd`` / ``release_crowds``: other requests' host pages while a prefetch's query runs (the
@@ -24,21 +28,41 @@ import torch
 
 from hicache_ref.harness.driver.node_model import pages_covered
 from hicache_ref.harness.driver.storage_chains import Chain, fill_chain
+from hicache_ref.harness.driver.storage_side import staging_pages
+from hicache_ref.harness.world.content import expected_rows
+from hicache_ref.harness.world.recording_storage import page_digest
 from hicache_ref.invariants.snapshot import NodeHoldings
+from hicache_ref.invariants.storage_snapshot import Prefix
 
 if TYPE_CHECKING:
     from hicache_ref.harness.driver.storage_log import StorageLog
+    from hicache_ref.harness.world.config import HarnessConfig
     from hicache_ref.harness.world.storage_world import StorageRank
+    from hicache_ref.pools.host_pool import HostKVCache
 
 
 class SideBook:
     """The side slots and crowds of one storage world's ranks."""
 
-    def __init__(self, ranks: int, page: int) -> None:
+    def __init__(self, ranks: int, page: int, side_page: int = 0, state: bool = False) -> None:
         self.page = page
+        self.side_page = side_page or page  # the side pool's page: one slot for a state pool
+        self.state = state  # a Mamba state pool: one slot per chain (node)
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(ranks)]
         self.held: list[set[int]] = [set() for _ in range(ranks)]
         self.crowds: dict[str, list[torch.Tensor | None]] = {}
+
+    @classmethod
+    def of(cls, config: HarnessConfig) -> SideBook:
+        """The book of ``config``'s storage world (its side pool's page and kind)."""
+        return cls(
+            config.storage_ranks, config.page_size, config.side_page_size, config.has_state_pool
+        )
+
+    def staging(self, pages: int, window: int, at_root: bool) -> int:
+        """The window pages a prefetch of ``pages`` names (``storage_side.staging_pages``: a
+        Mamba state's one page on every prefetch)."""
+        return staging_pages(pages, window, at_root, self.state)
 
     def reset(self) -> None:
         """A reset: the host and side pools are cleared, nothing is held any more."""
@@ -47,14 +71,14 @@ class SideBook:
         self.crowds = {}
 
     # -- a backup's SWA source pages -------------------------------------------------------------
-    @staticmethod
-    def alloc_side(ranks: Sequence[StorageRank], tokens: int) -> list[torch.Tensor] | None:
-        """Every rank's side slots for a chain (``[]`` outside an SWA world, None when some
-        rank has no room: none kept)."""
+    def alloc_side(self, ranks: Sequence[StorageRank], tokens: int) -> list[torch.Tensor] | None:
+        """Every rank's side slots for a chain of ``tokens`` (one state slot in a Mamba
+        world; ``[]`` outside a side-pool world, None when some rank has no room: none kept)."""
         pools = [r.side_host_pool for r in ranks]
         if any(pool is None for pool in pools):
             return []
-        got = [pool.alloc(tokens) for pool in pools if pool is not None]
+        rows = 1 if self.state else tokens
+        got = [pool.alloc(rows) for pool in pools if pool is not None]
         if any(slots is None for slots in got):
             for pool, slots in zip(pools, got, strict=True):
                 if pool is not None and slots is not None:
@@ -74,8 +98,12 @@ class SideBook:
     ) -> None:
         """The side pool's rows of content ``uid`` at ``slots`` (what L3 must give back)."""
         assert rank.side_host_pool is not None
-        for prefix, digest in fill_chain(rank.side_host_pool, uid, chain, slots, layers, True):
+        if self.state:
+            prefix, digest = fill_state(rank.side_host_pool, uid, chain, slots, layers, self.page)
             log.expected_swa[(rank.rank, prefix)] = digest
+        else:
+            for prefix, digest in fill_chain(rank.side_host_pool, uid, chain, slots, layers, True):
+                log.expected_swa[(rank.rank, prefix)] = digest
         self.sources[rank.rank][op_id] = slots
         self.note(rank.rank, slots, held=True)
 
@@ -130,9 +158,26 @@ class SideBook:
             pages = pages_covered(slots, self.page)
             held.append(pseudo_holding(first - len(held), pages, frozenset()))
         if self.held[0]:
-            side = frozenset(s // self.page for s in self.held[0])
+            side = frozenset(s // self.side_page for s in self.held[0])
             held.append(pseudo_holding(first - len(held), frozenset(), side))
         return held
+
+
+def fill_state(
+    pool: HostKVCache, uid: int, chain: Chain, slots: torch.Tensor, layers: int, page: int
+) -> tuple[Prefix, str]:
+    """The oracle's state of content ``uid`` (a node's one slot, as the tree's model of a Mamba
+    node has it: the draft rows of position 0) at the one slot ``slots`` holds; (the chain's
+    whole prefix, the slot's digest)."""
+    assert slots.numel() == 1, "a node's Mamba state is one slot"
+    positions = torch.arange(1)
+    for c, name in enumerate(pool.device_pool.component_names()):
+        shape = tuple(pool.row_shapes[name])
+        for layer in range(layers):
+            pool.write_rows(
+                name, layer, slots, expected_rows(uid, True, layer, c, positions, shape)
+            )
+    return chain.prefix(page), page_digest(pool.get_data_page(int(slots[0]), True))
 
 
 def pseudo_holding(

@@ -1,5 +1,8 @@
 """What the storage driver writes down of an SWA side pool's L3 window (INV-39 evidence).
 
+A Mamba state pool's window (``storage:mamba``) is one page of one slot: the node's state,
+judged by the same records at the side pool's own page size (``SideBook.side_page``).
+
 The tree half (``storage_side.py``) stages a prefetch's window, hears the controller's pool
 hits and judges the result all-or-nothing; these handlers turn its events and the backend's
 calls into the harness's own records, in the order a prefetch meets them:
@@ -33,7 +36,13 @@ from hicache_ref.harness.driver.storage_chains import scribble_draft_rows
 from hicache_ref.harness.driver.storage_side import side_release_queue
 from hicache_ref.harness.world.recording_storage import BackendCall, page_digest
 from hicache_ref.invariants.storage_snapshot import SideWindowRecord
-from hicache_ref.storage.pool_transfers import SWA_POOL, component_key, restorable_prefixes
+from hicache_ref.storage.pool_transfers import (
+    MAMBA_POOL,
+    SWA_POOL,
+    WINDOW_POOLS,
+    component_key,
+    restorable_prefixes,
+)
 
 if TYPE_CHECKING:
     from hicache_ref.harness.driver.storage_chains import Chain
@@ -63,9 +72,9 @@ class DriverView(Protocol):
 
 def swa_restorable(calls: list[BackendCall], keys: list[str], trailing: int) -> tuple[int, ...]:
     """The prefix lengths of ``keys`` (the KV run) whose last ``trailing`` pages the backend
-    said it holds in the SWA pool."""
+    said it holds in the window pool (SWA, or a Mamba state: a window of one page)."""
     present: set[str] = set()
-    for call in (c for c in calls if c.kind == "sidecar_exists" and c.pool == SWA_POOL):
+    for call in (c for c in calls if c.kind == "sidecar_exists" and c.pool in WINDOW_POOLS):
         present.update(k.rsplit(".", 1)[0] for k in call.keys[: max(0, call.answer)])
     return tuple(restorable_prefixes([key in present for key in keys], trailing))
 
@@ -102,8 +111,9 @@ def _queued_releases(driver: DriverView, rank: int) -> set[int]:
 
 
 def kept_window(driver: DriverView, rank: int, log: PrefetchLog) -> list[int]:
-    """The slots of the staged window pages the controller did not give back, in order."""
-    page, staged = driver.page, log.swa_staged
+    """The slots of the staged window pages the controller did not give back, in order (at
+    the side pool's page size: one slot per page of a Mamba state pool)."""
+    page, staged = driver.side.side_page, log.swa_staged
     released = log.swa_released | (set(staged) & _queued_releases(driver, rank))
     pages = [staged[i * page : (i + 1) * page] for i in range(len(staged) // page)]
     return [slot for slots in pages if slots[0] not in released for slot in slots]
@@ -113,9 +123,10 @@ def adopt_window(
     driver: DriverView, rank: int, log: PrefetchLog, host: torch.Tensor
 ) -> torch.Tensor | None:
     """A kept result's window as its node's side slots, if it covers the whole node (the
-    storage half holds them no more); None for a window of the node's tail only (no node)."""
+    storage half holds them no more; a Mamba node's is its one state slot); None for a window
+    of the node's tail only (no node)."""
     window = kept_window(driver, rank, log)
-    if len(window) != int(host.numel()):
+    if len(window) != (1 if driver.side.state else int(host.numel())):
         return None
     slots = torch.tensor(window, dtype=host.dtype)
     driver.side.note(rank, slots, held=False)
@@ -125,11 +136,11 @@ def adopt_window(
 def on_side_verdict(
     driver: DriverView, rank: int, log: PrefetchLog, op: Any, accepted: bool
 ) -> None:
-    page = driver.page
+    page, side_page = driver.page, driver.side.side_page
     served = log.cut_tokens if log.cut_tokens is not None else log.published_hit_tokens
     hit_pages = (served or 0) // page
-    heads = log.swa_staged[::page][: len(log.swa_staged) // page]
-    kept = kept_window(driver, rank, log)[::page]
+    heads = log.swa_staged[::side_page][: len(log.swa_staged) // side_page]
+    kept = kept_window(driver, rank, log)[::side_page]
     window = min(len(heads), hit_pages)
     tokens = driver.chains[log.chain_uid].tokens(page)
     prefixes = [
@@ -145,7 +156,8 @@ def on_side_verdict(
     )
     keys = [driver.log.keyed.get((rank, prefix)) for prefix in prefixes]
     faults = driver.l3.ranks[rank].faults
-    swa_keys = {component_key(k, SWA_POOL) for k in keys if k is not None}
+    name = MAMBA_POOL if driver.side.state else SWA_POOL
+    swa_keys = {component_key(k, name) for k in keys if k is not None}
     stored = (
         faults is not None and None not in keys and all(faults.inner.exists(k) for k in swa_keys)
     )
@@ -163,7 +175,7 @@ def on_side_verdict(
             staged_pages=len(heads),
             window_pages=window,
             released_pages=len(heads) - len(kept),
-            published_pages=None if hits is None else hits.get(SWA_POOL),
+            published_pages=None if hits is None else hits.get(name),
             landed=landed,
             stored=stored,
             read_faulted=faulted,

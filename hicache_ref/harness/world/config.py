@@ -149,7 +149,11 @@ class HarnessConfig(BaseModel):
     (``harness/driver/storage_side.py``). 0 elsewhere. Drawn last, so older traces replay alike;
     the machine draws such a world under host pressure, where other requests hold all but one
     or two of every rank's free host pages while a prefetch's query runs
-    (``storage_side_book.SideBook.crowd``), so hits are often served cut below the window."""
+    (``storage_side_book.SideBook.crowd``), so hits are often served cut below the window.
+    With a Mamba state pool (``pool_group="mamba"``, capability ``storage:mamba``) it is 1: a
+    backup stores the node's one state slot under its last page key, a prefetch names one
+    placeholder key, and the tree stages one state slot at the hit (upstream's Mamba component:
+    one ``TRAILING_PAGES`` page per node)."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -185,11 +189,6 @@ class HarnessConfig(BaseModel):
             )
         if self.state_cow and not self.has_state_pool:
             raise ValueError("state_cow is a Mamba world's (pool_group='mamba')")
-        if self.has_state_pool and self.storage_ranks:
-            raise ValueError(
-                "pool_group='mamba' is drawn without a storage tier (Mamba pages in L3 are not "
-                "driven: storage_ranks=0)"
-            )
         if self.pool_group == "anchor" and self.has_draft:
             raise ValueError("pool_group='anchor' has no draft pool; use 'packed' or 'sidecar'")
         if self.forward_stream and self.cp_size >= 1:
@@ -225,14 +224,21 @@ class HarnessConfig(BaseModel):
                 "a storage world has no CP (CP HiCache refuses a storage attach), and a draft "
                 "pool only as a KV-derived sidecar (pool_group 'none' for a draft pair, or "
                 "'sidecar'), whose pages ride into L3 with the KV's, or as an independent SWA "
-                "side pool (pool_group 'swa' with storage_swa_window)"
+                "side pool or Mamba state pool (pool_group 'swa' or 'mamba' with "
+                "storage_swa_window)"
             )
         swa_storage = self.storage_ranks >= 1 and self.has_side_pools
         if swa_storage != (self.storage_swa_window > 0) or self.storage_swa_window > 3:
             raise ValueError(
                 f"storage_swa_window={self.storage_swa_window} is the SWA window (1 .. 3 pages) "
-                "of a storage world with an independent side pool (pool_group='swa', "
-                "storage_ranks >= 1), and 0 in every other world"
+                "of a storage world with an independent side pool (pool_group='swa' or "
+                "'mamba', storage_ranks >= 1), and 0 in every other world"
+            )
+        if swa_storage and self.has_state_pool and self.storage_swa_window != 1:
+            raise ValueError(
+                f"storage_swa_window={self.storage_swa_window} in a Mamba storage world: a state "
+                "pool's trailing window is one page (one state per node, stored under the "
+                "node's last page key); set storage_swa_window=1"
             )
         return self
 
@@ -285,7 +291,8 @@ class HarnessConfig(BaseModel):
             faults += "+locks" if self.storage_lock_points else ""
             faults += "+pressure" if self.storage_host_pressure else ""
             faults += "+pp" if self.storage_pp else ""
-            faults += f"+swa{self.storage_swa_window}" if self.storage_swa_window else ""
+            window = f"+swa{self.storage_swa_window}" if self.storage_swa_window else ""
+            faults += "+state" if window and self.has_state_pool else window
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"
         runs += " fwd-stream" if self.forward_stream else ""
         runs += f" group={self.pool_group}" if self.pool_group != "none" else ""

@@ -35,7 +35,7 @@ from hicache_ref.harness.adapters.base import BuildRequest, ControllerLike, Impl
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.content import HARNESS_DTYPE
 from hicache_ref.harness.world.recording_storage import RecordingStorage
-from hicache_ref.harness.world.side_pools import build_side_allocator
+from hicache_ref.harness.world.side_pools import build_side_allocator, make_state_pool
 from hicache_ref.harness.world.world import World, make_device_pool, physical_size_tokens
 from hicache_ref.pools.host_pool import HostKVCache, make_host_pool
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
@@ -106,12 +106,17 @@ def _peer_rank(
     )
     draft_device_pool = draft_host_pool = side_allocator = None
     if config.has_side_pools:  # an SWA world: the side pool's own rows, slots and allocator
-        draft_device_pool = make_device_pool(
-            config, config.draft_layer_num, config.side_device_pages * page, device
-        )
+        if config.has_state_pool:  # a Mamba world: one state slot per node, pages of one slot
+            draft_device_pool = make_state_pool(config, device)
+        else:
+            draft_device_pool = make_device_pool(
+                config, config.draft_layer_num, config.side_device_pages * page, device
+            )
         side_allocator = build_side_allocator(config, draft_device_pool, device)
         draft_host_pool = make_host_pool(
-            draft_device_pool, layout=config.layout, size_tokens=config.draft_host_pages * page
+            draft_device_pool,
+            layout=config.layout,
+            size_tokens=config.draft_host_pages * config.side_page_size,
         )
     elif config.has_draft:  # a sidecar world: the peer's draft pages go to L3 beside its KV
         draft_device_pool = make_device_pool(
