@@ -13,7 +13,7 @@ Primitives in the order data flows through them:
    stores into (``notify_layer_end``) and reads (``get_key_buffer`` waits for the layer, INV-11).
    ``HybridLinearKVPool`` (``hybrid_pool``) wraps one of them as ``full_kv_pool`` next to the
    linear-attention state HiCache never caches; the controller unwraps it.
-5. ``HostKVCache`` (``host_pool``, ``make_host_pool``; where a row lives per layout:
+5. ``HostKVCache`` (``host_pool``; ``make_host_pool`` of ``host_pool_kinds``; where a row lives per layout:
    ``host_layout``): ``alloc`` host slots -> ``backup_from_device_*`` (d2h)
    -> ``get_data_page`` to storage / ``set_from_flat_data_page`` from storage ->
    ``load_to_device_per_layer`` (h2d) -> ``free``. Transfers are stream work (``transfer``): they
@@ -54,8 +54,8 @@ from hicache_ref.pools.host_layout import (
     HostLayout,
     IoBackend,
 )
-from hicache_ref.pools.host_pool import (
-    HostKVCache,
+from hicache_ref.pools.host_pool import HostKVCache
+from hicache_ref.pools.host_pool_kinds import (
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
     NSATokenToKVPoolHost,

@@ -6,7 +6,8 @@ Mirrors SGLang 0.5.10 ``memory_pool_host.py`` with these deliberate differences:
   double free or a foreign slot is refused before anything changes (INV-05, INV-17; upstream 0.5.10
   has no check at all, bug class 14);
 - one class serves every device pool kind: the host pool holds one buffer per component of its
-  device pool, so the NSA indexer sidecar is moved with the KV (sglang#17085);
+  device pool, so the NSA indexer sidecar is moved with the KV (sglang#17085); the per-kind
+  classes of ``host_pool_kinds`` only name those buffers;
 - ``get_data_page`` / ``set_from_flat_data_page`` use one layout-independent byte order, so a page
   stored under one layout reads back under another (bug class 21; upstream's page bytes follow the
   buffer, e.g. ``(H, page, L, D)`` per K/V under ``page_head``);
@@ -19,7 +20,8 @@ Mirrors SGLang 0.5.10 ``memory_pool_host.py`` with these deliberate differences:
 
 Primitives in data-flow order: ``alloc`` -> ``backup_from_device_all_layer`` /
 ``backup_from_device_per_layer`` (d2h) -> ``get_data_page`` (to storage) ->
-``set_from_flat_data_page`` (from storage) -> ``load_to_device_per_layer`` (h2d) -> ``free``.
+``set_from_flat_data_page`` (from storage) -> ``load_to_device_per_layer`` /
+``load_to_device_layers`` (h2d) -> ``free``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import math
 import operator
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -45,8 +47,6 @@ from hicache_ref.pools.copy_choice import auto_triton_programs
 from hicache_ref.pools.device_pool import (
     KVCache,
     MHATokenToKVPool,
-    MLATokenToKVPool,
-    NSATokenToKVPool,
 )
 from hicache_ref.pools.free_pages import PageFreeList
 from hicache_ref.pools.host_layout import (
@@ -461,16 +461,12 @@ class HostKVCache:
         io_backend: str,
         after_layer: Callable[[int], None],
     ) -> None:
-        """``load_to_device_per_layer(layer)`` then ``after_layer(layer)`` (e.g. record the
-        layer's event) for each of ``layer_ids`` in order, on the current stream.
-
-        Where the device runs a launch at once (``launches_directly``: a GPU, not the
-        simulator nor a perturbed device, whose spins go between launches) and the pair's copy
-        path is ``batch``, the layers go to the copy engine's issuing thread as one stepped
-        entry: it issues them back to back, and the current stream waits for each layer before
-        its ``after_layer``, instead of one round trip through the current stream per layer
-        (``CudaBatchCopier.issue_rows_stepped``). The checks are the per-layer path's: the pair
-        is checked and planned with the first layer, every layer is checked (INV-06)."""
+        """``load_to_device_per_layer(layer)`` then ``after_layer(layer)`` (e.g. record its
+        event) for each of ``layer_ids`` in order. On a device that runs a launch at once
+        (``launches_directly``: a GPU) with the ``batch`` path, the layers are one stepped
+        entry of the copy engine's issuing thread, the current stream waiting for each before
+        its ``after_layer`` (``CudaBatchCopier.issue_rows_stepped``). The checks are the
+        per-layer path's (the pair planned with the first layer, every layer checked)."""
         ids = [operator.index(layer) for layer in layer_ids]
         if not ids:
             return
@@ -585,11 +581,9 @@ class HostKVCache:
         check_index_tensor(host_indices, "host_indices")
         slots = as_cpu_int64(host_indices)
         values = get_small_cpu_values(slots)
-        if values is not None:
-            outside = bool(values) and (min(values) < 0 or max(values) >= self.size)
-        else:
-            outside = slots.numel() > 0 and (int(slots.min()) < 0 or int(slots.max()) >= self.size)
-        if outside:
+        if values is None:
+            values = [int(slots.min()), int(slots.max())] if slots.numel() else []
+        if values and (min(values) < 0 or max(values) >= self.size):
             raise HiCacheInputError(f"host_indices must lie in [0, {self.size})")
         return host_row_index(self.layout, layer, slots, self.page_size)
 
@@ -604,49 +598,3 @@ class HostKVCache:
         """Overwrite rows synchronously (for tests and checkers only)."""
         key = self._host_key(component, layer_id, host_indices)
         self.buffers[component][key] = values.to(device=self.device, dtype=self.dtype)
-
-
-class MHATokenToKVPoolHost(HostKVCache):
-    """Host pool of an ``MHATokenToKVPool`` (components ``k``, ``v``)."""
-
-    device_pool_kind = MHATokenToKVPool
-    pool_kind = "mha"
-
-    @property
-    def k_buffer(self) -> torch.Tensor:
-        return self.buffers["k"]
-
-    @property
-    def v_buffer(self) -> torch.Tensor:
-        return self.buffers["v"]
-
-
-class MLATokenToKVPoolHost(HostKVCache):
-    """Host pool of an ``MLATokenToKVPool`` (component ``kv``); refuses an NSA pool (sglang#17085)."""
-
-    device_pool_kind: ClassVar[type[KVCache] | None] = MLATokenToKVPool
-    pool_kind: ClassVar[str | None] = "mla"
-
-    @property
-    def kv_buffer(self) -> torch.Tensor:
-        return self.buffers["kv"]
-
-
-class NSATokenToKVPoolHost(MLATokenToKVPoolHost):
-    """Host pool of an ``NSATokenToKVPool`` (components ``kv`` and the sidecar ``index_k``)."""
-
-    device_pool_kind = NSATokenToKVPool
-    pool_kind = "nsa"
-
-    @property
-    def index_k_buffer(self) -> torch.Tensor:
-        return self.buffers["index_k"]
-
-
-def make_host_pool(device_pool: KVCache, **kwargs: Any) -> HostKVCache:
-    """The host pool class matching ``device_pool``'s exact type (keyword arguments as
-    ``HostKVCache``)."""
-    for host_class in (MHATokenToKVPoolHost, MLATokenToKVPoolHost, NSATokenToKVPoolHost):
-        if type(device_pool) is host_class.device_pool_kind:
-            return host_class(device_pool, **kwargs)
-    return HostKVCache(device_pool, **kwargs)

@@ -54,7 +54,7 @@ def test_a_misaligned_chunk_names_its_exact_positions_and_the_page_it_should_be(
     assert "e.g. page 1 = [4..7] (p * page_size + arange(page_size))" in message
 
 
-# -- host_pool.make_host_pool: the fallback drops **kwargs ---------------------------------
+# -- host_pool_kinds.make_host_pool: the fallback drops **kwargs----------------------------
 def test_make_host_pool_passes_its_arguments_to_the_generic_host_pool() -> None:
     # a device pool whose exact type is no known kind (a subclass) -> the generic HostKVCache,
     # still sized and paged as asked

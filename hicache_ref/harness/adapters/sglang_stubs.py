@@ -153,7 +153,7 @@ def install_stubs(tree: Path) -> None:
     if installed_tree() == tree:
         return
     from hicache_ref.invariants.models import CpHiCacheNodeMetadata
-    from hicache_ref.pools import device_pool, host_pool, hybrid_pool
+    from hicache_ref.pools import device_pool, host_pool, host_pool_kinds, hybrid_pool
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
     from hicache_ref.pools.page_index import (
         pad_token_locs_to_page_boundary,
@@ -202,8 +202,8 @@ def install_stubs(tree: Path) -> None:
     _stub(
         "sglang.srt.mem_cache.memory_pool_host",
         HostKVCache=host_pool.HostKVCache,
-        MHATokenToKVPoolHost=host_pool.MHATokenToKVPoolHost,
-        MLATokenToKVPoolHost=host_pool.MLATokenToKVPoolHost,
+        MHATokenToKVPoolHost=host_pool_kinds.MHATokenToKVPoolHost,
+        MLATokenToKVPoolHost=host_pool_kinds.MLATokenToKVPoolHost,
     )
     # fork-only modules, served by this project's equivalents
     _stub(
@@ -312,7 +312,7 @@ def install_group_stubs(tree: Path) -> None:
     """What ``hybrid_cache_controller.py`` imports besides the controller: upstream's own
     ``HostPoolGroup``/``PoolEntry`` (``pool_host/group.py``, run as it is) and classes the
     gate's pools are never instances of (interleaved and envelope pools, request handles)."""
-    from hicache_ref.pools import host_pool
+    from hicache_ref.pools import host_pool, host_pool_kinds
 
     root = tree / "sglang" / "srt" / "mem_cache"
     _package("sglang.srt.mem_cache.hybrid_cache")
@@ -328,7 +328,10 @@ def install_group_stubs(tree: Path) -> None:
     _stub("sglang.srt.mem_cache.radix_cache", RadixKey=RadixKey)
     base = sys.modules["sglang.srt.mem_cache.pool_host.base"]
     base.__dict__.update(HostKVCache=host_pool.HostKVCache, uses_shared_host_layout=lambda p: False)
-    _stub("sglang.srt.mem_cache.pool_host.mha", MHATokenToKVPoolHost=host_pool.MHATokenToKVPoolHost)
+    _stub(
+        "sglang.srt.mem_cache.pool_host.mha",
+        MHATokenToKVPoolHost=host_pool_kinds.MHATokenToKVPoolHost,
+    )
     _stub(
         "sglang.srt.mem_cache.pool_host.page_interleave",
         PageInterleaveHostPool=type("PageInterleaveHostPool", (_StubClass,), {}),

@@ -37,7 +37,8 @@ from hicache_ref.harness.world.content import HARNESS_DTYPE
 from hicache_ref.harness.world.recording_storage import RecordingStorage
 from hicache_ref.harness.world.side_pools import build_side_allocator, make_state_pool
 from hicache_ref.harness.world.world import World, make_device_pool, physical_size_tokens
-from hicache_ref.pools.host_pool import HostKVCache, make_host_pool
+from hicache_ref.pools.host_pool import HostKVCache
+from hicache_ref.pools.host_pool_kinds import make_host_pool
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
 from hicache_ref.storage.factory import StorageBackendFactory
 from hicache_ref.storage.fault_injection import FaultInjectingStorage

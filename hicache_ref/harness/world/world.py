@@ -235,7 +235,7 @@ def build_world(
     """
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
     from hicache_ref.pools.cp_layout import CpSharedKVLayout
-    from hicache_ref.pools.host_pool import make_host_pool
+    from hicache_ref.pools.host_pool_kinds import make_host_pool
 
     if device is None:
         device = SimDevice(seed=config.seed, settle_records=config.settle_records)
