@@ -33,7 +33,11 @@ from hicache_ref.harness.steps.trace import Trace
 from .sglang_bugs import BUGS, BUGS_0523, PlantedBug
 
 UNMODIFIED_BUDGET = "20s"
-BUG_BUDGET = "90s"  # a cap: each is caught in < 30 s alone; 2 shared cores run slower
+BUG_BUDGET = "180s"
+"""A cap, not a cost: a gate ends at its first new failure. Each planted bug is caught in < 30 s
+alone (io_ignores_termination: 116 cases, 16-19 s); late in one long pytest process that test
+took 41-57 s, and with the suite in two processes on a host loaded past 15 the slowest two took
+78 and 88 s, too near the old 90 s (benchmarks/RESULTS.md, the default test run's time)."""
 SNIPPET_LINES_MAX = 5
 MUST_CATCH = [bug for bug in BUGS if not bug.EXPECTED_UNCAUGHT]
 BUG_CLASSES_MIN = 6

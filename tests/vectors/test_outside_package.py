@@ -73,7 +73,17 @@ def test_a_renamed_method_is_a_contract_error_before_any_case(
     assert not list(tmp_path.glob("failure-*"))  # no case ran, no trace was written
 
 
-def _pytest(outside: Path, tmp_path: Path, spec: str) -> subprocess.CompletedProcess[str]:
+REFERENCE_GATE_SECONDS = "3"
+"""The reference's gate item runs its whole budget (it finds nothing), so it is kept short."""
+MUTANT_GATE_SECONDS = "30"
+"""A cap, not a cost: the mutant's gate item ends at its first failure (it acks every write
+twice, so its first cases fail); 3 s let it pass once, with two test processes on a host whose
+load average was past 15 (benchmarks/RESULTS.md, the default test run's time)."""
+
+
+def _pytest(
+    outside: Path, tmp_path: Path, spec: str, gate_seconds: str = REFERENCE_GATE_SECONDS
+) -> subprocess.CompletedProcess[str]:
     user_tests = tmp_path / "user_tests"
     user_tests.mkdir(exist_ok=True)
     (user_tests / "test_their_own.py").write_text("def test_their_own_code():\n    assert True\n")
@@ -84,7 +94,7 @@ def _pytest(outside: Path, tmp_path: Path, spec: str) -> subprocess.CompletedPro
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(user_tests),
-        "--hicache-impl", spec, "--hicache-vectors", "stories", "--hicache-gate-seconds", "3",
+        "--hicache-impl", spec, "--hicache-vectors", "stories", "--hicache-gate-seconds", gate_seconds,
     ]  # fmt: skip
     return subprocess.run(
         command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
@@ -94,7 +104,7 @@ def _pytest(outside: Path, tmp_path: Path, spec: str) -> subprocess.CompletedPro
 def test_the_pytest_plugin_fails_the_outside_mutant_with_replay_lines(
     outside: Path, tmp_path: Path
 ) -> None:
-    run = _pytest(outside, tmp_path, "outside_impl:mutant")
+    run = _pytest(outside, tmp_path, "outside_impl:mutant", MUTANT_GATE_SECONDS)
     assert run.returncode == 1, run.stdout[-2000:]
     assert "hicache-vectors::story-inv02-one-ack-per-write" in run.stdout
     assert "hicache-gate::outside_impl:mutant" in run.stdout
