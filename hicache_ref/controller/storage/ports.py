@@ -16,7 +16,7 @@ none of them imports ``tier.py``. In the order a step meets them:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -28,6 +28,9 @@ from hicache_ref.storage.hashing import Token
 from hicache_ref.storage.operations import StorageOperation
 from hicache_ref.storage.pool_transfers import PoolTransfer
 from hicache_ref.storage.protocols import StorageHostPool
+
+if TYPE_CHECKING:
+    from hicache_ref.controller.storage.side_window import WindowPools
 
 
 class _Executor(Protocol):
@@ -45,6 +48,7 @@ class StepTier(Protocol):
     mem_pool_host: StorageHostPool
     backup_skip: bool
     sidecar_pools: dict[str, StorageHostPool]
+    window_pools: WindowPools
 
     def sidecar_transfers(
         self, keys: Sequence[str], host_indices: torch.Tensor | None = None
