@@ -182,7 +182,7 @@ def test_a_window_is_not_read_when_a_kv_page_of_the_hit_did_not_land() -> None:
 
 
 def test_a_window_the_tier_does_not_store_is_refused_with_the_fix() -> None:
-    tier, kv, side = make()
+    tier, kv, _ = make()
     host = kv.alloc(len(TOKENS))
     assert host is not None
     keys = tier.compute_page_keys(TOKENS, None)
