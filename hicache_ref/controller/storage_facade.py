@@ -58,6 +58,8 @@ class StorageFacade:
         prefix_keys: Sequence[str] | None = None,
         extra_pools: Sequence[PoolTransfer] | None = None,
     ) -> PrefetchOperation:
+        if extra_pools is None:  # a tier of the seed's signature (a mutant's) takes no windows
+            return self.storage.prefetch(request_id, new_input_tokens, last_hash, prefix_keys)
         return self.storage.prefetch(
             request_id, new_input_tokens, last_hash, prefix_keys, extra_pools
         )
@@ -84,6 +86,8 @@ class StorageFacade:
         prefix_keys: Sequence[str] | None = None,
         extra_pools: Sequence[PoolTransfer] | None = None,
     ) -> int:
+        if extra_pools is None:  # a tier of the seed's signature (a mutant's) takes no windows
+            return self.storage.write_storage(host_indices, token_ids, hash_value, prefix_keys)
         return self.storage.write_storage(
             host_indices, token_ids, hash_value, prefix_keys, extra_pools
         )
