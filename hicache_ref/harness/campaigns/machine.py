@@ -225,10 +225,11 @@ def _side_pool_fields(
     layers, its own device pages and host pages (state slots), often scarce (drawn after every
     other field, so no other world's draws move). Upstream's come from the anchor-only worlds
     of its ``HostPoolGroup``; an implementation that holds side pools without a group (the
-    reference) takes them from the worlds without CP, draft pool or storage. A side-pool world
-    keeps its storage tier where the implementation stores the side pool's window
-    (``storage:swa``, upstream 0.5.19+: its window is drawn last) or a Mamba node's state page
-    (``storage:mamba``: a window of one page); elsewhere it has none."""
+    reference) takes them from the worlds without CP, draft pool or storage here, and from its
+    storage worlds last (``_stored_side_pool_fields``). A side-pool world keeps its storage tier
+    where the implementation stores the side pool's window (``storage:swa``: its window is drawn
+    last) or a Mamba node's state page (``storage:mamba``: a window of one page); elsewhere it
+    has none."""
     if "pool_group:swa" not in capabilities:
         return {}
     if "pool_group" in capabilities:
