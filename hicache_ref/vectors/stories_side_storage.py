@@ -3,8 +3,10 @@ all-or-nothing with the KV pages, and loaded back with the prefetched node.
 
 Side-storage world: the storage tier's default world (``stories_storage.STORAGE_WORLD``: two
 ranks, one-page batches) with an independent side pool, its window covering a three-page
-chain, so the prefetched node keeps the window as its side slots; the Mamba world's window is
-the node's one state page, under its last page key. Listed after the storage tier's scenes.
+chain, so the prefetched node keeps the window as its side slots; under host pressure a
+prefetch's pick 8 has other requests leave every rank two host pages, so a three-page hit is
+served cut to two; the Mamba world's window is the node's one state page, under its last page
+key. Listed after the storage tier's scenes.
 """
 
 from __future__ import annotations
@@ -44,6 +46,20 @@ def round_trip(r: Recorder) -> None:
 )
 def _inv39_swa(r: Recorder) -> None:
     round_trip(r)
+
+
+@story(
+    "story-inv39-a-cut-hit-reads-the-served-hits-window",
+    "INV-39",
+    "a hit cut to the host room reads the window of the pages served, the staged rest given back",
+    **{**SIDE_STORAGE, "storage_host_pressure": True},
+)
+def _inv39_cut(r: Recorder) -> None:
+    to_l3(r, pick=2)
+    r.apply("prefetch", {"pick": 8}, note="other requests leave every rank two host pages")
+    r.apply("storage_step", {"kind": "hit_query"}, note="a three-page hit, window included")
+    r.apply("drain_prefetch_acks", note="served cut to two pages; three window pages staged")
+    run_storage(r, inv="INV-39", note="the window of pages 1-2 read, the third page given back")
 
 
 @story(

@@ -5,8 +5,8 @@ the tier they use, as a ``Protocol``, instead of the tier class: ``tier.py`` imp
 none of them imports ``tier.py``. In the order a step meets them:
 
 - ``StepTier``: what one loop body reads and writes (queues, geometry, the backend, the
-  collectives, the epoch check and the result it returns): ``HitQuery``, ``PrefetchIO``,
-  ``PrefetchSync``, ``Backup``;
+  collectives, the window pools, ``WindowPoolsLike``, the epoch check and the result it
+  returns): ``HitQuery``, ``PrefetchIO``, ``PrefetchSync``, ``Backup``;
 - ``StepComponent`` / ``RunnerTier``: the four components and what ``StepRunner`` dispatches
   and bounds with;
 - ``StepLoop`` / ``ExecutorTier``: what a storage thread loops over (``ThreadExecutor``);
@@ -16,7 +16,7 @@ none of them imports ``tier.py``. In the order a step meets them:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
@@ -29,13 +29,18 @@ from hicache_ref.storage.operations import StorageOperation
 from hicache_ref.storage.pool_transfers import PoolTransfer
 from hicache_ref.storage.protocols import StorageHostPool
 
-if TYPE_CHECKING:
-    from hicache_ref.controller.storage.side_window import WindowPools
-
 
 class _Executor(Protocol):
     @property
     def name(self) -> str: ...
+
+
+class WindowPoolsLike(Protocol):
+    """The tier's window pools as a step uses them (``side_window.WindowPools``)."""
+
+    pools: dict[str, StorageHostPool]
+
+    def release(self, name: str, slots: torch.Tensor) -> None: ...
 
 
 class StepTier(Protocol):
@@ -48,7 +53,9 @@ class StepTier(Protocol):
     mem_pool_host: StorageHostPool
     backup_skip: bool
     sidecar_pools: dict[str, StorageHostPool]
-    window_pools: WindowPools
+
+    @property
+    def window_pools(self) -> WindowPoolsLike: ...
 
     def sidecar_transfers(
         self, keys: Sequence[str], host_indices: torch.Tensor | None = None

@@ -11,6 +11,9 @@ with that naming, in the order a node meets it:
   of the chain is in the window), or a Mamba node's one state slot under its last page key;
 - ``prefetch``: the window's placeholder keys, one per page ``storage_side.staging_pages``
   names (a Mamba state's one page on every prefetch); the tree stages their slots at the hit.
+
+INV-39 judges what a window holds from the harness's own records
+(``harness/driver/storage_side_events.py``), never from these transfers.
 """
 
 from __future__ import annotations
@@ -30,19 +33,9 @@ PLACEHOLDER_KEY = "__placeholder__"
 """A prefetch's window key before the hit is known (``_sync_trailing_keys`` replaces it)."""
 
 
-_NAMED: dict[type[HiCacheController], type[HiCacheController]] = {}
-
-
 def with_window_names(cls: type[HiCacheController]) -> type[HiCacheController]:
-    """``cls`` whose ``write_storage`` and ``prefetch`` name its side pool's window (one class
-    per controller class, built once: a mutant keeps its mutation)."""
-    named = _NAMED.get(cls)
-    if named is None:
-        named = _NAMED[cls] = _window_named(cls)
-    return named
-
-
-def _window_named(cls: type[HiCacheController]) -> type[HiCacheController]:
+    """``cls`` whose ``write_storage`` and ``prefetch`` name its side pool's window (a subclass
+    built per call: a mutant keeps its mutation, and no class is kept between worlds)."""
 
     class WindowNamed(cls):  # type: ignore[valid-type, misc]
         window_pages = 0  # the world's window (HarnessConfig.storage_swa_window); 0: none
