@@ -80,8 +80,8 @@ class Backup:
         tier = self.tier
         windows_stored = backup_windows(tier, operation)
         if tier.backup_skip:
-            stored = bool(windows_stored)
-            operation.completed_tokens = len(operation.hash_value) * tier.page_size * stored
+            span = len(operation.hash_value) * tier.page_size
+            operation.completed_tokens = span if windows_stored else 0
             return
         page_size = tier.page_size
         prefix_keys = operation.prefix_keys
