@@ -6,17 +6,25 @@ stories: a node's SWA window round-trips beside its KV pages, each page under ``
 a hit served shorter than the staged window reads the served hit's trailing pages and gives
 the staged tail back; a hit is the longest prefix whose window is stored, not the KV run; a
 Mamba state is stored once per node, under its last page key, so only the node's end is
-restorable; a window is not read when a KV page of the hit did not land; and a call naming a
-window the tier does not store is refused with the fix.
+restorable; a window is not read when a KV page of the hit did not land; a call naming a window
+the tier does not store is refused with the fix; ranks agree on the longest prefix every rank
+restores, not the MIN of each rank's longest (F28); and an MLA rank that skips the replicated
+KV still stores its rank-sharded Mamba state.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from storage_fakes import FakeHostPool, make_tier
+from storage_fakes import FakeHostPool, MLATokenToKVPool, make_tier
 
-from hicache_ref.controller.storage import StorageStepKind, StorageTier
+from hicache_ref.controller.storage import (
+    RankGroup,
+    StorageStepKind,
+    StorageTier,
+    run_lockstep,
+    run_until_idle,
+)
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.storage.memory_backend import MemoryStorage
 from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation
@@ -46,6 +54,16 @@ def back_up(
     tier: StorageTier, kv: FakeHostPool, side: FakeHostPool, pool: str = SWA_POOL
 ) -> torch.Tensor:
     """Store the node ``TOKENS`` with its window: every page's SWA page, or its one state."""
+    side_host = write_node(tier, kv, side, pool)
+    tier.run_until_idle()
+    assert tier.queues.ack_backup_queue.get_nowait().completed_tokens == len(TOKENS)
+    return side_host
+
+
+def write_node(
+    tier: StorageTier, kv: FakeHostPool, side: FakeHostPool, pool: str = SWA_POOL
+) -> torch.Tensor:
+    """``write_storage`` of the node ``TOKENS`` naming its window; its side host slots."""
     host = kv.alloc(len(TOKENS))
     assert host is not None
     kv.fill(host, seed=1)
@@ -56,8 +74,6 @@ def back_up(
     window_keys = keys[-1:] if pool == MAMBA_POOL else keys
     window = PoolTransfer(pool, side_host, window_keys, hit_policy=TRAILING_PAGES)
     tier.write_storage(host, TOKENS, extra_pools=[window])
-    tier.run_until_idle()
-    assert tier.queues.ack_backup_queue.get_nowait().completed_tokens == len(TOKENS)
     return side_host
 
 
@@ -195,3 +211,53 @@ def test_a_window_the_tier_does_not_store_is_refused_with_the_fix() -> None:
     staged = PoolTransfer(SWA_POOL, torch.arange(PAGE), [PLACEHOLDER], hit_policy=TRAILING_PAGES)
     with pytest.raises(HiCacheInputError, match="the tree stages them at the hit"):
         tier.prefetch("r1", TOKENS, extra_pools=[staged])
+
+
+def test_ranks_agree_on_the_longest_prefix_every_rank_restores_not_the_min_of_their_longest() -> (
+    None
+):
+    # rank 0 lost page 4's SWA page, rank 1 page 3's: with a one-page window rank 0 restores
+    # 1, 2, 3 pages and rank 1 1, 2, 4; the MIN of the longest (3) is a prefix rank 1 cannot
+    # restore (F28), the agreed hit is 2 pages on both ranks
+    group = RankGroup(2, timeout_s=2.0)
+    ranks = []
+    for rank in range(2):
+        kv = FakeHostPool(size=64, page_size=PAGE)
+        side = FakeHostPool(size=64, page_size=PAGE, layer_num=1)
+        tier = make_tier(kv, collectives=group.view(rank))
+        tier.add_window_pool(SWA_POOL, side)
+        tier.attach_storage_backend("memory", prefetch_threshold=PAGE)
+        ranks.append((tier, kv, side))
+    for tier, kv, side in ranks:
+        write_node(tier, kv, side)
+    run_until_idle([tier for tier, _, _ in ranks], group)
+    keys = ranks[0][0].compute_page_keys(TOKENS, None)
+    for (tier, _, _), lost in zip(ranks, (keys[3], keys[2]), strict=True):
+        backend = tier.storage_backend
+        assert isinstance(backend, MemoryStorage)
+        with backend.store.lock:
+            del backend.store.pages[backend._storage_key(component_key(lost, SWA_POOL))]
+    window = [PoolTransfer(SWA_POOL, keys=[PLACEHOLDER], hit_policy=TRAILING_PAGES)]
+    operations = [tier.prefetch("r1", TOKENS, extra_pools=window) for tier, _, _ in ranks]
+    run_lockstep([tier for tier, _, _ in ranks], group, StorageStepKind.HIT_QUERY)
+    assert [op.restorable_prefix_pages for op in operations] == [[1, 2, 3], [1, 2, 4]]
+    assert [op.storage_hit_count for op in operations] == [2 * PAGE, 2 * PAGE]
+
+
+def test_an_mla_rank_that_skips_the_kv_still_stores_its_mamba_state() -> None:
+    # an MLA rank other than 0 holds rank 0's KV but its own (rank-sharded) Mamba state: its
+    # backup stores no KV page, stores the state under the node's last page key and acks the
+    # span once the state is stored (upstream's should_backup keeps MAMBA on every rank)
+    group = RankGroup(2, timeout_s=2.0)
+    kv = FakeHostPool(size=64, page_size=PAGE)
+    side = FakeHostPool(size=64, page_size=1, layer_num=1)
+    tier = make_tier(kv, collectives=group.view(1), device_pool=MLATokenToKVPool(16))
+    tier.add_window_pool(MAMBA_POOL, side)
+    tier.attach_storage_backend("memory", prefetch_threshold=PAGE)
+    assert tier.backup_skip
+    write_node(tier, kv, side, MAMBA_POOL)
+    tier.run_step(StorageStepKind.BACKUP)
+    assert tier.queues.ack_backup_queue.get_nowait().completed_tokens == len(TOKENS)
+    keys = tier.compute_page_keys(TOKENS, None)
+    assert not any(stored(tier, key) for key in keys)  # no KV page: rank 0's
+    assert stored(tier, component_key(keys[-1], MAMBA_POOL))
