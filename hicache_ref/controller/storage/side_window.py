@@ -77,7 +77,7 @@ def window_transfers(operation: StorageOperation) -> list[PoolTransfer]:
 
 # -- the pools ---------------------------------------------------------------------------------
 class WindowPools:
-    """The window pools of one tier and the release queue of each (fresh every epoch)."""
+    """The window pools of one tier and the release queue of each (emptied by a reset)."""
 
     def __init__(self) -> None:
         self.pools: dict[str, StorageHostPool] = {}
