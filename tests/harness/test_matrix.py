@@ -152,6 +152,9 @@ def test_a_release_part_no_world_drives_is_named_with_its_reason(tmp_path: Path)
     assert set(parts) == {"side pools", "buffer mode"}  # storage is driven here
     assert "issue 27" in parts["buffer mode"]
     assert "side pools" not in dict(not_driven(tmp_path, {"storage", "pool_group:swa"}))
+    # buffer mode is driven where the tree's per-pool beliefs are (0.5.22+: the capability)
+    assert "buffer mode" not in dict(not_driven(tmp_path, {"storage", "storage:buffer_only"}))
+    assert "0.5.19 - 0.5.21 keep one flat LRU" in parts["buffer mode"]
     row = ReleaseRow("0.5.99", "x", 3, drove=["group swa 12%"], not_driven=list(parts.items()))
     table = render_matrix([row])
     assert "group swa 12%" in table and "0.5.99: not driven: buffer mode: " in table
@@ -275,14 +278,18 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     assert [row["shape"].split("+")[0] for row in rows] == ["streams", "l2-v1", "l2-v2"]
     assert all(row["cases"] > 0 and row["refused"] is None for row in rows), out
     # what each release has that no world drove is named with its reason, never left silent
-    assert "buffer mode" in rows[2]["not_driven"] and "storage" not in rows[2]["not_driven"]
+    assert "storage" not in rows[2]["not_driven"]
+    # 0.5.23 draws buffer_only storage worlds, and its row says how many
+    assert "buffer mode" not in rows[2]["not_driven"], out
+    assert any(part.startswith("buffer mode ") for part in rows[2]["drove"]), out
     assert "side pools" not in rows[2]["not_driven"]  # 0.5.23 draws pool_group="swa"
     assert "independent-pool storage" not in rows[2]["not_driven"]  # ... in storage worlds too
     assert "mamba side pool" not in rows[2]["not_driven"]  # ... and pool_group="mamba"
     assert "mamba storage" not in rows[2]["not_driven"]  # ... with its L3 page too
     # storage on every release: 0.5.19 keys its pages with utils.py's get_hash_str
     assert all("storage" not in row["not_driven"] for row in rows), out
-    assert "0.5.23: not driven: buffer mode: " in out
+    assert "0.5.23: not driven: buffer mode: " not in out
+    assert "0.5.19: not driven: buffer mode: " in out  # its flat beliefs are not modelled
     # 0.5.23's PP tickets: the matrix ran the PP gate on it, and only on it
     assert "pp prefetch" not in rows[2]["not_driven"], out
     assert "pp independent-pool tickets" not in rows[2]["not_driven"], out  # its SWA worlds

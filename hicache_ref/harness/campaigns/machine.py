@@ -36,6 +36,7 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     LOCK_POINTS_CAPABILITY,
     STATE_POOL_CAPABILITY,
+    STORAGE_BUFFER_CAPABILITY,
     STORAGE_MAMBA_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
     STORAGE_SWA_CAPABILITY,
@@ -187,10 +188,25 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         # cut is what _sync_trailing_keys re-aligns the window to
         pressure = draw(_PRESSURE)
         fields["storage_host_pressure"] = pressure or bool(fields.get("storage_swa_window"))
+    if _buffer_world(capabilities, fields):
+        fields["storage_buffer_only"] = True
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
     return config
+
+
+def _buffer_world(capabilities: frozenset[str], fields: Mapping[str, Any]) -> bool:
+    """A storage world over the KV pool alone (``pool_group="anchor"``, not PP) runs in
+    ``buffer_only`` host memory where the implementation has it (``storage:buffer_only``); no
+    draw (such a world's cache mode is refined away, ``SglangImplementation.refine_config``),
+    so no other world's draws move."""
+    return (
+        STORAGE_BUFFER_CAPABILITY in capabilities
+        and bool(fields.get("storage_ranks"))
+        and fields.get("pool_group") == "anchor"
+        and not fields.get("storage_pp")
+    )
 
 
 def _asks_lock_points(capabilities: frozenset[str]) -> bool:
