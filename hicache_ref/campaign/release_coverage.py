@@ -71,12 +71,12 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "harness/driver/storage_side.py, INV-39); this tree's was not granted (issue 27)",
     "buffer mode": "buffer_only host memory (the controller's buffer-mode capacity and rate "
     "limit under the BufferModePipeline's tree half: write staging freed at the storage ack, "
-    "the tree's StorageExistenceCache taught at the ack, healed by the rank-agreed per-pool "
-    "query verdict) is drawn as storage_buffer_only only where the harness drives the tree's "
-    "per-pool beliefs and the hybrid controller's query_pool_hit_pages (capability "
-    "storage:buffer_only, 0.5.22+; harness/driver/storage_buffer.py, INV-41); 0.5.19 - "
-    "0.5.21 keep one flat LRU without in-flight content and heal it at other places of their "
-    "radix caches, which the harness does not model (issue 27)",
+    "the tree's StorageExistenceCache taught at the ack, healed by the rank-agreed hit query) "
+    "is drawn as storage_buffer_only only where the harness drives the tree's beliefs beside "
+    "the hybrid controller with host_memory_mode (capability storage:buffer_only, 0.5.19+: "
+    "flat beliefs healed from the folded hit through 0.5.21, per-pool ones from "
+    "query_pool_hit_pages from 0.5.22; harness/driver/storage_buffer.py, INV-41); this "
+    "tree's were not granted (issue 27)",
     "pp prefetch": "the PP command thread serves PPPrefetchState tickets of the hybrid "
     "controller's storage prefetch only in buffer_only mode with a PP group of 2+ ranks "
     "(enable_pp_ticket); the PP gate (harness/campaigns/pp_gate.py, run by the matrix) drives "

@@ -40,7 +40,7 @@ PP ticket to judge, and no story can show it. ``checks_storage_side`` judges an 
 window in L3, which only upstream 0.5.19+'s hybrid controller stores (``storage:swa``): the
 reference's tier stores no independent side pool, so no story can show it either.
 ``checks_storage_buffer`` judges buffer mode's storage existence beliefs, which only upstream
-0.5.22+'s tree keeps (``storage:buffer_only``): the reference has no ``buffer_only`` host memory."""
+0.5.19+'s tree keeps (``storage:buffer_only``): the reference has no ``buffer_only`` host memory."""
 UNREACHABLE: Mapping[str, str] = {
     checker.inv_id: capability
     for capability, module in UNREACHABLE_MODULES.items()

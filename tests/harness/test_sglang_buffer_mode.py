@@ -1,9 +1,10 @@
-"""Buffer mode on upstream 0.5.22+: host memory as staging, beliefs of what L3 holds (INV-41).
+"""Buffer mode on upstream 0.5.19+: host memory as staging, beliefs of what L3 holds (INV-41).
 
 In a storage world with ``storage_buffer_only`` the gate builds upstream's own
 ``HybridCacheController`` over the KV pool alone in ``buffer_only`` host memory, and the
 harness's tree half is the buffer pipeline's (``harness/driver/storage_buffer.py``), with each
-rank's storage existence beliefs held by upstream's own ``StorageExistenceCache``. The stories:
+rank's storage existence beliefs held by upstream's own ``StorageExistenceCache`` (one release
+of each shape: 0.5.19's flat beliefs, 0.5.23's per pool). The stories:
 the controller's buffer-mode capacity and rate limit (write staging is not charged to loads); a
 write's staging freed at its storage ack, where its pages are taught; a write the backend
 failed on every rank is still believed (upstream's stale positive), so writing it again is
@@ -24,6 +25,7 @@ from hypothesis.errors import NoSuchExample
 from hicache_ref.cli import EXIT_OK
 from hicache_ref.harness.adapters.base import STORAGE_BUFFER_CAPABILITY
 from hicache_ref.harness.adapters.sglang import SglangImplementation
+from hicache_ref.harness.adapters.sglang_buffer import beliefs_shape
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
 from hicache_ref.harness.campaigns.machine import harness_configs
 from hicache_ref.harness.driver.storage_driver import StorageDriver
@@ -43,9 +45,18 @@ SEARCH = settings(
 )
 
 
+BELIEF_SHAPES = ("0.5.19", "0.5.23")
+"""One release of each shape of beliefs: flat (0.5.19 - 0.5.21), per pool (0.5.22+)."""
+
+
 @pytest.fixture(scope="module")
 def tree_0523() -> Path:
     return fetch_wheel_tree("0.5.23")
+
+
+@pytest.fixture(scope="module", params=BELIEF_SHAPES)
+def tree(request: pytest.FixtureRequest) -> Path:
+    return fetch_wheel_tree(str(request.param))
 
 
 def buffer_session(tree: Path, host_pages: int = 8, ranks: int = 2) -> Session:
@@ -90,10 +101,10 @@ def back_up_one_chain(session: Session) -> list[str]:
 
 
 def test_the_controller_runs_buffer_mode_and_leaves_write_staging_out_of_its_rate_limit(
-    tree_0523: Path,
+    tree: Path,
 ) -> None:
     # three host pages of two tokens: the buffer mode's load fraction is int(0.9 * 6) = 5
-    session = buffer_session(tree_0523, host_pages=3)
+    session = buffer_session(tree, host_pages=3)
     storage = storage_of(session)
     cc = storage.l3.ranks[0].controller
     assert cc.host_memory_mode == "buffer_only" and cc.prefetch_capacity_limit == 5
@@ -109,9 +120,9 @@ def test_the_controller_runs_buffer_mode_and_leaves_write_staging_out_of_its_rat
 
 
 def test_a_write_is_in_flight_until_its_storage_ack_and_believed_from_it(
-    tree_0523: Path,
+    tree: Path,
 ) -> None:
-    session = buffer_session(tree_0523)
+    session = buffer_session(tree)
     apply(session, "write_storage", pick=2, new=True)
     in_flight = views(session)
     assert all(len(v.inflight) == 3 and not v.believed for v in in_flight)  # covered only
@@ -123,11 +134,11 @@ def test_a_write_is_in_flight_until_its_storage_ack_and_believed_from_it(
 
 
 def test_a_write_the_backend_failed_is_still_believed_so_writing_it_again_is_skipped(
-    tree_0523: Path,
+    tree: Path,
 ) -> None:
     # every rank's backend fails the chain's three pages: each acks 0 tokens, but the buffer
     # pipeline teaches the write's pages unconditionally (TP-deterministic admission)
-    session = buffer_session(tree_0523)
+    session = buffer_session(tree)
     storage = storage_of(session)
     for rank in storage.l3.ranks:
         assert rank.faults is not None
@@ -142,9 +153,9 @@ def test_a_write_the_backend_failed_is_still_believed_so_writing_it_again_is_ski
 
 
 def test_a_page_the_backend_lost_is_forgotten_once_an_agreed_hit_query_misses_it(
-    tree_0523: Path,
+    tree: Path,
 ) -> None:
-    session = buffer_session(tree_0523)
+    session = buffer_session(tree)
     keys = back_up_one_chain(session)
     storage = storage_of(session)
     # rank 1's backend evicts the chain's last two pages; rank 0's keeps them
@@ -161,10 +172,15 @@ def test_a_page_the_backend_lost_is_forgotten_once_an_agreed_hit_query_misses_it
     session.finish()
 
 
-def test_buffer_mode_is_a_capability_of_the_releases_with_per_pool_beliefs() -> None:
-    for release, has in (("0.5.19", False), ("0.5.21", False), ("0.5.22", True), ("0.5.23", True)):
-        impl = SglangImplementation(fetch_wheel_tree(release))
-        assert (STORAGE_BUFFER_CAPABILITY in impl.capabilities) is has, release
+def test_buffer_mode_is_a_capability_of_the_releases_with_existence_beliefs() -> None:
+    for release, shape in (
+        ("0.5.18", None), ("0.5.19", "flat"), ("0.5.21", "flat"), ("0.5.22", "pools"),
+        ("0.5.23", "pools"),
+    ):  # fmt: skip
+        tree = fetch_wheel_tree(release)
+        impl = SglangImplementation(tree)
+        assert (STORAGE_BUFFER_CAPABILITY in impl.capabilities) is bool(shape), release
+        assert beliefs_shape(tree) == shape, release
 
 
 def test_an_anchor_storage_world_is_drawn_in_buffer_mode_where_it_is_a_capability(
@@ -176,8 +192,8 @@ def test_an_anchor_storage_world_is_drawn_in_buffer_mode_where_it_is_a_capabilit
     # every anchor storage world is (its cache mode is refined away), and no other is
     with pytest.raises(NoSuchExample):
         find(harness_configs(capabilities), is_anchor_storage_in_cache_mode, settings=SEARCH)
-    # 0.5.21 lacks the capability: no world of it is drawn in buffer mode
-    older = frozenset(SglangImplementation(fetch_wheel_tree("0.5.21")).capabilities)
+    # 0.5.18 lacks the capability: no world of it is drawn in buffer mode
+    older = frozenset(SglangImplementation(fetch_wheel_tree("0.5.18")).capabilities)
     with pytest.raises(NoSuchExample):
         find(harness_configs(older), lambda c: c.storage_buffer_only, settings=SEARCH)
     with pytest.raises(ValueError, match="storage_buffer_only is a storage world"):

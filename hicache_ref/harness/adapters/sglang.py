@@ -61,7 +61,7 @@ from hicache_ref.harness.adapters.base import (
     BuildRequest,
 )
 from hicache_ref.harness.adapters.contract import ImplementationBase
-from hicache_ref.harness.adapters.sglang_buffer import has_pool_beliefs
+from hicache_ref.harness.adapters.sglang_buffer import has_buffer_beliefs
 from hicache_ref.harness.adapters.sglang_group import build_group_controller
 from hicache_ref.harness.adapters.sglang_hashes import tree_hash_functions
 from hicache_ref.harness.adapters.sglang_shapes import (
@@ -296,7 +296,7 @@ class SglangImplementation(ImplementationBase):
                     self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
                     if self._has_pp_tickets():  # 0.5.21+: PP prefetch tickets
                         self.capabilities = self.capabilities | {STORAGE_PP_CAPABILITY}
-                    if self._has_pool_beliefs():  # 0.5.22+: buffer mode's per-pool beliefs
+                    if self._has_buffer_beliefs():  # 0.5.19+: buffer mode's beliefs
                         self.capabilities = self.capabilities | {STORAGE_BUFFER_CAPABILITY}
                     if self._reads_side_windows():  # 0.5.19+: an SWA window in L3
                         self.capabilities = self.capabilities | {STORAGE_SWA_CAPABILITY}
@@ -344,14 +344,14 @@ class SglangImplementation(ImplementationBase):
         cls = getattr(hybrid, "HybridCacheController", None)
         return callable(getattr(cls, PP_TICKET_FUNC, None))
 
-    def _has_pool_beliefs(self) -> bool:
-        """Buffer mode's tree half as the harness models it (0.5.22+): the tree's per-pool
-        ``StorageExistenceCache`` and the hybrid controller's rank-agreed per-pool query
-        verdicts (``query_pool_hit_pages``), read in the tree's files (``sglang_buffer``)."""
+    def _has_buffer_beliefs(self) -> bool:
+        """Buffer mode's tree half as the harness models it (0.5.19+): the tree's
+        ``StorageExistenceCache`` (0.5.22+ per pool, with the hybrid controller's rank-agreed
+        per-pool query verdicts; 0.5.19 - 0.5.21 flat), read in the tree's files
+        (``sglang_buffer``)."""
         from hicache_ref.device.sim import SimDevice
 
-        hybrid = self.loader.hybrid_module_for(SimDevice())
-        return has_pool_beliefs(self.tree, hybrid)
+        return has_buffer_beliefs(self.tree, self.loader.hybrid_module_for(SimDevice()))
 
     def _reads_side_windows(self) -> bool:
         """The hybrid controller reads an independent side pool's L3 pages after the KV's

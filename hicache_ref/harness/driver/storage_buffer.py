@@ -15,8 +15,8 @@ meets it:
   determinism), the in-flight ref dropped, the staging freed (the storage driver frees the
   write's host pages at every ack);
 - ``queried`` then ``hit``: a drained hit query heals the beliefs from the controller's
-  rank-agreed KV verdict (``query_pool_hit_pages``): pages past it are forgotten, pages up to it
-  learnt;
+  rank-agreed verdict: pages past it are forgotten (0.5.22+: the KV pool's
+  ``query_pool_hit_pages``, and pages up to it learnt; 0.5.19 - 0.5.21: the folded hit);
 - ``fetched``: a completed fetch teaches the pages it delivered;
 - ``reset`` drops what is in flight; ``clear`` (the clear endpoint, every rank) forgets all.
 
@@ -48,7 +48,9 @@ class BeliefsLike(Protocol):
     def covered(self, keys: Sequence[str]) -> bool: ...
     def track_inflight(self, keys: Sequence[str]) -> None: ...
     def finish_storage_write_ack(self, keys: Sequence[str]) -> None: ...
-    def heal_from_query(self, chain: Sequence[str], verdicts: dict[Any, int]) -> None: ...
+    @property
+    def learns_at_query(self) -> bool: ...
+    def heal_from_query(self, operation: Any, page_size: int) -> None: ...
     def stage_completed_prefetch(self, keys: Sequence[str]) -> None: ...
     def clear(self) -> None: ...
     def clear_inflight(self) -> None: ...
@@ -76,12 +78,13 @@ class RankBuffer:
 class BufferBook:
     """Every rank's buffer pipeline of one storage world."""
 
-    def __init__(self, ranks: list[RankBuffer], controllers: Sequence[Any] = ()) -> None:
+    def __init__(self, ranks: list[RankBuffer], controllers: Sequence[Any], page: int) -> None:
         self.ranks = ranks
         self.controllers = list(controllers)
+        self.page = page
 
     @classmethod
-    def of(cls, controllers: Sequence[Any]) -> BufferBook:
+    def of(cls, controllers: Sequence[Any], page: int) -> BufferBook:
         """The book of a ``buffer_only`` world: each controller carries its tree's beliefs
         (``harness_beliefs``) and reads the tree's write staging through
         ``host_write_staged_tokens_fn`` (its rate limit leaves it out)."""
@@ -96,7 +99,7 @@ class BufferBook:
             rank = RankBuffer(beliefs)
             cc.host_write_staged_tokens_fn = lambda rank=rank: rank.staged_tokens
             ranks.append(rank)
-        return cls(ranks, controllers)
+        return cls(ranks, controllers, page)
 
     def chain_keys(self, tokens: list[int], prior: str | None, page: int) -> list[list[str]]:
         """Each rank's page keys of ``tokens`` after ``prior``, with the tree's own hash (the
@@ -139,23 +142,26 @@ class BufferBook:
         self.ranks[rank].verdicts[rid] = pages
 
     def hit(self, rank: int, operation: Any) -> None:
-        """The tree drained a hit (``_invalidate_absent_from_hit_query``): the class heals from
-        the controller's verdicts, the record from what every rank's backend answered."""
+        """The tree drained a hit (``_invalidate_absent_from_hit_query``): the class heals as
+        its release does, the record from what every rank's backend answered: 0.5.22+ only with
+        every rank's answer (a rank without one hands no verdict, so the MIN carries none), up
+        to it learnt and past it forgotten; 0.5.19 - 0.5.21 on a rank that queried, past the
+        folded hit (a rank without an answer counts none) forgotten."""
         if getattr(operation, "deadline_expired", False):
             return  # a cut query's agreed hit is no verdict
         state = self.ranks[rank]
-        chain = getattr(operation, "all_hash_values", None)
-        if chain is not None:
-            state.beliefs.heal_from_query(chain, dict(operation.query_pool_hit_pages))
+        state.beliefs.heal_from_query(operation, self.page)
         rid = str(operation.request_id)
         found = [r.verdicts.get(rid) for r in self.ranks]
         keys = state.chains.get(rid)
-        if keys is None or any(pages is None for pages in found):
-            return  # some rank handed no verdict: the MIN carries none
-        agreed = min(pages for pages in found if pages is not None)
+        learns = state.beliefs.learns_at_query
+        if keys is None or (None in found if learns else found[rank] is None):
+            return
+        agreed = min(pages or 0 for pages in found)
         state.taught.difference_update(keys[agreed:])
         state.refuted.update(keys[agreed:])
-        state.learn(keys[:agreed])
+        if learns:
+            state.learn(keys[:agreed])
 
     def fetched(self, rank: int, rid: str, pages: int) -> None:
         """A completed fetch of ``pages`` pages (``stage_completed_prefetch``)."""

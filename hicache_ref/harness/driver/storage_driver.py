@@ -92,7 +92,8 @@ class StorageDriver:
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
         self.side = SideBook.of(self.config)  # an SWA or Mamba world's side slots, crowds
         buffer = self.config.storage_buffer_only  # host pages as staging (storage_buffer.py)
-        self.buffer = BufferBook.of([r.controller for r in self.l3.ranks]) if buffer else None
+        ccs = [r.controller for r in self.l3.ranks]
+        self.buffer = BufferBook.of(ccs, self.page) if buffer else None
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
