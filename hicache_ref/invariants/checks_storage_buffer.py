@@ -6,8 +6,9 @@ and skips a write whose pages it believes stored or in flight. The snapshot's ``
 per rank, what the tree's class holds for the KV pool beside what the harness's record of the
 world allows (``harness/driver/storage_buffer.py``): the keys an acked write or a rank-agreed hit
 taught and no drained hit query found missing since, with the verdict taken from what each
-rank's backend answered; and the writes launched and not yet acked. It is empty in every other
-world, where the checker has nothing to judge.
+rank's backend answered; the writes launched and not yet acked; and the controller's last
+prefetch rate-limit verdict with the host pages in use and the write staging then (buffer mode
+charges loads only). It is empty in every other world, where the checker has nothing to judge.
 """
 
 from __future__ import annotations
@@ -65,14 +66,39 @@ def _check_inflight(view: BeliefView, quiescent: bool) -> None:
         )
 
 
+LOAD_POOL_USAGE_FRACTION = 0.9
+"""How much of the host pool buffer mode's loads may fill (upstream's
+``HICACHE_LOAD_POOL_USAGE_FRACTION``, 0.9 in 0.5.19 - 0.5.23)."""
+
+
+def _check_admission(view: BeliefView) -> None:
+    if view.admission is None:
+        return
+    limited, used, staged, size = view.admission
+    loads = max(0, used - staged)
+    expected = loads >= int(LOAD_POOL_USAGE_FRACTION * size)
+    # Verify the rate limit charges loads only: write staging never parks a hit
+    if limited != expected:
+        said = "refused" if limited else "admitted"
+        raise InvariantViolation(
+            "INV-41",
+            f"rank {view.rank}'s controller {said} a prefetch as rate limited with {used} of "
+            f"{size} host tokens in use, {staged} of them write staging: loads hold {loads}, "
+            f"the limit is {int(LOAD_POOL_USAGE_FRACTION * size)} (buffer mode charges loads "
+            "only, never the write staging)",
+        )
+
+
 @registered("INV-41", StorageSnapshot, storage=0)
 def check_inv_41_beliefs_follow_storage(evidence: Evidence) -> None:
     """A buffer-mode belief follows the storage ack or an agreed hit, and dies at a query that
-    found the page missing; in-flight refs follow the writes; every rank believes alike."""
+    found the page missing; in-flight refs follow the writes; every rank believes alike; the
+    rate limit charges loads only."""
     snapshot = storage_snapshot_of("INV-41", evidence)
     for view in snapshot.beliefs:
         _check_believed(view)
         _check_inflight(view, snapshot.quiescent)
+        _check_admission(view)
     first = snapshot.beliefs[0] if snapshot.beliefs else None
     for view in snapshot.beliefs[1:]:
         assert first is not None

@@ -301,6 +301,9 @@ class BeliefView:
     refuted: tuple[str, ...] = ()  # the harness's: found missing by a drained hit query, not
     # taught since (for the message)
     staged_tokens: int = 0  # the write staging the tree holds (freed at each storage ack)
+    admission: tuple[bool, int, int, int] | None = None  # the controller's last prefetch
+    # rate-limit verdict on this rank: (limited, host tokens in use, write staging, pool size)
+    # then; None: none yet
 
 
 @dataclass(frozen=True)

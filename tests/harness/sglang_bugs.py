@@ -1028,11 +1028,24 @@ class BeliefHealKeepsTheFirstMissingPage(PlantedBug):
     INVARIANTS = ("INV-41",)
 
 
+class WriteStagingChargedToLoads(PlantedBug):
+    NAME = "write_staging_charged_to_loads"
+    BUG_CLASS = "buffer mode"
+    DESCRIPTION = (
+        "prefetch_rate_limited in buffer_only mode adds the tree's write staging to the pool's "
+        "usage instead of leaving it out, so pending writes park every hit"
+    )
+    OLD = "                used -= self.host_write_staged_tokens_fn()\n"
+    NEW = "                used += self.host_write_staged_tokens_fn()  # BUG: charged to loads\n"
+    INVARIANTS = ("INV-41",)
+
+
 BUGS_0523_BUFFER: tuple[type[PlantedBug], ...] = (
     PoolVerdictsNotReduced,
     BeliefHealKeepsTheFirstMissingPage,
+    WriteStagingChargedToLoads,
 )
 """Planted in 0.5.23's buffer mode: the hybrid controller's per-pool query verdicts (reduced with
-the hit, ``_sync_prefetch_hit_query``) and the tree's ``StorageExistenceCache``, which the
-harness runs unmodified: caught once the gate draws ``buffer_only`` storage worlds
-(``storage:buffer_only``)."""
+the hit, ``_sync_prefetch_hit_query``), the controller's buffer-mode rate limit and the tree's
+``StorageExistenceCache``, which the harness runs unmodified: caught once the gate draws
+``buffer_only`` storage worlds (``storage:buffer_only``)."""

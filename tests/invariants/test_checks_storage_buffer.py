@@ -2,9 +2,11 @@
 
 A healthy ``buffer_only`` world of two ranks: chain ``k1 k2 k3`` was written and acked (taught),
 a hit query then found only ``k1`` on some rank (``k2``, ``k3`` refuted), and a write of ``k4``
-is in flight. Each bad state changes one thing on rank 1: the tree's class believes a refuted
-page, believes a page whose write is only in flight, forgot a taught page, holds an in-flight ref
-of no launched write, or still stages a write at rest.
+is in flight, and the controller's last rate-limit verdict admitted a prefetch. Each bad state
+changes one thing on rank 1: the tree's class believes a refuted page, believes a page whose
+write is only in flight, forgot a taught page, holds an in-flight ref of no launched write, or
+still stages a write at rest; or the controller's rate limit charged the write staging to
+loads, or admitted a prefetch with loads at the limit.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def view(rank: int) -> BeliefView:
         launched=IN_FLIGHT,
         refuted=("k2", "k3"),
         staged_tokens=PAGE,
+        admission=(False, 2 * PAGE, PAGE, 5 * PAGE),  # 2 of 10 host tokens in use, 1 staged
     )
 
 
@@ -91,3 +94,14 @@ def test_inv41_ranks_believing_apart_are_caught() -> None:
     # both views agree with their own record, but the records differ: the ranks would admit
     # different writes
     fires(healthy(believed=("k1", "k2"), taught=("k1", "k2")), "believes 2 page")
+
+
+def test_inv41_write_staging_charged_to_loads_is_caught() -> None:
+    # 9 of 10 host tokens in use, 8 of them write staging: loads hold 1, the limit is 9
+    fires(healthy(admission=(True, 9, 8, 10)), "refused a prefetch as rate limited")
+
+
+def test_inv41_a_pool_full_of_loads_admitting_a_prefetch_is_caught() -> None:
+    # 10 of 10 host tokens in use, none staged: the loads reached the limit
+    fires(healthy(admission=(False, 10, 0, 10)), "admitted a prefetch")
+    STORAGE_CHECKS["INV-41"](healthy(admission=(True, 10, 0, 10)))  # refused: as it should

@@ -9,7 +9,8 @@ meets it:
   pipeline's admission, ``_pool_covered``: one redundant write less);
 - ``launch``: a write's host pages are staging: its keys go in flight in the beliefs
   (``track_inflight``) and its tokens into the write staging the controller's rate limit leaves
-  out (``host_write_staged_tokens_fn``);
+  out (``host_write_staged_tokens_fn``; ``rate_limited`` records each verdict of it with the
+  host pages in use then);
 - ``storage_ack``: at the drained storage ack its pages are taught unconditionally (a write the
   backend failed is a stale positive until a query heals it: upstream's design, for TP
   determinism), the in-flight ref dropped, the staging freed (the storage driver frees the
@@ -68,6 +69,9 @@ class RankBuffer:
     writes: dict[int, tuple[list[str], int]] = field(default_factory=dict)  # op -> keys, tokens
     staged_tokens: int = 0
     chains: dict[str, list[str]] = field(default_factory=dict)  # prefetch -> its page keys
+    host_pool: Any = None  # the rank's host pool (the harness's own)
+    admission: tuple[bool, int, int, int] | None = None  # the controller's last rate-limit
+    # verdict, with the host tokens in use, the write staging and the pool's size then
     verdicts: dict[str, int | None] = field(default_factory=dict)  # prefetch -> pages found
 
     def learn(self, keys: Sequence[str]) -> None:
@@ -84,19 +88,20 @@ class BufferBook:
         self.page = page
 
     @classmethod
-    def of(cls, controllers: Sequence[Any], page: int) -> BufferBook:
-        """The book of a ``buffer_only`` world: each controller carries its tree's beliefs
-        (``harness_beliefs``) and reads the tree's write staging through
+    def of(cls, storage_ranks: Sequence[Any], page: int) -> BufferBook:
+        """The book of a ``buffer_only`` world: each rank's controller carries its tree's
+        beliefs (``harness_beliefs``) and reads the tree's write staging through
         ``host_write_staged_tokens_fn`` (its rate limit leaves it out)."""
         ranks = []
-        for cc in controllers:
+        controllers = [r.controller for r in storage_ranks]
+        for cc, storage_rank in zip(controllers, storage_ranks, strict=True):
             beliefs = getattr(cc, "harness_beliefs", None)
             if beliefs is None:
                 raise ValueError(
                     f"{type(cc).__name__} has no harness_beliefs: a storage_buffer_only world "
                     "needs an implementation with capability storage:buffer_only"
                 )
-            rank = RankBuffer(beliefs)
+            rank = RankBuffer(beliefs, host_pool=storage_rank.host_pool)
             cc.host_write_staged_tokens_fn = lambda rank=rank: rank.staged_tokens
             ranks.append(rank)
         return cls(ranks, controllers, page)
@@ -132,6 +137,14 @@ class BufferBook:
         state.staged_tokens -= tokens
 
     # -- the read path -------------------------------------------------------------------------
+    def rate_limited(self, verdicts: Sequence[bool]) -> None:
+        """The controller's ``prefetch_rate_limited`` on each rank, with the host pages in use
+        then (the harness's own pool), for INV-41 to judge against the write staging."""
+        for state, limited in zip(self.ranks, verdicts, strict=True):
+            size = int(state.host_pool.size)
+            used = size - int(state.host_pool.available_size())
+            state.admission = (bool(limited), used, state.staged_tokens, size)
+
     def expect(self, rank: int, rid: str, keys: Sequence[str]) -> None:
         """A prefetch's page keys on ``rank`` (the tree's chain after its last hash)."""
         self.ranks[rank].chains[rid] = list(keys)
@@ -202,6 +215,7 @@ class BufferBook:
                     tuple(sorted(state.launched.items())),
                     tuple(sorted(state.refuted)),
                     state.staged_tokens,
+                    state.admission,
                 )
             )
         return tuple(views)

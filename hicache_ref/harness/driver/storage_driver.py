@@ -92,8 +92,7 @@ class StorageDriver:
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
         self.side = SideBook.of(self.config)  # an SWA or Mamba world's side slots, crowds
         buffer = self.config.storage_buffer_only  # host pages as staging (storage_buffer.py)
-        ccs = [r.controller for r in self.l3.ranks]
-        self.buffer = BufferBook.of(ccs, self.page) if buffer else None
+        self.buffer = BufferBook.of(self.l3.ranks, self.page) if buffer else None
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
@@ -248,7 +247,10 @@ class StorageDriver:
         last_hash = parent.chain_keys()[-1] if parent is not None else None
         prefix_keys = list(parent.chain_keys()) if parent is not None else None
         anchor: Prefix = parent.prefix(self.page) if parent is not None else ()
-        if any(r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks):
+        limited = [r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks]
+        if self.buffer is not None:  # what the write staging leaves to loads (INV-41)
+            self.buffer.rate_limited(limited)
+        if any(limited):
             return refused("prefetch rate limited")  # decided alike on every rank
         tokens = chain.pages * self.page
         if self.up_front and not self._up_front_room(tokens):
