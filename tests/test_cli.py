@@ -471,7 +471,7 @@ def test_gate_passes_on_the_reference(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(data["rule_families"]) == set(RULE_FAMILIES)
     assert set(data["features"]) == {
         *("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "forward", "pool group"),
-        *("storage", "storage sidecar", "storage pressure", "storage swa"),
+        *("storage", "storage sidecar", "storage pressure", "storage swa", "storage mode"),
     }
     # under the ci profile the pure oracle follows every simulated case, and the report says so
     # lockstep follows every case to the end, or the report names why it stopped: a storage

@@ -48,6 +48,7 @@ FEATURES = (
     "storage sidecar",
     "storage pressure",
     "storage swa",
+    "storage mode",
 )
 
 
@@ -108,6 +109,11 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
         ),
         "storage pressure": (
             ("pressure" if config.storage_host_pressure else "none")
+            if config.uses_storage
+            else "no storage"
+        ),
+        "storage mode": (
+            ("buffer_only" if config.storage_buffer_only else "cache")
             if config.uses_storage
             else "no storage"
         ),
@@ -322,6 +328,16 @@ class CampaignReport:
             "a Mamba state pool's one page per node stored, found and read after the KV's",
         )
 
+    def buffer_shares(self) -> dict[str, Any]:
+        """Storage worlds in ``buffer_only`` host memory (host pages as staging, the tree's
+        storage existence beliefs: ``harness/driver/storage_buffer.py``)."""
+        return self._storage_world_share(
+            "storage mode",
+            "buffer_only",
+            "host memory as a write staging buffer freed at the storage ack, and the tree's "
+            "storage existence beliefs taught, healed and checked (INV-41)",
+        )
+
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
         return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
@@ -363,6 +379,7 @@ class CampaignReport:
                 "storage pressure": self.pressure_shares(),
                 "storage swa": self.swa_shares(),
                 "storage mamba": self.mamba_shares(),
+                "storage buffer": self.buffer_shares(),
             },
             "distinct_configs": len(self.configs),
             "configs": {

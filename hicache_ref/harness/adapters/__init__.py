@@ -21,7 +21,8 @@ The gate on upstream's own code, in the order a gate uses the modules:
    driver (``storage_controller_class``, ``UpstreamTier``), whose threads park at the thread
    gate (``sglang_gate``: served queues, gated threads, ``StepGate``) under the storage world's
    process group, attach and backend factory (``sglang_world``); ``upstream_storage``:
-   upstream's own file backend behind this project's interface.
+   upstream's own file backend behind this project's interface; in a ``buffer_only`` world,
+   ``sglang_buffer``: the tree's storage existence beliefs, upstream's own class.
 """
 
 from hicache_ref.harness.adapters.base import (

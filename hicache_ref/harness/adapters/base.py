@@ -115,6 +115,14 @@ controller in ``buffer_only`` mode, whose PP rank 0 submits prefetch tickets tha
 thread broadcasts to every rank (``harness/driver/pp_tree.py``, INV-38). Upstream 0.5.21+ only
 (0.5.21 - 0.5.22's tickets carry PP rank 0's hit): not in ``CAPABILITIES``."""
 
+STORAGE_BUFFER_CAPABILITY = "storage:buffer_only"
+"""A storage world may run in ``buffer_only`` host memory (``storage_buffer_only``): the
+controller's buffer-mode capacity and rate limit, under the buffer pipeline's tree half with the
+tree's own storage existence beliefs (``harness/driver/storage_buffer.py``, INV-41). Upstream
+0.5.19+ only (its hybrid controller with ``host_memory_mode`` and the tree's
+``StorageExistenceCache``: flat through 0.5.21, per pool with the controller's rank-agreed
+per-pool query verdicts from 0.5.22): not in ``CAPABILITIES``."""
+
 HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
 """The tier serves a prefetch whose hit the tree cut to a shorter bounce buffer (host pressure:
 ``storage_host_pressure``): every implementation whose tree allocates the bounce at the hit
@@ -453,6 +461,8 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
             needed.add(HOST_PRESSURE_CAPABILITY)
         if config.storage_pp:  # PP ranks exchanging prefetch tickets
             needed.add(STORAGE_PP_CAPABILITY)
+        if config.storage_buffer_only:  # host memory as a staging buffer, beliefs of L3
+            needed.add(STORAGE_BUFFER_CAPABILITY)
     if config.forward_stream:
         needed.add("fence_streams")
     if config.pool_group == "anchor":
