@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY, STORAGE_SWA_CAPABILITY
+from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import INVARIANT_TITLES
@@ -21,16 +21,13 @@ from hicache_ref.vectors.models import Vector
 INVARIANT_IDS = tuple(sorted(INVARIANT_TITLES))
 UNREACHABLE: Mapping[str, str] = {
     "INV-38": STORAGE_PP_CAPABILITY,
-    "INV-39": STORAGE_SWA_CAPABILITY,
 }
 """Invariant ids no rule of the harness can reach without a capability the reference does not
 declare yet, each with the capability it needs; exempt while so (INV-36 was, until the reference
-held an independent side pool, ``pool_group:swa``). INV-38 judges PP prefetch tickets, which only
-upstream 0.5.23 has, driven by the PP gate (``harness/campaigns/pp_gate.py``), not by a rule: a
-vector's storage checks call it with no PP ticket to judge, and no story can show it. INV-39
-judges an SWA side pool's window in L3, which only upstream 0.5.19+'s hybrid controller stores
-(``storage:swa``): the reference's tier stores no independent side pool, so no story can show
-it either."""
+held an independent side pool, ``pool_group:swa``; INV-39, until its tier stored the side pool's
+window in L3, ``storage:swa``). INV-38 judges PP prefetch tickets, which only upstream 0.5.23
+has, driven by the PP gate (``harness/campaigns/pp_gate.py``), not by a rule: a vector's storage
+checks call it with no PP ticket to judge, and no story can show it."""
 
 
 @dataclass

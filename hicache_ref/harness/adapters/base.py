@@ -97,16 +97,17 @@ STORAGE_SWA_CAPABILITY = "storage:swa"
 """A storage world may carry an independent SWA side pool (``pool_group="swa"`` with
 ``storage_swa_window``): its L3 pages are stored under ``<key>.swa`` by ``batch_set_v2`` and found
 and read back as the trailing window of the hit (``PoolHitPolicy.TRAILING_PAGES``:
-``_sync_trailing_keys``, ``_page_transfer_sidecar``; INV-39). Upstream 0.5.19+ only (its
-``HybridCacheController``): not in ``CAPABILITIES``."""
+``_sync_trailing_keys``, ``_page_transfer_sidecar``; INV-39). Upstream 0.5.19+ (its
+``HybridCacheController``) and the reference (``controller/storage/side_window.py``): not in
+``CAPABILITIES``."""
 
 STORAGE_MAMBA_CAPABILITY = "storage:mamba"
 """A storage world may carry an independent Mamba state pool (``pool_group="mamba"`` with
 ``storage_swa_window=1``): a backup stores the node's one state slot under its last page key
 (``<key>.mamba``, ``PoolHitPolicy.TRAILING_PAGES``), a prefetch names one placeholder key, which
 the controller turns into the served hit's last page key and reads after the KV pages (the
-last-hit-page form of ``_sync_trailing_keys``; INV-39). Upstream 0.5.19+ only, where the tree's
-Mamba component stores its state in L3: not in ``CAPABILITIES``."""
+last-hit-page form of ``_sync_trailing_keys``; INV-39). Upstream 0.5.19+, where the tree's
+Mamba component stores its state in L3, and the reference: not in ``CAPABILITIES``."""
 
 STORAGE_PP_CAPABILITY = "storage:pp"
 """The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.21+'s hybrid

@@ -187,6 +187,7 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
         # cut is what _sync_trailing_keys re-aligns the window to
         pressure = draw(_PRESSURE)
         fields["storage_host_pressure"] = pressure or bool(fields.get("storage_swa_window"))
+    fields.update(_stored_side_pool_fields(draw, capabilities, fields))
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
@@ -224,10 +225,11 @@ def _side_pool_fields(
     layers, its own device pages and host pages (state slots), often scarce (drawn after every
     other field, so no other world's draws move). Upstream's come from the anchor-only worlds
     of its ``HostPoolGroup``; an implementation that holds side pools without a group (the
-    reference) takes them from the worlds without CP, draft pool or storage. A side-pool world
-    keeps its storage tier where the implementation stores the side pool's window
-    (``storage:swa``, upstream 0.5.19+: its window is drawn last) or a Mamba node's state page
-    (``storage:mamba``: a window of one page); elsewhere it has none."""
+    reference) takes them from the worlds without CP, draft pool or storage here, and from its
+    storage worlds last (``_stored_side_pool_fields``). A side-pool world keeps its storage tier
+    where the implementation stores the side pool's window (``storage:swa``: its window is drawn
+    last) or a Mamba node's state page (``storage:mamba``: a window of one page); elsewhere it
+    has none."""
     if "pool_group:swa" not in capabilities:
         return {}
     if "pool_group" in capabilities:
@@ -236,6 +238,14 @@ def _side_pool_fields(
         eligible = not (fields["cp_size"] or fields["draft_layer_num"] or "storage_ranks" in fields)
     if not eligible or not draw(_BOOLS):
         return {}
+    return _side_pool(draw, capabilities, fields)
+
+
+def _side_pool(
+    draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
+) -> dict[str, Any]:
+    """The fields of a side pool (SWA, or half of them a Mamba state pool), its window in L3
+    where the world has storage and the implementation stores it."""
     side = {
         "pool_group": SIDE_POOL_GROUPS[0],
         "draft_layer_num": draw(integers_once(1, 3)),
@@ -259,6 +269,25 @@ def _side_pool_fields(
         else:
             side["storage_swa_window"] = 1
         side["state_cow"] = draw(_BOOLS)  # half: loads copy the state into a request's slot
+    return side
+
+
+def _stored_side_pool_fields(
+    draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
+) -> dict[str, Any]:
+    """An implementation that holds side pools without a group and stores their windows (the
+    reference, ``storage:swa``): half its storage worlds without a draft sidecar gain a side
+    pool with its window in L3 (or, half of those, a Mamba state pool's page), under host
+    pressure as upstream's are; drawn last, so no other world's draws move."""
+    if "pool_group" in capabilities or "pool_group:swa" not in capabilities:
+        return {}
+    if STORAGE_SWA_CAPABILITY not in capabilities or not fields.get("storage_ranks"):
+        return {}
+    if fields["cp_size"] or fields["draft_layer_num"] or not draw(_BOOLS):
+        return {}
+    side = _side_pool(draw, capabilities, fields)
+    if side.get("storage_swa_window") and HOST_PRESSURE_CAPABILITY in capabilities:
+        side["storage_host_pressure"] = True  # the cut _sync_trailing_keys re-aligns to
     return side
 
 
