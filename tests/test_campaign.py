@@ -154,4 +154,5 @@ def test_a_process_freezes_its_long_lived_objects_once(tmp_path: Path) -> None:
     assert frozen > 0
     report = _short_run(tmp_path / "second", "ci")
     assert report.cases > 0 and not report.failures
-    assert gc.get_freeze_count() == frozen
+    # nothing frozen since (a frozen object that dies by its reference count still leaves)
+    assert gc.get_freeze_count() <= frozen
