@@ -88,7 +88,18 @@ def freeze_long_lived_objects() -> None:
     """Move every object alive now (torch's, Hypothesis', the modules') out of the collector's
     sight: a full collection then walks only what the cases allocate. Measured: the collector
     took 15-20% of a campaign's CPU walking ~190k objects that live as long as the process
-    (``benchmarks/RESULTS.md``, the speed pass)."""
+    (``benchmarks/RESULTS.md``, the speed pass).
+
+    Once per process: a frozen object is never collected, not even once it is unreachable, so
+    freezing again at each campaign's start (a pytest process, the catalogue) froze the last
+    campaign's leftovers (upstream's modules of its last world, say), and whatever dropped them
+    later stayed for good. A 0.5.23 planted-bug gate run four times in one process grew RSS
+    406, 524, 638, 752 MB that way; frozen once: 406, 427, 436, 443 MB, and each later start
+    skips a collection of the last campaign's leftovers (0.34-0.45 s each). Thawing at each
+    campaign's end instead kept RSS at ~530 MB but made each start's collection walk
+    everything (0.55-1.59 s) (``benchmarks/RESULTS.md``, 2026-12-07)."""
+    if gc.get_freeze_count():  # an earlier campaign of this process froze what lives long
+        return
     gc.collect()
     gc.freeze()
 
