@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import pytest
 from hypothesis import strategies as st
@@ -30,6 +30,9 @@ LITERALS = (
 )
 """Literals a local module may hold: integers past the ones Hypothesis already favours, floats
 in (0, 1), short strings (under Hypothesis' 1,024 per module, past which it mines none)."""
+
+STALE: Any = ("integer", ("stale",))
+"""A key of Hypothesis' cache of permitted constants, as a swap must empty it."""
 
 
 @pytest.fixture
@@ -66,17 +69,17 @@ def test_the_pool_is_pinned_inside_and_live_again_after(literal_module: str) -> 
     # inside: the campaign's pool, new modules or not; the permitted-values cache emptied
     # at both ends; after: Hypothesis' own function again, which mines the new module
     live = providers._get_local_constants
-    providers.CONSTANTS_CACHE[("integer", "stale")] = ((), ())
+    providers.CONSTANTS_CACHE[STALE] = ((), ())
     with pinned_literal_pool():
-        assert ("integer", "stale") not in providers.CONSTANTS_CACHE
+        assert STALE not in providers.CONSTANTS_CACHE
         importlib.import_module(literal_module)
         assert providers._get_local_constants() is CAMPAIGN_POOL
         with pinned_literal_pool(compute_package_pool()):  # nested: the outer pin holds
             assert providers._get_local_constants() is CAMPAIGN_POOL
         assert providers._get_local_constants() is CAMPAIGN_POOL
-        providers.CONSTANTS_CACHE[("integer", "stale")] = ((), ())
+        providers.CONSTANTS_CACHE[STALE] = ((), ())
     assert providers._get_local_constants is live
-    assert ("integer", "stale") not in providers.CONSTANTS_CACHE
+    assert STALE not in providers.CONSTANTS_CACHE
     assert LITERALS[0] in providers._get_local_constants().integers
 
 
@@ -104,7 +107,7 @@ def test_the_pp_gate_draws_its_programs_from_the_pinned_pool() -> None:
     # there is the campaign's, and Hypothesis' own function is back once the search ends
     seen: list[object] = []
 
-    def record(_: object) -> None:
+    def record(_: None) -> NoReturn:
         seen.append(providers._get_local_constants())
         raise _Drawn
 
