@@ -174,7 +174,7 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "cases_across_processes": (
         lambda d: ["run", "--cp-processes", "2", "--max-cases", "5", "--seconds", "1"],
-        "--max-cases are for single-process worlds",
+        "--workers, --database and --max-cases are for single-process worlds",
     ),
     "negative_mutants_seconds": (lambda d: ["mutants", "--seconds", "-1"], "not positive"),
     "out_is_a_file": (
@@ -280,7 +280,7 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "workers_with_cp_processes": (
         lambda d: ["run", "--cp-processes", "2", "--workers", "2", "--out", str(d)],
-        "--workers and --database are for single-process worlds",
+        "--workers, --database and --max-cases are for single-process worlds",
     ),
     "known_none_with_ids": (
         lambda d: ["gate", "--known", "none", "F8", "--out", str(d)],
