@@ -64,6 +64,22 @@ def test_one_seed_under_a_case_budget_runs_the_same_cases_twice(
     assert first["configs"].keys() == second["configs"].keys()
 
 
+def test_each_worker_of_a_fleet_runs_its_own_case_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # two workers, --max-cases 5 -> 5 cases each on its own seeds, 10 in the merged report
+    report = tmp_path / "run.json"
+    argv = ["run", "--budget", WALL_CAP, "--max-cases", "5", "--workers", "2", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path), "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert [part["cases"] for part in data["parts"]] == [5, 5]
+    assert data["cases"] == 10 and data["cases_max"] == 5
+    assert (
+        "case budget: --max-cases 5 per worker, reached by 2 of 2 worker(s)"
+        in capsys.readouterr().out
+    )
+
+
 def test_no_case_budget_is_the_time_alone() -> None:
     assert cli.parse_args(["gate"]).max_cases is None
     assert cli.parse_args(["run", "--max-cases", "400"]).max_cases == 400
