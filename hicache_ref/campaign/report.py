@@ -163,6 +163,8 @@ class CampaignReport:
     """What ``copy_path="auto"`` would take in each case's world on this device."""
     seed_stride: int = 1
     """Round k ran seed ``seed + k * seed_stride`` (a fleet's worker takes every stride-th)."""
+    cases_max: int | None = None
+    """The case budget each worker ran under (``--max-cases``; None: the time budget alone)."""
     worker: int | None = 0
     """This worker's index in its fleet (None: a merge of several workers)."""
     workers: int = 1
@@ -351,6 +353,7 @@ class CampaignReport:
             "profile": self.profile,
             "seed": self.seed,
             "seed_stride": self.seed_stride,
+            "cases_max": self.cases_max,
             "worker": self.worker,
             "workers": self.workers,
             "shard": self.shard,

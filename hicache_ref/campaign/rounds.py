@@ -5,8 +5,9 @@ then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh se
 database's saved failures replayed in the first round only (``reuse``), each failure absorbed
 (``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
 every round. It stops when the time is up (no case starts after it, so the last round ends at
-the budget, between two cases: ``machine.CampaignTimeUp``), at ``rounds_max``, at the first new
-failure (unless it keeps going: then it also sets the fleet's ``stop``), when another worker set
+the budget, between two cases: ``machine.CampaignTimeUp``), after ``cases_max`` cases (the case
+budget, ``--max-cases``: the same cases on a busy host as on an idle one), at ``rounds_max``, at
+the first new failure (unless it keeps going: then it also sets the fleet's ``stop``), when another worker set
 ``stop``, and at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
 steps; ``interrupts.py``): then the report says ``interrupted``, and an error the round raised
 after the signal is not recorded (the signal may have cut a step in half).
@@ -83,6 +84,8 @@ class RoundPlan:
     rounds_max: int | None
     lockstep: bool = True
     """Whether the pure oracle follows every case (the profile's choice, ``profiles.py``)."""
+    cases_max: int | None = None
+    """The case budget (``--max-cases``): no case starts once this many ran (None: time alone)."""
 
 
 def freeze_long_lived_objects() -> None:
@@ -125,8 +128,12 @@ def run_rounds(
     def time_up() -> bool:
         """No further case starts once the time is up (a campaign's first case always runs):
         the last round ends at the budget, not a whole round later, and a fleet's workers end
-        within a case of each other (the fleet lasts as long as its longest worker)."""
-        return report.cases > 0 and time.monotonic() - start >= seconds
+        within a case of each other (the fleet lasts as long as its longest worker). The case
+        budget ends it the same way, at the same case whatever the host's load."""
+        return cases_spent() or (report.cases > 0 and time.monotonic() - start >= seconds)
+
+    def cases_spent() -> bool:
+        return plan.cases_max is not None and report.cases >= plan.cases_max
 
     machine_class = machine_for(
         implementation,
@@ -141,7 +148,7 @@ def run_rounds(
     report.sample(0.0)
     try:
         freeze_long_lived_objects()  # inside: a Ctrl-C during the collection still reports
-        while time.monotonic() - start < seconds:
+        while time.monotonic() - start < seconds and not cases_spent():
             if plan.rounds_max is not None and report.rounds >= plan.rounds_max:
                 break
             if plan.signals is not None and plan.signals.interrupt.is_set():

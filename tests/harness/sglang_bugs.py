@@ -482,7 +482,9 @@ class SideReleaseFreesTheAnchor(PlantedBug):
     DESCRIPTION = "HostPoolGroup.free ignores the pool it is given and frees the anchor's slots"
     OLD = "        return self.get_entry(pool).host_pool.free(indices)\n"
     NEW = "        return self.get_entry(None).host_pool.free(indices)  # BUG: pool ignored\n"
-    INVARIANTS = ("INV-05", "INV-07", "INV-36")
+    INVARIANTS = ("INV-05", "INV-07", "INV-36", "INV-01")
+    """INV-01 where the side pool's pages are narrower than the anchor's: a Mamba state page is
+    one slot, and the anchor's free refuses a slot list that is no whole anchor page."""
 
 
 class SideShortfallKeepsAnchorSlots(PlantedBug):
