@@ -38,6 +38,7 @@ from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.database import get_source_key
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
+from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.campaigns.machine import CampaignTimeUp, machine_for
 from hicache_ref.harness.campaigns.profiles import make_settings
 from hicache_ref.harness.world.world import DeviceWorlds
@@ -189,7 +190,8 @@ def _run_round(
         reuse=report.rounds == 0,  # what any worker saved replays once, first
     )
     try:
-        run_state_machine_as_test(hypothesis_seed(round_seed)(machine_class), settings=settings)
+        with pinned_literal_pool():  # the seed's programs, whatever this process imported
+            run_state_machine_as_test(hypothesis_seed(round_seed)(machine_class), settings=settings)
     except HiCacheSetupError:
         raise  # the implementation cannot be built: no finding, a setup problem
     except Unsatisfiable as exc:

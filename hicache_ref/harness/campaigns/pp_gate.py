@@ -41,6 +41,7 @@ from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
+from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.driver.pp_tree import PpTree
 from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
@@ -355,12 +356,13 @@ def run_pp_gate(
     found: Any = None
     for round_index in range(CASES_MAX // ROUND_CASES):
         try:  # a fresh search each round: Hypothesis draws one round's programs near each other
-            found = find(
-                drawn if drawn is not None else programs_of_round(round_index),
-                fails,
-                settings=search,
-                random=random.Random(f"{seed}/{round_index}"),
-            )
+            with pinned_literal_pool():  # the seed's programs, whatever this process imported
+                found = find(
+                    drawn if drawn is not None else programs_of_round(round_index),
+                    fails,
+                    settings=search,
+                    random=random.Random(f"{seed}/{round_index}"),
+                )
         except NoSuchExample:
             continue
         except _BudgetSpent:
