@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hicache_ref.controller.base import ControllerState, logger
-from hicache_ref.controller.storage.buffer_mode import BUFFER_ONLY, CACHE
-from hicache_ref.controller.storage.existence_beliefs import StorageExistenceBeliefs
 from hicache_ref.controller.cp_load import CpLoadMixin
 from hicache_ref.controller.cp_write import CpWriteMixin
 from hicache_ref.controller.inflight import InflightTracker
@@ -44,8 +42,10 @@ from hicache_ref.controller.operations import (
 )
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.controller.side_pool import SidePoolMixin
+from hicache_ref.controller.storage.buffer_mode import BUFFER_ONLY, CACHE
 from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.controller.storage.executor import ExecutorFactory
+from hicache_ref.controller.storage.existence_beliefs import StorageExistenceBeliefs
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.controller.storage_facade import StorageFacade
 from hicache_ref.device.protocol import DeviceModule, StreamT
