@@ -162,8 +162,8 @@ class HarnessConfig(BaseModel):
     the harness models it (``harness/driver/storage_buffer.py``): a backup's host pages are
     staging freed at its storage ack, a write whose pages are believed stored (or in flight) is
     skipped, and each rank's storage existence beliefs (upstream's own
-    ``StorageExistenceCache``, or the reference's) are taught at the storage ack and by a rank-agreed hit, and
-    healed by a drained hit query (INV-41). A storage world over the KV pool alone: upstream's
+    ``StorageExistenceCache``, or the reference's) are taught at the storage ack and by a
+    rank-agreed hit, and healed by a drained hit query (INV-41). A storage world over the KV pool alone: upstream's
     hybrid controller's (``pool_group="anchor"``), or the reference's (``pool_group="none"``, no
     draft or side pool; its controller holds the beliefs for the tree,
     ``controller/storage/existence_beliefs.py``), never a PP one (the PP gate's worlds are
