@@ -15,9 +15,11 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   parks them at, and three in four of those the IO before each host page it writes, so a
   release or a progress check lands between two batches of a ticket's IO or inside its sync
   thread's publication; about a third of the worlds have a draft pool riding on the KV's
-  slots, so every ticket carries its pool spec and every IO reads its sidecar pages, and a
-  third an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
-  window each rank allocates from its own side pool and its IO re-aligns to the served hit,
+  slots, so every ticket carries its pool spec and every IO reads its sidecar pages, about a
+  quarter an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names
+  a window each rank allocates from its own side pool and its IO re-aligns to the served hit, and
+  about a quarter a Mamba state pool, so every ticket's spec names the one state page, a slot
+  each rank allocates and its IO keys by the served hit's last page,
   ``pp_side``: INV-38 on its slots, INV-39 on its bytes) and steps (``PpOp``: a verb
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
@@ -110,6 +112,7 @@ class PpProgram:
     sidecar: bool = False  # a draft pool rides on the KV's slots: every ticket carries its spec
     swa_window: int = 0  # an independent SWA side pool: every ticket names a window of this many
     # pages, allocated by each rank from the side pool's own slots (0: none)
+    mamba: bool = False  # a Mamba state pool: every ticket names its one state page (one slot)
 
     def describe(self) -> str:
         steps = " ".join(op.describe() for op in self.ops)
@@ -117,17 +120,18 @@ class PpProgram:
         pages = f" page_points={self.page_points}" if self.page_points else ""
         sidecar = " sidecar=True" if self.sidecar else ""
         sidecar += f" swa_window={self.swa_window}" if self.swa_window else ""
+        sidecar += " mamba=True" if self.mamba else ""
         world = f"faults={self.faults} backend={self.backend} points={self.points}"
         return f"{world}{threads}{pages}{sidecar}: {steps}"
 
 
-WORLDS = ("anchor", "sidecar", "swa")
+WORLDS = ("anchor", "sidecar", "swa", "mamba")
 """A PP world's pool group (``world_of``)."""
 
 
 def world_picks(first: int = 0) -> st.SearchStrategy[str]:
     """The world's pool group, ``WORLDS`` rotated to start at ``first``. Hypothesis' generation
-    favours a strategy's first item (measured with one order: 50 / 25 / 25), so the gate rotates
+    favours a strategy's first item (measured with three worlds: 50 / 25 / 25), so the gate rotates
     the order each search round (``programs_of_round``) and over rounds every world is drawn
     about as often; a failing program shrinks towards its round's first world."""
     first %= len(WORLDS)
@@ -136,6 +140,8 @@ def world_picks(first: int = 0) -> st.SearchStrategy[str]:
 
 def world_of(program: PpProgram) -> str:
     """Which of ``WORLDS`` a program's world is."""
+    if program.mamba:
+        return "mamba"
     return "swa" if program.swa_window else "sidecar" if program.sidecar else "anchor"
 
 
@@ -143,7 +149,8 @@ def _in_world(program: PpProgram, world: str, window: int) -> PpProgram:
     """``program`` in a world of pool group ``world`` (an SWA one with a ``window``-page window),
     each kind of point nested in the last."""
     program = _nested(program)
-    return replace(program, sidecar=world == "sidecar", swa_window=window if world == "swa" else 0)
+    window = window if world == "swa" else 0
+    return replace(program, sidecar=world == "sidecar", swa_window=window, mamba=world == "mamba")
 
 
 def _nested(program: PpProgram) -> PpProgram:
@@ -195,7 +202,7 @@ ROUND_PROGRAMS = tuple(programs(first_world=first) for first in range(len(WORLDS
 
 def programs_of_round(round_index: int) -> st.SearchStrategy[PpProgram]:
     """What the gate's search round ``round_index`` draws: ``PROGRAMS`` favouring world
-    ``round_index`` mod 3, so the gate's rounds share the worlds about evenly."""
+    ``round_index`` mod 4, so the gate's rounds share the worlds about evenly."""
     return ROUND_PROGRAMS[round_index % len(ROUND_PROGRAMS)]
 
 
@@ -247,6 +254,7 @@ def run_program(implementation: Implementation, program: PpProgram, seed: int = 
     config = pp_config(
         sidecar=program.sidecar,
         swa_window=program.swa_window,
+        mamba=program.mamba,
         storage_faults=program.faults,
         storage_backend=program.backend,
         seed=seed,
