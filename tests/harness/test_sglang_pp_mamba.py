@@ -9,7 +9,8 @@ page size), and its IO keys it by the served hit's last page. The stories: a tic
 round-trips each rank's own state bytes (the harness's model, ``pp_world.state_value``), from the
 root and mid-chain; a state one rank's L3 lacks leaves every rank without a hit; a ticket holding
 more state slots than its one page is caught by INV-38 on a hand-made record; the PP gate draws
-Mamba worlds and finds nothing on the unmodified releases; and the bug of
+Mamba worlds (only on a tree that stores a Mamba state in L3) and finds nothing on the
+unmodified releases; and the bug of
 ``sglang_bugs.BUGS_0523_PP_MAMBA``, planted at test time, is caught by it in a Mamba world, while
 the gate's other worlds pass it.
 """
@@ -21,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from hicache_ref.errors import InvariantViolation
+from hicache_ref.harness.adapters.base import STORAGE_MAMBA_CAPABILITY
 from hicache_ref.harness.adapters.sglang import SglangImplementation
 from hicache_ref.harness.adapters.sglang_tree import fetch_wheel_tree
 from hicache_ref.harness.campaigns.known_findings import ALL, get_known_findings
-from hicache_ref.harness.campaigns.pp_gate import WORLDS, programs, run_pp_gate
+from hicache_ref.harness.campaigns.pp_gate import WORLDS, pp_worlds, programs, run_pp_gate
 from hicache_ref.harness.driver.pp_side import side_pool_of
 from hicache_ref.harness.driver.pp_tree import PpTree
 from hicache_ref.harness.driver.pp_world import pp_config, state_value
@@ -45,6 +47,7 @@ BUG_CASES = 100
 OTHER_WORLDS_CASES = 150
 """Cases the gate's other worlds (anchor, sidecar, SWA) run on the planted tree, finding nothing:
 the bug is a Mamba world's alone (300 such cases at seed 0 passed when measured)."""
+WORLD_CASES = 40  # cases of a gate whose worlds are counted (seed 0 draws Mamba ones by then)
 BUG_WALL_CAP_S = 900.0  # a wall-clock safety net only
 
 
@@ -127,6 +130,17 @@ def test_the_pp_gate_draws_mamba_worlds_and_finds_nothing(release: str) -> None:
     assert not report.failed, (report.failure, report.program)
     assert report.worlds.get("mamba", 0) > 5 and report.checks["INV-39"] > 0, report.worlds
     assert set(report.known_hits) <= ({"F22", "F26"} if release == "0.5.21" else set())
+
+
+def test_a_tree_without_mamba_storage_is_drawn_no_mamba_pp_world(tree_0523: Path) -> None:
+    implementation = SglangImplementation(tree_0523)
+    assert pp_worlds(implementation.capabilities) == WORLDS  # 0.5.23 stores a Mamba state
+    drawn = run_pp_gate(implementation, seconds=BUG_WALL_CAP_S, cases_max=WORLD_CASES)
+    implementation.capabilities -= {STORAGE_MAMBA_CAPABILITY}  # a tree whose state stays out
+    assert pp_worlds(implementation.capabilities) == ("anchor", "sidecar", "swa")
+    report = run_pp_gate(implementation, seconds=BUG_WALL_CAP_S, cases_max=WORLD_CASES)
+    assert drawn.worlds.get("mamba", 0) > 0 and not drawn.failed, drawn.worlds  # the same seed
+    assert "mamba" not in report.worlds and not report.failed, report.worlds
 
 
 @pytest.mark.parametrize("bug", BUGS_0523_PP_MAMBA, ids=lambda bug: bug.NAME)
