@@ -31,8 +31,8 @@ from hicache_ref.harness.world.world import World, build_world
 
 PP_RANKS = 2
 MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
-SIDE_DEVICE_PAGES = 8  # an SWA world's side pool: device pages of its own allocator
-SIDE_HOST_PAGES = 16  # ... and host pages (its own slots; a ticket's window is 3 at most)
+SIDE_DEVICE_PAGES = 8  # an SWA or Mamba world's side pool: device pages of its own allocator
+SIDE_HOST_PAGES = 16  # ... and host pages (its own slots; a ticket's window is 3 pages at most)
 
 
 def pp_config(
