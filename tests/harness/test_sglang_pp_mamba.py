@@ -9,10 +9,10 @@ page size), and its IO keys it by the served hit's last page. The stories: a tic
 round-trips each rank's own state bytes (the harness's model, ``pp_world.state_value``), from the
 root and mid-chain; a state one rank's L3 lacks leaves every rank without a hit; a ticket holding
 more state slots than its one page is caught by INV-38 on a hand-made record; the PP gate draws
-Mamba worlds (only on a tree that stores a Mamba state in L3) and finds nothing on the
-unmodified releases; and the bug of
-``sglang_bugs.BUGS_0523_PP_MAMBA``, planted at test time, is caught by it in a Mamba world, while
-the gate's other worlds pass it.
+Mamba worlds (only on a tree that stores a Mamba state in L3) and finds nothing on the unmodified
+releases; the bug of ``sglang_bugs.BUGS_0523_PP_MAMBA``, planted at test time, is caught by it in
+a Mamba world, while the gate's other worlds pass it; and the non-PP Mamba world's planted bug
+(``BUGS_0523_MAMBA_STORAGE``) is caught on PP tickets too, by INV-39.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from hicache_ref.invariants.checks_storage_pp import check_inv_38_pp_ticket_agre
 from hicache_ref.invariants.storage_snapshot import PpTicketRecord
 from hicache_ref.storage.pool_transfers import MAMBA_POOL, component_key
 
-from .sglang_bugs import BUGS_0523_PP_MAMBA, PlantedBug
+from .sglang_bugs import BUGS_0523_MAMBA_STORAGE, BUGS_0523_PP_MAMBA, PlantedBug
 from .test_sglang_pp_side import pp_snapshot
 from .test_sglang_pp_storage import plant
 
@@ -44,6 +44,9 @@ RELEASES = ("0.5.21", "0.5.22", "0.5.23")
 BUG_CASES = 100
 """The planted Mamba PP bug's case budget: seed 0 catches it at case 12 (seeds 1 and 2: 4 and
 62); a bound, not a cost (the gate ends at its first failure)."""
+STATE_KEY_CASES = 100
+"""The case budget of a gate of Mamba PP worlds alone on the non-PP Mamba bug (seed 0 catches
+``single_state_key_not_realigned`` there at case 12)."""
 OTHER_WORLDS_CASES = 150
 """Cases the gate's other worlds (anchor, sidecar, SWA) run on the planted tree, finding nothing:
 the bug is a Mamba world's alone (300 such cases at seed 0 passed when measured)."""
@@ -158,3 +161,17 @@ def test_pp_mamba_bug_planted_in_0_5_23_is_caught_in_a_mamba_world_only(
         planted, seconds=BUG_WALL_CAP_S, cases_max=OTHER_WORLDS_CASES, drawn=others
     )
     assert not passed.failed and passed.worlds.get("swa", 0) > 0, (passed.failure, passed.worlds)
+
+
+@pytest.mark.parametrize("bug", BUGS_0523_MAMBA_STORAGE, ids=lambda bug: bug.NAME)
+def test_a_state_page_read_under_the_wrong_key_is_caught_on_the_pp_path(
+    bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
+) -> None:
+    # the non-PP Mamba world's planted bug (the one state's key never re-aligned to the served
+    # hit's last page) on PP tickets: the IO reads the placeholder's state, finds none, and the
+    # state L3 holds is lost: INV-39 from the harness's byte model of the state page
+    planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
+    mamba = programs(first_world=WORLDS.index("mamba")).filter(lambda program: program.mamba)
+    report = run_pp_gate(planted, seconds=BUG_WALL_CAP_S, cases_max=STATE_KEY_CASES, drawn=mamba)
+    assert report.failure_id == "INV-39", (report.failure, report.program)
+    assert report.program.count("(") <= 4, report.program
