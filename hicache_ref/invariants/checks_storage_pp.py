@@ -6,8 +6,8 @@ rank-agreed hit into host slots of its own (0.5.23+). On 0.5.21 - 0.5.22 the tic
 hit: PP rank 0 queried every PP rank's shard when it submitted, and the command threads stage
 that hit without a query of their own, so a rank's staged hit is judged against what its own
 shard held at that query (``PpTicketRecord.shard_tokens``). A ticket whose spec names an
-independent SWA side pool holds window slots of that pool's own: never more than its spec's
-window, and none once retired (``PpTicketRecord.side_held_tokens``). On every release a ticket's IO
+independent side pool (an SWA window, a Mamba state page) holds window slots of that pool's
+own: never more than its spec's window, and none once retired (``PpTicketRecord.side_held_tokens``). On every release a ticket's IO
 writes its pages only into host slots the ticket holds at that moment
 (``PpTicketRecord.stray_writes``: the harness watches the host pool's page writes). The snapshot's ``pp_tickets`` is the harness's record
 of that per rank (``harness/driver/pp_tree.py``); it is empty in every other world, where the
@@ -85,19 +85,21 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
             "until its sync thread publishes the completion: a release before that only marks "
             "the ticket, release_requested, and the sync thread frees it after the last write)",
         )
-    # Verify a ticket's window holds no more of the SWA side pool than its spec names
+    pool = ticket.side_pool.upper() or "side"
+    # Verify a ticket's window holds no more of its side pool (SWA, Mamba) than its spec names
     if ticket.ended and ticket.side_held_tokens > ticket.side_window_tokens:
         raise InvariantViolation(
             "INV-38",
-            f"{where} holds {ticket.side_held_tokens} SWA side-pool slot(s) for a window of "
-            f"{ticket.side_window_tokens} token(s) (a rank allocates at most min(the spec's "
-            "keys, its hit) window pages, all pools or none: _allocate_pp_prefetch_buffers)",
+            f"{where} holds {ticket.side_held_tokens} {pool} side-pool slot(s) for a window of "
+            f"{ticket.side_window_tokens} slot(s) (a rank allocates at most min(the spec's "
+            "keys, its hit) window pages of the pool's own page size, one slot for a Mamba "
+            "state, all pools or none: _allocate_pp_prefetch_buffers)",
         )
     if ticket.retired and ticket.ready and ticket.side_held_tokens:
         raise InvariantViolation(
             "INV-38",
             f"{where} was released and its completion published, but it still holds "
-            f"{ticket.side_held_tokens} SWA window slot(s) of its side pool (retiring a ticket "
+            f"{ticket.side_held_tokens} {pool} window slot(s) of its side pool (retiring a ticket "
             "frees every pool's staging: the KV's and each independent pool's own slots, "
             "_free_pp_prefetch_state, or buffer mode's once taken)",
         )

@@ -280,11 +280,13 @@ class PpTicketRecord:
     # hit; None where every rank queries its own shard (0.5.23+)
     stray_writes: tuple[tuple[int, str], ...] = ()  # (host slot, its holder then: a ticket's
     # id, "write", or "free") of every page the rank's IO wrote for this ticket into a slot the
-    # ticket did not hold at that moment (the host pool's page writes, watched; an SWA
-    # window's page: a slot of its side pool, the holder marked "(swa)")
-    side_held_tokens: int = 0  # an SWA side pool's slots (its own) the harness saw allocated
-    # for the ticket's window and not yet freed nor given back on the SWA release queue
-    side_window_tokens: int = 0  # the window the ticket's spec names (its keys), in tokens
+    # ticket did not hold at that moment (the host pool's page writes, watched; a window's
+    # page: a slot of its side pool, the holder marked "(swa)" or "(mamba)")
+    side_held_tokens: int = 0  # an independent side pool's slots (its own) the harness saw
+    # allocated for the ticket's window and not yet freed nor given back on its release queue
+    side_window_tokens: int = 0  # the window the ticket's spec names (its keys), in the side
+    # pool's slots (a page of the KV's size for SWA, one slot for a Mamba state)
+    side_pool: str = ""  # the window's pool ("swa", "mamba"; "" with none), for the messages
 
 
 @dataclass(frozen=True)

@@ -996,6 +996,27 @@ slots on retirement, ``_free_pp_prefetch_state``; its keys on the PP path, the s
 ``_page_transfer_sidecar`` as a non-PP world's): caught by the PP gate in its SWA worlds."""
 
 
+# -- 0.5.23's PP tickets with a Mamba state pool (issue 27): caught in Mamba PP worlds ----------
+class PpStateWindowSizedByKvPage(PlantedBug):
+    NAME = "pp_state_window_sized_by_kv_page"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "_allocate_pp_prefetch_buffers sizes an independent pool's window by the KV's page "
+        "instead of the pool's own, so a Mamba state (a page of one slot) takes a KV page of "
+        "state slots per ticket; an SWA window's page is the KV's, so only a state pool shows it"
+    )
+    OLD = "                    size = num_pages * self.mem_pool_host.get_pool(name).page_size\n"
+    NEW = "                    size = num_pages * self.page_size  # BUG: the KV's page\n"
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0523_PP_MAMBA: tuple[type[PlantedBug], ...] = (PpStateWindowSizedByKvPage,)
+"""Planted in 0.5.23's PP tickets whose spec names a Mamba state pool (the window's allocation on
+each rank's command thread, ``_allocate_pp_prefetch_buffers``): caught by the PP gate in its Mamba
+worlds only (an SWA pool's page is the KV's, so the same line sizes an SWA window right)."""
+
+
 # -- 0.5.23's buffer mode (issue 27): caught in buffer_only storage worlds ---------------------------
 EXISTENCE = "sglang/srt/mem_cache/buffer_mode/storage_existence_cache.py"
 

@@ -248,7 +248,7 @@ def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> No
 
 def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_path: Path) -> None:
     # 0.5.21+'s tickets carry pool specs (an independent side pool's only on a tree with an SWA
-    # window in L3 too, storage:swa), and 0.5.20+'s unified radix cache lets PP rank 0 decide
+    # window or a Mamba state in L3 too, storage:swa or storage:mamba), and 0.5.20+'s unified radix cache lets PP rank 0 decide
     # the timeout verdict (only without a ticket): the PP gate's ticketed worlds draw neither
     hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
     hybrid.mkdir(parents=True)
@@ -262,9 +262,11 @@ def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_pa
     assert set(parts) == {"pp independent-pool tickets", "pp timeout verdict"}
     assert "independent side pool" in parts["pp independent-pool tickets"]
     assert "without a PP ticket" in parts["pp timeout verdict"]
-    # with an SWA side pool in L3 too, the PP gate draws the independent pool's tickets
-    parts = dict(not_driven(tmp_path, {"storage", "storage:pp", "storage:swa"}))
-    assert set(parts) == {"pp timeout verdict"}
+    # with an SWA side pool or a Mamba state in L3 too, the PP gate draws the independent
+    # pool's tickets (pp_gate.pp_worlds)
+    for window in ("storage:swa", "storage:mamba"):
+        parts = dict(not_driven(tmp_path, {"storage", "storage:pp", window}))
+        assert set(parts) == {"pp timeout verdict"}, window
 
 
 # -- the command line -------------------------------------------------------------------------

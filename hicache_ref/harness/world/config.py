@@ -23,8 +23,9 @@ SIDE_POOL_GROUPS = ("swa", "mamba")
 STATE_POOL_GROUPS = ("mamba",)
 """Side pools that hold one state slot per node (a page of one slot), not rows per token."""
 STORAGE_DRAFT_GROUPS = ("none", "sidecar")
-PP_GROUPS = ("anchor", "sidecar", "swa")
-"""The pool groups of a PP world: KV alone, or with the draft pool riding on its slots."""
+PP_GROUPS = ("anchor", "sidecar", "swa", "mamba")
+"""The pool groups of a PP world: KV alone, with the draft pool riding on its slots, or with an
+independent side pool (an SWA window, a Mamba state page) whose window each rank allocates."""
 """How a storage world may carry a draft pool: as a draft pair (the reference) or upstream's
 ``DRAFT`` sidecar; either way its pages are stored beside the KV's (``storage/pool_transfers.py``)."""
 """Pool groups whose side pool has its own device rows and host slots (an independent pool)."""
@@ -140,7 +141,9 @@ class HarnessConfig(BaseModel):
     order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38). Its pool group is
     KV alone (``anchor``), with the draft pool riding on the KV's slots (``sidecar``), or with
     the draft pool as an independent SWA side pool of its own slots (``swa``, with
-    ``storage_swa_window``: each rank allocates a ticket's window itself; INV-38, INV-39)."""
+    ``storage_swa_window``: each rank allocates a ticket's window itself; INV-38, INV-39), or as a
+    Mamba state pool (``mamba``, ``storage_swa_window=1``: every ticket names the one state page,
+    which each rank allocates as one slot of its own; INV-38, INV-39)."""
     storage_swa_window: int = 0
     """In a storage world with an independent side pool (``pool_group="swa"``, capability
     ``storage:swa``): the SWA window in pages (1 .. 3, a chain's most). A backup stores the
@@ -224,7 +227,8 @@ class HarnessConfig(BaseModel):
             raise ValueError(
                 "storage_pp is a world of 2 PP storage ranks over a KV-only pool group, one "
                 "with the draft pool as its KV-derived sidecar, or one with an independent SWA "
-                "side pool (storage_ranks=2, pool_group 'anchor', 'sidecar' or 'swa')"
+                "side pool or Mamba state pool (storage_ranks=2, pool_group 'anchor', "
+                "'sidecar', 'swa' or 'mamba')"
             )
         if self.storage_ranks and (
             self.uses_cp
