@@ -165,10 +165,12 @@ class HarnessConfig(BaseModel):
     the harness models it (``harness/driver/storage_buffer.py``): a backup's host pages are
     staging freed at its storage ack, a write whose pages are believed stored (or in flight) is
     skipped, and each rank's storage existence beliefs (upstream's own
-    ``StorageExistenceCache``) are taught at the storage ack and by a rank-agreed hit, and
-    healed by a drained hit query (INV-41). A storage world of the hybrid controller over the KV
-    pool alone (``pool_group="anchor"``), never a PP one (the PP gate's worlds are buffer_only
-    already). Drawn last, so older traces replay alike."""
+    ``StorageExistenceCache``, or the reference's) are taught at the storage ack and by a
+    rank-agreed hit, and healed by a drained hit query (INV-41). A storage world over the KV pool alone: upstream's
+    hybrid controller's (``pool_group="anchor"``), or the reference's (``pool_group="none"``, no
+    draft or side pool; its controller holds the beliefs for the tree,
+    ``controller/storage/existence_beliefs.py``), never a PP one (the PP gate's worlds are
+    buffer_only already). Drawn last, so older traces replay alike."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -256,15 +258,23 @@ class HarnessConfig(BaseModel):
                 "pool's trailing window is one page (one state per node, stored under the "
                 "node's last page key); set storage_swa_window=1"
             )
-        if self.storage_buffer_only and (
-            not self.storage_ranks or self.pool_group != "anchor" or self.storage_pp
-        ):
+        if self.storage_buffer_only and not self.may_run_buffer_only:
             raise ValueError(
-                "storage_buffer_only is a storage world of the hybrid controller over the KV "
-                "pool alone (storage_ranks >= 1, pool_group='anchor'), not a PP one (the PP "
-                "gate's worlds are buffer_only already)"
+                "storage_buffer_only is a storage world over the KV pool alone (storage_ranks "
+                ">= 1; pool_group='anchor' for upstream's hybrid controller, or 'none' with no "
+                "draft or side pool for the reference), not a PP one (the PP gate's worlds are "
+                "buffer_only already)"
             )
         return self
+
+    @property
+    def may_run_buffer_only(self) -> bool:
+        """A storage world over the KV pool alone, not PP: upstream's group's KV pool
+        (``pool_group="anchor"``) or the reference's (``"none"``, no draft or side pool)."""
+        kv_alone = self.pool_group == "anchor" or (
+            self.pool_group == "none" and not self.has_draft and not self.has_side_pools
+        )
+        return bool(self.storage_ranks) and kv_alone and not self.storage_pp
 
     @property
     def uses_cp(self) -> bool:
