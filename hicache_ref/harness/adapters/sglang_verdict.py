@@ -65,11 +65,11 @@ def verdict_methods(tree: Path) -> dict[str, types.CodeType] | None:
     if not path.is_file() or VERDICT_MARK not in path.read_text(errors="replace"):
         return None
     parsed = ast.parse(path.read_text(), str(path))
-    (cls,) = [n for n in parsed.body if isinstance(n, ast.ClassDef) and n.name == "UnifiedRadixCache"]
+    (cls,) = [
+        n for n in parsed.body if isinstance(n, ast.ClassDef) and n.name == "UnifiedRadixCache"
+    ]
     found = {
-        n.name: n
-        for n in cls.body
-        if isinstance(n, ast.FunctionDef) and n.name in VERDICT_METHODS
+        n.name: n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in VERDICT_METHODS
     }
     return {
         name: compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
@@ -159,10 +159,14 @@ class _RankDistributed:
     def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
         """TP 1: a reduce over one rank leaves the tensor as it is."""
 
-    def recv(self, tensor: torch.Tensor, group_src: int, group: Any = None, tag: Any = None) -> None:
+    def recv(
+        self, tensor: torch.Tensor, group_src: int, group: Any = None, tag: Any = None
+    ) -> None:
         self.pipe.recv(group_src, self.rank, tensor)
 
-    def isend(self, tensor: torch.Tensor, group_dst: int, group: Any = None, tag: Any = None) -> _Work:
+    def isend(
+        self, tensor: torch.Tensor, group_dst: int, group: Any = None, tag: Any = None
+    ) -> _Work:
         self.pipe.send(self.rank, group_dst, tensor)
         return _Work()
 
@@ -206,6 +210,7 @@ class RankVerdict:
     work_list: list[Any] = field(default_factory=list)
     _storage_prefetch_wait: dict[Any, Any] = field(default_factory=dict)
     storage_prefetch_retries: _Retries = field(default_factory=_Retries)
+    bound: dict[str, Callable[..., Any]] = field(default_factory=dict)  # the tree's methods
 
     def bind(self, methods: dict[str, types.CodeType]) -> None:
         """Each of the tree's methods as this rank's own, over the rank's ``torch`` and clock."""
@@ -226,24 +231,25 @@ class RankVerdict:
         exec("from __future__ import annotations\n", namespace)
         for code in methods.values():
             exec(code, namespace)
-        for name in methods:
-            setattr(self, name, types.MethodType(namespace[name], self))
+        for name in methods:  # attributes too: the methods call each other on self
+            self.bound[name] = types.MethodType(namespace[name], self)
+            setattr(self, name, self.bound[name])
 
     def can_terminate(self, operation: Any) -> bool:
-        return bool(getattr(self, "_can_terminate_prefetch")(operation))
+        return bool(self.bound["_can_terminate_prefetch"](operation))
 
     @property
     def waits_from_first_poll(self) -> bool:
         """0.5.23+: the deadline runs from the first blocked poll (``_start_storage_prefetch_wait``)."""
-        return hasattr(self, "_start_storage_prefetch_wait")
+        return "_start_storage_prefetch_wait" in self.bound
 
     def start_wait(self, operation: Any) -> None:
         if self.waits_from_first_poll:
-            getattr(self, "_start_storage_prefetch_wait")(operation)
+            self.bound["_start_storage_prefetch_wait"](operation)
 
     def mark_expired(self, operation: Any) -> None:
-        if hasattr(self, "_mark_prefetch_deadline_expired"):
-            getattr(self, "_mark_prefetch_deadline_expired")(operation)
+        if "_mark_prefetch_deadline_expired" in self.bound:
+            self.bound["_mark_prefetch_deadline_expired"](operation)
 
 
 def _identity_decorator(func: Callable[..., Any] | None = None, **_: Any) -> Any:

@@ -59,8 +59,8 @@ class PpVerdicts:
         self.clocks = [RankClock(CLOCK_ORIGINS[r % len(CLOCK_ORIGINS)]) for r in range(ranks)]
         self.ranks: list[RankVerdict] = []
         if methods is not None:
-            for rank, clock in enumerate(self.clocks):
-                verdict = RankVerdict(rank, ranks, clock, self.pipe, page_size)
+            for index, clock in enumerate(self.clocks):
+                verdict = RankVerdict(index, ranks, clock, self.pipe, page_size)
                 verdict.bind(methods)
                 self.ranks.append(verdict)
         self.operations: list[Any] = []  # per rank, while a prefetch is open
@@ -80,7 +80,7 @@ class PpVerdicts:
         self.pages, self.landed, self.polls = 1 + pick % PAGES_MAX, 0, 0
         tokens = list(range(1, 1 + self.pages * self.page))
         self.operations = []
-        for rank, clock in enumerate(self.clocks):
+        for clock in self.clocks:
             operation = self.hybrid.PrefetchOperation(RequestHandle(rid), tokens)
             operation.start_time = clock.now  # the rank's own clock (its time.monotonic())
             operation.hash_value = [f"{rid}-p{p}" for p in range(self.pages)]
@@ -105,7 +105,9 @@ class PpVerdicts:
         for operation in self.operations:
             operation.completed_tokens = self.landed * self.page
         passed = self._deadline_passed()
-        verdicts = tuple(r.can_terminate(op) for r, op in zip(self.ranks, self.operations))
+        verdicts = tuple(
+            r.can_terminate(op) for r, op in zip(self.ranks, self.operations, strict=True)
+        )
         elapsed = tuple(
             clock.now - start for clock, start in zip(self.clocks, self.started, strict=False)
         )
@@ -115,10 +117,10 @@ class PpVerdicts:
         if not any(verdicts):  # blocked: each rank starts its wait (0.5.23+), once
             if not self.started and self.ranks[0].waits_from_first_poll:
                 self.started = [clock.now for clock in self.clocks]
-            for rank, operation in zip(self.ranks, self.operations):
+            for rank, operation in zip(self.ranks, self.operations, strict=True):
                 rank.start_wait(operation)
             return
-        for rank, operation in zip(self.ranks, self.operations):
+        for rank, operation in zip(self.ranks, self.operations, strict=True):
             rank.mark_expired(operation)
             operation.mark_terminate()
         self.operations = []
