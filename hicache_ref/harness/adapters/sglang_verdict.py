@@ -20,6 +20,8 @@ in flow order:
   ``time`` (each rank a process of its own); ``can_terminate`` is the verdict, ``start_wait``
   and ``mark_expired`` what ``check_prefetch_progress`` does around it.
 
+What every rank returned is the evidence of INV-38's verdict rule (``driver/pp_verdict``).
+
 Our own stand-ins replace what the methods need beyond plain torch: upstream's ``rank_consensus``
 decorator (a debug check, the identity here), its ``P2PTag`` and its ``PollTimer`` /
 ``_StoragePrefetchWait`` records (``msgspec`` structs: the timer here reads the rank's clock).

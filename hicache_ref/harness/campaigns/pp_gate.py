@@ -24,6 +24,10 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
 - ``pp_worlds``: the worlds (``WORLDS``) an implementation's capabilities admit: a side pool's
   world needs its window in L3 (``storage:swa``, ``storage:mamba``);
+- ``apply_op``, ``judge_verdicts``, ``finish_verdicts``: a step on the tree; a ``progress``
+  step also polls the world's cache-mode prefetch (``driver/pp_verdict``: every rank's timeout
+  verdict, PP rank 0's handed along PP, judged by INV-38), which the case's end polls until its
+  verdict ends it;
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
 - ``run_pp_gate``: the budgeted search, its ``PpGateReport`` (cases, checks, the failure).
