@@ -19,7 +19,11 @@ from __future__ import annotations
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants.checker import registered
 from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
-from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
+from hicache_ref.invariants.storage_snapshot import (
+    PpTicketRecord,
+    PpVerdictRecord,
+    StorageSnapshot,
+)
 
 
 def _agree(
@@ -112,12 +116,39 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
         )
 
 
+def _verdict(record: PpVerdictRecord) -> None:
+    where = f"the timeout verdict on {record.request_id!r} (no PP ticket, poll {record.poll})"
+    clocks = ", ".join(f"PP rank {r}: {t:.2f} s" for r, t in enumerate(record.clocks))
+    first = record.verdicts[0]
+    for rank, mine in enumerate(record.verdicts[1:], start=1):
+        # Verify every rank returns PP rank 0's verdict (a rank cutting alone desyncs the trees)
+        if mine != first:
+            raise InvariantViolation(
+                "INV-38",
+                f"{where}: PP rank {rank} {'terminates' if mine else 'keeps loading'} but PP "
+                f"rank 0 {'terminates' if first else 'keeps loading'} (elapsed {clocks}) (wall "
+                "clocks differ across ranks: PP rank 0 alone reads its deadline and _all_reduce "
+                "hands its verdict along PP, _pp_sync; no rank decides on its own clock)",
+            )
+    if first != record.deadline_passed:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where}: PP rank 0 {'terminates' if first else 'keeps loading'} but its own "
+            f"clock says the deadline {'passed' if record.deadline_passed else 'has not passed'} "
+            f"(elapsed {clocks}) (PP rank 0 terminates exactly when its elapsed time exceeds "
+            "prefetch_timeout_base + pages * prefetch_timeout_per_page, its KV not all landed)",
+        )
+
+
 # -- INV-38 ---------------------------------------------------------------------------------------
 @registered("INV-38", StorageSnapshot, storage=0)
 def check_inv_38_pp_ticket_agreement(evidence: Evidence) -> None:
     """PP ranks take, query and stage the same tickets in the same order; a retired ticket
-    holds no host slot; a ticket's IO writes only slots the ticket holds."""
+    holds no host slot; a ticket's IO writes only slots the ticket holds; every rank returns PP
+    rank 0's timeout verdict on a prefetch without a ticket, as its clock says."""
     snapshot = storage_snapshot_of("INV-38", evidence)
+    for record in snapshot.pp_verdicts:  # a cache-mode PP group's prefetch (no ticket)
+        _verdict(record)
     if not snapshot.pp_tickets:
         return
     first = snapshot.pp_tickets[0]

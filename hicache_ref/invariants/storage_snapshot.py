@@ -290,6 +290,19 @@ class PpTicketRecord:
 
 
 @dataclass(frozen=True)
+class PpVerdictRecord:
+    """INV-38: one poll of the timeout stop policy's verdict on a prefetch without a PP ticket
+    (a cache-mode PP group), as every PP rank's ``_can_terminate_prefetch`` returned it."""
+
+    request_id: str
+    poll: int  # the prefetch's poll, from 1
+    verdicts: tuple[bool, ...]  # per PP rank: terminate the prefetch now
+    deadline_passed: bool  # the harness's clock model: PP rank 0's deadline passed, its KV
+    # not all landed (the budget from the operation's start, or from its first blocked poll)
+    clocks: tuple[float, ...] = ()  # each rank's elapsed time on its own clock, for the message
+
+
+@dataclass(frozen=True)
 class BeliefView:
     """One rank's storage existence beliefs in a ``buffer_only`` world (INV-41): what the
     tree's class holds for the KV pool, beside what the harness's record of the world allows."""
@@ -328,6 +341,7 @@ class StorageSnapshot:
     detached: bool = False  # taken right after a detach (INV-24)
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
     pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
+    pp_verdicts: tuple[PpVerdictRecord, ...] = ()  # the timeout verdicts since the last look
     pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it, and
     # no IO or sync thread has work (under storage points a follower's may publish later)
     side_windows: tuple[SideWindowRecord, ...] = ()  # an SWA world's judged results (INV-39)

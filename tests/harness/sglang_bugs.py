@@ -972,6 +972,33 @@ shard, the command thread's staging of the carried hit): caught by the PP gate."
 
 
 # -- 0.5.23's PP tickets with an independent SWA side pool (issue 27): caught in SWA PP worlds ----
+UNIFIED = "sglang/srt/mem_cache/unified_radix_cache.py"
+
+
+class PpEachRankDecidesOnItsOwnClock(PlantedBug):
+    NAME = "pp_each_rank_decides_on_its_own_clock"
+    TARGET = UNIFIED
+    BUG_CLASS = "pp verdict"
+    DESCRIPTION = (
+        "under the timeout stop policy every PP rank reads its own deadline and reduces the "
+        "verdict over its TP group alone, so a follower whose clock runs ahead cuts a "
+        "cache-mode prefetch PP rank 0 keeps loading (the verdict is not handed along PP)"
+    )
+    OLD = "            self._all_reduce(should_terminate_tensor, torch.distributed.ReduceOp.MAX)\n"
+    NEW = (
+        "            should_terminate_tensor.fill_(int(self._prefetch_deadline_expired(operation)))\n"
+        "            self._all_reduce_attn_groups(  # BUG: its own clock, no PP hand-along\n"
+        "                should_terminate_tensor, torch.distributed.ReduceOp.MAX\n"
+        "            )\n"
+    )
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0523_PP_VERDICT: tuple[type[PlantedBug], ...] = (PpEachRankDecidesOnItsOwnClock,)
+"""Planted in 0.5.23's unified radix cache (``_can_terminate_prefetch``): caught by the PP gate's
+cache-mode prefetch polls (``driver/pp_verdict.py``)."""
+
+
 class PpRetiredTicketKeepsItsWindow(PlantedBug):
     NAME = "pp_retired_ticket_keeps_its_window"
     TARGET = HYBRID

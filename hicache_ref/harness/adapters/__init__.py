@@ -23,7 +23,9 @@ The gate on upstream's own code, in the order a gate uses the modules:
    gate (``sglang_gate``: served queues, gated threads, ``StepGate``) under the storage world's
    process group, attach and backend factory (``sglang_world``); ``upstream_storage``:
    upstream's own file backend behind this project's interface; in a ``buffer_only`` world,
-   ``sglang_buffer``: the tree's storage existence beliefs, upstream's own class.
+   ``sglang_buffer``: the tree's storage existence beliefs, upstream's own class; in a PP world,
+   ``sglang_verdict``: the timeout stop policy's PP-rank-0 verdict, the radix cache's own
+   methods run per PP rank over the rank's clock.
 """
 
 from hicache_ref.harness.adapters.base import (

@@ -24,6 +24,10 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
 - ``pp_worlds``: the worlds (``WORLDS``) an implementation's capabilities admit: a side pool's
   world needs its window in L3 (``storage:swa``, ``storage:mamba``);
+- ``apply_op``, ``judge_verdicts``, ``finish_verdicts``: a step on the tree; a ``progress``
+  step also polls the world's cache-mode prefetch (``driver/pp_verdict``: every rank's timeout
+  verdict, PP rank 0's handed along PP, judged by INV-38), which the case's end polls until its
+  verdict ends it;
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
 - ``run_pp_gate``: the budgeted search, its ``PpGateReport`` (cases, checks, the failure).
@@ -36,6 +40,7 @@ import random
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, settings
@@ -52,6 +57,7 @@ from hicache_ref.harness.adapters.base import (
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
 from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.driver.pp_tree import PpTree
+from hicache_ref.harness.driver.pp_verdict import PpVerdicts
 from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
 
@@ -232,8 +238,12 @@ def _pick(items: list[str], pick: int) -> str | None:
     return items[pick % len(items)] if items else None
 
 
-def apply_op(tree: PpTree, op: PpOp) -> None:
-    """One step of a program on ``tree`` (a step with nothing to act on does nothing)."""
+def apply_op(tree: PpTree, op: PpOp, verdicts: PpVerdicts | None = None) -> None:
+    """One step of a program on ``tree`` (a step with nothing to act on does nothing); a
+    ``progress`` step also polls the world's cache-mode prefetch (``verdicts``)."""
+    if op.verb == "progress" and verdicts is not None and verdicts.drives:
+        verdicts.poll(op.pick)
+        judge_verdicts(tree, verdicts)
     live = sorted(tree.live)
     if op.verb == "back_up":
         pages = 1 + op.pick % CHAIN_PAGES_MAX
@@ -271,6 +281,28 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
             tree.release(rid)
 
 
+VERDICT_POLLS_MAX = 16
+FINAL_POLL_PICK = 1
+"""At a case's end the open cache-mode prefetch is polled until its verdict ends it (a pick
+that lands nothing and moves the follower's clock faster than PP rank 0's)."""
+
+
+def judge_verdicts(tree: PpTree, verdicts: PpVerdicts) -> None:
+    """INV-38 on the verdicts polled since the last look (PP rank 0's, handed along PP)."""
+    records = verdicts.take_records()
+    if records:
+        tree.checks.run("INV-38", replace(tree.snapshot(), pp_verdicts=records))
+
+
+def finish_verdicts(tree: PpTree, verdicts: PpVerdicts) -> None:
+    """Poll the open cache-mode prefetch until the ranks' verdict ends it."""
+    for _ in range(VERDICT_POLLS_MAX):
+        if not verdicts.operations:
+            break
+        verdicts.poll(FINAL_POLL_PICK)
+        judge_verdicts(tree, verdicts)
+
+
 def run_program(implementation: Implementation, program: PpProgram, seed: int = 0) -> PpTree:
     """One case: a fresh PP world, the program, then every request released and run to idle."""
     config = pp_config(
@@ -288,9 +320,12 @@ def run_program(implementation: Implementation, program: PpProgram, seed: int = 
         storage_points=program.storage_points,
         page_points=program.page_points,
     )
+    source = Path(implementation.source_tree) if implementation.source_tree else Path("-")
+    verdicts = PpVerdicts(source, tree.hybrid, tree.page, len(tree.cc))
     try:
         for op in program.ops:
-            apply_op(tree, op)
+            apply_op(tree, op, verdicts)
+        finish_verdicts(tree, verdicts)
         tree.finish()
     finally:
         tree.storage.close()
