@@ -54,7 +54,9 @@ wall budget ran 394 programs at load 20-80 and missed it)."""
 BUG_WALL_CAP_S = 900.0
 """A wall-clock safety net only: a busy host makes a planted-bug PP gate slower, never blind."""
 GATE_BUDGET = "6s"  # the gate command: a fifth of it on the PP gate
-BUG_GATE_CASES = 100  # the gate command's: 80 to the state machine, 20 to the PP gate (caught: 3)
+BUG_GATE_CASES = 50
+"""The gate command's case budget: 40 to the state machine, which must pass before the PP gate
+runs, and 10 to the PP gate, which catches the bug at program 3 (3.3x margin)."""
 BUG_GATE_BUDGET = "900s"  # its wall-clock safety net
 
 
