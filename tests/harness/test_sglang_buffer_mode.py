@@ -35,7 +35,7 @@ from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.storage_snapshot import BeliefView
 
 from .sglang_bugs import BUGS_0523_BUFFER, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, run_gate
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught, run_gate
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 
 PAGE = 2
@@ -219,9 +219,7 @@ def is_anchor_storage_in_cache_mode(config: HarnessConfig) -> bool:
 
 @pytest.mark.parametrize("bug", BUGS_0523_BUFFER, ids=lambda bug: bug.NAME)
 def test_buffer_bug_is_one_small_substitution(bug: type[PlantedBug], tree_0523: Path) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, tree_0523)
     assert bug.INVARIANTS == ("INV-41",)
 
 
