@@ -18,15 +18,7 @@ import pytest
 from hicache_ref.harness.adapters.sglang_tree import SRC_ENV, fetch_wheel_tree
 
 from .sglang_bugs import BUGS_0523_WINDOWS, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught
-
-SPEC_IDS = {
-    line.split()[0]
-    for line in (Path(__file__).resolve().parents[2] / "specs" / "invariant_ids.txt")
-    .read_text()
-    .splitlines()
-    if line.startswith("INV-")
-}
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +28,7 @@ def tree_0523() -> Path:
 
 @pytest.mark.parametrize("bug", BUGS_0523_WINDOWS, ids=lambda bug: bug.NAME)
 def test_window_bug_is_one_small_substitution(bug: type[PlantedBug], tree_0523: Path) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
-    assert bug.INVARIANTS and set(bug.INVARIANTS) <= SPEC_IDS
+    check_one_small_substitution(bug, tree_0523)
 
 
 @pytest.mark.usefixtures("gate_env")

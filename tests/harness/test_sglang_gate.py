@@ -127,14 +127,8 @@ def plant(bug: type[PlantedBug], wheel_tree: Path, tmp_path: Path) -> Path:
 # -- the catalogue ---------------------------------------------------------------------------
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: bug.NAME)
 def test_planted_bug_is_one_small_substitution(bug: type[PlantedBug], wheel_tree: Path) -> None:
-    source = (wheel_tree / CONTROLLER_RELPATH).read_text()
-    # Verify the old snippet locates one place and the patch changes it
-    assert bug.apply(source) != source
-    # Verify no upstream code is carried: a few lines to find one line and change it
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
-    # Verify the bug names its class and the harness invariants that must catch it
-    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION
-    assert bug.INVARIANTS and set(bug.INVARIANTS) <= SPEC_IDS
+    assert Path(bug.TARGET) == CONTROLLER_RELPATH  # the 0.5.10 catalogue plants in the controller
+    check_one_small_substitution(bug, wheel_tree)
 
 
 def test_catalogue_covers_the_bug_classes_and_stream_order() -> None:
@@ -183,6 +177,19 @@ def test_planted_fence_bug_in_0_5_23_is_caught_with_the_forward_on_its_own_strea
     source = (tree / CONTROLLER_RELPATH).read_text()
     assert bug.apply(source) != source  # the old snippet is there exactly once
     check_planted_bug_is_caught(bug, tree, tmp_path, monkeypatch, capsys)
+
+
+def check_one_small_substitution(bug: type[PlantedBug], tree: Path) -> None:
+    """``bug`` changes one place of its ``TARGET`` file in ``tree`` with a few lines, and names its
+    class, what it breaks and the harness invariants (spec ids) that must catch it."""
+    source = (tree / bug.TARGET).read_text()
+    # Verify the old snippet locates one place and the patch changes it
+    assert bug.apply(source) != source
+    # Verify no upstream code is carried: a few lines to find one line and change it
+    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    # Verify the bug names its class and the harness invariants that must catch it
+    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION
+    assert bug.INVARIANTS and set(bug.INVARIANTS) <= SPEC_IDS
 
 
 def check_planted_bug_is_caught(

@@ -28,7 +28,7 @@ from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 
 from .sglang_bugs import BUGS_0523_MAMBA, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, run_gate
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught, run_gate
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 
 IMPLS = ("reference", "sglang")
@@ -193,9 +193,7 @@ def test_the_gate_draws_mamba_worlds_on_0_5_23_and_finds_nothing_new(
 def test_mamba_bug_is_one_small_substitution_in_one_file(
     bug: type[PlantedBug], tree_0523: Path
 ) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert source.count(bug.OLD) == 1 and bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, tree_0523)
     assert bug.INVARIANTS[0] in ("INV-40", "INV-05")
 
 

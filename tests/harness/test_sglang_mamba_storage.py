@@ -27,7 +27,7 @@ from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.world.config import HarnessConfig
 
 from .sglang_bugs import BUGS_0523_MAMBA_STORAGE, PlantedBug, TrailingKeysOfTheQueriedHit
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, plant
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught, plant
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 from .test_sglang_side_storage import apply, prefetch_to_the_end, windows_judged
 
@@ -155,9 +155,7 @@ def test_the_state_is_read_on_0_5_19_too() -> None:
 def test_mamba_storage_bug_is_one_small_substitution(
     bug: type[PlantedBug], tree_0523: Path
 ) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, tree_0523)
     assert bug.INVARIANTS == ("INV-39",)
 
 

@@ -30,7 +30,7 @@ from hicache_ref.harness.driver.pp_tree import PpTree
 from hicache_ref.harness.driver.pp_world import pp_config
 
 from .sglang_bugs import BUGS_0522_PP, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX
+from .test_sglang_gate import check_one_small_substitution
 from .test_sglang_pp_storage import check_pp_bug_is_caught
 
 RELEASES = ("0.5.21", "0.5.22")
@@ -105,8 +105,7 @@ def test_the_pp_gate_finds_nothing_new_on_the_hit_carrying_releases(release: str
 def test_pp_bug_planted_in_0_5_22_is_caught(
     bug: type[PlantedBug], tree_0522: Path, tmp_path: Path
 ) -> None:
-    source = (tree_0522 / bug.TARGET).read_text()
-    assert bug.apply(source) != source and bug.OLD.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, tree_0522)
     check_pp_bug_is_caught(bug, tree_0522, tmp_path, BUG_CASES)
 
 

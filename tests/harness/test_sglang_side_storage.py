@@ -30,7 +30,7 @@ from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.invariants.storage_snapshot import SideWindowRecord
 
 from .sglang_bugs import BUGS_0523_SIDE_STORAGE, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, run_gate
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught, run_gate
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 
 SIDE_GATE_BUDGET = "15s"  # the 60 s runs are in specs/upstream_findings.md
@@ -189,9 +189,7 @@ def test_the_gate_draws_swa_storage_on_0_5_23_and_finds_nothing_new(
 
 @pytest.mark.parametrize("bug", BUGS_0523_SIDE_STORAGE, ids=lambda bug: bug.NAME)
 def test_side_storage_bug_is_one_small_substitution(bug: type[PlantedBug], tree_0523: Path) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, tree_0523)
     assert bug.INVARIANTS == ("INV-39",)
 
 

@@ -27,7 +27,7 @@ from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 
 from .sglang_bugs import BUGS_0523_SIDECAR_STORAGE, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, run_gate
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught, run_gate
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 
 SIDECAR_GATE_BUDGET = "15s"
@@ -105,9 +105,7 @@ def test_the_gate_draws_sidecar_storage_on_0_5_23_and_finds_nothing_new(
 def test_sidecar_storage_bug_is_one_small_substitution(
     bug: type[PlantedBug], tree_0523: Path
 ) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, tree_0523)
     assert "INV-37" in bug.INVARIANTS
 
 

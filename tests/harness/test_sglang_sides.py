@@ -27,7 +27,7 @@ from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.side_pools import side_layout
 
 from .sglang_bugs import BUGS_0523_SIDES, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, run_gate
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught, run_gate
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 
 SIDES_GATE_BUDGET = "10s"
@@ -120,10 +120,7 @@ def test_the_gate_draws_side_pools_on_0_5_23_and_finds_nothing_new(
 def test_side_pool_bug_is_one_small_substitution_in_one_file(
     bug: type[PlantedBug], tree_0523: Path
 ) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
-    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION and bug.INVARIANTS
+    check_one_small_substitution(bug, tree_0523)
 
 
 @pytest.mark.usefixtures("gate_env")

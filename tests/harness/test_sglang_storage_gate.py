@@ -43,7 +43,12 @@ from .sglang_bugs import (
     PlantedBug,
     PrefetchIoSetsLocalProgress,
 )
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught, plant, run_gate
+from .test_sglang_gate import (
+    check_one_small_substitution,
+    check_planted_bug_is_caught,
+    plant,
+    run_gate,
+)
 
 STORAGE_GATE_BUDGET = "8s"
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "sglang"
@@ -126,11 +131,7 @@ def gate_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_storage_bug_is_one_small_substitution_in_one_file(
     bug: type[PlantedBug], tree_0523: Path
 ) -> None:
-    source = (tree_0523 / bug.TARGET).read_text()
-    # Verify the old snippet locates one place of its file and the patch changes it
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
-    assert bug.NAME and bug.BUG_CLASS and bug.DESCRIPTION and bug.INVARIANTS
+    check_one_small_substitution(bug, tree_0523)
 
 
 @pytest.mark.usefixtures("gate_env")

@@ -29,7 +29,7 @@ from hicache_ref.harness.steps.trace import Step
 from hicache_ref.harness.world.config import HarnessConfig
 
 from .sglang_bugs import BUGS_0523_HOST_PRESSURE, PlantedBug
-from .test_sglang_gate import SNIPPET_LINES_MAX, check_planted_bug_is_caught
+from .test_sglang_gate import check_one_small_substitution, check_planted_bug_is_caught
 from .test_sglang_gate import gate_env as gate_env  # the fixture, shared with the gate tests
 
 PAGE = 2
@@ -121,9 +121,7 @@ def test_host_pressure_is_a_storage_worlds_field_named_in_its_description() -> N
 
 @pytest.mark.parametrize("bug", BUGS_0523_HOST_PRESSURE, ids=lambda bug: bug.NAME)
 def test_host_pressure_bug_is_one_small_substitution(bug: type[PlantedBug]) -> None:
-    source = (fetch_wheel_tree("0.5.23") / bug.TARGET).read_text()
-    assert bug.apply(source) != source
-    assert bug.OLD.count("\n") <= SNIPPET_LINES_MAX and bug.NEW.count("\n") <= SNIPPET_LINES_MAX
+    check_one_small_substitution(bug, fetch_wheel_tree("0.5.23"))
 
 
 @pytest.mark.usefixtures("gate_env")
