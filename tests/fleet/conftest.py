@@ -56,12 +56,17 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 
 MUTANT = "mutant:skip_load_fence"
+SHARD_CASES = "12"
+"""Each runner's case budget: at seed 0 the mutant falls at case 4 (shard 1/2) and at cases 3 and
+9 (shard 2/2, seed 1), so 12 cases give both runners failures however busy the host is."""
+SHARD_WALL_CAP = "300"
+"""Seconds: a safety net only (12 cases take ~3 s idle)."""
 
 
 @pytest.fixture(scope="session")
 def two_shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The JSON reports of two runners (``--shard 1/2`` and ``2/2``, one worker each, in this
-    process) fuzzing a mutant for two seconds each with coverage on: failures, programs,
+    process) fuzzing a mutant for a case budget each with coverage on: failures, programs,
     coverage timelines, for the report's tests."""
     from hicache_ref import cli
 
@@ -69,7 +74,8 @@ def two_shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     paths = []
     for shard in ("1/2", "2/2"):
         path = folder / f"shard{shard[0]}.json"
-        argv = ["run", "--impl", MUTANT, "--keep-going", "--budget", "2", "--shard", shard]
+        argv = ["run", "--impl", MUTANT, "--keep-going", "--shard", shard]
+        argv += ["--budget", SHARD_WALL_CAP, "--max-cases", SHARD_CASES]
         argv += ["--workers", "1", "--no-progress", "--coverage", "--out", str(folder)]
         assert cli.main([*argv, "--json", str(path)]) == 1
         paths.append(path)
