@@ -7,6 +7,7 @@ import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NoReturn, cast
 
 import pytest
@@ -124,6 +125,7 @@ def test_the_pp_gate_draws_its_programs_from_the_pinned_pool() -> None:
 
     live = providers._get_local_constants
     with pytest.raises(_Drawn):
-        run_pp_gate(cast(Implementation, None), seconds=60.0, drawn=st.none().map(record))
+        no_side_pools = cast(Implementation, SimpleNamespace(capabilities=frozenset()))
+        run_pp_gate(no_side_pools, seconds=60.0, drawn=st.none().map(record))
     assert seen and all(pool is CAMPAIGN_POOL for pool in seen)
     assert providers._get_local_constants is live

@@ -39,7 +39,9 @@ from .sglang_bugs import BUGS_0523_MAMBA_STORAGE, BUGS_0523_PP_MAMBA, PlantedBug
 from .test_sglang_pp_side import pp_snapshot
 from .test_sglang_pp_storage import plant
 
-GATE_SECONDS = 8.0
+CLEAN_CASES = 60
+"""The clean gates' case budget: seed 0 draws 8 Mamba worlds in 60 programs on each of 0.5.21 -
+0.5.23 (INV-39 checked 3 / 14 / 23 times), ~4 s each; an 8 s wall drew 5 under CI's load."""
 RELEASES = ("0.5.21", "0.5.22", "0.5.23")
 BUG_CASES = 100
 """The planted Mamba PP bug's case budget: seed 0 catches it at case 12 (seeds 1 and 2: 4 and
@@ -126,7 +128,8 @@ def test_inv38_a_state_window_past_its_one_slot_is_caught() -> None:
 def test_the_pp_gate_draws_mamba_worlds_and_finds_nothing(release: str) -> None:
     report = run_pp_gate(
         SglangImplementation(fetch_wheel_tree(release)),
-        seconds=GATE_SECONDS,
+        seconds=BUG_WALL_CAP_S,
+        cases_max=CLEAN_CASES,
         known=get_known_findings([ALL], "sglang"),
         release=release,
     )

@@ -121,6 +121,8 @@ def unsupported_storage_reason(driver: StorageDriver) -> str | None:
         return "an MLA world (one namespace every rank shares)"
     if driver.config.storage_host_pressure:
         return "a tree that cuts hits to its host room (the oracle serves every hit whole)"
+    if driver.config.storage_buffer_only:
+        return "buffer mode (the oracle models L3 and the tiers, not the tree's existence beliefs: INV-41's)"
     if driver.config.has_draft:
         return "a sidecar pool (the oracle models KV pages; a sidecar's are INV-37's and bytes')"
     if driver.polled is not None or not all(isinstance(t, StorageTier) for t in driver.l3.tiers):
