@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from storage_fakes import FakeHostPool, TreeSide, make_tier, wait_until
 
 from hicache_ref.controller.storage import QUEUE_NAMES, StorageStepKind, StorageTier
+from hicache_ref.controller.storage.executor import ThreadExecutor
 from hicache_ref.errors import HiCacheInputError, InvariantViolation, UnknownOptionError
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
 from hicache_ref.storage.factory import StorageBackendFactory
@@ -231,6 +233,33 @@ def test_reset_joins_every_thread_and_starts_four_new_ones() -> None:
     assert len(old) == len(new) == 4 and old.isdisjoint(new)
     tier.detach_storage_backend()
     assert tier.alive_threads() == []
+
+
+def test_ctrl_c_while_the_threads_start_rolls_the_attach_back_quietly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SIGINT lands inside the third thread's start: two threads run, two never will
+    class InterruptedStart(threading.Thread):
+        def start(self) -> None:
+            raise KeyboardInterrupt
+
+    made: list[threading.Thread] = []
+    make = ThreadExecutor.make_thread
+
+    def make_thread(
+        self: ThreadExecutor, kind: StorageStepKind, epoch: int, stop: threading.Event
+    ) -> threading.Thread:
+        thread = make(self, kind, epoch, stop) if len(made) < 2 else InterruptedStart(daemon=True)
+        made.append(thread)
+        return thread
+
+    monkeypatch.setattr(ThreadExecutor, "make_thread", make_thread)
+    tier = new_tier("thread")
+    with pytest.raises(KeyboardInterrupt):
+        tier.attach_storage_backend("memory")
+    assert_detached(tier)  # the two that ran are joined; the rollback logged no failure
+    assert not any(t.is_alive() for t in made)
+    assert "did not stop" not in caplog.text
 
 
 # -- executors -------------------------------------------------------------------------------------

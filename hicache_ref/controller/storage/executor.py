@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +32,8 @@ STORAGE_EXECUTORS = ("thread", "manual")
 STORAGE_POLL_S = 0.05
 """How long an idle storage thread waits for work before re-checking its stop event."""
 STORAGE_JOIN_TIMEOUT_S = 10.0
+START_WAIT_S = 0.2
+"""How long ``stop`` gives a thread whose ``start`` was interrupted to show it runs."""
 STORAGE_ERRORS_MAX = 64
 
 
@@ -122,7 +125,7 @@ class ThreadExecutor:
         self.tier.queues.wake_all()
         for thread in self._threads:
             if thread is not threading.current_thread():
-                thread.join(timeout=STORAGE_JOIN_TIMEOUT_S)
+                _join_started(thread, STORAGE_JOIN_TIMEOUT_S)
         alive = self.alive_threads()
         if alive:
             raise RuntimeError(f"Failed to stop HiCache storage threads cleanly: {alive}")
@@ -130,6 +133,24 @@ class ThreadExecutor:
 
     def alive_threads(self) -> list[str]:
         return [thread.name for thread in self._threads if thread.is_alive()]
+
+
+def _join_started(thread: threading.Thread, timeout: float) -> None:
+    """Join ``thread``, if it ever started: a Ctrl-C inside ``start`` (an attach interrupted
+    while its threads start) leaves one created but never run, or one running whose ``start``
+    did not see it begin; the rollback's stop must end the others, not raise that it cannot
+    join this one."""
+    try:
+        thread.join(timeout=timeout)
+        return
+    except RuntimeError:  # "cannot join thread before it is started"
+        pass
+    deadline = time.monotonic() + START_WAIT_S
+    while thread.ident is None or not thread.is_alive():
+        if time.monotonic() >= deadline:
+            return  # never started: nothing runs to join
+        time.sleep(0.001)
+    thread.join(timeout=timeout)
 
 
 ExecutorFactory = Callable[["ExecutorTier"], "StorageExecutor"]
