@@ -13,6 +13,10 @@ Every Hypothesis search of the suite (the machines pytest runs as ``TestCase``, 
 campaigns run in this process) draws with the campaign's pinned literal pool
 (``harness/campaigns/literal_pool.py``): a derandomized test then draws the same cases whatever
 the other test files its worker imported before it, so a CI failure replays with the file alone.
+
+A test that builds a session and never closes it leaves its storage world's threads running
+(a running storage thread keeps its world alive, so no collector ends them): after every test
+the worlds still open are closed, so one test's threads never slow the ones after it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pytest
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.sglang_tree import ReleaseUnavailable
 from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
+from hicache_ref.harness.world.storage_world import close_open_worlds
 
 REQUIRE_RELEASES_ENV = "HICACHE_REQUIRE_RELEASES"
 NameImplementation = Callable[[str, Callable[[], object]], None]
@@ -37,6 +42,13 @@ def pinned_literals() -> Iterator[None]:
     """The whole session searches with the campaign's literal pool (see the module docstring)."""
     with pinned_literal_pool():
         yield
+
+
+@pytest.fixture(autouse=True)
+def no_world_outlives_its_test() -> Iterator[None]:
+    """The storage worlds a test left open are closed when it ends (see the module docstring)."""
+    yield
+    close_open_worlds()
 
 
 @pytest.fixture

@@ -159,7 +159,13 @@ class Recorder:
         return sorted({s.op for s in self.steps})
 
     def vector(self, extra_ids: Iterable[str] = ()) -> Vector:
-        """Quiescence, then the sealed vector."""
+        """Quiescence, then the sealed vector; the recording world is closed either way."""
+        try:
+            return self._sealed(extra_ids)
+        finally:
+            self.session.close()
+
+    def _sealed(self, extra_ids: Iterable[str]) -> Vector:
         before = capture(self.session)
         try:
             self.session.finish()

@@ -187,50 +187,58 @@ def replay_vector(
     with open_device(kind) as build:
         impl = on_device(implementation, kind)
         session = Session(_config_for(vector, kind), impl, name, build=build)
-        attach_lockstep(session)
-        for index, vstep in enumerate(vector.steps):
-            step = Step(rule=vstep.op, args=dict(vstep.args))
-            before = capture(session)
-            try:
-                outcome = session.apply(step)
-            except Exception as exc:
-                return _check_failure(vector.id, index, step.render(), exc)
-            if index in session.skip_reasons:
-                return VectorResult(
-                    vector.id,
-                    "fail",
-                    vstep.inv,
-                    index,
-                    step.render(),
-                    "status",
-                    "applied",
-                    f"not enabled ({session.skip_reasons[index]})",
-                )
-            got = observe(session, before, step, outcome)
-            diff = _first_difference(vstep.expect, got)
-            if diff is not None:
-                path, want, have = diff
-                inv = vstep.inv or _field_invariant(path, final=False)
-                return VectorResult(vector.id, "fail", inv, index, step.render(), path, want, have)
+        try:  # the world's threads end with the vector, failed or not (nothing outlives it)
+            return _replay_steps(vector, session)
+        finally:
+            session.close()
+
+
+def _replay_steps(vector: Vector, session: Session) -> VectorResult:
+    """Apply ``vector``'s steps to ``session``, comparing each observation, then finish."""
+    attach_lockstep(session)
+    for index, vstep in enumerate(vector.steps):
+        step = Step(rule=vstep.op, args=dict(vstep.args))
         before = capture(session)
         try:
-            session.finish()
+            outcome = session.apply(step)
         except Exception as exc:
-            return _check_failure(vector.id, None, "finish", exc)
-        final = observe_final(session, before)
-        diff = _first_difference(vector.final, final)
-        if diff is not None:
-            path, want, have = diff
+            return _check_failure(vector.id, index, step.render(), exc)
+        if index in session.skip_reasons:
             return VectorResult(
                 vector.id,
                 "fail",
-                _field_invariant(path, final=True),
-                None,
-                "finish",
-                f"final.{path}",
-                want,
-                have,
+                vstep.inv,
+                index,
+                step.render(),
+                "status",
+                "applied",
+                f"not enabled ({session.skip_reasons[index]})",
             )
+        got = observe(session, before, step, outcome)
+        diff = _first_difference(vstep.expect, got)
+        if diff is not None:
+            path, want, have = diff
+            inv = vstep.inv or _field_invariant(path, final=False)
+            return VectorResult(vector.id, "fail", inv, index, step.render(), path, want, have)
+    before = capture(session)
+    try:
+        session.finish()
+    except Exception as exc:
+        return _check_failure(vector.id, None, "finish", exc)
+    final = observe_final(session, before)
+    diff = _first_difference(vector.final, final)
+    if diff is not None:
+        path, want, have = diff
+        return VectorResult(
+            vector.id,
+            "fail",
+            _field_invariant(path, final=True),
+            None,
+            "finish",
+            f"final.{path}",
+            want,
+            have,
+        )
     return VectorResult(vector.id, "pass")
 
 

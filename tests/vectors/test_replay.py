@@ -4,6 +4,8 @@ failure (invariant id, step, expected vs got); the command's closing line and ex
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,21 @@ def test_a_harness_check_names_its_invariant_and_step(vectors: list) -> None:  #
     result = replay_vector(vector, get_implementation("mutant:extra_write_ack"), "mutant")
     assert (result.status, result.invariant, result.op) == ("fail", "INV-02", "write(node=0)")
     assert result.render().startswith(f"FAIL {vector.id}: INV-02 at step 6 (write(node=0)): ")
+
+
+def test_a_vector_that_fails_leaves_no_thread_of_its_world_behind(vectors: list) -> None:  # type: ignore[type-arg]
+    # the mutant acks a backup before its write: INV-32 fails mid-vector, with the gated storage
+    # threads parked and the lockstep threads alive; the replay closes the world all the same
+    vector = by_id(vectors, "story-inv32-an-acked-backup-is-in-l3-at-the-drain")
+    before = set(threading.enumerate())
+    result = replay_vector(vector, get_implementation("mutant:backup_acks_before_write"), "m")
+    assert (result.status, result.invariant) == ("fail", "INV-32")
+    deadline = time.monotonic() + 5.0
+    while (left := [t.name for t in threading.enumerate() if t not in before]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    assert left == []
 
 
 def test_a_differing_observation_names_the_field_expected_and_got(vectors: list) -> None:  # type: ignore[type-arg]

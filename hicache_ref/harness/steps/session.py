@@ -253,9 +253,16 @@ class Session:
 
     def close(self) -> None:
         """The case is over: a storage tier that runs threads of its own stops them now
-        (upstream's, ``adapters/sglang_storage.py``), not when the collector finds the world."""
+        (upstream's, ``adapters/sglang_storage.py``, the gated executor's, the lockstep's),
+        not when the collector finds the world (which a running thread keeps alive)."""
         if self.storage is not None:
             self.storage.l3.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def finish(self) -> None:
         """Quiescence: run everything, drain everything, then check every byte and slot (INV-16)."""

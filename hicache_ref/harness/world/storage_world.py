@@ -180,6 +180,7 @@ class StorageWorld:
         self._closer = weakref.finalize(
             self, _close_tiers, [r.controller for r in self.ranks], self.threads
         )
+        _OPEN.add(self)
         self.attached = False
         self.file_tree = _file_backend_tree(implementation)
 
@@ -240,6 +241,7 @@ class StorageWorld:
     def close(self) -> None:
         """Stop every rank's own storage threads and the lockstep threads (idempotent; also run
         when the world goes)."""
+        _OPEN.discard(self)
         self._closer()
 
     def reset_peers(self) -> None:
@@ -249,6 +251,20 @@ class StorageWorld:
             rank.host_pool.clear()
             if rank.side_host_pool is not None:
                 rank.side_host_pool.clear()
+
+
+_OPEN: weakref.WeakSet[StorageWorld] = weakref.WeakSet()
+"""Every storage world not closed yet. Its finalizer alone cannot end its threads: a running
+storage thread holds its tier, and a tier's harness hooks (the lockstep's observer, the
+gate) reach back to the world, so a world whose case forgot ``close`` is never collected."""
+
+
+def close_open_worlds() -> int:
+    """Close every storage world still open (a case that forgot ``Session.close``); how many."""
+    worlds = list(_OPEN)
+    for world in worlds:
+        world.close()
+    return len(worlds)
 
 
 def _file_backend_tree(implementation: Implementation) -> Path | None:
