@@ -7,6 +7,7 @@ hicache-fuzz run --workers 2 --shard 1/4 --database redis://ci-redis:6379 --json
 hicache-fuzz run --cp-processes 2 --budget 60   # CP ranks one per process (gloo; nccl: GPUs)
 hicache-fuzz run --device cuda --budget 60   # the same machines on a GPU, timing perturbed
 hicache-fuzz gate --impl sglang --sglang-src DIR --budget 2m   # written-up findings baselined
+hicache-fuzz gate --impl sglang --max-cases 400 --budget 15m   # 400 cases however busy the host
 hicache-fuzz replay fuzz/out/failure-reference-seed3-<digest>-min.jsonl
 hicache-fuzz replay fuzz/out/pp-failure-sglang-seed0-<digest>.jsonl   # a PP gate's program
 hicache-fuzz minimize TRACE -o fuzz/corpus/my_finding.jsonl
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hicache_ref import __version__
+from hicache_ref.campaign.budgets import add_cases_argument, split_cases
 from hicache_ref.campaign.cli_inputs import (
     TREE_IMPLEMENTATIONS,
     UsageError,
@@ -118,10 +120,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise HiCacheInputError(
                 "--spins is for a single-process GPU campaign; drop it or --cp-processes"
             )
-        if args.workers is not None or args.database:
+        if args.workers is not None or args.database or args.max_cases is not None:
             raise HiCacheInputError(
-                "--workers and --database are for single-process worlds; --cp-processes "
-                "spawns one process per rank itself: drop one of them"
+                "--workers, --database and --max-cases are for single-process worlds; "
+                "--cp-processes spawns one process per rank itself: drop one of them"
             )
         return run_cp_command(args)
     report = _campaign(args, _campaign_inputs(args), known=())
@@ -140,7 +142,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     known = get_gate_known(args.known, args.impl)
     inputs = _campaign_inputs(args)
     share = get_pp_share(inputs.implementation.capabilities)  # storage:pp: the PP gate's share
-    report = _campaign(args, inputs, known=known, seconds=args.budget * (1 - share))
+    cases, _ = split_cases(args.max_cases, share)  # of the time and of --max-cases alike
+    report = _campaign(args, inputs, known=known, seconds=args.budget * (1 - share), cases=cases)
     pp = gate_pp_share(
         report,
         inputs.implementation,
@@ -150,6 +153,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         out_dir=inputs.out_dir,
         keep_going=args.keep_going,
         known=known,
+        cases_max=args.max_cases,
     )
     print(render_summary(report, replay_lines=False, verdict=False))
     if pp is not None:
@@ -191,8 +195,9 @@ def _campaign(
     *,
     known: tuple[KnownFinding, ...],
     seconds: float | None = None,
+    cases: int | None = None,
 ) -> CampaignReport:
-    """Run the workers for ``seconds`` each (default: --budget)."""
+    """Run the workers for ``seconds`` (default: --budget) or ``cases`` (--max-cases) each."""
     budget = args.budget if seconds is None else seconds
     tasks = plan_from_args(
         args,
@@ -201,6 +206,7 @@ def _campaign(
         perturbation=inputs.perturbation,
         source=inputs.source,
         seconds=budget,
+        cases_max=cases,
     )
     if len(tasks) > 1:  # what a worker would find out after starting, found out once, here
         if args.device == "cuda":
@@ -355,6 +361,7 @@ def _add_campaign_arguments(parser: argparse.ArgumentParser, budget_default: str
         "--from) and gated like --sglang-src",
     )
     add_budget_argument(parser, budget_default, what="per worker")
+    add_cases_argument(parser)
     parser.add_argument(
         "--profile",
         default="ci",

@@ -53,8 +53,9 @@ INVARIANT_TITLES: dict[str, str] = {
     "INV-36": "pool-own-indices",
     "INV-37": "sidecar-all-or-nothing",
     "INV-38": "pp-ticket-agreement",
-    "INV-39": "swa-window-of-the-served-hit",
+    "INV-39": "side-window-of-the-served-hit",
     "INV-40": "state-slot-per-node",
+    "INV-41": "buffer-staging-and-beliefs",
 }
 _ID_LINE = re.compile(r"^(INV-\d\d) ([a-z0-9-]+):")
 

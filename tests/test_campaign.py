@@ -4,6 +4,7 @@ the campaign's profile decides whether the pure oracle follows its cases."""
 from __future__ import annotations
 
 import ast
+import gc
 import re
 from collections import Counter
 from pathlib import Path
@@ -142,3 +143,16 @@ def test_a_campaign_ends_at_its_budget_between_two_cases(tmp_path: Path) -> None
     assert report.rounds == 1 and 1 <= report.cases < 50
     assert report.seconds < 1.0 + 2.0  # one case past the budget at most, on a loaded machine
     assert not report.interrupted and not report.failures
+
+
+def test_a_process_freezes_its_long_lived_objects_once(tmp_path: Path) -> None:
+    # a campaign freezes what is alive at its start (the collector then skips the imports); a
+    # frozen object is never collected, so a second freeze at the next campaign's start kept
+    # the first one's leftovers for good (pytest, the catalogue: one campaign after another)
+    _short_run(tmp_path / "first", "ci")
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    report = _short_run(tmp_path / "second", "ci")
+    assert report.cases > 0 and not report.failures
+    # nothing frozen since (a frozen object that dies by its reference count still leaves)
+    assert gc.get_freeze_count() <= frozen

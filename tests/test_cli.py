@@ -165,6 +165,17 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "zero_seconds": (lambda d: ["run", "--seconds", "0"], "'0' is not positive"),
     "zero_budget": (lambda d: ["gate", "--budget", "0s"], "'0s' is not positive"),
     "budget_not_a_duration": (lambda d: ["gate", "--budget", "soon"], "not a duration"),
+    "zero_cases": (lambda d: ["gate", "--max-cases", "0"], "'0' is not positive; give 1 or more"),
+    "negative_cases": (lambda d: ["run", "--max-cases", "-3"], "'-3' is not positive"),
+    "cases_not_a_number": (lambda d: ["gate", "--max-cases", "many"], "not a number of cases"),
+    "cases_in_a_matrix": (
+        lambda d: ["gate", "--impl", "sglang", "--matrix", "0.5.10", "--max-cases", "5"],
+        "--max-cases bounds one gate; --matrix gives each release --budget-each",
+    ),
+    "cases_across_processes": (
+        lambda d: ["run", "--cp-processes", "2", "--max-cases", "5", "--seconds", "1"],
+        "--workers, --database and --max-cases are for single-process worlds",
+    ),
     "negative_mutants_seconds": (lambda d: ["mutants", "--seconds", "-1"], "not positive"),
     "out_is_a_file": (
         lambda d: ["run", "--out", _write(d / "f", ""), "--seconds", "1"],
@@ -269,7 +280,7 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "workers_with_cp_processes": (
         lambda d: ["run", "--cp-processes", "2", "--workers", "2", "--out", str(d)],
-        "--workers and --database are for single-process worlds",
+        "--workers, --database and --max-cases are for single-process worlds",
     ),
     "known_none_with_ids": (
         lambda d: ["gate", "--known", "none", "F8", "--out", str(d)],
@@ -471,7 +482,7 @@ def test_gate_passes_on_the_reference(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(data["rule_families"]) == set(RULE_FAMILIES)
     assert set(data["features"]) == {
         *("pool", "layout/io", "cp", "draft", "page", "copy", "hybrid", "forward", "pool group"),
-        *("storage", "storage sidecar", "storage pressure", "storage swa"),
+        *("storage", "storage sidecar", "storage pressure", "storage swa", "storage mode"),
     }
     # under the ci profile the pure oracle follows every simulated case, and the report says so
     # lockstep follows every case to the end, or the report names why it stopped: a storage

@@ -4,7 +4,10 @@ In the order a campaign flows through them:
 
 - ``cli_inputs``: every command-line input checked before any work (durations, output folders
   and files, the sglang tree, trace files), each bad one a single ``HiCacheInputError`` line;
-- ``run``: ``run_campaign``, one campaign against one implementation until its time is up;
+- ``budgets``: the case budget (``--max-cases``) beside the time budget, and how a gate splits
+  it with the PP gate;
+- ``run``: ``run_campaign``, one campaign against one implementation until its time is up (or
+  its case budget is spent);
 - ``rounds``: its seeded rounds of the state machine, and the ``CampaignSignals`` a fleet (or a
   Ctrl-C, SIGINT or SIGTERM) steers them with;
 - ``interrupts``: how SIGINT and SIGTERM end a campaign (exit 130 or 143) with its report and

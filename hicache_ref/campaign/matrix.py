@@ -223,6 +223,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         raise HiCacheInputError(
             "--matrix names the releases itself; drop --sglang-src / --sglang-version"
         )
+    if getattr(args, "max_cases", None) is not None:
+        raise HiCacheInputError(
+            "--max-cases bounds one gate; --matrix gives each release --budget-each: drop "
+            "--max-cases"
+        )
     out_dir = check_out_dir("--out", args.out)
     if args.json:
         check_output_file("--json", args.json)

@@ -8,7 +8,8 @@ campaign did not stop at a new failure (``--keep-going`` runs it anyway). In the
 uses them:
 
 - ``get_pp_share``: the share of the budget (0 on a tree without ``storage:pp``): the state
-  machine's campaign gets the rest;
+  machine's campaign gets the rest, of the time and of ``--max-cases`` alike
+  (``budgets.split_cases``);
 - ``gate_pp_share``: after that campaign, the PP gate for its share, its failure added to the
   campaign's report as a new failure (what ``gate`` and each matrix row call);
 - ``run_pp_share``: the PP gate for its seconds; a failure's shrunk program is written under
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hicache_ref.campaign.budgets import split_cases
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY, Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
@@ -55,6 +57,7 @@ class PpShare:
     """What the PP gate's share ran and found (``skipped``: why it did not run)."""
 
     seconds_budget: float
+    cases_max: int | None = None  # its share of --max-cases (None: time alone)
     cases: int = 0
     checks: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -82,6 +85,7 @@ class PpShare:
             "skipped": self.skipped or None,
             "share": PP_GATE_SHARE,
             "budget_s": round(self.seconds_budget, 1),
+            "cases_max": self.cases_max,
             "cases": self.cases,
             "checks": dict(sorted(self.checks.items())),
             "known_hits": dict(sorted(self.known_hits.items())),
@@ -118,16 +122,18 @@ class PpShare:
         }
 
     def render(self) -> str:
-        """``  PP gate (storage:pp, 20% of the budget): 41 cases in 12.0s; INV-38=230`` (the
-        failure itself is the gate's NEW line)."""
+        """``  PP gate (storage:pp, 20% of the budget): 41 cases in 12.0s; INV-38=230`` (``41
+        of 80 cases`` under ``--max-cases``; the failure itself is the gate's NEW line)."""
         head = f"  PP gate ({STORAGE_PP_CAPABILITY}, {PP_GATE_SHARE:.0%} of the budget): "
         if self.skipped:
             return head + f"not run: {self.skipped}"
         checks = " ".join(f"{get_invariant_label(k)}={v}" for k, v in sorted(self.checks.items()))
         found = "; FAILED (below)" if self.failed else ""
         cut = "; INTERRUPTED" if self.interrupted else ""
+        of = f" of {self.cases_max}" if self.cases_max is not None else ""  # --max-cases' share
         return (
-            f"{head}{self.cases} cases in {self.seconds:.1f}s; {checks or 'no checks'}{found}{cut}"
+            f"{head}{self.cases}{of} cases in {self.seconds:.1f}s; {checks or 'no checks'}"
+            f"{found}{cut}"
         )
 
 
@@ -141,20 +147,24 @@ def gate_pp_share(
     out_dir: Path,
     keep_going: bool,
     known: Sequence[KnownFinding] = (),
+    cases_max: int | None = None,
 ) -> PpShare | None:
-    """The PP gate's share of a ``budget_s`` gate whose state machine campaign ran the rest and
-    wrote ``report``: None on a tree without ``storage:pp``; not run after a new failure (unless
-    ``keep_going``) or an interrupt; its failure joins ``report.failures``, a Ctrl-C in it
-    marks ``report`` interrupted."""
+    """The PP gate's share of a ``budget_s`` gate (and of its ``cases_max``, ``--max-cases``:
+    ``budgets.split_cases``) whose state machine campaign ran the rest and wrote ``report``:
+    None on a tree without ``storage:pp``; not run after a new failure (unless ``keep_going``)
+    or an interrupt; its failure joins ``report.failures``, a Ctrl-C in it marks ``report``
+    interrupted."""
     share = get_pp_share(implementation.capabilities)
     if not share:
         return None
     seconds = budget_s * share
+    _, cases = split_cases(cases_max, share)
     if report.interrupted:
-        return PpShare(seconds, seed=seed, skipped="the gate was interrupted before it")
+        skipped = "the gate was interrupted before it"
+        return PpShare(seconds, cases_max=cases, seed=seed, skipped=skipped)
     if report.failures and not keep_going:
         skipped = "the gate stopped at its first new failure (--keep-going runs it)"
-        return PpShare(seconds, seed=seed, skipped=skipped)
+        return PpShare(seconds, cases_max=cases, seed=seed, skipped=skipped)
     pp = run_pp_share(
         implementation,
         impl=impl,
@@ -163,6 +173,7 @@ def gate_pp_share(
         out_dir=out_dir,
         known=known,
         release=report.release or None,
+        cases_max=cases,
     )
     report.known_hits.update(pp.known_hits)  # the gate's known line counts the PP cases too
     report.interrupted = report.interrupted or pp.interrupted
@@ -180,17 +191,25 @@ def run_pp_share(
     out_dir: Path,
     known: Sequence[KnownFinding] = (),
     release: str | None = None,
+    cases_max: int | None = None,
 ) -> PpShare:
-    """The PP gate for ``seconds`` (shrinking a failure may take as long again); a failure's
-    program is written under ``out_dir``. Ctrl-C ends it with ``interrupted`` set."""
+    """The PP gate for ``seconds`` or ``cases_max`` programs, whichever ends first (shrinking a
+    failure may take as long again); a failure's program is written under ``out_dir``. Ctrl-C
+    ends it with ``interrupted`` set."""
     from hicache_ref.harness.campaigns.pp_gate import run_pp_gate
 
     assert seconds > 0, f"the PP gate needs a positive time, got {seconds}"
-    share = PpShare(seconds, seed=seed)
+    share = PpShare(seconds, cases_max=cases_max, seed=seed)
     started = time.monotonic()
     try:
         pp = run_pp_gate(
-            implementation, seconds=seconds, seed=seed, known=known, impl=impl, release=release
+            implementation,
+            seconds=seconds,
+            seed=seed,
+            known=known,
+            impl=impl,
+            release=release,
+            cases_max=cases_max,
         )
     except KeyboardInterrupt:  # the stop signal's handler raised it: no verdict, no finding
         share.interrupted = True

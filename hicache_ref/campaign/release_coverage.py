@@ -69,10 +69,14 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "the gate loads the tree's HybridCacheController with its storage threads and the tree's "
     "Mamba component stores its state in L3 (capability storage:mamba, 0.5.19+; "
     "harness/driver/storage_side.py, INV-39); this tree's was not granted (issue 27)",
-    "buffer mode": "buffer_only mode is the unified radix cache's BufferModePipeline "
-    "(mem_cache/buffer_mode/: staging, existence beliefs, storage writes at the D2H ack), a "
-    "tree half of its own (staging, beliefs, the D2H-ack write) the harness does not model: "
-    "the gate runs the cache mode only (issue 27)",
+    "buffer mode": "buffer_only host memory (the controller's buffer-mode capacity and rate "
+    "limit under the BufferModePipeline's tree half: write staging freed at the storage ack, "
+    "the tree's StorageExistenceCache taught at the ack, healed by the rank-agreed hit query) "
+    "is drawn as storage_buffer_only only where the harness drives the tree's beliefs beside "
+    "the hybrid controller with host_memory_mode (capability storage:buffer_only, 0.5.19+: "
+    "flat beliefs healed from the folded hit through 0.5.21, per-pool ones from "
+    "query_pool_hit_pages from 0.5.22; harness/driver/storage_buffer.py, INV-41); this "
+    "tree's were not granted (issue 27)",
     "pp prefetch": "the PP command thread serves PPPrefetchState tickets of the hybrid "
     "controller's storage prefetch only in buffer_only mode with a PP group of 2+ ranks "
     "(enable_pp_ticket); the PP gate (harness/campaigns/pp_gate.py, run by the matrix) drives "
@@ -147,6 +151,7 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         "pp prefetch": "storage:pp" in capabilities,
         "independent-pool storage": {"storage:swa", "pool_group:swa"} <= set(capabilities),
         "mamba storage": {"storage:mamba", "pool_group:mamba"} <= set(capabilities),
+        "buffer mode": "storage:buffer_only" in capabilities,
         # the PP gate draws SWA worlds on such a tree (pp_gate.WORLDS)
         "pp independent-pool tickets": {"storage:pp", "storage:swa"} <= set(capabilities),
     }
@@ -173,6 +178,7 @@ def drove(report: CampaignReport) -> list[str]:
         ("storage pressure", ("none", "no storage"), "host pressure"),
         ("storage swa", ("none", "no storage", "mamba"), "storage swa"),
         ("storage swa", ("none", "no storage", "swa"), "storage mamba"),
+        ("storage mode", ("cache", "no storage"), "buffer mode"),
         ("forward", "default", "fences"),
     ):
         counts: Mapping[str, int] = report.features.get(feature, {})

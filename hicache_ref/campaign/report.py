@@ -48,6 +48,7 @@ FEATURES = (
     "storage sidecar",
     "storage pressure",
     "storage swa",
+    "storage mode",
 )
 
 
@@ -111,6 +112,11 @@ def get_config_features(config: HarnessConfig) -> dict[str, str]:
             if config.uses_storage
             else "no storage"
         ),
+        "storage mode": (
+            ("buffer_only" if config.storage_buffer_only else "cache")
+            if config.uses_storage
+            else "no storage"
+        ),
     }
 
 
@@ -157,6 +163,8 @@ class CampaignReport:
     """What ``copy_path="auto"`` would take in each case's world on this device."""
     seed_stride: int = 1
     """Round k ran seed ``seed + k * seed_stride`` (a fleet's worker takes every stride-th)."""
+    cases_max: int | None = None
+    """The case budget each worker ran under (``--max-cases``; None: the time budget alone)."""
     worker: int | None = 0
     """This worker's index in its fleet (None: a merge of several workers)."""
     workers: int = 1
@@ -322,6 +330,16 @@ class CampaignReport:
             "a Mamba state pool's one page per node stored, found and read after the KV's",
         )
 
+    def buffer_shares(self) -> dict[str, Any]:
+        """Storage worlds in ``buffer_only`` host memory (host pages as staging, the tree's
+        storage existence beliefs: ``harness/driver/storage_buffer.py``)."""
+        return self._storage_world_share(
+            "storage mode",
+            "buffer_only",
+            "host memory as a write staging buffer freed at the storage ack, and the tree's "
+            "storage existence beliefs taught, healed and checked (INV-41)",
+        )
+
     def family_shares(self) -> dict[str, float]:
         applied = sum(self.rules.values())
         return {f: (c / applied if applied else 0.0) for f, c in self.families.items()}
@@ -335,6 +353,7 @@ class CampaignReport:
             "profile": self.profile,
             "seed": self.seed,
             "seed_stride": self.seed_stride,
+            "cases_max": self.cases_max,
             "worker": self.worker,
             "workers": self.workers,
             "shard": self.shard,
@@ -363,6 +382,7 @@ class CampaignReport:
                 "storage pressure": self.pressure_shares(),
                 "storage swa": self.swa_shares(),
                 "storage mamba": self.mamba_shares(),
+                "storage buffer": self.buffer_shares(),
             },
             "distinct_configs": len(self.configs),
             "configs": {

@@ -5,8 +5,9 @@ then runs round k with seed ``seed + k * seed_stride``: Hypothesis on a fresh se
 database's saved failures replayed in the first round only (``reuse``), each failure absorbed
 (``failures.absorb_failure``), a timeline point and the ``on_round`` callback after
 every round. It stops when the time is up (no case starts after it, so the last round ends at
-the budget, between two cases: ``machine.CampaignTimeUp``), at ``rounds_max``, at the first new
-failure (unless it keeps going: then it also sets the fleet's ``stop``), when another worker set
+the budget, between two cases: ``machine.CampaignTimeUp``), after ``cases_max`` cases (the case
+budget, ``--max-cases``: the same cases on a busy host as on an idle one), at ``rounds_max``, at
+the first new failure (unless it keeps going: then it also sets the fleet's ``stop``), when another worker set
 ``stop``, and at Ctrl-C, SIGINT or SIGTERM (``interrupt`` between rounds, ``KeyboardInterrupt`` between
 steps; ``interrupts.py``): then the report says ``interrupted``, and an error the round raised
 after the signal is not recorded (the signal may have cut a step in half).
@@ -37,6 +38,7 @@ from hicache_ref.errors import HiCacheSetupError
 from hicache_ref.fleet.database import get_source_key
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding
+from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.campaigns.machine import CampaignTimeUp, machine_for
 from hicache_ref.harness.campaigns.profiles import make_settings
 from hicache_ref.harness.world.world import DeviceWorlds
@@ -82,13 +84,26 @@ class RoundPlan:
     rounds_max: int | None
     lockstep: bool = True
     """Whether the pure oracle follows every case (the profile's choice, ``profiles.py``)."""
+    cases_max: int | None = None
+    """The case budget (``--max-cases``): no case starts once this many ran (None: time alone)."""
 
 
 def freeze_long_lived_objects() -> None:
     """Move every object alive now (torch's, Hypothesis', the modules') out of the collector's
     sight: a full collection then walks only what the cases allocate. Measured: the collector
     took 15-20% of a campaign's CPU walking ~190k objects that live as long as the process
-    (``benchmarks/RESULTS.md``, the speed pass)."""
+    (``benchmarks/RESULTS.md``, the speed pass).
+
+    Once per process: a frozen object is never collected, not even once it is unreachable, so
+    freezing again at each campaign's start (a pytest process, the catalogue) froze the last
+    campaign's leftovers (upstream's modules of its last world, say), and whatever dropped them
+    later stayed for good. A 0.5.23 planted-bug gate run four times in one process grew RSS
+    406, 524, 638, 752 MB that way; frozen once: 406, 427, 436, 443 MB, and each later start
+    skips a collection of the last campaign's leftovers (0.34-0.45 s each). Thawing at each
+    campaign's end instead kept RSS at ~530 MB but made each start's collection walk
+    everything (0.55-1.59 s) (``benchmarks/RESULTS.md``, 2026-12-07)."""
+    if gc.get_freeze_count():  # an earlier campaign of this process froze what lives long
+        return
     gc.collect()
     gc.freeze()
 
@@ -113,8 +128,12 @@ def run_rounds(
     def time_up() -> bool:
         """No further case starts once the time is up (a campaign's first case always runs):
         the last round ends at the budget, not a whole round later, and a fleet's workers end
-        within a case of each other (the fleet lasts as long as its longest worker)."""
-        return report.cases > 0 and time.monotonic() - start >= seconds
+        within a case of each other (the fleet lasts as long as its longest worker). The case
+        budget ends it the same way, at the same case whatever the host's load."""
+        return cases_spent() or (report.cases > 0 and time.monotonic() - start >= seconds)
+
+    def cases_spent() -> bool:
+        return plan.cases_max is not None and report.cases >= plan.cases_max
 
     machine_class = machine_for(
         implementation,
@@ -129,7 +148,7 @@ def run_rounds(
     report.sample(0.0)
     try:
         freeze_long_lived_objects()  # inside: a Ctrl-C during the collection still reports
-        while time.monotonic() - start < seconds:
+        while time.monotonic() - start < seconds and not cases_spent():
             if plan.rounds_max is not None and report.rounds >= plan.rounds_max:
                 break
             if plan.signals is not None and plan.signals.interrupt.is_set():
@@ -171,7 +190,8 @@ def _run_round(
         reuse=report.rounds == 0,  # what any worker saved replays once, first
     )
     try:
-        run_state_machine_as_test(hypothesis_seed(round_seed)(machine_class), settings=settings)
+        with pinned_literal_pool():  # the seed's programs, whatever this process imported
+            run_state_machine_as_test(hypothesis_seed(round_seed)(machine_class), settings=settings)
     except HiCacheSetupError:
         raise  # the implementation cannot be built: no finding, a setup problem
     except Unsatisfiable as exc:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hicache_ref.campaign.budgets import check_cases_max
 from hicache_ref.campaign.coverage import measure_coverage
 from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.campaign.rounds import CampaignSignals, RoundPlan, run_rounds
@@ -62,6 +63,7 @@ def run_campaign(
     lockstep: bool | None = None,
     coverage: bool = False,
     on_case: Callable[[CampaignReport, float], None] | None = None,
+    cases_max: int | None = None,
 ) -> CampaignReport:
     """Run rounds of the state machine until ``seconds`` pass (or a new failure, by default).
 
@@ -75,11 +77,13 @@ def run_campaign(
     ``lockstep`` turns the pure oracle on or off (None: as the profile says,
     ``profiles.lockstep_enabled``). ``coverage`` measures the implementation's own code as it
     runs (``coverage.py``); ``on_case`` takes the report after each case (the live page,
-    ``fleet/live_report.py``).
+    ``fleet/live_report.py``). ``cases_max`` (``--max-cases``) ends it after that many cases if
+    the time has not ended it first: a fixed seed then runs the same cases on any host.
     """
     if not seconds > 0:
         raise HiCacheInputError(f"a campaign needs a positive time, got seconds={seconds}")
     assert seed_stride >= 1, f"seed_stride must be at least 1, got {seed_stride}"
+    check_cases_max("--max-cases", cases_max)
     kind = check_device_kind(device)
     spins = (perturbation or DEFAULT_PERTURBATION) if kind != "sim" else None
     view = None
@@ -100,9 +104,11 @@ def run_campaign(
         on_round=on_round,
         rounds_max=rounds_max,
         lockstep=lockstep if lockstep is not None else lockstep_enabled(profile),
+        cases_max=cases_max,
     )
     report = CampaignReport(impl, profile, seed, device=kind, perturbation=spins)
     report.seed_stride = seed_stride
+    report.cases_max = cases_max
     report.database = database.label if database is not None else ""
     report.on_case = on_case
     try:

@@ -41,6 +41,8 @@ def render_summary(
         + ", ".join(f"{f} {s:.0%}" for f, s in report.family_shares().items()),
         "  configs: " + "; ".join(_render_feature(n, c) for n, c in report.features.items()),
     ]
+    if report.cases_max is not None:  # --max-cases: which budget ended it
+        lines.append(_render_case_budget(report, report.cases_max))
     lines += _render_worlds(report)
     if report.auto_copy_paths:  # what copy_path="auto" would pick in each case's world here
         picks = " ".join(f"{k}={v}" for k, v in sorted(report.auto_copy_paths.items()))
@@ -89,6 +91,17 @@ def render_verdict(
     also = f" and {pp.cases} PP gate cases ({pp.seconds:.0f}s)" if pp and not pp.skipped else ""
     return (
         f"{prog}: passed: no{known} failure in {report.cases} cases ({report.seconds:.0f}s){also}"
+    )
+
+
+def _render_case_budget(report: CampaignReport, cases_max: int) -> str:
+    """``  case budget: --max-cases 400 per worker, reached by 2 of 2 workers``: whether the
+    cases or something else (the time, a failure, a signal) ended each worker."""
+    workers = report.parts or [report]
+    reached = sum(1 for worker in workers if worker.cases >= cases_max)
+    return (
+        f"  case budget: --max-cases {cases_max} per worker, reached by {reached} of "
+        f"{len(workers)} worker(s)"
     )
 
 

@@ -21,7 +21,10 @@ controller does for it, in the order a node goes through:
 - ``evict_side_host``: the side host slots back to their own pool, refused while a queued copy
   still uses them (INV-07); the side rows go back to the side allocator by the caller, as the
   radix cache frees an SWA segment;
-- ``SidePools``: the three calls above as the tree names them (``adapters/base.SidePoolsLike``).
+- ``SidePools``: the three calls above as the tree names them (``adapters/base.SidePoolsLike``);
+- in L3: the storage tier stores the side pool's windows, a node's SWA pages (or its one Mamba
+  state page, under its last page key) beside its KV pages under ``<key>.<pool>``, and reads a
+  prefetch's window all-or-nothing with its KV (``controller/storage/side_window.py``, INV-39).
 
 The side pool reuses the controller's draft queues, draft layer events and the ``draft_*`` pages
 of the in-flight tracker, with its own indices; a controller with a side pool carries no draft
@@ -41,6 +44,7 @@ from hicache_ref.errors import HiCacheInputError, InvariantViolation
 from hicache_ref.pools.page_index import validate_page_aligned_token_indices
 
 if TYPE_CHECKING:
+    from hicache_ref.controller.storage.tier import StorageTier
     from hicache_ref.pools.allocator import PagedTokenToKVPoolAllocator
     from hicache_ref.pools.device_pool import KVCache
     from hicache_ref.pools.host_pool import HostKVCache
@@ -71,6 +75,7 @@ class SidePoolMixin(ControllerState):
 
     side_pool: SidePool | None = None
     side_pools: SidePools | None = None
+    storage: StorageTier
 
     def attach_side_pool(
         self,
@@ -112,6 +117,7 @@ class SidePoolMixin(ControllerState):
             DraftLayerCounterView(self.layer_done_counter, self.device_module)
         )
         self.side_pools = SidePools(self)
+        self.storage.add_window_pool(name, host_pool)  # its windows in L3 (side_window.py)
 
     @property
     def has_draft(self) -> bool:

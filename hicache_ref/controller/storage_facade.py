@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hicache_ref.controller.storage.tier import StorageTier
     from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
     from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation, StorageOperation
+    from hicache_ref.storage.pool_transfers import PoolTransfer
     from hicache_ref.storage.queues import BoundedQueue
 
 
@@ -55,8 +56,13 @@ class StorageFacade:
         new_input_tokens: Sequence[Token],
         last_hash: str | None = None,
         prefix_keys: Sequence[str] | None = None,
+        extra_pools: Sequence[PoolTransfer] | None = None,
     ) -> PrefetchOperation:
-        return self.storage.prefetch(request_id, new_input_tokens, last_hash, prefix_keys)
+        if extra_pools is None:  # a tier of the seed's signature (a mutant's) takes no windows
+            return self.storage.prefetch(request_id, new_input_tokens, last_hash, prefix_keys)
+        return self.storage.prefetch(
+            request_id, new_input_tokens, last_hash, prefix_keys, extra_pools
+        )
 
     def alloc_prefetch_host_buffers(
         self, operation: PrefetchOperation, need_size: int
@@ -78,8 +84,13 @@ class StorageFacade:
         token_ids: Sequence[Token],
         hash_value: Sequence[str] | None = None,
         prefix_keys: Sequence[str] | None = None,
+        extra_pools: Sequence[PoolTransfer] | None = None,
     ) -> int:
-        return self.storage.write_storage(host_indices, token_ids, hash_value, prefix_keys)
+        if extra_pools is None:  # a tier of the seed's signature (a mutant's) takes no windows
+            return self.storage.write_storage(host_indices, token_ids, hash_value, prefix_keys)
+        return self.storage.write_storage(
+            host_indices, token_ids, hash_value, prefix_keys, extra_pools
+        )
 
     def prefetch_rate_limited(self) -> bool:
         return self.storage.prefetch_rate_limited()
@@ -165,6 +176,11 @@ class StorageFacade:
     @property
     def host_mem_release_queue(self) -> BoundedQueue[torch.Tensor]:
         return self.storage.queues.host_mem_release_queue
+
+    @property
+    def extra_host_mem_release_queues(self) -> dict[str, BoundedQueue[torch.Tensor]]:
+        """An independent side pool's release queue, by pool name (a window's staged tail)."""
+        return self.storage.extra_host_mem_release_queues
 
     # -- manual steps ------------------------------------------------------------------------------
     def runnable_storage_steps(self) -> list[StorageStepKind]:

@@ -93,9 +93,11 @@ def plan_from_args(
     perturbation: Any,
     source: str = "",
     seconds: float | None = None,
+    cases_max: int | None = None,
 ) -> list[WorkerTask]:
     """The workers' tasks for a ``run``/``gate`` command line (inputs checked already;
-    ``source``: the sglang tree it named; ``seconds``: each worker's, default --budget)."""
+    ``source``: the sglang tree it named; ``seconds``: each worker's, default --budget;
+    ``cases_max``: each worker's case budget, default --max-cases)."""
     database = _checked_database(args.database) if args.database else None
     return plan_workers(
         args.impl,
@@ -103,6 +105,7 @@ def plan_from_args(
         shard=args.shard,
         workers=args.workers or get_default_workers(),
         seconds=args.budget if seconds is None else seconds,
+        cases_max=getattr(args, "max_cases", None) if cases_max is None else cases_max,
         profile=args.profile,
         out_dir=str(out_dir),
         stop_on_failure=not args.keep_going,

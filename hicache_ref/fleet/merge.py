@@ -58,6 +58,7 @@ def merge_reports(reports: list[CampaignReport]) -> CampaignReport:
     merged.worker = None
     merged.workers = len(leaves)
     merged.seed_stride = _merged_stride(leaves)
+    merged.cases_max = first.cases_max  # each worker's, as --budget is
     shards = sorted({leaf.shard for leaf in leaves})
     merged.shard = shards[0] if len(shards) == 1 else f"{len(shards)} shards"
     merged.database = next((leaf.database for leaf in leaves if leaf.database), "")
@@ -180,6 +181,8 @@ def _from_json(data: dict[str, Any], where: str) -> CampaignReport:
     report.storage_lockstep_cases = int(lockstep.get("storage_cases", 0))
     report.storage_lockstep_steps = int(lockstep.get("storage_steps", 0))
     report.seed_stride = int(data.get("seed_stride", 1))
+    cases_max = data.get("cases_max")
+    report.cases_max = None if cases_max is None else int(cases_max)
     report.worker = data.get("worker", 0)
     report.workers = int(data.get("workers", 1))
     report.shard = str(data.get("shard", "1/1"))

@@ -93,6 +93,8 @@ class WorkerTask:
     database: DatabaseSpec | None = None
     examples_per_round: int | None = None
     rounds_max: int | None = None
+    cases_max: int | None = None
+    """The case budget (``--max-cases``): this worker stops after that many cases."""
     minimize_replays: int = MINIMIZE_REPLAYS_MAX
     """ddmin's replay budget per new failure (0: keep the trace as it failed)."""
     source: str = ""
@@ -139,6 +141,7 @@ def run_worker(
         signals=signals,
         on_round=on_round if on_round is not None else (view.on_round if view else None),
         rounds_max=task.rounds_max,
+        cases_max=task.cases_max,
         minimize_replays=task.minimize_replays,
         source=task.source,
         coverage=task.coverage,

@@ -20,7 +20,8 @@ models; ``evidence``, what it hands a checker; the pure checks over plain values
 ``checks_layout`` (where bytes go), ``checks_transfer`` (what a transfer must respect),
 ``checks_acks`` (the ack protocol), ``checks_ownership`` (who holds a slot),
 ``checks_prefetch`` (prefetch accounting), and the storage tier's ``checks_storage_prefetch``, ``checks_storage_l3`` and
-``checks_storage_windows``, ``checks_storage_pp`` and ``checks_storage_side`` (gathered by
+``checks_storage_windows``, ``checks_storage_pp``, ``checks_storage_side`` and
+``checks_storage_buffer`` (gathered by
 ``checks_storage``), with ``_convert``'s plain ints
 for all of them; ``checker``, the registration
 decorator and the phase tables derived from it; and ``registry``, the one home of every

@@ -1,4 +1,4 @@
-"""Checker of an independent side pool's L3 window in an SWA storage world (INV-39).
+"""Checker of an independent side pool's L3 window: an SWA window, a Mamba state page (INV-39).
 
 A Mamba state pool's page (``storage:mamba``) is the same rule with a window of one page: the
 node's one state slot, keyed by the served hit's last page.

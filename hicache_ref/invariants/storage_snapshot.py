@@ -288,6 +288,25 @@ class PpTicketRecord:
 
 
 @dataclass(frozen=True)
+class BeliefView:
+    """One rank's storage existence beliefs in a ``buffer_only`` world (INV-41): what the
+    tree's class holds for the KV pool, beside what the harness's record of the world allows."""
+
+    rank: int
+    believed: tuple[str, ...]  # the keys the class believes stored (sorted)
+    inflight: tuple[tuple[str, int], ...]  # the class's in-flight refs (sorted)
+    taught: tuple[str, ...]  # the harness's: an acked write or a rank-agreed hit taught each,
+    # and no drained hit query found it missing since (sorted)
+    launched: tuple[tuple[str, int], ...]  # the harness's: writes launched, not yet acked
+    refuted: tuple[str, ...] = ()  # the harness's: found missing by a drained hit query, not
+    # taught since (for the message)
+    staged_tokens: int = 0  # the write staging the tree holds (freed at each storage ack)
+    admission: tuple[bool, int, int, int] | None = None  # the controller's last prefetch
+    # rate-limit verdict on this rank: (limited, host tokens in use, write staging, pool size)
+    # then; None: none yet
+
+
+@dataclass(frozen=True)
 class StorageSnapshot:
     """Every rank's storage state, the harness's records and its L3 model, at one moment."""
 
@@ -310,3 +329,4 @@ class StorageSnapshot:
     pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it, and
     # no IO or sync thread has work (under storage points a follower's may publish later)
     side_windows: tuple[SideWindowRecord, ...] = ()  # an SWA world's judged results (INV-39)
+    beliefs: tuple[BeliefView, ...] = ()  # a buffer_only world's, per rank (INV-41); () elsewhere

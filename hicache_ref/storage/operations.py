@@ -28,6 +28,7 @@ import torch
 
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.hashing import Token
+from hicache_ref.storage.pool_transfers import PoolTransfer
 
 _op_ids = itertools.count()
 _op_ids_lock = threading.Lock()
@@ -55,6 +56,7 @@ class StorageOperation:
         prefix_keys: Sequence[str] | None = None,
         *,
         epoch: int = 0,
+        pool_transfers: Sequence[PoolTransfer] | None = None,
     ) -> None:
         self.host_indices = host_indices
         self.token_ids = token_ids
@@ -65,6 +67,10 @@ class StorageOperation:
             tuple(prefix_keys) if prefix_keys is not None else None
         )
         self.epoch = epoch
+        self.pool_transfers: list[PoolTransfer] | None = (
+            list(pool_transfers) if pool_transfers is not None else None
+        )
+        """The tree's ``extra_pools``: an independent side pool's window (SGLang's name)."""
         self.id = _next_op_id()
 
     def __lt__(self, other: StorageOperation) -> bool:
@@ -107,6 +113,7 @@ class PrefetchOperation(StorageOperation):
         *,
         page_size: int = 1,
         epoch: int = 0,
+        pool_transfers: Sequence[PoolTransfer] | None = None,
     ) -> None:
         self.request_id = request_id
         self.page_size = page_size
@@ -119,8 +126,17 @@ class PrefetchOperation(StorageOperation):
         self.hit_known = False
         """Set by the hit query once the rank-reduced hit count is in ``storage_hit_count``."""
         self.all_hash_values: list[str] | None = None
+        self.restorable_prefix_pages: list[int] | None = None
+        """With a window: the prefix lengths (pages) this rank's L3 can restore, window too."""
         self.start_time = time.monotonic()
-        super().__init__(None, token_ids, last_hash, prefix_keys=prefix_keys, epoch=epoch)
+        super().__init__(
+            None,
+            token_ids,
+            last_hash,
+            prefix_keys=prefix_keys,
+            epoch=epoch,
+            pool_transfers=pool_transfers,
+        )
 
     # -- published progress ------------------------------------------------------------------------
     @property

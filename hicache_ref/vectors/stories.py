@@ -444,10 +444,11 @@ def _inv18_in_flight(r: Recorder) -> None:
     node_of(r, 4)
 
 
-# the bug-class and regression scenes, the side pool's, then the storage tier's (INV-19 .. INV-35)
-# and the exhaustive checker's nearest misses of each window
+# the bug-class and regression scenes, the side pool's, then the storage tier's (INV-19 .. INV-35),
+# the side pool's window in L3 (INV-39) and the exhaustive checker's nearest misses of each window
 from hicache_ref.vectors import (  # noqa: E402
     stories_regressions,
+    stories_side_storage,
     stories_sides,
     stories_storage,
     stories_windows,
@@ -459,6 +460,7 @@ STORIES: tuple[Story, ...] = (
     *stories_in(vars(stories_regressions)),
     *stories_in(vars(stories_sides)),
     *stories_in(vars(stories_storage)),
+    *stories_in(vars(stories_side_storage)),
     *stories_in(vars(stories_windows)),
     *exhaustive_stories(),
 )

@@ -482,7 +482,9 @@ class SideReleaseFreesTheAnchor(PlantedBug):
     DESCRIPTION = "HostPoolGroup.free ignores the pool it is given and frees the anchor's slots"
     OLD = "        return self.get_entry(pool).host_pool.free(indices)\n"
     NEW = "        return self.get_entry(None).host_pool.free(indices)  # BUG: pool ignored\n"
-    INVARIANTS = ("INV-05", "INV-07", "INV-36")
+    INVARIANTS = ("INV-05", "INV-07", "INV-36", "INV-01")
+    """INV-01 where the side pool's pages are narrower than the anchor's: a Mamba state page is
+    one slot, and the anchor's free refuses a slot list that is no whole anchor page."""
 
 
 class SideShortfallKeepsAnchorSlots(PlantedBug):
@@ -992,3 +994,60 @@ BUGS_0523_PP_SIDE: tuple[type[PlantedBug], ...] = (
 """Planted in 0.5.23's PP tickets whose spec names an independent SWA side pool (the window's
 slots on retirement, ``_free_pp_prefetch_state``; its keys on the PP path, the same
 ``_page_transfer_sidecar`` as a non-PP world's): caught by the PP gate in its SWA worlds."""
+
+
+# -- 0.5.23's buffer mode (issue 27): caught in buffer_only storage worlds ---------------------------
+EXISTENCE = "sglang/srt/mem_cache/buffer_mode/storage_existence_cache.py"
+
+
+class PoolVerdictsNotReduced(PlantedBug):
+    NAME = "pool_verdicts_not_reduced"
+    TARGET = HYBRID
+    BUG_CLASS = "buffer mode"
+    DESCRIPTION = (
+        "_sync_prefetch_hit_query reduces the folded hit but hands each rank its own per-pool "
+        "query verdicts, so a rank whose shard held more keeps beliefs the agreed hit refuted"
+    )
+    OLD = "            for pool, pages in zip(pools, reduced[len(hits) :], strict=True)\n"
+    NEW = (
+        "            for pool, pages in zip(  # BUG: this rank's own verdicts, not the MIN\n"
+        "                pools, [local.get(p, _NO_POOL_VERDICT) for p in pools], strict=True\n"
+        "            )\n"
+    )
+    INVARIANTS = ("INV-41",)
+
+
+class BeliefHealKeepsTheFirstMissingPage(PlantedBug):
+    NAME = "belief_heal_keeps_the_first_missing_page"
+    TARGET = EXISTENCE
+    BUG_CLASS = "buffer mode"
+    DESCRIPTION = (
+        "invalidate_beyond discards the beliefs past the first page beyond the kept ones, so "
+        "the first page a hit query found missing stays believed and its backup is skipped"
+    )
+    OLD = "        for h in hashes[keep_pages:]:\n"
+    NEW = "        for h in hashes[keep_pages + 1 :]:  # BUG: off by one\n"
+    INVARIANTS = ("INV-41",)
+
+
+class WriteStagingChargedToLoads(PlantedBug):
+    NAME = "write_staging_charged_to_loads"
+    BUG_CLASS = "buffer mode"
+    DESCRIPTION = (
+        "prefetch_rate_limited in buffer_only mode adds the tree's write staging to the pool's "
+        "usage instead of leaving it out, so pending writes park every hit"
+    )
+    OLD = "                used -= self.host_write_staged_tokens_fn()\n"
+    NEW = "                used += self.host_write_staged_tokens_fn()  # BUG: charged to loads\n"
+    INVARIANTS = ("INV-41",)
+
+
+BUGS_0523_BUFFER: tuple[type[PlantedBug], ...] = (
+    PoolVerdictsNotReduced,
+    BeliefHealKeepsTheFirstMissingPage,
+    WriteStagingChargedToLoads,
+)
+"""Planted in 0.5.23's buffer mode: the hybrid controller's per-pool query verdicts (reduced with
+the hit, ``_sync_prefetch_hit_query``), the controller's buffer-mode rate limit and the tree's
+``StorageExistenceCache``, which the harness runs unmodified: caught once the gate draws
+``buffer_only`` storage worlds (``storage:buffer_only``)."""

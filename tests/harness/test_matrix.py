@@ -8,12 +8,14 @@ engine). Their wheels are fetched with pip on first use, like 0.5.10's for the o
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from hicache_ref.campaign.matrix import ReleaseRow, mark_transitions, render_matrix
-from hicache_ref.campaign.release_coverage import not_driven
+from hicache_ref.campaign.release_coverage import drove, not_driven
+from hicache_ref.campaign.report import CampaignReport
 from hicache_ref.cli import EXIT_USAGE, main
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.harness.adapters import sglang_releases
@@ -152,9 +154,20 @@ def test_a_release_part_no_world_drives_is_named_with_its_reason(tmp_path: Path)
     assert set(parts) == {"side pools", "buffer mode"}  # storage is driven here
     assert "issue 27" in parts["buffer mode"]
     assert "side pools" not in dict(not_driven(tmp_path, {"storage", "pool_group:swa"}))
+    # buffer mode is driven where the tree's beliefs are (0.5.19+: the capability)
+    assert "buffer mode" not in dict(not_driven(tmp_path, {"storage", "storage:buffer_only"}))
+    assert "capability storage:buffer_only" in parts["buffer mode"]
     row = ReleaseRow("0.5.99", "x", 3, drove=["group swa 12%"], not_driven=list(parts.items()))
     table = render_matrix([row])
     assert "group swa 12%" in table and "0.5.99: not driven: buffer mode: " in table
+
+
+def test_a_row_says_what_share_of_its_cases_ran_in_buffer_mode() -> None:
+    report = CampaignReport("sglang", "ci", 0, cases=8)
+    report.features["storage mode"].update({"buffer_only": 2, "cache": 3, "no storage": 3})
+    assert "buffer mode 25%" in drove(report)
+    report.features["storage mode"] = Counter({"cache": 5, "no storage": 3})
+    assert not any(part.startswith("buffer mode") for part in drove(report))
 
 
 def test_a_hybrid_controller_before_pool_groups_is_named_as_the_mamba_cache_it_serves(
@@ -275,14 +288,18 @@ def test_matrix_gates_one_release_per_engine_at_a_small_budget(
     assert [row["shape"].split("+")[0] for row in rows] == ["streams", "l2-v1", "l2-v2"]
     assert all(row["cases"] > 0 and row["refused"] is None for row in rows), out
     # what each release has that no world drove is named with its reason, never left silent
-    assert "buffer mode" in rows[2]["not_driven"] and "storage" not in rows[2]["not_driven"]
+    assert "storage" not in rows[2]["not_driven"]
+    # 0.5.23 draws buffer_only storage worlds (how many: the row's drove, which a 3 s gate
+    # may leave without one)
+    assert "buffer mode" not in rows[2]["not_driven"], out
     assert "side pools" not in rows[2]["not_driven"]  # 0.5.23 draws pool_group="swa"
     assert "independent-pool storage" not in rows[2]["not_driven"]  # ... in storage worlds too
     assert "mamba side pool" not in rows[2]["not_driven"]  # ... and pool_group="mamba"
     assert "mamba storage" not in rows[2]["not_driven"]  # ... with its L3 page too
     # storage on every release: 0.5.19 keys its pages with utils.py's get_hash_str
     assert all("storage" not in row["not_driven"] for row in rows), out
-    assert "0.5.23: not driven: buffer mode: " in out
+    # ... and so does 0.5.19 (its flat beliefs); 0.5.10 has no buffer mode to drive
+    assert all("buffer mode" not in row["not_driven"] for row in rows), out
     # 0.5.23's PP tickets: the matrix ran the PP gate on it, and only on it
     assert "pp prefetch" not in rows[2]["not_driven"], out
     assert "pp independent-pool tickets" not in rows[2]["not_driven"], out  # its SWA worlds

@@ -44,10 +44,18 @@ from .sglang_bugs import BUGS_0523_PP, BUGS_0523_PP_WINDOWS, PlantedBug
 from .test_sglang_gate import SNIPPET_LINES_MAX
 
 GATE_SECONDS = 8.0
-BUG_SECONDS = 30.0
-WINDOW_BUG_SECONDS = 60.0  # a window inside a storage thread's body: a narrower target
+BUG_CASES = 300
+"""The planted PP bugs' case budget: the PP gate ends at its first failure, so a bound, not a
+cost; seed 0 draws the same programs on a busy host and catches each by program 53
+(benchmarks/RESULTS.md, the case budget)."""
+WINDOW_BUG_CASES = 1500
+"""A window inside a storage thread's body is a narrower target: caught at program 541 (a 60 s
+wall budget ran 394 programs at load 20-80 and missed it)."""
+BUG_WALL_CAP_S = 900.0
+"""A wall-clock safety net only: a busy host makes a planted-bug PP gate slower, never blind."""
 GATE_BUDGET = "6s"  # the gate command: a fifth of it on the PP gate
-BUG_GATE_BUDGET = "20s"
+BUG_GATE_CASES = 100  # the gate command's: 80 to the state machine, 20 to the PP gate (caught: 3)
+BUG_GATE_BUDGET = "900s"  # its wall-clock safety net
 
 
 @pytest.fixture(scope="module")
@@ -159,15 +167,15 @@ def test_pp_bug_is_one_small_substitution(bug: type[PlantedBug], tree_0523: Path
 def test_pp_bug_planted_in_0_5_23_is_caught(
     bug: type[PlantedBug], tree_0523: Path, tmp_path: Path
 ) -> None:
-    check_pp_bug_is_caught(bug, tree_0523, tmp_path, BUG_SECONDS)
+    check_pp_bug_is_caught(bug, tree_0523, tmp_path, BUG_CASES)
 
 
-def check_pp_bug_is_caught(
-    bug: type[PlantedBug], tree: Path, tmp_path: Path, seconds: float
-) -> None:
-    """The PP gate on ``tree`` with ``bug`` planted fails under one of the bug's invariants,
-    shrunk to a handful of steps."""
-    report = run_pp_gate(SglangImplementation(plant(bug, tree, tmp_path)), seconds=seconds)
+def check_pp_bug_is_caught(bug: type[PlantedBug], tree: Path, tmp_path: Path, cases: int) -> None:
+    """The PP gate on ``tree`` with ``bug`` planted fails within ``cases`` programs (a wall
+    clock of ``BUG_WALL_CAP_S`` as a safety net) under one of the bug's invariants, shrunk to a
+    handful of steps."""
+    planted = SglangImplementation(plant(bug, tree, tmp_path))
+    report = run_pp_gate(planted, seconds=BUG_WALL_CAP_S, cases_max=cases)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
     assert report.program.count("(") <= 6, report.program  # shrunk to a handful of steps
 
@@ -295,7 +303,7 @@ def test_pp_window_bug_planted_in_0_5_23_is_caught_by_the_pp_gate(
     # draft sidecar's or an SWA window's read: neither looks at termination per page); the
     # program it found, with whole bodies, passes
     planted = SglangImplementation(plant(bug, tree_0523, tmp_path))
-    report = run_pp_gate(planted, seconds=WINDOW_BUG_SECONDS)
+    report = run_pp_gate(planted, seconds=BUG_WALL_CAP_S, cases_max=WINDOW_BUG_CASES)
     assert report.failure_id in bug.INVARIANTS, (report.failure, report.program)
     found = report.found
     assert found is not None, report.program
@@ -338,11 +346,12 @@ def test_the_state_machine_refuses_a_pp_world_and_names_the_pp_gate(tree_0523: P
 
 # -- the gate command's PP share, and its replay line ----------------------------------------
 def run_gate(
-    tree: Path, out_dir: Path, budget: str, capsys: pytest.CaptureFixture[str]
+    tree: Path, out_dir: Path, budget: str, capsys: pytest.CaptureFixture[str], *flags: str
 ) -> tuple[int, dict[str, Any], str]:
-    """``hicache-fuzz gate --impl sglang --sglang-src TREE --workers 1``: (status, --json, stdout)."""
+    """``hicache-fuzz gate --impl sglang --sglang-src TREE --workers 1 FLAGS``: (status,
+    --json, stdout)."""
     report = out_dir / "gate.json"
-    argv = ["gate", "--impl", "sglang", "--sglang-src", str(tree), "--budget", budget]
+    argv = ["gate", "--impl", "sglang", "--sglang-src", str(tree), "--budget", budget, *flags]
     argv += ["--out", str(out_dir), "--json", str(report), "--no-progress", "--workers", "1"]
     status = main(argv)
     return status, json.loads(report.read_text()), capsys.readouterr().out
@@ -376,6 +385,21 @@ def test_the_gate_spends_a_share_on_the_pp_gate_and_passes_on_0_5_23(
 
 
 @pytest.mark.usefixtures("no_src_env")
+def test_the_gate_gives_the_pp_gate_its_share_of_a_case_budget(
+    tree_0523: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gate 0.5.23 with --max-cases 20 under a wall cap it never meets -> a fifth of the cases,
+    # 4 programs, to the PP gate and 16 to the state machine; the summary names both budgets
+    status, report, out = run_gate(tree_0523, tmp_path, "600s", capsys, "--max-cases", "20")
+    assert status == 0, out
+    assert (report["cases"], report["cases_max"]) == (16, 16)
+    pp = report["pp_gate"]
+    assert (pp["cases"], pp["cases_max"]) == (4, 4) and pp["passed"], pp
+    assert "case budget: --max-cases 16 per worker, reached by 1 of 1 worker(s)" in out
+    assert " 4 of 4 cases in " in out
+
+
+@pytest.mark.usefixtures("no_src_env")
 def test_a_pp_bug_fails_the_gate_with_a_replay_line_that_replays_it(
     tree_0523: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -385,7 +409,8 @@ def test_a_pp_bug_fails_the_gate_with_a_replay_line_that_replays_it(
         bug.write_patched(tree_0523 / target, tmp_path / target.name), tree_0523, target
     )
     # gate the planted tree -> the PP gate's failure is new: exit 1, one replay line
-    status, report, out = run_gate(planted, tmp_path / "out", BUG_GATE_BUDGET, capsys)
+    cases = ("--max-cases", str(BUG_GATE_CASES))
+    status, report, out = run_gate(planted, tmp_path / "out", BUG_GATE_BUDGET, capsys, *cases)
     assert status == 1, out
     failure = report["pp_gate"]["failure"]
     assert failure["invariant"] in bug.INVARIANTS and report["failures"] == [failure], out

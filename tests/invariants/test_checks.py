@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from hicache_ref.invariants import (
+    checks_storage_buffer,
     checks_storage_l3,
     checks_storage_pp,
     checks_storage_prefetch,
@@ -44,6 +45,7 @@ def test_every_check_inv_function_is_registered() -> None:
         checks_storage_windows,
         checks_storage_pp,
         checks_storage_side,
+        checks_storage_buffer,
     ]
     public = {
         name

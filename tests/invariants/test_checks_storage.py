@@ -129,6 +129,7 @@ def test_a_healthy_world_passes_every_storage_check() -> None:
         "INV-37",
         "INV-38",
         "INV-39",
+        "INV-41",
     ]
 
 

@@ -7,7 +7,10 @@ hole, so L3 stays prefix-closed per chain (INV-31). A backend exception is logge
 and ends the backup where it was (``_page_backup_or_log``), and the ack goes out in a
 ``finally``: exactly one ``ack_backup_queue`` entry per ``write_storage``, whatever the backend
 does, so the tree always releases the node's host lock (INV-25, sglang#38427). A rank that
-skips backups (an MLA rank other than 0: its KV is rank 0's) acks with nothing stored.
+skips backups (an MLA rank other than 0: its KV is rank 0's) acks with nothing stored, unless
+the node names a rank-sharded Mamba state (``side_window.py``): it stores that and acks the
+span once every state page is stored. A node's independent side-pool window (SWA pages, a Mamba
+state) is stored before its KV pages, each page under ``<key>.<pool>``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.controller.storage.side_window import backup_windows, window_transfers
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import StorageOperation
@@ -48,7 +52,7 @@ class Backup:
             return tier.idle_result(self.kind)
         tier.check_current_epoch(operation, "a backup")
         try:
-            if not tier.backup_skip:
+            if not tier.backup_skip or window_transfers(operation):
                 self.page_backup_or_log(operation)
         finally:  # after the write: every page the ack counts is in L3 (INV-32)
             tier.queues.ack_backup_queue.put(operation)
@@ -70,8 +74,15 @@ class Backup:
             )
 
     def page_backup(self, operation: StorageOperation) -> None:
-        """Write pages batch by batch; stop at the first failed batch."""
+        """The node's windows first (``side_window.backup_windows``), then its KV pages batch
+        by batch, stopping at the first failed batch. A rank that skips the replicated KV
+        acks the span once its rank-sharded state is stored, else nothing."""
         tier = self.tier
+        windows_stored = backup_windows(tier, operation)
+        if tier.backup_skip:
+            span = len(operation.hash_value) * tier.page_size
+            operation.completed_tokens = span if windows_stored else 0
+            return
         page_size = tier.page_size
         prefix_keys = operation.prefix_keys
         host_indices = operation.host_indices

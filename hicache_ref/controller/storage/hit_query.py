@@ -5,7 +5,9 @@ from the request's last hash, asks the backend ``batch_exists`` per batch and st
 short batch (``_storage_hit_query``). It then MIN-reduces the hit count over ranks, *for every
 prefetch, hit or miss or terminated* (``_sync_prefetch_hit_query``): one collective per step,
 never one per batch, whose count would depend on rank-local hits (INV-20, sglang#30760). The
-prefetch, its keys cut to the agreed hit, goes to ``prefetch_hit_queue`` for the tree.
+prefetch, its keys cut to the agreed hit, goes to ``prefetch_hit_queue`` for the tree. A
+prefetch that names an independent side pool's window asks the span once with it and agrees on
+the longest prefix every rank can restore, window included (``side_window.py``, INV-29).
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ import torch
 
 from hicache_ref.controller.storage.collectives import PREFETCH_HITS, ReduceOp
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.controller.storage.side_window import (
+    agreed_hit_tokens,
+    query_windows,
+    window_transfers,
+)
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import PrefetchOperation
@@ -44,6 +51,7 @@ class HitQuery:
         if operation is None:
             return tier.idle_result(self.kind)
         tier.check_current_epoch(operation, "a hit query")
+        operation.restorable_prefix_pages = []  # a window's: none until the query answers
         hash_value: list[str]
         try:
             if operation.is_terminated():
@@ -67,6 +75,10 @@ class HitQuery:
         backend = tier.require_backend("a hit query")
         page_hashes = tier.compute_page_keys(operation.token_ids, operation.last_hash)
         operation.all_hash_values = list(page_hashes)
+        if window_transfers(operation):  # one query of the span with its windows
+            kv_pages, restorable = query_windows(tier, backend, operation, page_hashes)
+            operation.restorable_prefix_pages = restorable
+            return page_hashes[:kv_pages], kv_pages * tier.page_size
         prefix_keys = operation.prefix_keys
         hash_value: list[str] = []
         hit_tokens = 0
@@ -96,7 +108,12 @@ class HitQuery:
         return max(0, min(int(hit_pages), len(keys)))
 
     def sync_prefetch_hit_query(self, operation: PrefetchOperation, storage_hit_count: int) -> int:
-        """MIN of the hit count over ranks, so every rank agrees on the usable prefix."""
+        """MIN of the hit count over ranks, so every rank agrees on the usable prefix; with a
+        window, the longest prefix every rank restores (``side_window.agreed_hit_tokens``)."""
+        if window_transfers(operation):
+            pages = storage_hit_count // self.tier.page_size
+            restorable = [p for p in operation.restorable_prefix_pages or () if p <= pages]
+            return agreed_hit_tokens(self.tier, operation, restorable)
         hit_count = torch.tensor(storage_hit_count, dtype=torch.int64)
         self.tier.collectives.all_reduce(hit_count, op=ReduceOp.MIN, group=PREFETCH_HITS)
         return int(hit_count.item())

@@ -5,8 +5,8 @@ the tier they use, as a ``Protocol``, instead of the tier class: ``tier.py`` imp
 none of them imports ``tier.py``. In the order a step meets them:
 
 - ``StepTier``: what one loop body reads and writes (queues, geometry, the backend, the
-  collectives, the epoch check and the result it returns): ``HitQuery``, ``PrefetchIO``,
-  ``PrefetchSync``, ``Backup``;
+  collectives, the window pools, ``WindowPoolsLike``, the epoch check and the result it
+  returns): ``HitQuery``, ``PrefetchIO``, ``PrefetchSync``, ``Backup``;
 - ``StepComponent`` / ``RunnerTier``: the four components and what ``StepRunner`` dispatches
   and bounds with;
 - ``StepLoop`` / ``ExecutorTier``: what a storage thread loops over (``ThreadExecutor``);
@@ -35,6 +35,14 @@ class _Executor(Protocol):
     def name(self) -> str: ...
 
 
+class WindowPoolsLike(Protocol):
+    """The tier's window pools as a step uses them (``side_window.WindowPools``)."""
+
+    pools: dict[str, StorageHostPool]
+
+    def release(self, name: str, slots: torch.Tensor) -> None: ...
+
+
 class StepTier(Protocol):
     """The tier as one step component (T1 - T4) uses it."""
 
@@ -45,6 +53,9 @@ class StepTier(Protocol):
     mem_pool_host: StorageHostPool
     backup_skip: bool
     sidecar_pools: dict[str, StorageHostPool]
+
+    @property
+    def window_pools(self) -> WindowPoolsLike: ...
 
     def sidecar_transfers(
         self, keys: Sequence[str], host_indices: torch.Tensor | None = None

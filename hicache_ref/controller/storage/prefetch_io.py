@@ -8,6 +8,10 @@ reductions pair up (INV-20). The step that handles the last batch also emits the
 bounce buffer it has not published (INV-23). A page is counted only after its bytes were set
 into the host pool (INV-19, sglang#8901).
 
+After the last batch a prefetch that names an independent side pool's window reads it, only
+when every KV page of the hit landed, and emits one ``PrefetchAck(pool_hits=...)`` on every
+rank alike (``side_window.py``).
+
 The transfer in progress is this component's state (``current``); a reset drops it, so no
 batch of an old epoch runs after a reset (INV-24).
 """
@@ -15,17 +19,19 @@ batch of an old epoch runs after a reset (INV-24).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.controller.storage.side_window import read_windows, sync_trailing_keys
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import PrefetchAck, PrefetchOperation
 from hicache_ref.storage.pages import get_page_head, require_page_aligned
-from hicache_ref.storage.pool_transfers import count_pool_hits
+from hicache_ref.storage.pool_transfers import PoolTransfer, count_pool_hits
 
 if TYPE_CHECKING:
     from hicache_ref.controller.storage.ports import StepTier
@@ -78,6 +84,8 @@ class PrefetchIO:
         final = True
         try:
             final = self.transfer_batch(transfer)
+            if final:  # after every KV page: the windows, all or nothing (side_window.py)
+                self.read_windows(operation, transfer.completed_pages)
         finally:
             if final:
                 self.current = None
@@ -143,6 +151,16 @@ class PrefetchIO:
             )
         )
         return transfer.next_page >= len(operation.hash_value)
+
+    def read_windows(self, operation: PrefetchOperation, kv_pages: int) -> None:
+        """The prefetch's windows once every KV page of the hit landed; one pool-hit ack."""
+        read_windows(self.tier, operation, kv_pages, self.sync_trailing_keys)
+
+    def sync_trailing_keys(
+        self, transfers: list[PoolTransfer], hashes: Sequence[str], hit_pages: int
+    ) -> None:
+        """Re-align each window to the last pages of the hit served (``_sync_trailing_keys``)."""
+        sync_trailing_keys(self.tier, transfers, hashes, hit_pages)
 
     def finish(self, operation: PrefetchOperation) -> None:
         """The final ack: from its drain on, the tree owns the rest of the bounce buffer."""

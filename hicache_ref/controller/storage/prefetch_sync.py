@@ -15,6 +15,7 @@ import torch
 
 from hicache_ref.controller.storage.collectives import PREFETCH_COMPLETION, ReduceOp
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.controller.storage.side_window import reduce_pool_hits
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.operations import PrefetchAck
 
@@ -40,6 +41,7 @@ class PrefetchSync:
             return tier.idle_result(self.kind)
         tier.check_current_epoch(ack.operation, "a prefetch sync")
         self.reduce_prefetch_ack(ack)
+        reduce_pool_hits(tier, ack)  # a window's hits: MIN over ranks (side_window.py)
         tier.queues.ack_prefetch_queue.put(ack)
         return tier.result(
             self.kind,

@@ -45,6 +45,7 @@ from hicache_ref.controller.storage.releases import (
     check_release_not_io_owned,
     queue_page_releases,
 )
+from hicache_ref.controller.storage.side_window import WindowPools, is_window_transfer
 from hicache_ref.controller.storage.steps import StepRunner
 from hicache_ref.errors import HiCacheInputError, InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageConfig
@@ -52,8 +53,9 @@ from hicache_ref.storage.factory import StorageBackendFactory
 from hicache_ref.storage.hashing import Token, get_hash_str
 from hicache_ref.storage.operations import PrefetchOperation, StorageOperation
 from hicache_ref.storage.pages import require_page_aligned
-from hicache_ref.storage.pool_transfers import PoolTransfer
+from hicache_ref.storage.pool_transfers import PoolTransfer, pool_name
 from hicache_ref.storage.protocols import StorageHostPool
+from hicache_ref.storage.queues import BoundedQueue
 
 logger = logging.getLogger("hicache_ref.controller.storage")
 
@@ -104,6 +106,7 @@ class StorageTier:
         self.prefetch_tokens_occupied = 0
         self.storage_batch_size = self.STORAGE_BATCH_PAGES_DEFAULT
         self.sidecar_pools: dict[str, StorageHostPool] = {}
+        self.window_pools = WindowPools()  # an independent side pool's windows (side_window.py)
         self.get_hash_str: Callable[[Sequence[Token], str | None], str] = get_hash_str
         self.epoch = 0
         self.queues = StorageQueues.create(self._host_pages())
@@ -176,7 +179,7 @@ class StorageTier:
             storage_backend, self.storage_config, self.mem_pool_host
         )
         self.storage_backend.register_mem_pool_host(self.mem_pool_host)
-        for name, pool in self.sidecar_pools.items():
+        for name, pool in (self.sidecar_pools | self.window_pools.pools).items():
             self.storage_backend.register_mem_host_pool_v2(pool, name)
         self.storage_backend.on_host_pools_registered()
         self.prefetch_threshold = max(prefetch_threshold, self.page_size)
@@ -198,6 +201,19 @@ class StorageTier:
         self.sidecar_pools[name] = host_pool
         if self.storage_backend is not None:
             self.storage_backend.register_mem_host_pool_v2(host_pool, name)
+
+    def add_window_pool(self, name: str, host_pool: StorageHostPool) -> None:
+        """An independent side pool (SWA, Mamba state) on host slots of its own: the tree names
+        its window on each ``write_storage`` and ``prefetch`` (``extra_pools``), and a prefix is
+        restorable only where its window is stored too (INV-39; ``side_window.py``)."""
+        self.window_pools.add(name, host_pool)
+        if self.storage_backend is not None:
+            self.storage_backend.register_mem_host_pool_v2(host_pool, name)
+
+    @property
+    def extra_host_mem_release_queues(self) -> dict[str, BoundedQueue[torch.Tensor]]:
+        """Each window pool's release queue: staged window slots the IO gave back."""
+        return self.window_pools.release_queues
 
     def sidecar_transfers(
         self, keys: Sequence[str], host_indices: torch.Tensor | None = None
@@ -293,6 +309,7 @@ class StorageTier:
         """
         self.executor.stop()
         self._begin_epoch()
+        self.window_pools.renew()  # the side pools are cleared too: no stale release
         self.prefetch_tokens_occupied = 0
         if self.enable_storage:
             self.executor.start(self.epoch)
@@ -329,9 +346,13 @@ class StorageTier:
         new_input_tokens: Sequence[Token],
         last_hash: str | None = None,
         prefix_keys: Sequence[str] | None = None,
+        extra_pools: Sequence[PoolTransfer] | None = None,
     ) -> PrefetchOperation:
-        """Queue a hit query for ``new_input_tokens`` (whole pages) after ``last_hash``."""
+        """Queue a hit query for ``new_input_tokens`` (whole pages) after ``last_hash``;
+        ``extra_pools``: the windows the tree names (placeholder keys, one per window page; the
+        tree gives them host slots at the hit)."""
         self.require_backend("prefetch")
+        self._check_windows(extra_pools, "prefetch", staged=False)
         if len(new_input_tokens) % self.page_size:
             raise HiCacheInputError(
                 f"prefetch of {len(new_input_tokens)} tokens is not whole pages of "
@@ -344,6 +365,7 @@ class StorageTier:
             prefix_keys,
             page_size=self.page_size,
             epoch=self.epoch,
+            pool_transfers=extra_pools,
         )
         self.queues.prefetch_queue.put(operation)
         self._live_prefetches[operation.id] = operation
@@ -392,8 +414,10 @@ class StorageTier:
         token_ids: Sequence[Token],
         hash_value: Sequence[str] | None = None,
         prefix_keys: Sequence[str] | None = None,
+        extra_pools: Sequence[PoolTransfer] | None = None,
     ) -> int:
-        """Queue a backup of host pages; returns the operation id (one ack per id, INV-25).
+        """Queue a backup of host pages; returns the operation id (one ack per id, INV-25);
+        ``extra_pools``: the node's windows (their host slots and the node's trailing keys).
 
         Without ``hash_value`` the keys chain over ``token_ids`` from the last of
         ``prefix_keys`` (the parent's last page key): a key depends on the whole prefix, also
@@ -411,11 +435,40 @@ class StorageTier:
                 f"write_storage got {len(keys)} page keys but only {host_indices.numel()} host "
                 f"slots ({host_indices.numel() // self.page_size} pages)"
             )
+        self._check_windows(extra_pools, "write_storage", staged=True)
         operation = StorageOperation(
-            host_indices, token_ids, hash_value=keys, prefix_keys=prefix_keys, epoch=self.epoch
+            host_indices,
+            token_ids,
+            hash_value=keys,
+            prefix_keys=prefix_keys,
+            epoch=self.epoch,
+            pool_transfers=extra_pools,
         )
         self.queues.backup_queue.put(operation)
         return operation.id
+
+    def _check_windows(
+        self, transfers: Sequence[PoolTransfer] | None, what: str, staged: bool
+    ) -> None:
+        """Every transfer is a window of a pool this tier stores, with one page of its own host
+        slots per key on a backup (``staged``) and none yet on a prefetch."""
+        if not transfers:
+            return
+        for transfer in transfers:
+            pool = self.window_pools.pools.get(pool_name(transfer.name))
+            keys, slots = transfer.keys or [], transfer.host_indices
+            fits = slots is None  # a prefetch's window: the tree stages it at the hit
+            if staged:  # a backup's: one page of the pool's own slots per key
+                page = pool.page_size if pool is not None else 0
+                fits = slots is not None and slots.numel() == len(keys) * page
+            # Verify a window of a stored pool: keys, and slots only where the call needs them
+            if not is_window_transfer(transfer) or pool is None or not keys or not fits:
+                raise HiCacheInputError(
+                    f"{what}: extra pool {transfer.name!r} is not a window this tier stores "
+                    f"(pools {sorted(self.window_pools.pools)}, policy trailing_pages, keys "
+                    "given; a backup's host_indices one page of the pool per key, a prefetch's "
+                    "none: the tree stages them at the hit)"
+                )
 
     def prefetch_rate_limited(self) -> bool:
         """Whether prefetch bounce buffers already hold too much of the host pool."""

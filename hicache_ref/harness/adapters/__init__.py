@@ -5,8 +5,8 @@ The seam, and how an implementation is found:
 - ``base``: ``Implementation`` (capabilities, ``build``), ``ControllerLike``, the per-rank
   snapshot the checks read; ``contract``: the hooks an adapter must and may define;
 - ``registry``: implementations by name (``reference``, mutants, ``sglang``, ``seed``);
-- ``reference``: this project's controller; ``mutant``: it with one seeded bug from
-  ``fuzz/mutants/``; ``unfenced``: fences that do not fence (the stream-order mutants).
+- ``reference``: this project's controller (``reference_windows``: its side pool's L3 window
+  named as the tree names it); ``mutant``: it with one seeded bug from ``fuzz/mutants/``; ``unfenced``: fences that do not fence (the stream-order mutants).
 
 The gate on upstream's own code, in the order a gate uses the modules:
 
@@ -21,7 +21,8 @@ The gate on upstream's own code, in the order a gate uses the modules:
    driver (``storage_controller_class``, ``UpstreamTier``), whose threads park at the thread
    gate (``sglang_gate``: served queues, gated threads, ``StepGate``) under the storage world's
    process group, attach and backend factory (``sglang_world``); ``upstream_storage``:
-   upstream's own file backend behind this project's interface.
+   upstream's own file backend behind this project's interface; in a ``buffer_only`` world,
+   ``sglang_buffer``: the tree's storage existence beliefs, upstream's own class.
 """
 
 from hicache_ref.harness.adapters.base import (

@@ -97,22 +97,31 @@ STORAGE_SWA_CAPABILITY = "storage:swa"
 """A storage world may carry an independent SWA side pool (``pool_group="swa"`` with
 ``storage_swa_window``): its L3 pages are stored under ``<key>.swa`` by ``batch_set_v2`` and found
 and read back as the trailing window of the hit (``PoolHitPolicy.TRAILING_PAGES``:
-``_sync_trailing_keys``, ``_page_transfer_sidecar``; INV-39). Upstream 0.5.19+ only (its
-``HybridCacheController``): not in ``CAPABILITIES``."""
+``_sync_trailing_keys``, ``_page_transfer_sidecar``; INV-39). Upstream 0.5.19+ (its
+``HybridCacheController``) and the reference (``controller/storage/side_window.py``): not in
+``CAPABILITIES``."""
 
 STORAGE_MAMBA_CAPABILITY = "storage:mamba"
 """A storage world may carry an independent Mamba state pool (``pool_group="mamba"`` with
 ``storage_swa_window=1``): a backup stores the node's one state slot under its last page key
 (``<key>.mamba``, ``PoolHitPolicy.TRAILING_PAGES``), a prefetch names one placeholder key, which
 the controller turns into the served hit's last page key and reads after the KV pages (the
-last-hit-page form of ``_sync_trailing_keys``; INV-39). Upstream 0.5.19+ only, where the tree's
-Mamba component stores its state in L3: not in ``CAPABILITIES``."""
+last-hit-page form of ``_sync_trailing_keys``; INV-39). Upstream 0.5.19+, where the tree's
+Mamba component stores its state in L3, and the reference: not in ``CAPABILITIES``."""
 
 STORAGE_PP_CAPABILITY = "storage:pp"
 """The storage ranks may be 2 pipeline-parallel ranks (``storage_pp``): 0.5.21+'s hybrid
 controller in ``buffer_only`` mode, whose PP rank 0 submits prefetch tickets that a PP command
 thread broadcasts to every rank (``harness/driver/pp_tree.py``, INV-38). Upstream 0.5.21+ only
 (0.5.21 - 0.5.22's tickets carry PP rank 0's hit): not in ``CAPABILITIES``."""
+
+STORAGE_BUFFER_CAPABILITY = "storage:buffer_only"
+"""A storage world may run in ``buffer_only`` host memory (``storage_buffer_only``): the
+controller's buffer-mode capacity and rate limit, under the buffer pipeline's tree half with the
+tree's own storage existence beliefs (``harness/driver/storage_buffer.py``, INV-41). Upstream
+0.5.19+ only (its hybrid controller with ``host_memory_mode`` and the tree's
+``StorageExistenceCache``: flat through 0.5.21, per pool with the controller's rank-agreed
+per-pool query verdicts from 0.5.22): not in ``CAPABILITIES``."""
 
 HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
 """The tier serves a prefetch whose hit the tree cut to a shorter bounce buffer (host pressure:
@@ -452,6 +461,8 @@ def unsupported_reasons(capabilities: frozenset[str], config: HarnessConfig) -> 
             needed.add(HOST_PRESSURE_CAPABILITY)
         if config.storage_pp:  # PP ranks exchanging prefetch tickets
             needed.add(STORAGE_PP_CAPABILITY)
+        if config.storage_buffer_only:  # host memory as a staging buffer, beliefs of L3
+            needed.add(STORAGE_BUFFER_CAPABILITY)
     if config.forward_stream:
         needed.add("fence_streams")
     if config.pool_group == "anchor":

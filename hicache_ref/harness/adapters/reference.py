@@ -1,9 +1,11 @@
 """Our reference controller as an implementation under test (it supports everything, side
-pools included).
+pools and their L3 windows included).
 
 In a world with an independent side pool (``config.has_side_pools``) the draft pools the world
 built are that side pool, attached with its own allocator (``attach_side_pool``), not a draft
-pair riding along on the anchor's indices."""
+pair riding along on the anchor's indices. In a storage world with the side pool's window in
+L3 (``config.storage_swa_window``) the controller's ``write_storage`` and ``prefetch`` name the
+window as the tree names it (``reference_windows.with_window_names``)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     SIDE_POOL_CAPABILITY,
     STATE_POOL_CAPABILITY,
+    STORAGE_MAMBA_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
+    STORAGE_SWA_CAPABILITY,
     BuildRequest,
 )
 from hicache_ref.harness.adapters.contract import ImplementationBase
+from hicache_ref.harness.adapters.reference_windows import name_windows, with_window_names
 from hicache_ref.harness.schedule.reference import gated_executor
 
 
@@ -27,19 +32,26 @@ class ReferenceImplementation(ImplementationBase):
     """``HiCacheController`` from this package; subclasses swap the class (mutants)."""
 
     name = "reference"
-    # it holds a side pool itself, stores its draft pair's pages beside the KV's, and serves a
-    # hit the tree cut to a shorter bounce buffer
+    # it holds a side pool itself and stores its window (SWA pages, a Mamba state) in L3,
+    # stores its draft pair's pages beside the KV's, and serves a hit the tree cut to a shorter
+    # bounce buffer
     capabilities = CAPABILITIES | {
         SIDE_POOL_CAPABILITY,
         STATE_POOL_CAPABILITY,
         STORAGE_SIDECAR_CAPABILITY,
+        STORAGE_SWA_CAPABILITY,
+        STORAGE_MAMBA_CAPABILITY,
         HOST_PRESSURE_CAPABILITY,
     }
     controller_class: type[HiCacheController] = HiCacheController
 
     def build_controller(self, request: BuildRequest) -> HiCacheController:
         side = request.side_allocator
-        controller = self.controller_class(
+        window = request.config.storage_swa_window
+        controller_class = (
+            with_window_names(self.controller_class) if window else self.controller_class
+        )
+        controller = controller_class(
             request.allocator,
             request.host_pool,
             request.config.page_size,
@@ -70,4 +82,6 @@ class ReferenceImplementation(ImplementationBase):
                 side,
                 name=request.config.pool_group,  # swa, or mamba (a state pool)
             )
+        if window:
+            name_windows(controller, window)
         return controller

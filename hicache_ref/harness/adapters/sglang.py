@@ -53,6 +53,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
+    STORAGE_BUFFER_CAPABILITY,
     STORAGE_MAMBA_CAPABILITY,
     STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
@@ -60,6 +61,7 @@ from hicache_ref.harness.adapters.base import (
     BuildRequest,
 )
 from hicache_ref.harness.adapters.contract import ImplementationBase
+from hicache_ref.harness.adapters.sglang_buffer import has_buffer_beliefs
 from hicache_ref.harness.adapters.sglang_group import build_group_controller
 from hicache_ref.harness.adapters.sglang_hashes import tree_hash_functions
 from hicache_ref.harness.adapters.sglang_shapes import (
@@ -294,6 +296,8 @@ class SglangImplementation(ImplementationBase):
                     self.capabilities = self.capabilities | {STORAGE_SIDECAR_CAPABILITY}
                     if self._has_pp_tickets():  # 0.5.21+: PP prefetch tickets
                         self.capabilities = self.capabilities | {STORAGE_PP_CAPABILITY}
+                    if self._has_buffer_beliefs():  # 0.5.19+: buffer mode's beliefs
+                        self.capabilities = self.capabilities | {STORAGE_BUFFER_CAPABILITY}
                     if self._reads_side_windows():  # 0.5.19+: an SWA window in L3
                         self.capabilities = self.capabilities | {STORAGE_SWA_CAPABILITY}
                         if self._stores_mamba_states():  # and a node's Mamba state
@@ -340,6 +344,15 @@ class SglangImplementation(ImplementationBase):
         cls = getattr(hybrid, "HybridCacheController", None)
         return callable(getattr(cls, PP_TICKET_FUNC, None))
 
+    def _has_buffer_beliefs(self) -> bool:
+        """Buffer mode's tree half as the harness models it (0.5.19+): the tree's
+        ``StorageExistenceCache`` (0.5.22+ per pool, with the hybrid controller's rank-agreed
+        per-pool query verdicts; 0.5.19 - 0.5.21 flat), read in the tree's files
+        (``sglang_buffer``)."""
+        from hicache_ref.device.sim import SimDevice
+
+        return has_buffer_beliefs(self.tree, self.loader.hybrid_module_for(SimDevice()))
+
     def _reads_side_windows(self) -> bool:
         """The hybrid controller reads an independent side pool's L3 pages after the KV's
         (``_page_transfer_sidecar`` with ``_sync_trailing_keys``: 0.5.19+)."""
@@ -379,6 +392,7 @@ class SglangImplementation(ImplementationBase):
         stored_group = (
             (config.pool_group == "sidecar" and stores_draft)
             or (config.storage_pp and STORAGE_PP_CAPABILITY in self.capabilities)
+            or (config.storage_buffer_only and STORAGE_BUFFER_CAPABILITY in self.capabilities)
             or (
                 config.storage_swa_window > 0
                 and (STORAGE_MAMBA_CAPABILITY if config.has_state_pool else STORAGE_SWA_CAPABILITY)

@@ -289,6 +289,8 @@ def build_group_controller(
         }
         if config.storage_pp:  # PP ranks in buffer_only mode: 0.5.23's PP prefetch tickets
             storage["pp"] = True
+        if config.storage_buffer_only:  # host memory as staging (the buffer pipeline's tree)
+            storage["buffer_only"] = True
         if config.storage_swa_window:  # the side pool's window (a Mamba state) goes to L3
             storage["swa_window"] = config.storage_swa_window
             storage["side_pool"] = config.pool_group

@@ -23,7 +23,9 @@ adds, in the order a case meets them:
   radix cache allocates the bounce buffer itself, ``prefetch`` in either release's signature,
   ``clear_storage_backend`` as the clear endpoint runs it); the module's ``Queue``,
   ``threading`` and ``torch`` become the served queue, the gated thread, lock and event, and the
-  harness's process group;
+  harness's process group; in a ``buffer_only`` world it is built in that host-memory mode and
+  carries the tree's storage existence beliefs (``harness_beliefs``: upstream's own class,
+  ``sglang_buffer.TreeBeliefs``);
 - ``UpstreamTier``: what the storage driver reads as ``controller.storage``.
 """
 
@@ -43,6 +45,7 @@ import torch
 
 from hicache_ref.controller.storage.collectives import SingleRank, SyncGroup
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
+from hicache_ref.harness.adapters.sglang_buffer import TreeBeliefs
 from hicache_ref.harness.adapters.sglang_gate import (
     GatedEvent,
     GatedLock,
@@ -350,6 +353,7 @@ def storage_controller_class(
             pp: bool = False,
             swa_window: int = 0,
             side_pool: str = "swa",
+            buffer_only: bool = False,
             **kwargs: Any,
         ) -> None:
             self._harness_swa_window = swa_window  # pages; 0: no side pool window in L3
@@ -366,6 +370,11 @@ def storage_controller_class(
             if pp:
                 kwargs["pp_group"] = TpHandle(self._harness_collectives, SyncGroup("pp"), pp=True)
                 kwargs["host_memory_mode"] = "buffer_only"  # 0.5.23's enable_pp_ticket needs it
+            # buffer mode: the tree's storage existence beliefs, upstream's own class (the tree
+            # half, driver/storage_buffer.py, drives it as the buffer pipeline does)
+            self.harness_beliefs = TreeBeliefs(tree) if buffer_only else None
+            if buffer_only:
+                kwargs["host_memory_mode"] = "buffer_only"
             super().__init__(*args, **kwargs)
             self.storage_stop_event = GateStopEvent(self._harness_gate)  # no thread runs yet
             self.tp_group = self._harness_tp

@@ -35,12 +35,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from hicache_ref.harness.adapters.base import (
     HOST_PRESSURE_CAPABILITY,
     LOCK_POINTS_CAPABILITY,
-    STATE_POOL_CAPABILITY,
-    STORAGE_MAMBA_CAPABILITY,
-    STORAGE_SIDECAR_CAPABILITY,
-    STORAGE_SWA_CAPABILITY,
     Implementation,
     supports,
+)
+from hicache_ref.harness.campaigns.side_draws import (
+    buffer_world,
+    side_pool_fields,
+    storage_sidecar_fields,
+    stored_side_pool_fields,
 )
 from hicache_ref.harness.lockstep.oracle import attach_lockstep
 from hicache_ref.harness.rules import RULES
@@ -51,7 +53,6 @@ from hicache_ref.harness.steps.trace import Step, Trace
 from hicache_ref.harness.world.config import (
     LEGAL_LAYOUTS,
     MHA_ONLY_LAYOUTS,
-    SIDE_POOL_GROUPS,
     AllocPolicy,
     CopyPath,
     HarnessConfig,
@@ -121,7 +122,6 @@ _COUNTERS = st.sampled_from([2, 5])
 _HYBRID = st.sampled_from([False, False, True])
 _BOOLS = st.booleans()
 _PRESSURE = st.sampled_from([False, False, False, True])
-_SWA_POLICIES = st.sampled_from(["best_effort", "wait_complete", "wait_complete", "timeout"])
 """A quarter of the storage worlds cut a hit to the host room (the storage oracle follows the
 others: it serves hits whole)."""
 
@@ -178,15 +178,18 @@ def harness_configs(draw: st.DrawFn, capabilities: frozenset[str] = frozenset())
     groups = _pool_groups(capabilities, cp_size, max(0, draft_layer_num))
     fields["forward_stream"] = not cp_size and _fenced(capabilities) and bool(fields["seed"] & 1)
     fields["pool_group"] = draw(_sampled(tuple(groups))) if len(groups) > 1 else groups[0]
-    fields.update(_side_pool_fields(draw, capabilities, fields))
+    fields.update(side_pool_fields(draw, capabilities, fields))
     if fields.get("storage_points") and _asks_lock_points(capabilities):
         fields["storage_lock_points"] = draw(_BOOLS)
-    fields.update(_storage_sidecar_fields(draw, capabilities, fields))
+    fields.update(storage_sidecar_fields(draw, capabilities, fields))
     if fields.get("storage_ranks") and HOST_PRESSURE_CAPABILITY in capabilities:
         # an SWA window's storage worlds cut hits to the host room (a quarter elsewhere): the
         # cut is what _sync_trailing_keys re-aligns the window to
         pressure = draw(_PRESSURE)
         fields["storage_host_pressure"] = pressure or bool(fields.get("storage_swa_window"))
+    fields.update(stored_side_pool_fields(draw, capabilities, fields))
+    if buffer_world(capabilities, fields):
+        fields["storage_buffer_only"] = True
     config = HarnessConfig(**fields)  # validated once, with every field
     if capabilities and not supports(capabilities, config):
         return draw(st.nothing())
@@ -214,70 +217,6 @@ def _pool_groups(capabilities: frozenset[str], cp_size: int, draft_layers: int) 
         return ["none", "anchor"]
     grouped: list[PoolGroup] = ["packed", "sidecar"]
     return ["none", *(g for g in grouped if f"pool_group:{g}" in capabilities)]
-
-
-def _side_pool_fields(
-    draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
-) -> dict[str, Any]:
-    """Half the single-pool worlds gain an independent side pool (``pool_group="swa"``, or,
-    where the implementation holds one, half of them a Mamba state pool, ``"mamba"``): its
-    layers, its own device pages and host pages (state slots), often scarce (drawn after every
-    other field, so no other world's draws move). Upstream's come from the anchor-only worlds
-    of its ``HostPoolGroup``; an implementation that holds side pools without a group (the
-    reference) takes them from the worlds without CP, draft pool or storage. A side-pool world
-    keeps its storage tier where the implementation stores the side pool's window
-    (``storage:swa``, upstream 0.5.19+: its window is drawn last) or a Mamba node's state page
-    (``storage:mamba``: a window of one page); elsewhere it has none."""
-    if "pool_group:swa" not in capabilities:
-        return {}
-    if "pool_group" in capabilities:
-        eligible = fields["pool_group"] == "anchor"
-    else:
-        eligible = not (fields["cp_size"] or fields["draft_layer_num"] or "storage_ranks" in fields)
-    if not eligible or not draw(_BOOLS):
-        return {}
-    side = {
-        "pool_group": SIDE_POOL_GROUPS[0],
-        "draft_layer_num": draw(integers_once(1, 3)),
-        "side_device_pages": draw(integers_once(2, 24)),
-        "draft_host_pages": draw(integers_once(1, 24)),
-        "storage_ranks": 0,
-    }
-    if fields.get("storage_ranks") and STORAGE_SWA_CAPABILITY in capabilities:
-        side["storage_ranks"] = fields["storage_ranks"]
-        side["storage_swa_window"] = draw(integers_once(1, 3))
-        # mostly waiting for the window's read: a best-effort check terminates it before
-        side["storage_policy"] = draw(_SWA_POLICIES)
-    if STATE_POOL_CAPABILITY in capabilities and draw(_BOOLS):
-        # half the side-pool worlds hold a Mamba state pool instead: the same sizes, counted
-        # in state slots (one per node); its storage tier kept where the implementation stores
-        # a node's state in L3 (``storage:mamba``: a window of one page), else none; drawn
-        # last, so no other world's draws move
-        side.update(pool_group="mamba")
-        if not (side.get("storage_ranks") and STORAGE_MAMBA_CAPABILITY in capabilities):
-            side.update(storage_ranks=0, storage_swa_window=0)
-        else:
-            side["storage_swa_window"] = 1
-        side["state_cow"] = draw(_BOOLS)  # half: loads copy the state into a request's slot
-    return side
-
-
-def _storage_sidecar_fields(
-    draw: st.DrawFn, capabilities: frozenset[str], fields: dict[str, Any]
-) -> dict[str, Any]:
-    """Half the storage worlds of an implementation that stores a draft pool
-    (``storage:sidecar``) gain one: its layers (drawn last, so no other world's draws move).
-    Upstream's rides in its ``HostPoolGroup`` as the ``DRAFT`` sidecar (``pool_group=
-    "sidecar"``); the reference's is a draft pair."""
-    if not fields.get("storage_ranks") or STORAGE_SIDECAR_CAPABILITY not in capabilities:
-        return {}
-    if fields["pool_group"] != "none" or not draw(_BOOLS):
-        return {}
-    grouped = "pool_group:sidecar" in capabilities
-    return {
-        "draft_layer_num": draw(integers_once(1, 3)),
-        "pool_group": "sidecar" if grouped else "none",
-    }
 
 
 @functools.cache

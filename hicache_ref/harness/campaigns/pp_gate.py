@@ -41,6 +41,7 @@ from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.harness.adapters.base import Implementation
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
+from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.driver.pp_tree import PpTree
 from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
@@ -271,6 +272,7 @@ class PpGateReport:
     """What one PP gate run did and found."""
 
     cases: int = 0
+    cases_at_failure: int = 0  # the case that first failed (the rest of ``cases``: shrinking)
     checks: dict[str, int] = field(default_factory=dict)
     failure: str = ""  # the violation's id (or the exception's type) and message
     failure_id: str = ""  # the invariant id, when a check fired
@@ -294,9 +296,11 @@ def run_pp_gate(
     impl: str = "sglang",
     release: str | None = None,
     drawn: st.SearchStrategy[PpProgram] | None = None,
+    cases_max: int | None = None,
 ) -> PpGateReport:
     """Draw programs (``drawn``, by default each round's ``programs_of_round``) until
-    ``seconds`` are spent or one fails (then shrink it). A case whose
+    ``seconds`` are spent, ``cases_max`` programs ran (the case budget: the same programs on a
+    busy host as on an idle one) or one fails (then shrink it). A case whose
     failure one of ``known`` explains (for ``impl`` at ``release``) is counted, not failed: a
     PP world on 0.5.21 meets F26 (the IO thread dies of a backend exception) under faults."""
     report = PpGateReport()
@@ -309,6 +313,7 @@ def run_pp_gate(
         report.failure, report.failure_id = failure, failure_id
         if not first:
             first.append((failure, failure_id, program))
+            report.cases_at_failure = report.cases
 
     def keep_first() -> None:  # the shrunk failure did not repeat: the first one stands
         report.failure, report.failure_id, report.found = first[0]
@@ -317,7 +322,8 @@ def run_pp_gate(
 
     def fails(program: PpProgram) -> bool:
         now = time.monotonic()
-        if now >= deadline and not report.failed:
+        cases_spent = cases_max is not None and report.cases >= cases_max
+        if (now >= deadline or cases_spent) and not report.failed:
             raise _BudgetSpent
         if now >= shrink_deadline:
             return False  # shrinking stops: every further candidate is rejected
@@ -350,12 +356,13 @@ def run_pp_gate(
     found: Any = None
     for round_index in range(CASES_MAX // ROUND_CASES):
         try:  # a fresh search each round: Hypothesis draws one round's programs near each other
-            found = find(
-                drawn if drawn is not None else programs_of_round(round_index),
-                fails,
-                settings=search,
-                random=random.Random(f"{seed}/{round_index}"),
-            )
+            with pinned_literal_pool():  # the seed's programs, whatever this process imported
+                found = find(
+                    drawn if drawn is not None else programs_of_round(round_index),
+                    fails,
+                    settings=search,
+                    random=random.Random(f"{seed}/{round_index}"),
+                )
         except NoSuchExample:
             continue
         except _BudgetSpent:

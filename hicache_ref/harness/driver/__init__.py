@@ -20,7 +20,10 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   ends), ``storage_windows`` (what the window checks INV-32 .. INV-35 read) and, in a world
   with an SWA side pool in L3, ``storage_side`` (the tree's window: staged at the hit, judged
   whole), ``storage_side_book`` (the side slots and other requests' host pages the driver
-  holds) and ``storage_side_events`` (what the harness records of each window: INV-39);
+  holds) and ``storage_side_events`` (what the harness records of each window: INV-39), and
+  in a ``buffer_only`` world ``storage_buffer`` (the buffer pipeline's tree half: write
+  staging freed at the storage ack, each rank's storage existence beliefs beside the harness's
+  record of them: INV-41);
 - ``pp_world``: a PP world's config and build (``pp_config``, ``build_pp_world``); ``pp_tree.PpTree``: the radix cache's PP half of 0.5.23's prefetch tickets over a world of 2
   PP storage ranks (PP rank 0 submits, the others follow the broadcast tickets; INV-38), over
   ``pp_commands`` (every rank's PP command thread, stepped by whole bodies or by points) and

@@ -26,6 +26,7 @@ restarts its chain collides, INV-27), but never two chains with one prefix.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -37,8 +38,10 @@ from hicache_ref.controller.storage.lockstep import (
 )
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness.driver.node_model import Node, pages_covered
+from hicache_ref.harness.driver.node_model import pages_covered
+from hicache_ref.harness.driver.storage_buffer import BufferBook
 from hicache_ref.harness.driver.storage_chains import Chain, ChainBook, fill_chain
+from hicache_ref.harness.driver.storage_events import insert_callback
 from hicache_ref.harness.driver.storage_log import BackupLog, PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_points import PointSchedule, run_to_next_point
 from hicache_ref.harness.driver.storage_side import side_release_count
@@ -88,6 +91,8 @@ class StorageDriver:
         self.known_ops: dict[int, tuple[object, int]] = {}
         self.sources: list[dict[int, torch.Tensor]] = [{} for _ in range(self.n)]
         self.side = SideBook.of(self.config)  # an SWA or Mamba world's side slots, crowds
+        buffer = self.config.storage_buffer_only  # host pages as staging (storage_buffer.py)
+        self.buffer = BufferBook.of(self.l3.ranks, self.page) if buffer else None
         self.mla = self.config.pool_kind != "mha"
         self.flags: dict[str, bool] = {}
         self._last_passed: StorageSnapshot | None = None  # what the storage checks last passed
@@ -119,7 +124,7 @@ class StorageDriver:
             rank.controller,
             rank.host_pool,
             self.page,
-            on_insert=self._insert_callback(rank.rank),
+            on_insert=insert_callback(self, rank.rank),
             on_event=self._event_callback(rank.rank),
             policy=self.config.storage_policy,
             timeout_steps=TIMEOUT_STEPS,
@@ -191,6 +196,9 @@ class StorageDriver:
         if chain is None:
             return refused("no chain left to back up")
         tokens = chain.pages * self.page
+        keys = self._buffer_keys(chain)  # buffer mode: each rank's page keys of the chain
+        if keys and self.buffer is not None and self.buffer.covered(keys):
+            return refused("every page believed stored or in flight (buffer mode skips it)")
         slots = [r.host_pool.alloc(tokens) for r in self.l3.ranks]
         side = (
             None if any(s is None for s in slots) else self.side.alloc_side(self.l3.ranks, tokens)
@@ -214,6 +222,8 @@ class StorageDriver:
                 side_host=side_host,
             )
             self.sources[rank][op_id] = s
+            if self.buffer is not None:  # staging, freed at its storage ack
+                self.buffer.launch(rank, op_id, keys[rank], tokens)
             if side_host is not None:  # the chain's SWA pages (Mamba state) at its own slots
                 uid = self.book.content_uid(rank, chain)
                 layers = self.config.draft_layer_num
@@ -237,13 +247,19 @@ class StorageDriver:
         last_hash = parent.chain_keys()[-1] if parent is not None else None
         prefix_keys = list(parent.chain_keys()) if parent is not None else None
         anchor: Prefix = parent.prefix(self.page) if parent is not None else ()
-        if any(r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks):
+        limited = [r.cc.prefetch_rate_limited() for r in self.storage_tree.ranks]
+        if self.buffer is not None:  # what the write staging leaves to loads (INV-41)
+            self.buffer.rate_limited(limited)
+        if any(limited):
             return refused("prefetch rate limited")  # decided alike on every rank
         tokens = chain.pages * self.page
         if self.up_front and not self._up_front_room(tokens):
             return refused("host full")  # 0.5.10 allocates the whole prefetch up front
         window = self.side.staging(chain.pages, self.config.storage_swa_window, parent is None)
+        keys = self._buffer_keys(chain)
         for rank, tree_rank in enumerate(self.storage_tree.ranks):
+            if self.buffer is not None:  # the chain its hit query heals the beliefs of
+                self.buffer.expect(rank, rid, keys[rank])
             self.log.prefetches[rank][rid] = PrefetchLog(
                 rid, self.epoch, chain.pages * self.page, anchor, chain.uid, swa_trailing=window
             )
@@ -258,6 +274,13 @@ class StorageDriver:
             # other requests' host pages while the query runs: the hit is often served cut
             self.side.crowd(rid, self.l3.ranks, leave_pages=1 + (pick // 8) % 2)
         return done(f"prefetch {rid} of chain {chain.uid}")
+
+    def _buffer_keys(self, chain: Chain) -> list[list[str]]:
+        """Each rank's page keys of ``chain`` in a buffer world (the tree's hash), else []."""
+        if self.buffer is None:
+            return []
+        prior = chain.parent.chain_keys()[-1] if chain.parent is not None else None
+        return self.buffer.chain_keys(list(chain.tokens(self.page)), prior, self.page)
 
     def _up_front_room(self, tokens: int) -> bool:
         """Whether every rank can allocate the prefetch up front (0.5.10 - 0.5.15), all of it
@@ -405,6 +428,8 @@ class StorageDriver:
         sharing = range(self.n) if self.mla else (cleared,)
         self.log.forget_namespace(set(sharing))
         self.book.forget_stored()  # no chain is whole on every rank now
+        if self.buffer is not None and ok:  # L3 is empty: every belief is stale
+            self.buffer.clear()
         return done(f"clear_storage on rank {cleared}: {len(removed)} page(s) removed ({ok})")
 
     def settle_queues(self) -> None:
@@ -473,6 +498,8 @@ class StorageDriver:
         self.storage_tree.reset()  # the 0.5.10 tree half's ranks too (they are its ranks)
         self.sources = [{} for _ in range(self.n)]
         self.side.reset()  # the host and side pools are cleared too
+        if self.buffer is not None:  # the dropped writes reach no storage ack
+            self.buffer.reset()
         for chain in self.chains.values():
             if chain.state == "writing":
                 chain.state = "none"
@@ -488,35 +515,6 @@ class StorageDriver:
         self.check()  # right after the reset: nothing queued, nothing occupied (INV-24)
 
     # -- what the tree half reports ----------------------------------------------------------------
-    def _insert_callback(self, rank: int) -> Any:
-        from hicache_ref.harness.driver.storage_side_events import adopt_window
-
-        def on_insert(rid: str, operation: PrefetchOperation, host: torch.Tensor) -> int:
-            log = self.log.prefetches[rank].get(rid)
-            chain = self.chains[log.chain_uid] if log is not None else None
-            if rank != 0 or chain is None or chain.uid in self.tree.nodes:
-                return int(host.numel())  # cached already (or a peer): every page goes back
-            side_host: list[torch.Tensor | None] = []
-            if self.config.storage_swa_window and log is not None:
-                side_host = [adopt_window(self, rank, log, host)]  # None: no node
-                if side_host[0] is None:
-                    return int(host.numel())
-            node = Node(
-                handle=chain.uid,
-                node_id=self.tree.next_node_id,
-                logical_len=int(host.numel()),
-                value=None,
-                layers_stored=self.tree.total_layers,
-                backup="done",
-                host_value=[host.clone()],
-                side_host=side_host,
-            )
-            self.tree.next_node_id += 1
-            self.tree.nodes[chain.uid] = node
-            return 0
-
-        return on_insert
-
     def _event_callback(self, rank: int) -> Any:
         from hicache_ref.harness.driver.storage_events import on_storage_event
 
@@ -575,7 +573,9 @@ class StorageDriver:
             detached=self.flags.pop("detached", False),
             stale_grants=stale_grants(self.l3.tiers),
         )
-        return snapshot
+        if self.buffer is None:
+            return snapshot
+        return replace(snapshot, beliefs=self.buffer.views())
 
     def _op_of(self, rank: int, rid: str) -> PrefetchOperation | None:
         info = self.storage_tree.ranks[rank].ongoing_prefetch.get(rid)

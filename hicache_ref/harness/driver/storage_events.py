@@ -16,10 +16,13 @@ import torch
 
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.harness.driver.byte_checks import BOUNCE_DRAFT_ROW_VALUE
+from hicache_ref.harness.driver.node_model import Node
+from hicache_ref.harness.driver.storage_buffer import BufferBook
 from hicache_ref.harness.driver.storage_chains import Chain, scribble_draft_rows
 from hicache_ref.harness.driver.storage_log import PrefetchLog, StorageLog
 from hicache_ref.harness.driver.storage_side_book import SideBook
 from hicache_ref.harness.driver.storage_side_events import (
+    adopt_window,
     free_side_source,
     on_side_free,
     on_side_staging,
@@ -43,6 +46,7 @@ from hicache_ref.invariants.storage_snapshot import (
     StoreWrite,
     VerdictRecord,
 )
+from hicache_ref.storage.operations import PrefetchOperation
 from hicache_ref.storage.pool_transfers import MAMBA_POOL, WINDOW_POOLS
 
 
@@ -61,6 +65,9 @@ class DriverView(Protocol):
     sources: list[dict[int, torch.Tensor]]
     side: SideBook
     steps_run: int
+    buffer: BufferBook | None  # a buffer_only world's pipeline (INV-41)
+    tree: Any  # the tree driver (its nodes: a fetched chain becomes one)
+    config: Any
 
     @property
     def points(self) -> object | None: ...
@@ -207,6 +214,8 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
     # told apart by shape: upstream's prefetch operations are of its own class
     log = logs.get(op.request_id) if isinstance(getattr(op, "request_id", None), str) else None
     if kind == "hit":
+        if driver.buffer is not None:  # the drained query heals the beliefs (INV-41)
+            driver.buffer.hit(rank, op)
         if _current(driver, rank, op, "prefetch_hit_queue entry") and log and data["current"]:
             log.published_hit_tokens = int(op.storage_hit_count)
             log.hash_pages = len(op.hash_value)
@@ -234,6 +243,8 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
     elif kind == "published" and log is not None:
         _on_published(driver, rank, log, int(data["agreed"]))
     elif kind == "insert" and log is not None:
+        if driver.buffer is not None and int(data["end"]):  # a completed fetch teaches
+            driver.buffer.fetched(rank, log.request_id, int(data["end"]) // driver.page)
         agreed = data.get("agreed")
         _on_insert(driver, rank, log, int(data["matched"]), int(data["end"]), agreed)
     elif kind == "terminate" and log is not None:
@@ -269,12 +280,45 @@ def on_storage_event(driver: DriverView, rank: int, kind: str, data: dict[str, A
                 driver.check()  # before the pool frees them: an IO may still write (INV-23)
     elif kind == "backup_ack":
         _on_backup_ack(driver, rank, data["operation"])
+        if driver.buffer is not None:  # finish_storage_write_ack
+            driver.buffer.storage_ack(rank, int(data["operation"].id))
     elif kind == "side_staging":
         on_side_staging(driver, rank, log, data["slots"])
     elif kind == "side_free":
         on_side_free(driver, rank, data["slots"], str(data["how"]))
     elif kind == "side_verdict" and log is not None:
         on_side_verdict(driver, rank, log, op, bool(data["accepted"]))
+
+
+def insert_callback(driver: DriverView, rank: int) -> Any:
+    """The tree's ``on_insert`` of ``rank``: a fetched chain becomes a host-only node of the
+    tree driver on rank 0 (a peer, or a chain cached already, gives every page back)."""
+
+    def on_insert(rid: str, operation: PrefetchOperation, host: torch.Tensor) -> int:
+        log = driver.log.prefetches[rank].get(rid)
+        chain = driver.chains[log.chain_uid] if log is not None else None
+        if rank != 0 or chain is None or chain.uid in driver.tree.nodes:
+            return int(host.numel())  # cached already (or a peer): every page goes back
+        side_host: list[torch.Tensor | None] = []
+        if driver.config.storage_swa_window and log is not None:
+            side_host = [adopt_window(driver, rank, log, host)]  # None: no node
+            if side_host[0] is None:
+                return int(host.numel())
+        node = Node(
+            handle=chain.uid,
+            node_id=driver.tree.next_node_id,
+            logical_len=int(host.numel()),
+            value=None,
+            layers_stored=driver.tree.total_layers,
+            backup="done",
+            host_value=[host.clone()],
+            side_host=side_host,
+        )
+        driver.tree.next_node_id += 1
+        driver.tree.nodes[chain.uid] = node
+        return 0
+
+    return on_insert
 
 
 def _scribble_bounce(driver: DriverView, rank: int, host: torch.Tensor) -> None:
@@ -417,6 +461,9 @@ def observe_calls(
         # a query the backend failed (raised) is a miss for the whole prefetch, as the tier has it
         failed = any(c.raised for c in calls if c.kind in ("exists", "sidecar_exists"))
         log.local_hit_tokens = 0 if failed else run * page
+        if driver.buffer is not None:  # no answer, no verdict: the query failed or never ran
+            asked = any(c.kind == "exists" for c in calls)
+            driver.buffer.queried(rank, log.request_id, run if asked and not failed else None)
         if failed and log.local_restorable is not None:
             log.local_restorable = ()
     elif result.kind is StorageStepKind.IO:

@@ -106,7 +106,9 @@ def free_side_source(driver: DriverView, rank: int, op_id: int) -> None:
 def _queued_releases(driver: DriverView, rank: int) -> set[int]:
     """Side slots on the controller's SWA release queue now (given back, not yet drained)."""
     queue = side_release_queue(driver.l3.ranks[rank].controller)
-    items = [] if queue is None else [t for t in list(queue.queue) if t is not None]
+    snapshot = getattr(queue, "snapshot", None)  # the reference's BoundedQueue, else a Queue
+    held = [] if queue is None else snapshot() if callable(snapshot) else list(queue.queue)
+    items = [t for t in held if t is not None]
     return {int(s) for t in items for s in t.tolist()}
 
 

@@ -154,6 +154,18 @@ class HarnessConfig(BaseModel):
     backup stores the node's one state slot under its last page key, a prefetch names one
     placeholder key, and the tree stages one state slot at the hit (upstream's Mamba component:
     one ``TRAILING_PAGES`` page per node)."""
+    storage_buffer_only: bool = False
+    """The storage ranks' host memory is a staging buffer, not a cache tier (upstream's
+    ``--hicache-host-memory-mode buffer_only``, capability ``storage:buffer_only``): the
+    controller is built in ``buffer_only`` mode (its prefetch capacity and rate limit charge
+    loads only, not write staging) and the tree half is upstream's ``BufferModePipeline``'s, as
+    the harness models it (``harness/driver/storage_buffer.py``): a backup's host pages are
+    staging freed at its storage ack, a write whose pages are believed stored (or in flight) is
+    skipped, and each rank's storage existence beliefs (upstream's own
+    ``StorageExistenceCache``) are taught at the storage ack and by a rank-agreed hit, and
+    healed by a drained hit query (INV-41). A storage world of the hybrid controller over the KV
+    pool alone (``pool_group="anchor"``), never a PP one (the PP gate's worlds are buffer_only
+    already). Drawn last, so older traces replay alike."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -240,6 +252,14 @@ class HarnessConfig(BaseModel):
                 "pool's trailing window is one page (one state per node, stored under the "
                 "node's last page key); set storage_swa_window=1"
             )
+        if self.storage_buffer_only and (
+            not self.storage_ranks or self.pool_group != "anchor" or self.storage_pp
+        ):
+            raise ValueError(
+                "storage_buffer_only is a storage world of the hybrid controller over the KV "
+                "pool alone (storage_ranks >= 1, pool_group='anchor'), not a PP one (the PP "
+                "gate's worlds are buffer_only already)"
+            )
         return self
 
     @property
@@ -291,6 +311,7 @@ class HarnessConfig(BaseModel):
             faults += "+locks" if self.storage_lock_points else ""
             faults += "+pressure" if self.storage_host_pressure else ""
             faults += "+pp" if self.storage_pp else ""
+            faults += "+buffer" if self.storage_buffer_only else ""
             window = f"+swa{self.storage_swa_window}" if self.storage_swa_window else ""
             faults += "+state" if window and self.has_state_pool else window
             runs += f" storage={self.storage_ranks}r/{self.storage_backend}{faults}"

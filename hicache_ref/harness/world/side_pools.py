@@ -15,7 +15,8 @@ uses what is here:
   of the pool's local layer (upstream's pools wait by model layer id, which the transfer ids
   are);
 - ``side_pool_focus``: a mutant's ``refine_config`` that turns every drawn world into a
-  side-pool world (the reference holds the side pool itself, ``controller/side_pool.py``).
+  side-pool world (the reference holds the side pool itself, ``controller/side_pool.py``);
+  ``side_window_focus``: into a storage world whose side pool's window goes to L3 too.
 
 A Mamba side pool (``pool_group="mamba"``) is a state pool: a node holds one state slot there
 (upstream's ``PoolTransfer(MAMBA, device_indices=<one slot>)``), not one row per token, so its
@@ -197,5 +198,26 @@ def state_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
         }
         data = {**config.model_dump(), **pages, **without_storage, "storage_ranks": 0}
         return side(HarnessConfig.model_validate(data))
+
+    return focus
+
+
+def side_window_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
+    """A mutant's ``refine_config``: the drawn world as a storage world whose side pool's window
+    goes to L3 (an SWA pool's ``storage_swa_window`` kept where drawn, else 2 pages; a Mamba
+    state pool's one page), under host pressure, so hits are often served cut below the
+    window; ``fields`` set over it (``pool_group="mamba"`` for a state pool)."""
+    side = side_pool_focus(**{k: v for k, v in fields.items() if k == "pool_group"})
+
+    def focus(config: HarnessConfig) -> HarnessConfig:
+        world = side(config)
+        window = 1 if world.has_state_pool else config.storage_swa_window or 2
+        update: dict[str, Any] = {
+            "storage_ranks": config.storage_ranks or 2,
+            "storage_swa_window": window,
+            "storage_host_pressure": True,
+            "storage_policy": "wait_complete",
+        }
+        return HarnessConfig.model_validate({**world.model_dump(), **update, **fields})
 
     return focus

@@ -67,11 +67,16 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
 
 
 def storage_focus(**fields: Any) -> Any:
-    """A mutant's ``refine_config``: a storage world (no CP, no draft) with ``fields`` set."""
+    """A mutant's ``refine_config``: a storage world (no CP, no draft, no side pool: a drawn
+    side-pool world's pool and window are dropped) with ``fields`` set."""
     from hicache_ref.harness.world.config import HarnessConfig
 
     def focus(config: HarnessConfig) -> HarnessConfig:
-        update = {"cp_size": 0, "draft_layer_num": 0, "draft_host_pages": 0, "storage_ranks": 2}
+        update: dict[str, object] = {"cp_size": 0, "draft_layer_num": 0, "draft_host_pages": 0}
+        update["storage_ranks"] = 2
+        if config.has_side_pools:
+            update |= {"pool_group": "none", "side_device_pages": 0, "storage_swa_window": 0}
+            update["state_cow"] = False
         return config.model_copy(update={**update, **fields})
 
     return focus
