@@ -14,7 +14,6 @@ prints the top entries by cumulative and by own time; the rates it prints are th
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import os
 import platform
@@ -37,6 +36,7 @@ from hypothesis.stateful import (
 
 from hicache_ref.campaign.rounds import freeze_long_lived_objects
 from hicache_ref.harness.adapters import ReferenceImplementation
+from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.campaigns.machine import (
     MACHINE_RULES,
     RULE_CHOICES,
@@ -56,26 +56,6 @@ CLOCK = {"now": time.perf_counter}
 this process's CPU time (``time.process_time``, every thread's: the storage lockstep threads'
 work counts, their waits do not). On a shared machine whose other processes oversubscribe
 the cores, wall time charges each run for the slices the others took."""
-
-
-def pin_local_constants() -> bool:
-    """Run without Hypothesis' pool of the literals found in the tree's own source.
-
-    Hypothesis mixes constants mined from every local module into its draws, so a seed's
-    program (the trivial machine's too) changed with any literal edited anywhere in
-    ``hicache_ref``: between two trees the trivial machine's rate moved 5% on its own (seed 5:
-    ~5,000 steps/s in one tree, ~3,800 in the next). With the pool empty for both machines
-    the trivial machine runs the same programs in every tree. Returns whether it was pinned
-    (the hook is Hypothesis-internal; without it the run says so)."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:
-        return False
-    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "_local_constants"):
-        return False
-    empty = copy.deepcopy(providers._local_constants)  # nothing mined before the first case
-    providers._get_local_constants = lambda: empty  # type: ignore[attr-defined]
-    return True
 
 
 def _count_rules(cls: type) -> int:
@@ -196,9 +176,9 @@ def main() -> None:
     parser.add_argument(
         "--pin-constants",
         action="store_true",
-        help="run both machines without Hypothesis' pool of the tree's own literals (a "
-        "comparison of two trees then runs the trivial machine's same programs in both; "
-        "a campaign runs with the pool)",
+        help="accepted for the commands of older RESULTS sections: both machines now always "
+        "search with the campaign's pinned literal pool (harness/campaigns/literal_pool.py), "
+        "as every campaign does",
     )
     parser.add_argument(
         "--clock",
@@ -213,7 +193,12 @@ def main() -> None:
         help="also cProfile the runs of our machine into this file and print the top entries",
     )
     args = parser.parse_args()
-    pinned = pin_local_constants() if args.pin_constants else False
+    with pinned_literal_pool():  # as every campaign searches: the same programs in any tree
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Run the rounds and print (and ``--append``) the section."""
     if args.clock == "cpu":
         CLOCK["now"] = time.process_time
     profiler = cProfile.Profile() if args.profile else None
@@ -258,17 +243,13 @@ def main() -> None:
         "",
         f"Command: `PYTHONPATH=. .venv/bin/python benchmarks/bench_machine_steps.py --rounds {args.rounds} "
         f"--examples {args.examples} --steps {args.steps} --repeat {args.repeat}"
-        f"{' --pin-constants' if pinned else ''}{' --clock cpu' if args.clock == 'cpu' else ''}`  ",
+        f"{' --clock cpu' if args.clock == 'cpu' else ''}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"torch {torch.__version__}, load average {os.getloadavg()[0]:.1f} at the end  ",
         f"Both machines have {n_rules} rules; generate phase only; medians over {args.rounds} rounds "
         f"(seeds 0-{args.rounds - 1}, interleaved), each round the fastest of {args.repeat} runs of "
-        "its seed, after one warm-up case of each machine. Hypothesis' pool of the tree's own "
-        + (
-            "literals: empty for both machines (--pin-constants)."
-            if pinned
-            else "literals: on, as in a campaign."
-        ),
+        "its seed, after one warm-up case of each machine. Both machines search with the "
+        "campaign's pinned literal pool (empty: the same programs in every tree).",
         "",
         "| machine | steps/s (median) | rounds |",
         "|---|---:|---|",

@@ -8,6 +8,11 @@ file (``hicache-fuzz setup --from``), never failed. CI is online and sets
 
 A test that needs an implementation of its own under a plain name takes ``name_implementation``:
 the registry's table is read-only, so the test swaps in a copy with its row for its own run.
+
+Every Hypothesis search of the suite (the machines pytest runs as ``TestCase``, ``@given`` tests,
+campaigns run in this process) draws with the campaign's pinned literal pool
+(``harness/campaigns/literal_pool.py``): a derandomized test then draws the same cases whatever
+the other test files its worker imported before it, so a CI failure replays with the file alone.
 """
 
 from __future__ import annotations
@@ -21,9 +26,17 @@ import pytest
 
 from hicache_ref.harness.adapters import registry
 from hicache_ref.harness.adapters.sglang_tree import ReleaseUnavailable
+from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 
 REQUIRE_RELEASES_ENV = "HICACHE_REQUIRE_RELEASES"
 NameImplementation = Callable[[str, Callable[[], object]], None]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def pinned_literals() -> Iterator[None]:
+    """The whole session searches with the campaign's literal pool (see the module docstring)."""
+    with pinned_literal_pool():
+        yield
 
 
 @pytest.fixture

@@ -94,3 +94,20 @@ def test_a_gate_with_a_pp_share_splits_its_cases_as_it_splits_its_time() -> None
     assert split_cases(1, 0.2) == (1, 1)
     with pytest.raises(HiCacheInputError, match="--max-cases 0 is not positive"):
         split_cases(0, 0.2)
+
+
+def test_a_mutant_catalogue_row_stops_at_its_case_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the slowest mutant at seed 0 falls at case 247; --max-cases 3 ends its search at 3 cases,
+    # long before the time, and the row says MISSED with the cases it ran (exit 1)
+    report = tmp_path / "mutants.json"
+    argv = ["mutants", "cancel_without_write_sync", "--budget", WALL_CAP, "--max-cases", "3"]
+    status = cli.main([*argv, "--jobs", "1", "--out", str(tmp_path), "--json", str(report)])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    data = json.loads(report.read_text())
+    assert data["cases_per_mutant_max"] == 3 and data["missed"] == ["cancel_without_write_sync"]
+    (row,) = data["rows"]
+    assert row["cases"] == 3 and row["campaign_seconds"] < float(WALL_CAP) / 4
+    assert f"up to {WALL_CAP}s or 3 cases each" in out

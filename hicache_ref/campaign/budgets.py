@@ -1,4 +1,5 @@
-"""A campaign's case budget, beside its time budget: ``--max-cases N`` for ``run`` and ``gate``.
+"""A campaign's case budget, beside its time budget: ``--max-cases N`` for ``run``, ``gate`` and
+``mutants``.
 
 A time budget (``--budget``) measures the host as much as the implementation: on a busy host
 the same seed runs fewer cases, so a planted bug caught at case 300 when idle survives a gate
@@ -46,17 +47,22 @@ def check_cases_max(flag: str, cases_max: int | None) -> None:
         )
 
 
-def add_cases_argument(parser: argparse.ArgumentParser) -> None:
-    """``--max-cases N`` (``run`` and ``gate``)."""
+RUN_CASES_HELP = (
+    "stop after N cases per worker, or at --budget, whichever comes first: a fixed "
+    "--seed and --profile then run the same cases however busy the host is (a gate on a "
+    "tree with storage:pp gives the PP gate its share of them, as of the time)"
+)
+
+
+def add_cases_argument(parser: argparse.ArgumentParser, help_text: str = RUN_CASES_HELP) -> None:
+    """``--max-cases N`` (``run`` and ``gate``; ``mutants`` with its own help)."""
     parser.add_argument(
         CASES_FLAG,
         dest="max_cases",
         type=parse_case_count,
         default=None,
         metavar="N",
-        help="stop after N cases per worker, or at --budget, whichever comes first: a fixed "
-        "--seed and --profile then run the same cases however busy the host is (a gate on a "
-        "tree with storage:pp gives the PP gate its share of them, as of the time)",
+        help=help_text,
     )
 
 

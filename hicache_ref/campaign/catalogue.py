@@ -31,6 +31,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from hicache_ref.campaign.budgets import CASES_FLAG, check_cases_max
 from hicache_ref.campaign.run import run_campaign
 from hicache_ref.errors import UnknownOptionError
 from hicache_ref.harness.adapters.mutant import unguarded_name
@@ -86,6 +87,7 @@ class CatalogueReport:
     skipped: tuple[str, ...] = ()  # NEEDS_GUARDS mutants left out of a guards-off run
     device: str = "sim"
     sim_only: tuple[str, ...] = ()  # mutants built from SimDevice internals, left out on cuda
+    cases_max: int | None = None  # each mutant's case budget (--max-cases; None: time alone)
 
     @property
     def missed(self) -> list[str]:
@@ -113,6 +115,7 @@ class CatalogueReport:
             "seed": self.seed,
             "guards": self.guards,
             "seconds_per_mutant_max": self.seconds,
+            "cases_per_mutant_max": self.cases_max,
             "mutants": len(self.rows),
             "killed": sum(row.killed for row in self.rows),
             "missed": self.missed,
@@ -131,7 +134,9 @@ class CatalogueReport:
         )
         lines = [
             f"hicache-fuzz mutants: profile {self.profile}, seed {self.seed}, up to "
-            f"{self.seconds:g}s each, guards {'on' if self.guards else 'off'}, "
+            f"{self.seconds:g}s"
+            + ("" if self.cases_max is None else f" or {self.cases_max} cases")
+            + f" each, guards {'on' if self.guards else 'off'}, "
             f"device {self.device}",
             header,
             "-" * len(header),
@@ -173,6 +178,7 @@ def run_catalogue(
     jobs: int | None = None,
     shrink: bool = True,
     device: str = "sim",
+    cases_max: int | None = None,
 ) -> CatalogueReport:
     """Run a bounded campaign against each mutant (``jobs`` processes at once) and report.
 
@@ -180,9 +186,12 @@ def run_catalogue(
     the probes disabled nothing can see them, by construction. ``shrink=False`` skips ddmin
     (``shrunk_length`` is then None); the invariant that fired is the same, since ddmin keeps
     only candidates that fail with the same signature. ``device="cuda"`` runs on the GPU, in
-    this process (see the module docstring for what it leaves out).
+    this process (see the module docstring for what it leaves out). ``cases_max`` ends each
+    mutant's campaign after that many cases (``--max-cases``), whichever of it and ``seconds``
+    comes first: a fixed seed then searches the same cases on a busy host as on an idle one.
     """
     assert seconds > 0, f"seconds must be positive, got {seconds}"
+    check_cases_max(CASES_FLAG, cases_max)
     if profile not in PROFILES:
         raise UnknownOptionError(f"unknown profile {profile!r}; legal: {', '.join(PROFILES)}")
     kind = check_device_kind(device)
@@ -195,14 +204,19 @@ def run_catalogue(
     workers = max(1, min(jobs or os.cpu_count() or 1, len(chosen) or 1))
     if kind != "sim":
         workers = 1  # one GPU: the mutants take turns on it
-    tasks = [(name, seconds, profile, seed, str(out_dir), guards, shrink, kind) for name in chosen]
+    tasks = [
+        (name, seconds, profile, seed, str(out_dir), guards, shrink, kind, cases_max)
+        for name in chosen
+    ]
     if workers == 1:
         rows = [_run_one(*task) for task in tasks]
     else:
         # spawn: a fresh interpreter per worker, never a fork of a process holding torch threads
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             rows = list(pool.map(_run_one, *zip(*tasks, strict=True)))
-    return CatalogueReport(tuple(rows), profile, seed, guards, seconds, skipped, kind, sim_only)
+    return CatalogueReport(
+        tuple(rows), profile, seed, guards, seconds, skipped, kind, sim_only, cases_max
+    )
 
 
 def declared_invariants(module: Any) -> tuple[str, ...]:
@@ -252,6 +266,7 @@ def _run_one(
     guards: bool,
     shrink: bool,
     device: str = "sim",
+    cases_max: int | None = None,
 ) -> MutantRow:
     """One mutant: campaign, ddmin the first failure, replay it for the invariant that fired."""
     module = mutant_module(name)
@@ -262,6 +277,7 @@ def _run_one(
     report = run_campaign(
         impl,
         seconds=seconds,
+        cases_max=cases_max,
         profile=profile,
         seed=seed,
         out_dir=Path(out_dir),

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hicache_ref.campaign.budgets import add_cases_argument
 from hicache_ref.campaign.catalogue import run_catalogue
 from hicache_ref.campaign.cli_inputs import add_budget_argument, check_out_dir, check_output_file
 from hicache_ref.errors import HiCacheInputError
@@ -34,6 +35,12 @@ def add_mutants_command(sub: Any) -> None:
         "hicache_ref.implementations group) to run as a catalogue row; repeatable",
     )
     add_budget_argument(parser, MUTANT_BUDGET_DEFAULT, what="per mutant: at most")
+    add_cases_argument(
+        parser,
+        "end each mutant's campaign after N cases, or at --budget, whichever comes first: a "
+        "fixed --seed then searches the same cases however busy the host is (the slowest "
+        "mutant falls at case 247 at seed 0; the catalogue test runs 600)",
+    )
     parser.add_argument(
         "--profile",
         default="ci",
@@ -76,6 +83,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     report = run_catalogue(
         [*args.names, *(args.impl or ())] or None,
         seconds=args.budget,
+        cases_max=args.max_cases,
         profile=args.profile,
         seed=args.seed,
         out_dir=out_dir,

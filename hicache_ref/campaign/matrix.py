@@ -167,7 +167,8 @@ def gate_release(
     row.drove = drove(report)
     if pp is not None and not pp.skipped:  # the PP gate's cases are a part the row drove
         row.seconds += pp.seconds
-        row.drove.append(f"pp tickets {pp.cases} cases ({pp.worlds.get('swa', 0)} swa)")
+        sides = f"{pp.worlds.get('swa', 0)} swa, {pp.worlds.get('mamba', 0)} mamba"
+        row.drove.append(f"pp tickets {pp.cases} cases ({sides})")
     row.known_hits = dict(report.known_hits)
     row.new_failures = [
         {"invariant": f["invariant"], "error": f["error"], "trace": f["trace"]}

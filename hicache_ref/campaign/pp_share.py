@@ -98,7 +98,7 @@ class PpShare:
         }
 
     def world_shares(self) -> dict[str, float]:
-        """Each pool group's share of the cases (anchor, sidecar, swa), to a hundredth."""
+        """Each pool group's share of the cases (anchor, sidecar, swa, mamba), to a hundredth."""
         from hicache_ref.harness.campaigns.pp_gate import WORLDS
 
         total = sum(self.worlds.values())
@@ -122,8 +122,9 @@ class PpShare:
         }
 
     def render(self) -> str:
-        """``  PP gate (storage:pp, 20% of the budget): 41 cases in 12.0s; INV-38=230`` (``41
-        of 80 cases`` under ``--max-cases``; the failure itself is the gate's NEW line)."""
+        """``  PP gate (storage:pp, 20% of the budget): 41 cases in 12.0s (anchor 27%, sidecar
+        24%, swa 24%, mamba 24%); INV-38=230`` (``41 of 80 cases`` under ``--max-cases``; the
+        failure itself is the gate's NEW line)."""
         head = f"  PP gate ({STORAGE_PP_CAPABILITY}, {PP_GATE_SHARE:.0%} of the budget): "
         if self.skipped:
             return head + f"not run: {self.skipped}"
@@ -131,9 +132,11 @@ class PpShare:
         found = "; FAILED (below)" if self.failed else ""
         cut = "; INTERRUPTED" if self.interrupted else ""
         of = f" of {self.cases_max}" if self.cases_max is not None else ""  # --max-cases' share
+        shares = ", ".join(f"{w} {share:.0%}" for w, share in self.world_shares().items())
+        worlds = f" ({shares})" if self.cases else ""
         return (
-            f"{head}{self.cases}{of} cases in {self.seconds:.1f}s; {checks or 'no checks'}"
-            f"{found}{cut}"
+            f"{head}{self.cases}{of} cases in {self.seconds:.1f}s{worlds}; "
+            f"{checks or 'no checks'}{found}{cut}"
         )
 
 

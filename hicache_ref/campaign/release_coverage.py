@@ -11,8 +11,9 @@ files, never from a finding's absence):
   releases' draft L3 copies, the radix caches' shortened prefetch under host pressure, storage
   sidecars in pool groups and of independent pools, a Mamba pool's L3 page, buffer mode, PP
   prefetch (and what of it
-  no PP world draws: an independent side pool on a ticket, the timeout policy's PP-rank-0
-  verdict), decode context parallel);
+  the PP gate draws only where its tree grants it: an independent side pool on a ticket (an
+  SWA window, a Mamba state page), the timeout policy's PP-rank-0 verdict on a cache-mode
+  prefetch), decode context parallel);
 - ``drove``: the campaign report's counts as a short list (``group swa 11%``, ``storage 8%``);
 - ``not_driven``: each part the tree has and the implementation's capabilities leave out.
 """
@@ -86,15 +87,17 @@ NOT_DRIVEN_REASONS: dict[str, str] = {
     "the tickets); this tree's was not granted (issue 27)",
     "pp independent-pool tickets": "a ticket whose pool spec names an independent side pool "
     "(its own slots: num_slots, its keys, TRAILING_PAGES hits, _allocate_pp_prefetch_buffers' "
-    "per-pool allocation and rollback) is drawn in about a third of the PP gate's worlds (an SWA "
-    "window, harness/driver/pp_side.py, INV-38 and INV-39) only on a tree with both PP "
-    "tickets and an SWA side pool in L3 (capabilities storage:pp and storage:swa); this "
-    "tree's were not both granted (issue 27)",
+    "per-pool allocation at the pool's own page size and rollback) is drawn in about a quarter "
+    "of the PP gate's worlds each as an SWA window and as a Mamba state page "
+    "(harness/driver/pp_side.py, INV-38 and INV-39, pp_gate.pp_worlds) only on a tree with PP "
+    "tickets and that pool's window in L3 (capabilities storage:pp and storage:swa or "
+    "storage:mamba); this tree's were not granted (issue 27)",
     "pp timeout verdict": "the timeout stop policy's verdict in a PP group "
     "(_can_terminate_prefetch: PP rank 0 decides, _all_reduce hands it along PP) runs only for "
-    "a prefetch without a PP ticket (cache mode), which the PP gate's buffer_only worlds never "
-    "make (a ticket's progress is its readiness alone, _check_pp_prefetch_progress) and the "
-    "machine's storage rules never run in a PP world (issue 27)",
+    "a prefetch without a PP ticket (cache mode); the PP gate polls one such prefetch per world "
+    "beside its tickets, through the tree's own methods on each rank's clock "
+    "(harness/driver/pp_verdict.py, INV-38), only on a tree whose PP worlds it draws "
+    "(storage:pp, 0.5.21+); this tree's were not granted (issue 27)",
     "decode context parallel": "DCP lives in upstream's MLA host pool and index translation; "
     "the gate runs this project's pools (issue 27)",
 }
@@ -152,8 +155,11 @@ def not_driven(tree: Path, capabilities: Collection[str]) -> list[tuple[str, str
         "independent-pool storage": {"storage:swa", "pool_group:swa"} <= set(capabilities),
         "mamba storage": {"storage:mamba", "pool_group:mamba"} <= set(capabilities),
         "buffer mode": "storage:buffer_only" in capabilities,
-        # the PP gate draws SWA worlds on such a tree (pp_gate.WORLDS)
-        "pp independent-pool tickets": {"storage:pp", "storage:swa"} <= set(capabilities),
+        # the PP gate draws SWA or Mamba worlds on such a tree (pp_gate.pp_worlds)
+        "pp independent-pool tickets": "storage:pp" in capabilities
+        and bool({"storage:swa", "storage:mamba"} & set(capabilities)),
+        # the PP gate polls a cache-mode prefetch's verdict in every PP world (pp_gate.run_program)
+        "pp timeout verdict": "storage:pp" in capabilities,
     }
     return [
         (name, NOT_DRIVEN_REASONS[name])

@@ -13,6 +13,9 @@ CP shared KV (``cp_write.py``, ``cp_load.py``), draft pools (ride along every tr
 an independent side pool (``side_pool.py``: its own rows and slots, named on each call) extend
 this core; the L3 storage tier is an object the controller owns (``self.storage``, a
 ``controller/storage/StorageTier``), its seed-named methods delegating (``storage_facade.py``).
+In ``buffer_only`` host memory (``host_memory_mode``) the tier rate-limits loads alone and the
+controller holds the tree's storage existence beliefs (``storage_existence_cache``,
+``controller/storage/existence_beliefs.py``), as it holds an independent side pool.
 
 A hybrid (full + linear attention) device pool is unwrapped to its ``full_kv_pool`` first; the
 pools get the controller's hooks only once construction can no longer fail (F19). A copy that
@@ -39,8 +42,10 @@ from hicache_ref.controller.operations import (
 )
 from hicache_ref.controller.rollback import rolled_back_on_failure, take_checkpoint
 from hicache_ref.controller.side_pool import SidePoolMixin
+from hicache_ref.controller.storage.buffer_mode import BUFFER_ONLY, CACHE
 from hicache_ref.controller.storage.collectives import Collectives
 from hicache_ref.controller.storage.executor import ExecutorFactory
+from hicache_ref.controller.storage.existence_beliefs import StorageExistenceBeliefs
 from hicache_ref.controller.storage.tier import StorageTier
 from hicache_ref.controller.storage_facade import StorageFacade
 from hicache_ref.device.protocol import DeviceModule, StreamT
@@ -65,6 +70,7 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
     """The controller; public methods keep the seed's names, arguments and behaviour."""
 
     storage_tier_class: type[StorageTier] = StorageTier
+    existence_beliefs_class: type[StorageExistenceBeliefs] = StorageExistenceBeliefs
 
     def __init__(
         self,
@@ -90,6 +96,7 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
         num_counters: int = 5,
         storage_executor: str | ExecutorFactory = "thread",
         storage_collectives: Collectives | None = None,
+        host_memory_mode: str = CACHE,
     ) -> None:
         from hicache_ref.pools.device_pool import NSATokenToKVPool
         from hicache_ref.pools.hybrid_pool import unwrap_full_kv_pool
@@ -133,6 +140,11 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
             pp_size=pp_size,
             enable_storage_metrics=enable_storage_metrics,
             uses_cp_hicache=self.uses_cp_hicache,
+            host_memory_mode=host_memory_mode,
+        )
+        # buffer mode: what the tree believes L3 holds (SGLang's tree keeps it; we have none)
+        self.storage_existence_cache: StorageExistenceBeliefs | None = (
+            self.existence_beliefs_class() if host_memory_mode == BUFFER_ONLY else None
         )
         self.stop_event = threading.Event()
 

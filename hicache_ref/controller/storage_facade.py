@@ -7,7 +7,7 @@ epochs and executor; this class only keeps SGLang's public names where the tree 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,6 +94,19 @@ class StorageFacade:
 
     def prefetch_rate_limited(self) -> bool:
         return self.storage.prefetch_rate_limited()
+
+    @property
+    def host_memory_mode(self) -> str:
+        return self.storage.host_memory_mode
+
+    @property
+    def host_write_staged_tokens_fn(self) -> Callable[[], int] | None:
+        """Buffer mode: the tree's write staging (tokens), left out of the rate limit."""
+        return self.storage.host_write_staged_tokens_fn
+
+    @host_write_staged_tokens_fn.setter
+    def host_write_staged_tokens_fn(self, staged: Callable[[], int] | None) -> None:
+        self.storage.host_write_staged_tokens_fn = staged
 
     # -- state the tree reads ----------------------------------------------------------------------
     @property

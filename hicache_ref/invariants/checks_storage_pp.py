@@ -6,8 +6,8 @@ rank-agreed hit into host slots of its own (0.5.23+). On 0.5.21 - 0.5.22 the tic
 hit: PP rank 0 queried every PP rank's shard when it submitted, and the command threads stage
 that hit without a query of their own, so a rank's staged hit is judged against what its own
 shard held at that query (``PpTicketRecord.shard_tokens``). A ticket whose spec names an
-independent SWA side pool holds window slots of that pool's own: never more than its spec's
-window, and none once retired (``PpTicketRecord.side_held_tokens``). On every release a ticket's IO
+independent side pool (an SWA window, a Mamba state page) holds window slots of that pool's
+own: never more than its spec's window, and none once retired (``PpTicketRecord.side_held_tokens``). On every release a ticket's IO
 writes its pages only into host slots the ticket holds at that moment
 (``PpTicketRecord.stray_writes``: the harness watches the host pool's page writes). The snapshot's ``pp_tickets`` is the harness's record
 of that per rank (``harness/driver/pp_tree.py``); it is empty in every other world, where the
@@ -19,7 +19,11 @@ from __future__ import annotations
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.invariants.checker import registered
 from hicache_ref.invariants.evidence import Evidence, storage_snapshot_of
-from hicache_ref.invariants.storage_snapshot import PpTicketRecord, StorageSnapshot
+from hicache_ref.invariants.storage_snapshot import (
+    PpTicketRecord,
+    PpVerdictRecord,
+    StorageSnapshot,
+)
 
 
 def _agree(
@@ -85,19 +89,21 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
             "until its sync thread publishes the completion: a release before that only marks "
             "the ticket, release_requested, and the sync thread frees it after the last write)",
         )
-    # Verify a ticket's window holds no more of the SWA side pool than its spec names
+    pool = ticket.side_pool.upper() or "side"
+    # Verify a ticket's window holds no more of its side pool (SWA, Mamba) than its spec names
     if ticket.ended and ticket.side_held_tokens > ticket.side_window_tokens:
         raise InvariantViolation(
             "INV-38",
-            f"{where} holds {ticket.side_held_tokens} SWA side-pool slot(s) for a window of "
-            f"{ticket.side_window_tokens} token(s) (a rank allocates at most min(the spec's "
-            "keys, its hit) window pages, all pools or none: _allocate_pp_prefetch_buffers)",
+            f"{where} holds {ticket.side_held_tokens} {pool} side-pool slot(s) for a window of "
+            f"{ticket.side_window_tokens} slot(s) (a rank allocates at most min(the spec's "
+            "keys, its hit) window pages of the pool's own page size, one slot for a Mamba "
+            "state, all pools or none: _allocate_pp_prefetch_buffers)",
         )
     if ticket.retired and ticket.ready and ticket.side_held_tokens:
         raise InvariantViolation(
             "INV-38",
             f"{where} was released and its completion published, but it still holds "
-            f"{ticket.side_held_tokens} SWA window slot(s) of its side pool (retiring a ticket "
+            f"{ticket.side_held_tokens} {pool} window slot(s) of its side pool (retiring a ticket "
             "frees every pool's staging: the KV's and each independent pool's own slots, "
             "_free_pp_prefetch_state, or buffer mode's once taken)",
         )
@@ -110,12 +116,39 @@ def _holds(rank: int, ticket: PpTicketRecord) -> None:
         )
 
 
+def _verdict(record: PpVerdictRecord) -> None:
+    where = f"the timeout verdict on {record.request_id!r} (no PP ticket, poll {record.poll})"
+    clocks = ", ".join(f"PP rank {r}: {t:.2f} s" for r, t in enumerate(record.clocks))
+    first = record.verdicts[0]
+    for rank, mine in enumerate(record.verdicts[1:], start=1):
+        # Verify every rank returns PP rank 0's verdict (a rank cutting alone desyncs the trees)
+        if mine != first:
+            raise InvariantViolation(
+                "INV-38",
+                f"{where}: PP rank {rank} {'terminates' if mine else 'keeps loading'} but PP "
+                f"rank 0 {'terminates' if first else 'keeps loading'} (elapsed {clocks}) (wall "
+                "clocks differ across ranks: PP rank 0 alone reads its deadline and _all_reduce "
+                "hands its verdict along PP, _pp_sync; no rank decides on its own clock)",
+            )
+    if first != record.deadline_passed:
+        raise InvariantViolation(
+            "INV-38",
+            f"{where}: PP rank 0 {'terminates' if first else 'keeps loading'} but its own "
+            f"clock says the deadline {'passed' if record.deadline_passed else 'has not passed'} "
+            f"(elapsed {clocks}) (PP rank 0 terminates exactly when its elapsed time exceeds "
+            "prefetch_timeout_base + pages * prefetch_timeout_per_page, its KV not all landed)",
+        )
+
+
 # -- INV-38 ---------------------------------------------------------------------------------------
 @registered("INV-38", StorageSnapshot, storage=0)
 def check_inv_38_pp_ticket_agreement(evidence: Evidence) -> None:
     """PP ranks take, query and stage the same tickets in the same order; a retired ticket
-    holds no host slot; a ticket's IO writes only slots the ticket holds."""
+    holds no host slot; a ticket's IO writes only slots the ticket holds; every rank returns PP
+    rank 0's timeout verdict on a prefetch without a ticket, as its clock says."""
     snapshot = storage_snapshot_of("INV-38", evidence)
+    for record in snapshot.pp_verdicts:  # a cache-mode PP group's prefetch (no ticket)
+        _verdict(record)
     if not snapshot.pp_tickets:
         return
     first = snapshot.pp_tickets[0]

@@ -280,11 +280,26 @@ class PpTicketRecord:
     # hit; None where every rank queries its own shard (0.5.23+)
     stray_writes: tuple[tuple[int, str], ...] = ()  # (host slot, its holder then: a ticket's
     # id, "write", or "free") of every page the rank's IO wrote for this ticket into a slot the
-    # ticket did not hold at that moment (the host pool's page writes, watched; an SWA
-    # window's page: a slot of its side pool, the holder marked "(swa)")
-    side_held_tokens: int = 0  # an SWA side pool's slots (its own) the harness saw allocated
-    # for the ticket's window and not yet freed nor given back on the SWA release queue
-    side_window_tokens: int = 0  # the window the ticket's spec names (its keys), in tokens
+    # ticket did not hold at that moment (the host pool's page writes, watched; a window's
+    # page: a slot of its side pool, the holder marked "(swa)" or "(mamba)")
+    side_held_tokens: int = 0  # an independent side pool's slots (its own) the harness saw
+    # allocated for the ticket's window and not yet freed nor given back on its release queue
+    side_window_tokens: int = 0  # the window the ticket's spec names (its keys), in the side
+    # pool's slots (a page of the KV's size for SWA, one slot for a Mamba state)
+    side_pool: str = ""  # the window's pool ("swa", "mamba"; "" with none), for the messages
+
+
+@dataclass(frozen=True)
+class PpVerdictRecord:
+    """INV-38: one poll of the timeout stop policy's verdict on a prefetch without a PP ticket
+    (a cache-mode PP group), as every PP rank's ``_can_terminate_prefetch`` returned it."""
+
+    request_id: str
+    poll: int  # the prefetch's poll, from 1
+    verdicts: tuple[bool, ...]  # per PP rank: terminate the prefetch now
+    deadline_passed: bool  # the harness's clock model: PP rank 0's deadline passed, its KV
+    # not all landed (the budget from the operation's start, or from its first blocked poll)
+    clocks: tuple[float, ...] = ()  # each rank's elapsed time on its own clock, for the message
 
 
 @dataclass(frozen=True)
@@ -326,6 +341,7 @@ class StorageSnapshot:
     detached: bool = False  # taken right after a detach (INV-24)
     windows: WindowEvidence = field(default_factory=WindowEvidence)  # INV-32 .. INV-35
     pp_tickets: tuple[tuple[PpTicketRecord, ...], ...] = ()  # per PP rank (INV-38); () elsewhere
+    pp_verdicts: tuple[PpVerdictRecord, ...] = ()  # the timeout verdicts since the last look
     pp_at_rest: bool = True  # every PP rank's command thread waits with no ticket for it, and
     # no IO or sync thread has work (under storage points a follower's may publish later)
     side_windows: tuple[SideWindowRecord, ...] = ()  # an SWA world's judged results (INV-39)

@@ -126,6 +126,9 @@ class PrefetchOperation(StorageOperation):
         self.hit_known = False
         """Set by the hit query once the rank-reduced hit count is in ``storage_hit_count``."""
         self.all_hash_values: list[str] | None = None
+        self.query_pool_hit_pages: dict[str, int] = {}
+        """Buffer mode: each pool's rank-agreed verdict, the leading pages every rank's backend
+        answered (none where a rank had no answer); the tree heals its beliefs from it."""
         self.restorable_prefix_pages: list[int] | None = None
         """With a window: the prefix lengths (pages) this rank's L3 can restore, window too."""
         self.start_time = time.monotonic()

@@ -12,7 +12,8 @@ The map, in the order a vector flows:
 - ``storybook`` (how a scene is written), ``stories``, ``stories_regressions`` (the scenes: at
   least one per invariant id), ``stories_sides`` (an independent side pool's),
   ``stories_storage`` (the L3 tier's), ``stories_side_storage`` (a side pool's window in L3),
-  ``stories_windows`` (inside a storage loop body) and
+  ``stories_buffer`` (buffer mode's staging and beliefs), ``stories_windows`` (inside a storage
+  loop body) and
   ``stories_exhaustive`` (the storage checker's shortest breaking interleaving of each window);
   ``walks`` (seeded programs over the rule table and over the oracle's ops), ``coverage``
   (the rules x ids table) and ``generate`` (the suite, in order);

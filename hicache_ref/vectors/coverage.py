@@ -13,28 +13,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from hicache_ref.harness.adapters.base import STORAGE_BUFFER_CAPABILITY, STORAGE_PP_CAPABILITY
+from hicache_ref.harness.adapters.base import STORAGE_PP_CAPABILITY
 from hicache_ref.harness.adapters.reference import ReferenceImplementation
 from hicache_ref.harness.rules import RULES
 from hicache_ref.invariant_titles import INVARIANT_TITLES
-from hicache_ref.invariants import checks_storage_buffer, checks_storage_pp
+from hicache_ref.invariants import checks_storage_pp
 from hicache_ref.invariants.checker import collect
 from hicache_ref.vectors.models import Vector
 
 INVARIANT_IDS = tuple(sorted(INVARIANT_TITLES))
 UNREACHABLE_MODULES: Mapping[str, ModuleType] = {
     STORAGE_PP_CAPABILITY: checks_storage_pp,
-    STORAGE_BUFFER_CAPABILITY: checks_storage_buffer,
 }
 """The checker modules whose ids no rule of the harness can reach without a capability the
 reference does not declare yet, each under the capability it needs; their ids are exempt while
 so (INV-36 was, until the reference held an independent side pool, ``pool_group:swa``; INV-39,
-until its tier stored the side pool's window in L3, ``storage:swa``). ``checks_storage_pp``
-judges PP prefetch tickets, which only upstream 0.5.23 has, driven by the PP gate
-(``harness/campaigns/pp_gate.py``), not by a rule: a vector's storage checks call it with no PP
-ticket to judge, and no story can show it. ``checks_storage_buffer`` judges buffer mode's
-storage existence beliefs, which only upstream 0.5.19+'s tree keeps (``storage:buffer_only``):
-the reference has no ``buffer_only`` host memory."""
+until its tier stored the side pool's window in L3, ``storage:swa``; INV-41, until it ran in
+``buffer_only`` host memory with the tree's existence beliefs, ``storage:buffer_only``).
+``checks_storage_pp`` judges PP prefetch tickets, which only upstream 0.5.23 has, driven by the
+PP gate (``harness/campaigns/pp_gate.py``), not by a rule: a vector's storage checks call it
+with no PP ticket to judge, and no story can show it."""
 UNREACHABLE: Mapping[str, str] = {
     checker.inv_id: capability
     for capability, module in UNREACHABLE_MODULES.items()

@@ -445,8 +445,10 @@ def _inv18_in_flight(r: Recorder) -> None:
 
 
 # the bug-class and regression scenes, the side pool's, then the storage tier's (INV-19 .. INV-35),
-# the side pool's window in L3 (INV-39) and the exhaustive checker's nearest misses of each window
+# the side pool's window in L3 (INV-39), buffer mode (INV-41) and the exhaustive checker's nearest
+# misses of each window
 from hicache_ref.vectors import (  # noqa: E402
+    stories_buffer,
     stories_regressions,
     stories_side_storage,
     stories_sides,
@@ -461,6 +463,7 @@ STORIES: tuple[Story, ...] = (
     *stories_in(vars(stories_sides)),
     *stories_in(vars(stories_storage)),
     *stories_in(vars(stories_side_storage)),
+    *stories_in(vars(stories_buffer)),
     *stories_in(vars(stories_windows)),
     *exhaustive_stories(),
 )

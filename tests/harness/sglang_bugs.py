@@ -972,6 +972,33 @@ shard, the command thread's staging of the carried hit): caught by the PP gate."
 
 
 # -- 0.5.23's PP tickets with an independent SWA side pool (issue 27): caught in SWA PP worlds ----
+UNIFIED = "sglang/srt/mem_cache/unified_radix_cache.py"
+
+
+class PpEachRankDecidesOnItsOwnClock(PlantedBug):
+    NAME = "pp_each_rank_decides_on_its_own_clock"
+    TARGET = UNIFIED
+    BUG_CLASS = "pp verdict"
+    DESCRIPTION = (
+        "under the timeout stop policy every PP rank reads its own deadline and reduces the "
+        "verdict over its TP group alone, so a follower whose clock runs ahead cuts a "
+        "cache-mode prefetch PP rank 0 keeps loading (the verdict is not handed along PP)"
+    )
+    OLD = "            self._all_reduce(should_terminate_tensor, torch.distributed.ReduceOp.MAX)\n"
+    NEW = (
+        "            should_terminate_tensor.fill_(int(self._prefetch_deadline_expired(operation)))\n"
+        "            self._all_reduce_attn_groups(  # BUG: its own clock, no PP hand-along\n"
+        "                should_terminate_tensor, torch.distributed.ReduceOp.MAX\n"
+        "            )\n"
+    )
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0523_PP_VERDICT: tuple[type[PlantedBug], ...] = (PpEachRankDecidesOnItsOwnClock,)
+"""Planted in 0.5.23's unified radix cache (``_can_terminate_prefetch``): caught by the PP gate's
+cache-mode prefetch polls (``driver/pp_verdict.py``)."""
+
+
 class PpRetiredTicketKeepsItsWindow(PlantedBug):
     NAME = "pp_retired_ticket_keeps_its_window"
     TARGET = HYBRID
@@ -994,6 +1021,27 @@ BUGS_0523_PP_SIDE: tuple[type[PlantedBug], ...] = (
 """Planted in 0.5.23's PP tickets whose spec names an independent SWA side pool (the window's
 slots on retirement, ``_free_pp_prefetch_state``; its keys on the PP path, the same
 ``_page_transfer_sidecar`` as a non-PP world's): caught by the PP gate in its SWA worlds."""
+
+
+# -- 0.5.23's PP tickets with a Mamba state pool (issue 27): caught in Mamba PP worlds ----------
+class PpStateWindowSizedByKvPage(PlantedBug):
+    NAME = "pp_state_window_sized_by_kv_page"
+    TARGET = HYBRID
+    BUG_CLASS = "pp tickets"
+    DESCRIPTION = (
+        "_allocate_pp_prefetch_buffers sizes an independent pool's window by the KV's page "
+        "instead of the pool's own, so a Mamba state (a page of one slot) takes a KV page of "
+        "state slots per ticket; an SWA window's page is the KV's, so only a state pool shows it"
+    )
+    OLD = "                    size = num_pages * self.mem_pool_host.get_pool(name).page_size\n"
+    NEW = "                    size = num_pages * self.page_size  # BUG: the KV's page\n"
+    INVARIANTS = ("INV-38",)
+
+
+BUGS_0523_PP_MAMBA: tuple[type[PlantedBug], ...] = (PpStateWindowSizedByKvPage,)
+"""Planted in 0.5.23's PP tickets whose spec names a Mamba state pool (the window's allocation on
+each rank's command thread, ``_allocate_pp_prefetch_buffers``): caught by the PP gate in its Mamba
+worlds only (an SWA pool's page is the KV's, so the same line sizes an SWA window right)."""
 
 
 # -- 0.5.23's buffer mode (issue 27): caught in buffer_only storage worlds ---------------------------

@@ -45,6 +45,17 @@ def literal_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     sys.modules.pop(name, None)
 
 
+@pytest.fixture(autouse=True)
+def live_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These stories start from Hypothesis' own pool: the suite's session pin
+    (``tests/conftest.py``) is lifted for each of them and back after it."""
+    current = providers._get_local_constants
+    monkeypatch.setattr(
+        providers, "_get_local_constants", getattr(current, literal_pool.PINNED, current)
+    )
+    assert not getattr(providers._get_local_constants, literal_pool.PINNED, False)
+
+
 def _fingerprint(out: Path) -> tuple[int, int, dict[str, Any]]:
     """What a short reference campaign at seed 0 ran: its cases, steps and rule counts."""
     report = run_campaign(

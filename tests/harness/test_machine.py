@@ -3,8 +3,11 @@ with every capability and with CP backups restricted to all-layer writes (no per
 
 from __future__ import annotations
 
+from hypothesis.internal.conjecture import providers
+
 from hicache_ref.harness.adapters import ReferenceImplementation
 from hicache_ref.harness.adapters.base import CAPABILITIES
+from hicache_ref.harness.campaigns.literal_pool import CAMPAIGN_POOL
 from hicache_ref.harness.campaigns.machine import machine_for
 from hicache_ref.harness.campaigns.profiles import make_settings
 
@@ -25,3 +28,9 @@ AllLayerMachine = machine_for(ReferenceWithoutPerLayerWrite(), ReferenceWithoutP
 AllLayerMachine.TestCase.settings = make_settings()
 
 TestReferenceWithoutPerLayerWrite = AllLayerMachine.TestCase
+
+
+def test_the_machines_pytest_runs_draw_with_the_campaign_literal_pool() -> None:
+    # the suite's session pin (tests/conftest.py): these TestCase machines draw the same cases
+    # whatever other test files this process imported, as a campaign's search does
+    assert providers._get_local_constants() is CAMPAIGN_POOL

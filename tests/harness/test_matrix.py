@@ -246,10 +246,11 @@ def test_pp_tickets_are_driven_only_where_the_pp_gate_runs(tmp_path: Path) -> No
     assert not_driven(tmp_path, {"storage", "storage:pp"}) == []
 
 
-def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_path: Path) -> None:
+def test_pp_parts_the_pp_gate_draws_only_where_granted_are_named_elsewhere(tmp_path: Path) -> None:
     # 0.5.21+'s tickets carry pool specs (an independent side pool's only on a tree with an SWA
-    # window in L3 too, storage:swa), and 0.5.20+'s unified radix cache lets PP rank 0 decide
-    # the timeout verdict (only without a ticket): the PP gate's ticketed worlds draw neither
+    # window or a Mamba state in L3 too, storage:swa or storage:mamba), and 0.5.20+'s unified
+    # radix cache lets PP rank 0 decide the timeout verdict (only without a ticket, which the PP
+    # gate polls in every PP world: driver/pp_verdict.py)
     hybrid = tmp_path / "sglang/srt/mem_cache/hybrid_cache"
     hybrid.mkdir(parents=True)
     (hybrid.parent / "hicache_storage.py").write_text("")
@@ -258,13 +259,16 @@ def test_pp_parts_no_pp_world_draws_are_named_even_where_the_pp_gate_runs(tmp_pa
         "    pool_specs = ()\n"
     )
     (hybrid.parent / "unified_radix_cache.py").write_text("# Wall clocks differ: PP0 decides\n")
-    parts = dict(not_driven(tmp_path, {"storage", "storage:pp"}))
-    assert set(parts) == {"pp independent-pool tickets", "pp timeout verdict"}
-    assert "independent side pool" in parts["pp independent-pool tickets"]
+    parts = dict(not_driven(tmp_path, {"storage"}))
+    assert {"pp prefetch", "pp independent-pool tickets", "pp timeout verdict"} <= set(parts)
     assert "without a PP ticket" in parts["pp timeout verdict"]
-    # with an SWA side pool in L3 too, the PP gate draws the independent pool's tickets
-    parts = dict(not_driven(tmp_path, {"storage", "storage:pp", "storage:swa"}))
-    assert set(parts) == {"pp timeout verdict"}
+    parts = dict(not_driven(tmp_path, {"storage", "storage:pp"}))
+    assert set(parts) == {"pp independent-pool tickets"}
+    assert "independent side pool" in parts["pp independent-pool tickets"]
+    # with an SWA side pool or a Mamba state in L3 too, the PP gate draws the independent
+    # pool's tickets (pp_gate.pp_worlds)
+    for window in ("storage:swa", "storage:mamba"):
+        assert not_driven(tmp_path, {"storage", "storage:pp", window}) == [], window
 
 
 # -- the command line -------------------------------------------------------------------------

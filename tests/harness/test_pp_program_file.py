@@ -1,5 +1,5 @@
-"""A PP gate program on disk: the storage threads' points and the draft sidecar travel with it,
-and a file written before they were drawn reads as a program without them."""
+"""A PP gate program on disk: the storage threads' points, the draft sidecar and the Mamba state
+pool travel with it, and a file written before they were drawn reads as a program without them."""
 
 from __future__ import annotations
 
@@ -25,6 +25,19 @@ def test_a_program_with_the_storage_threads_points_round_trips(tmp_path: Path) -
     header, read = read_program_file(str(path))
     assert (header, read) == (HEADER, program)
     assert "storage_points=True page_points=True sidecar=True: back_up(1)" in read.describe()
+
+
+def test_a_mamba_program_round_trips_and_an_older_file_reads_without_it(tmp_path: Path) -> None:
+    program = PpProgram(False, "file", True, OPS, mamba=True)
+    path = write_program_file(tmp_path, HEADER, program)
+    _, read = read_program_file(str(path))
+    assert read == program and "points=True mamba=True: back_up(1)" in read.describe()
+    # a file written before Mamba PP worlds were drawn has no mamba field: not a Mamba world
+    header_line, program_line = path.read_text().splitlines()
+    record = json.loads(program_line)
+    record.pop("mamba")
+    path.write_text(f"{header_line}\n{json.dumps(record)}\n")
+    assert not read_program_file(str(path))[1].mamba
 
 
 def test_a_program_written_before_storage_points_reads_without_them(tmp_path: Path) -> None:

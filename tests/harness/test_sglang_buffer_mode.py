@@ -197,7 +197,11 @@ def test_an_anchor_storage_world_is_drawn_in_buffer_mode_where_it_is_a_capabilit
     with pytest.raises(NoSuchExample):
         find(harness_configs(older), lambda c: c.storage_buffer_only, settings=SEARCH)
     with pytest.raises(ValueError, match="storage_buffer_only is a storage world"):
-        HarnessConfig(storage_ranks=1, storage_buffer_only=True)  # no pool group
+        HarnessConfig(storage_buffer_only=True)  # no storage tier
+    with pytest.raises(ValueError, match="storage_buffer_only is a storage world"):
+        HarnessConfig(storage_ranks=1, draft_layer_num=1, storage_buffer_only=True)  # a draft
+    # the KV pool alone without a group is the reference's buffer world
+    assert HarnessConfig(storage_ranks=1, storage_buffer_only=True).may_run_buffer_only
     world = HarnessConfig(storage_ranks=1, pool_group="anchor", storage_buffer_only=True)
     assert "+buffer" in world.describe()
 

@@ -14,6 +14,9 @@ Its map, in the order a prefetch and a backup flow through it (SGLang 0.5.23's p
 - ``prefetch_sync.PrefetchSync`` (T3): one ack per step, progress MIN over ranks ->
   ``ack_prefetch_queue``;
 - ``backup.Backup`` (T4): one ``write_storage`` per step, stored prefix, one ack;
+- ``buffer_mode``: the tier in ``buffer_only`` host memory (loads alone rate limited, the KV
+  pool's verdict agreed beside the hit); ``existence_beliefs``: the tree's beliefs of what L3
+  holds, which the controller keeps for it in that mode (INV-41);
 - ``side_window``: an independent side pool's window (SWA pages, a Mamba state) stored with
   its node, agreed per prefix, re-aligned to the served hit and read all-or-nothing (INV-39);
 - ``releases``: host pages back to the pool, never one an IO may still write;

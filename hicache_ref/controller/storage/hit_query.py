@@ -7,7 +7,9 @@ prefetch, hit or miss or terminated* (``_sync_prefetch_hit_query``): one collect
 never one per batch, whose count would depend on rank-local hits (INV-20, sglang#30760). The
 prefetch, its keys cut to the agreed hit, goes to ``prefetch_hit_queue`` for the tree. A
 prefetch that names an independent side pool's window asks the span once with it and agrees on
-the longest prefix every rank can restore, window included (``side_window.py``, INV-29).
+the longest prefix every rank can restore, window included (``side_window.py``, INV-29). In
+``buffer_only`` host memory the same collective also agrees on the KV pool's verdict, the
+tree's evidence for healing its storage existence beliefs (``buffer_mode.py``, INV-41).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hicache_ref.controller.storage.buffer_mode import BUFFER_ONLY, agree_pool_verdict
 from hicache_ref.controller.storage.collectives import PREFETCH_HITS, ReduceOp
 from hicache_ref.controller.storage.records import StepResult, StorageStepKind
 from hicache_ref.controller.storage.side_window import (
@@ -27,6 +30,7 @@ from hicache_ref.controller.storage.side_window import (
 from hicache_ref.errors import InvariantViolation
 from hicache_ref.storage.backend import HiCacheStorage, HiCacheStorageExtraInfo
 from hicache_ref.storage.operations import PrefetchOperation
+from hicache_ref.storage.pool_transfers import KV_POOL
 
 if TYPE_CHECKING:
     from hicache_ref.controller.storage.ports import StepTier
@@ -52,12 +56,14 @@ class HitQuery:
             return tier.idle_result(self.kind)
         tier.check_current_epoch(operation, "a hit query")
         operation.restorable_prefix_pages = []  # a window's: none until the query answers
+        operation.query_pool_hit_pages = {}  # this rank's verdict: none until it answers
         hash_value: list[str]
         try:
             if operation.is_terminated():
                 hash_value, storage_hit_count = [], 0
             else:
                 hash_value, storage_hit_count = self.storage_hit_query(operation)
+                operation.query_pool_hit_pages = {KV_POOL: storage_hit_count // tier.page_size}
         except InvariantViolation:
             raise
         except Exception:
@@ -65,6 +71,7 @@ class HitQuery:
                 "storage hit query failed for request %s", operation.request_id, exc_info=True
             )
             hash_value, storage_hit_count = [], 0
+            operation.query_pool_hit_pages = {}
         storage_hit_count = self.sync_prefetch_hit_query(operation, storage_hit_count)
         self.publish_hit(operation, hash_value, storage_hit_count)
         return tier.result(self.kind, operation, tokens=storage_hit_count, acked=True)
@@ -114,6 +121,11 @@ class HitQuery:
             pages = storage_hit_count // self.tier.page_size
             restorable = [p for p in operation.restorable_prefix_pages or () if p <= pages]
             return agreed_hit_tokens(self.tier, operation, restorable)
+        if self.tier.host_memory_mode == BUFFER_ONLY:  # the KV pool's verdict rides along
+            local = operation.query_pool_hit_pages.get(KV_POOL)
+            hit, verdict = agree_pool_verdict(self.tier.collectives, storage_hit_count, local)
+            operation.query_pool_hit_pages = {} if verdict is None else {KV_POOL: verdict}
+            return hit
         hit_count = torch.tensor(storage_hit_count, dtype=torch.int64)
         self.tier.collectives.all_reduce(hit_count, op=ReduceOp.MIN, group=PREFETCH_HITS)
         return int(hit_count.item())

@@ -53,6 +53,7 @@ class StepTier(Protocol):
     mem_pool_host: StorageHostPool
     backup_skip: bool
     sidecar_pools: dict[str, StorageHostPool]
+    host_memory_mode: str
 
     @property
     def window_pools(self) -> WindowPoolsLike: ...

@@ -20,11 +20,19 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 
 from hicache_ref.controller.storage.backup import Backup
+from hicache_ref.controller.storage.buffer_mode import (
+    BUFFER_ONLY,
+    CACHE,
+    StagingHostPool,
+    check_host_memory_mode,
+    compute_load_capacity_limit,
+    is_load_rate_limited,
+)
 from hicache_ref.controller.storage.collectives import Collectives, SingleRank
 from hicache_ref.controller.storage.config import (
     compute_prefetch_capacity_limit,
@@ -81,6 +89,7 @@ class StorageTier:
         pp_size: int = 1,
         enable_storage_metrics: bool = False,
         uses_cp_hicache: bool = False,
+        host_memory_mode: str = CACHE,
     ) -> None:
         if page_size < 1 or page_size != mem_pool_host.page_size:
             raise HiCacheInputError(
@@ -94,6 +103,9 @@ class StorageTier:
         self.pp_rank, self.pp_size = pp_rank, pp_size
         self.enable_storage_metrics = enable_storage_metrics
         self.uses_cp_hicache = uses_cp_hicache
+        self.host_memory_mode = check_host_memory_mode(host_memory_mode, mem_pool_host)
+        self.host_write_staged_tokens_fn: Callable[[], int] | None = None
+        """Buffer mode: the tree's write staging (tokens), which the rate limit leaves out."""
         self.executor: StorageExecutor = make_executor(executor, self)
         self.executor_name = executor if isinstance(executor, str) else self.executor.name
         self.enable_storage = False
@@ -183,7 +195,11 @@ class StorageTier:
             self.storage_backend.register_mem_host_pool_v2(pool, name)
         self.storage_backend.on_host_pools_registered()
         self.prefetch_threshold = max(prefetch_threshold, self.page_size)
-        self.prefetch_capacity_limit = compute_prefetch_capacity_limit(self.mem_pool_host)
+        self.prefetch_capacity_limit = (
+            compute_load_capacity_limit(self.mem_pool_host)
+            if self.host_memory_mode == BUFFER_ONLY
+            else compute_prefetch_capacity_limit(self.mem_pool_host)
+        )
         self.prefetch_tokens_occupied = 0
         self._begin_epoch()
         self.enable_storage = True
@@ -471,7 +487,12 @@ class StorageTier:
                 )
 
     def prefetch_rate_limited(self) -> bool:
-        """Whether prefetch bounce buffers already hold too much of the host pool."""
+        """Whether prefetch bounce buffers already hold too much of the host pool (buffer mode:
+        the host pages in use less the write staging, ``buffer_mode.is_load_rate_limited``)."""
+        if self.host_memory_mode == BUFFER_ONLY:
+            pool = cast(StagingHostPool, self.mem_pool_host)  # checked at construction
+            staged = self.host_write_staged_tokens_fn
+            return is_load_rate_limited(pool, staged, self.prefetch_capacity_limit)
         return self.prefetch_tokens_occupied >= self.prefetch_capacity_limit
 
     # -- steps (``steps.StepRunner``) --------------------------------------------------------------

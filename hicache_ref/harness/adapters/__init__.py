@@ -6,7 +6,8 @@ The seam, and how an implementation is found:
   snapshot the checks read; ``contract``: the hooks an adapter must and may define;
 - ``registry``: implementations by name (``reference``, mutants, ``sglang``, ``seed``);
 - ``reference``: this project's controller (``reference_windows``: its side pool's L3 window
-  named as the tree names it); ``mutant``: it with one seeded bug from ``fuzz/mutants/``; ``unfenced``: fences that do not fence (the stream-order mutants).
+  named as the tree names it; ``reference_beliefs``: in buffer mode, the tree's existence
+  beliefs it holds, handed to the tree half); ``mutant``: it with one seeded bug from ``fuzz/mutants/``; ``unfenced``: fences that do not fence (the stream-order mutants).
 
 The gate on upstream's own code, in the order a gate uses the modules:
 
@@ -22,7 +23,9 @@ The gate on upstream's own code, in the order a gate uses the modules:
    gate (``sglang_gate``: served queues, gated threads, ``StepGate``) under the storage world's
    process group, attach and backend factory (``sglang_world``); ``upstream_storage``:
    upstream's own file backend behind this project's interface; in a ``buffer_only`` world,
-   ``sglang_buffer``: the tree's storage existence beliefs, upstream's own class.
+   ``sglang_buffer``: the tree's storage existence beliefs, upstream's own class; in a PP world,
+   ``sglang_verdict``: the timeout stop policy's PP-rank-0 verdict, the radix cache's own
+   methods run per PP rank over the rank's clock.
 """
 
 from hicache_ref.harness.adapters.base import (

@@ -119,9 +119,11 @@ STORAGE_BUFFER_CAPABILITY = "storage:buffer_only"
 """A storage world may run in ``buffer_only`` host memory (``storage_buffer_only``): the
 controller's buffer-mode capacity and rate limit, under the buffer pipeline's tree half with the
 tree's own storage existence beliefs (``harness/driver/storage_buffer.py``, INV-41). Upstream
-0.5.19+ only (its hybrid controller with ``host_memory_mode`` and the tree's
+0.5.19+ (its hybrid controller with ``host_memory_mode`` and the tree's
 ``StorageExistenceCache``: flat through 0.5.21, per pool with the controller's rank-agreed
-per-pool query verdicts from 0.5.22): not in ``CAPABILITIES``."""
+per-pool query verdicts from 0.5.22) and the reference (``controller/storage/buffer_mode.py``,
+the beliefs it holds for the tree, ``controller/storage/existence_beliefs.py``): not in
+``CAPABILITIES``."""
 
 HOST_PRESSURE_CAPABILITY = "storage:host_pressure"
 """The tier serves a prefetch whose hit the tree cut to a shorter bounce buffer (host pressure:

@@ -39,6 +39,7 @@ from hicache_ref.harness.adapters.base import (
     CAPABILITIES,
     GROUP_CAPABILITIES,
     HOST_PRESSURE_CAPABILITY,
+    STORAGE_BUFFER_CAPABILITY,
     STORAGE_MAMBA_CAPABILITY,
     STORAGE_PP_CAPABILITY,
     STORAGE_SIDECAR_CAPABILITY,
@@ -192,6 +193,7 @@ def check_hooks(obj: object, origin: str) -> None:
             STORAGE_PP_CAPABILITY,
             STORAGE_SWA_CAPABILITY,
             STORAGE_MAMBA_CAPABILITY,
+            STORAGE_BUFFER_CAPABILITY,
         }
     )
     unknown = sorted(str(c) for c in capabilities if c not in legal)

@@ -45,7 +45,13 @@ class MutantImplementation(ReferenceImplementation):
         self.focus = refine_config
 
     def refine_config(self, config: HarnessConfig) -> HarnessConfig:
-        return config if self.focus is None else self.focus(config)
+        if self.focus is None:
+            return config
+        focused = self.focus(config)
+        if focused.storage_buffer_only and not focused.may_run_buffer_only:
+            # a focus that gave a drawn buffer world a draft or side pool: cache mode there
+            return focused.model_copy(update={"storage_buffer_only": False})
+        return focused
 
 
 def without_guards(implementation: MutantImplementation) -> MutantImplementation:

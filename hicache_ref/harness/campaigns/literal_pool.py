@@ -43,7 +43,8 @@ CAMPAIGN_POOL = Constants()
 constants, the same in every process, still do)."""
 
 PINNED = "hicache_pinned_pool"
-"""The attribute that marks the function a pin swapped in (a nested pin sees it and keeps it)."""
+"""The attribute that marks the function a pin swapped in (a nested pin sees it and keeps it);
+it holds the function the pin replaced (Hypothesis' own), for a test of the pin itself."""
 
 
 def compute_package_pool() -> Constants:
@@ -75,7 +76,7 @@ def pinned_literal_pool(pool: Constants | None = None) -> Iterator[None]:
     def get_pinned_constants() -> Constants:
         return pinned
 
-    setattr(get_pinned_constants, PINNED, True)
+    setattr(get_pinned_constants, PINNED, live)
     providers._get_local_constants = get_pinned_constants
     providers.CONSTANTS_CACHE.cache.clear()
     try:

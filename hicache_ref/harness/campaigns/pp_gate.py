@@ -14,12 +14,20 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
   those park the IO, sync and backup threads too, at the points any storage world with points
   parks them at, and three in four of those the IO before each host page it writes, so a
   release or a progress check lands between two batches of a ticket's IO or inside its sync
-  thread's publication; about a third of the worlds have a draft pool riding on the KV's
-  slots, so every ticket carries its pool spec and every IO reads its sidecar pages, and a
-  third an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names a
-  window each rank allocates from its own side pool and its IO re-aligns to the served hit,
+  thread's publication; about a quarter of the worlds have a draft pool riding on the KV's
+  slots, so every ticket carries its pool spec and every IO reads its sidecar pages, about a
+  quarter an independent SWA side pool with a window of 1 - 3 pages, so every ticket's spec names
+  a window each rank allocates from its own side pool and its IO re-aligns to the served hit, and
+  about a quarter a Mamba state pool, so every ticket's spec names the one state page, a slot
+  each rank allocates and its IO keys by the served hit's last page,
   ``pp_side``: INV-38 on its slots, INV-39 on its bytes) and steps (``PpOp``: a verb
   and a number the verb reads as its pick; the runs of steps and the search rounds below);
+- ``pp_worlds``: the worlds (``WORLDS``) an implementation's capabilities admit: a side pool's
+  world needs its window in L3 (``storage:swa``, ``storage:mamba``);
+- ``apply_op``, ``judge_verdicts``, ``finish_verdicts``: a step on the tree; a ``progress``
+  step also polls the world's cache-mode prefetch (``driver/pp_verdict``: every rank's timeout
+  verdict, PP rank 0's handed along PP, judged by INV-38), which the case's end polls until its
+  verdict ends it;
 - ``run_program``: one case; raises what the world raised (an ``InvariantViolation`` names its
   id; anything else upstream's code raised on the scheduler side is a failure too);
 - ``run_pp_gate``: the budgeted search, its ``PpGateReport`` (cases, checks, the failure).
@@ -27,10 +35,12 @@ cases until its budget is spent or one fails; Hypothesis then shrinks the failin
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, settings
@@ -39,10 +49,15 @@ from hypothesis.errors import Flaky, NoSuchExample
 
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.errors import InvariantViolation
-from hicache_ref.harness.adapters.base import Implementation
+from hicache_ref.harness.adapters.base import (
+    STORAGE_MAMBA_CAPABILITY,
+    STORAGE_SWA_CAPABILITY,
+    Implementation,
+)
 from hicache_ref.harness.campaigns.known_findings import KnownFinding, match_known_finding
 from hicache_ref.harness.campaigns.literal_pool import pinned_literal_pool
 from hicache_ref.harness.driver.pp_tree import PpTree
+from hicache_ref.harness.driver.pp_verdict import PpVerdicts
 from hicache_ref.harness.driver.pp_world import pp_config
 from hicache_ref.harness.schedule.points import ALL_REDUCE, BATCH_GET, LOCK, PAGE_WRITE, PUT, WAIT
 
@@ -110,6 +125,7 @@ class PpProgram:
     sidecar: bool = False  # a draft pool rides on the KV's slots: every ticket carries its spec
     swa_window: int = 0  # an independent SWA side pool: every ticket names a window of this many
     # pages, allocated by each rank from the side pool's own slots (0: none)
+    mamba: bool = False  # a Mamba state pool: every ticket names its one state page (one slot)
 
     def describe(self) -> str:
         steps = " ".join(op.describe() for op in self.ops)
@@ -117,25 +133,36 @@ class PpProgram:
         pages = f" page_points={self.page_points}" if self.page_points else ""
         sidecar = " sidecar=True" if self.sidecar else ""
         sidecar += f" swa_window={self.swa_window}" if self.swa_window else ""
+        sidecar += " mamba=True" if self.mamba else ""
         world = f"faults={self.faults} backend={self.backend} points={self.points}"
         return f"{world}{threads}{pages}{sidecar}: {steps}"
 
 
-WORLDS = ("anchor", "sidecar", "swa")
+WORLDS = ("anchor", "sidecar", "swa", "mamba")
 """A PP world's pool group (``world_of``)."""
+WORLD_NEEDS = {"swa": STORAGE_SWA_CAPABILITY, "mamba": STORAGE_MAMBA_CAPABILITY}
+"""The capability a PP world of an independent side pool needs of its tree besides
+``storage:pp`` (its window in L3: every tree with PP tickets, 0.5.21+, has both)."""
 
 
-def world_picks(first: int = 0) -> st.SearchStrategy[str]:
+def pp_worlds(capabilities: Collection[str]) -> tuple[str, ...]:
+    """The ``WORLDS`` a PP gate of an implementation with ``capabilities`` draws."""
+    return tuple(w for w in WORLDS if w not in WORLD_NEEDS or WORLD_NEEDS[w] in capabilities)
+
+
+def world_picks(first: int = 0, worlds: tuple[str, ...] = WORLDS) -> st.SearchStrategy[str]:
     """The world's pool group, ``WORLDS`` rotated to start at ``first``. Hypothesis' generation
-    favours a strategy's first item (measured with one order: 50 / 25 / 25), so the gate rotates
+    favours a strategy's first item (measured with three worlds: 50 / 25 / 25), so the gate rotates
     the order each search round (``programs_of_round``) and over rounds every world is drawn
     about as often; a failing program shrinks towards its round's first world."""
-    first %= len(WORLDS)
-    return st.sampled_from(WORLDS[first:] + WORLDS[:first])
+    first %= len(worlds)
+    return st.sampled_from(worlds[first:] + worlds[:first])
 
 
 def world_of(program: PpProgram) -> str:
     """Which of ``WORLDS`` a program's world is."""
+    if program.mamba:
+        return "mamba"
     return "swa" if program.swa_window else "sidecar" if program.sidecar else "anchor"
 
 
@@ -143,7 +170,8 @@ def _in_world(program: PpProgram, world: str, window: int) -> PpProgram:
     """``program`` in a world of pool group ``world`` (an SWA one with a ``window``-page window),
     each kind of point nested in the last."""
     program = _nested(program)
-    return replace(program, sidecar=world == "sidecar", swa_window=window if world == "swa" else 0)
+    window = window if world == "swa" else 0
+    return replace(program, sidecar=world == "sidecar", swa_window=window, mamba=world == "mamba")
 
 
 def _nested(program: PpProgram) -> PpProgram:
@@ -166,10 +194,12 @@ MOSTLY = st.sampled_from([True, True, True, False])
 page points (each inside the last; every kind of world is still drawn)."""
 
 
-def programs(*, storage_points: bool = True, first_world: int = 0) -> st.SearchStrategy[PpProgram]:
+def programs(
+    *, storage_points: bool = True, first_world: int = 0, worlds: tuple[str, ...] = WORLDS
+) -> st.SearchStrategy[PpProgram]:
     """Programs as the gate draws them; ``storage_points=False`` the same draw with the storage
     threads always running whole loop bodies (a baseline: what points inside them add);
-    ``first_world``: the world the draw favours (``world_picks``)."""
+    ``first_world``: the world of ``worlds`` the draw favours (``world_picks``)."""
     return st.builds(
         PpProgram,
         faults=st.booleans(),
@@ -182,7 +212,7 @@ def programs(*, storage_points: bool = True, first_world: int = 0) -> st.SearchS
         page_points=MOSTLY,
     ).flatmap(
         lambda program: st.builds(
-            _in_world, st.just(program), world_picks(first_world), st.integers(1, 3)
+            _in_world, st.just(program), world_picks(first_world, worlds), st.integers(1, 3)
         )
     )
 
@@ -190,21 +220,30 @@ def programs(*, storage_points: bool = True, first_world: int = 0) -> st.SearchS
 PROGRAMS = programs()
 """A program starts with a chain in L3, so its first submit has something to fetch."""
 
-ROUND_PROGRAMS = tuple(programs(first_world=first) for first in range(len(WORLDS)))
+
+@functools.cache
+def _round_programs(first: int, worlds: tuple[str, ...]) -> st.SearchStrategy[PpProgram]:
+    return programs(first_world=first, worlds=worlds)
 
 
-def programs_of_round(round_index: int) -> st.SearchStrategy[PpProgram]:
-    """What the gate's search round ``round_index`` draws: ``PROGRAMS`` favouring world
-    ``round_index`` mod 3, so the gate's rounds share the worlds about evenly."""
-    return ROUND_PROGRAMS[round_index % len(ROUND_PROGRAMS)]
+def programs_of_round(
+    round_index: int, worlds: tuple[str, ...] = WORLDS
+) -> st.SearchStrategy[PpProgram]:
+    """What the gate's search round ``round_index`` draws: programs of ``worlds`` favouring
+    world ``round_index`` mod their number, so the gate's rounds share the worlds about evenly."""
+    return _round_programs(round_index % len(worlds), worlds)
 
 
 def _pick(items: list[str], pick: int) -> str | None:
     return items[pick % len(items)] if items else None
 
 
-def apply_op(tree: PpTree, op: PpOp) -> None:
-    """One step of a program on ``tree`` (a step with nothing to act on does nothing)."""
+def apply_op(tree: PpTree, op: PpOp, verdicts: PpVerdicts | None = None) -> None:
+    """One step of a program on ``tree`` (a step with nothing to act on does nothing); a
+    ``progress`` step also polls the world's cache-mode prefetch (``verdicts``)."""
+    if op.verb == "progress" and verdicts is not None and verdicts.drives:
+        verdicts.poll(op.pick)
+        judge_verdicts(tree, verdicts)
     live = sorted(tree.live)
     if op.verb == "back_up":
         pages = 1 + op.pick % CHAIN_PAGES_MAX
@@ -242,11 +281,34 @@ def apply_op(tree: PpTree, op: PpOp) -> None:
             tree.release(rid)
 
 
+VERDICT_POLLS_MAX = 16
+FINAL_POLL_PICK = 1
+"""At a case's end the open cache-mode prefetch is polled until its verdict ends it (a pick
+that lands nothing and moves the follower's clock faster than PP rank 0's)."""
+
+
+def judge_verdicts(tree: PpTree, verdicts: PpVerdicts) -> None:
+    """INV-38 on the verdicts polled since the last look (PP rank 0's, handed along PP)."""
+    records = verdicts.take_records()
+    if records:
+        tree.checks.run("INV-38", replace(tree.snapshot(), pp_verdicts=records))
+
+
+def finish_verdicts(tree: PpTree, verdicts: PpVerdicts) -> None:
+    """Poll the open cache-mode prefetch until the ranks' verdict ends it."""
+    for _ in range(VERDICT_POLLS_MAX):
+        if not verdicts.operations:
+            break
+        verdicts.poll(FINAL_POLL_PICK)
+        judge_verdicts(tree, verdicts)
+
+
 def run_program(implementation: Implementation, program: PpProgram, seed: int = 0) -> PpTree:
     """One case: a fresh PP world, the program, then every request released and run to idle."""
     config = pp_config(
         sidecar=program.sidecar,
         swa_window=program.swa_window,
+        mamba=program.mamba,
         storage_faults=program.faults,
         storage_backend=program.backend,
         seed=seed,
@@ -258,9 +320,12 @@ def run_program(implementation: Implementation, program: PpProgram, seed: int = 
         storage_points=program.storage_points,
         page_points=program.page_points,
     )
+    source = Path(implementation.source_tree) if implementation.source_tree else Path("-")
+    verdicts = PpVerdicts(source, tree.hybrid, tree.page, len(tree.cc))
     try:
         for op in program.ops:
-            apply_op(tree, op)
+            apply_op(tree, op, verdicts)
+        finish_verdicts(tree, verdicts)
         tree.finish()
     finally:
         tree.storage.close()
@@ -298,12 +363,14 @@ def run_pp_gate(
     drawn: st.SearchStrategy[PpProgram] | None = None,
     cases_max: int | None = None,
 ) -> PpGateReport:
-    """Draw programs (``drawn``, by default each round's ``programs_of_round``) until
+    """Draw programs (``drawn``, by default each round's ``programs_of_round`` of the worlds
+    the implementation's capabilities admit, ``pp_worlds``) until
     ``seconds`` are spent, ``cases_max`` programs ran (the case budget: the same programs on a
     busy host as on an idle one) or one fails (then shrink it). A case whose
     failure one of ``known`` explains (for ``impl`` at ``release``) is counted, not failed: a
     PP world on 0.5.21 meets F26 (the IO thread dies of a backend exception) under faults."""
     report = PpGateReport()
+    worlds = pp_worlds(implementation.capabilities)
     deadline = time.monotonic() + seconds
     shrink_deadline = deadline + seconds  # shrinking a failure gets as long again
 
@@ -358,7 +425,7 @@ def run_pp_gate(
         try:  # a fresh search each round: Hypothesis draws one round's programs near each other
             with pinned_literal_pool():  # the seed's programs, whatever this process imported
                 found = find(
-                    drawn if drawn is not None else programs_of_round(round_index),
+                    drawn if drawn is not None else programs_of_round(round_index, worlds),
                     fails,
                     settings=search,
                     random=random.Random(f"{seed}/{round_index}"),

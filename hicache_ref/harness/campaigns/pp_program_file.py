@@ -8,8 +8,9 @@ replays it is the program ``pp_gate.run_program`` ran. The file is two JSON line
   read, the seed of the world's config, and what failed;
 - the program (``PpProgramRecord``): its faults, backend, schedule points (the command
   threads'; ``storage_points``, ``page_points``: the storage threads' too), ``sidecar`` (a draft
-  pool riding on the KV's slots), ``swa_window`` (an independent SWA side pool's window) and
-  ops; the last four are absent in a file written before they were drawn.
+  pool riding on the KV's slots), ``swa_window`` (an independent SWA side pool's window),
+  ``mamba`` (a Mamba state pool) and ops; the last five are absent in a file written before they
+  were drawn.
 
 In the order a failure flows through them: ``write_program_file`` (the PP gate, under ``--out``),
 ``is_program_file`` (``replay`` peeks at the first line), ``read_program_file`` (every problem one
@@ -78,6 +79,7 @@ class PpProgramRecord(BaseModel):
     page_points: bool = False
     sidecar: bool = False
     swa_window: int = Field(default=0, ge=0, le=3)
+    mamba: bool = False
 
     @field_validator("backend")
     @classmethod
@@ -97,6 +99,7 @@ class PpProgramRecord(BaseModel):
             self.page_points,
             self.sidecar,
             self.swa_window,
+            self.mamba,
         )
 
     @staticmethod
@@ -111,6 +114,7 @@ class PpProgramRecord(BaseModel):
             page_points=program.page_points,
             sidecar=program.sidecar,
             swa_window=program.swa_window,
+            mamba=program.mamba,
         )
 
 
@@ -164,7 +168,7 @@ HEADER_HINT = "header", "a header holds version, implementation, source and seed
 PROGRAM_HINT = (
     "program",
     "a program holds faults, backend, points, ops and optionally storage_points, "
-    "page_points, sidecar and swa_window; verbs: " + ", ".join(VERBS),
+    "page_points, sidecar, swa_window and mamba; verbs: " + ", ".join(VERBS),
 )
 
 

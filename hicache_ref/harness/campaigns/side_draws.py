@@ -11,7 +11,7 @@ In the order a configuration meets them:
 - ``stored_side_pool_fields``: half the reference's storage worlds without a draft sidecar gain a
   side pool whose window its tier stores;
 - ``buffer_world``: a storage world over the KV pool alone runs in ``buffer_only`` host memory
-  where the implementation has it.
+  where the implementation has it (upstream's every one, the reference's half).
 """
 
 from __future__ import annotations
@@ -129,13 +129,17 @@ def storage_sidecar_fields(
 
 
 def buffer_world(capabilities: frozenset[str], fields: Mapping[str, Any]) -> bool:
-    """A storage world over the KV pool alone (``pool_group="anchor"``, not PP) runs in
-    ``buffer_only`` host memory where the implementation has it (``storage:buffer_only``); no
-    draw (such a world's cache mode is refined away, ``SglangImplementation.refine_config``),
-    so no other world's draws move."""
-    return (
-        STORAGE_BUFFER_CAPABILITY in capabilities
-        and bool(fields.get("storage_ranks"))
-        and fields.get("pool_group") == "anchor"
-        and not fields.get("storage_pp")
-    )
+    """A storage world over the KV pool alone (not PP) runs in ``buffer_only`` host memory
+    where the implementation has it (``storage:buffer_only``): upstream's every one over its
+    group's KV pool (``pool_group="anchor"``; its cache mode is refined away,
+    ``SglangImplementation.refine_config``), an implementation without pool groups (the
+    reference) half of those with no draft or side pool (``pool_group="none"``), by the seed's
+    second bit. No draw, so no other world's draws move."""
+    if STORAGE_BUFFER_CAPABILITY not in capabilities or not fields.get("storage_ranks"):
+        return False
+    if fields.get("storage_pp"):
+        return False
+    if fields.get("pool_group") == "anchor":
+        return True
+    kv_alone = fields.get("pool_group") == "none" and not fields.get("draft_layer_num")
+    return kv_alone and "pool_group" not in capabilities and bool(int(fields["seed"]) & 2)

@@ -30,5 +30,6 @@ In the order data flows (the verbs themselves are the rule families', ``harness/
   ``pp_storage_threads`` (every rank's IO, sync and backup threads, by bodies or by points)
   and ``pp_books`` (what the harness saw of each rank's tickets and host slots), and in a
   world with an SWA side pool ``pp_side`` (the harness's byte model of each ticket's window:
-  INV-39).
+  INV-39); beside the tickets, ``pp_verdict`` (a cache-mode prefetch whose timeout verdict every
+  rank polls: PP rank 0's, handed along PP, INV-38).
 """

@@ -8,12 +8,14 @@ rank, in the order a ticket meets them:
   every page its IO thread wrote into a slot the ticket did not hold then;
 - ``RankBook``: who holds each host slot of the rank (a ticket's request, ``write``), its
   tickets in take order, and what its scheduler received and finished; in a world with an
-  independent SWA side pool, who holds each of the side pool's slots too (its own slots: a
-  ticket's window), and the window slots each ticket's command thread allocated, in order;
+  independent side pool (an SWA window, a Mamba state), who holds each of the side pool's slots
+  too (its own slots: a ticket's window), and the window slots each ticket's command thread
+  allocated, in order;
 - ``watch_host_pool``: the KV host pool's ``alloc`` / ``free`` / ``set_from_flat_data_page``
   wrapped, so the book learns each slot's holder as the slot changes hands, and each page the
   IO thread lands is judged against the holder of its slots at that moment (a draft sidecar's
-  pages too: they ride on the KV's slots; an SWA window's against the side pool's holders).
+  pages too: they ride on the KV's slots; a window's against the side pool's holders, a page
+  of the side pool's own size: one slot for a Mamba state).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Protocol
 
 from hicache_ref.controller.storage.records import StorageStepKind
 from hicache_ref.harness.adapters.sglang_storage import PP_TICKET_FUNC, THREAD_FUNCS
+from hicache_ref.storage.pool_transfers import WINDOW_POOLS
 
 COMMAND = "pp_command"  # slots the command thread allocated before it took any ticket
 WRITE = "write"  # slots any other thread allocated (a backup's staging)
@@ -84,8 +87,8 @@ def watch_host_pool(
     the command thread allocates for the last ticket it took off ``received`` (its broadcast
     log), anyone else for a write; a page the IO thread writes is judged against the holder of
     its slots as it lands (the harness's main thread waits while a granted thread runs, so no
-    free races the look). An independent SWA side pool is watched the same way, in its own
-    slots (``book.side_owners``); a sidecar riding on the KV's slots, against the KV's."""
+    free races the look). An independent side pool (SWA, Mamba) is watched the same way, in its
+    own slots (``book.side_owners``); a sidecar riding on the KV's slots, against the KV's."""
     lock = threading.Lock()
 
     def owner() -> str:
@@ -101,18 +104,21 @@ def watch_host_pool(
     for entry in getattr(controller.mem_pool_host, "entries", ()):
         if entry.host_pool is pool:
             continue
-        if _is_side(entry):  # an independent SWA side pool: its own slots
+        if name := _side_name(entry):  # an independent side pool (SWA, Mamba): its own slots
             staged = _staged_into(book, world)
             _watch_pool(entry.host_pool, book.side_owners, owner, lock, staged)
-            side_judge = _slot_judge(book, book.side_owners, controller, world, lock, " (swa)")
+            mark, page = f" ({name})", int(entry.host_pool.page_size)
+            side_judge = _slot_judge(book, book.side_owners, controller, world, lock, mark, page)
             _watch_pages(entry.host_pool, side_judge)
         else:  # a sidecar riding on the KV's slots: its pages judged as KV pages at the slot
             _watch_pages(entry.host_pool, watched_slots)
 
 
-def _is_side(entry: Any) -> bool:
+def _side_name(entry: Any) -> str:
+    """The entry's pool name if it is an independent window pool (``swa``, ``mamba``), else ""."""
     name = getattr(entry, "name", None)
-    return str(getattr(name, "value", name)) == "swa"
+    value = str(getattr(name, "value", name))
+    return value if value in WINDOW_POOLS else ""
 
 
 def _staged_into(book: RankBook, world: WorldClock) -> Any:
@@ -156,6 +162,7 @@ def _slot_judge(
     world: WorldClock,
     lock: Any,
     mark: str,
+    page: int = 0,
 ) -> Any:
     def watched_slots(index: Any) -> None:
         """The IO thread landed a page of its ticket at slot ``index``: who held it."""
@@ -164,7 +171,7 @@ def _slot_judge(
         rid = controller.storage.current_request(StorageStepKind.IO)
         start = int(index)
         with lock:
-            holders = [owners.get(s, FREE) for s in range(start, start + world.page)]
+            holders = [owners.get(s, FREE) for s in range(start, start + (page or world.page))]
         strays = tuple((start + i, f"{h}{mark}") for i, h in enumerate(holders) if h != rid)
         log = book.ticket(str(rid), world.epoch)
         if strays and log is not None:

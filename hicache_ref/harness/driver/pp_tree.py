@@ -65,7 +65,9 @@ from hicache_ref.harness.driver.pp_side import (
     free_window,
     side_held,
     side_pool_of,
+    side_room,
     taken_window,
+    window_pool,
     window_record,
     window_transfer,
 )
@@ -158,7 +160,7 @@ class PpTree:
         self.confirmed: dict[int, int] = {}
         self.spans: dict[str, tuple[int, int]] = {}
         self.assumed: set[str] = set()  # requests submitted with assume_stored
-        # an SWA world (pp_config(swa_window=N)): the side pool's window on every ticket
+        # an SWA or Mamba world (pp_config(swa_window=N), (mamba=True)): a window per ticket
         self.swa_window = config.storage_swa_window
         self.windows: dict[str, int] = {}  # request -> the window pages its ticket names
         self.expected_side: dict[tuple[int, str], str] = {}  # (rank, key) -> its SWA digest
@@ -170,13 +172,11 @@ class PpTree:
 
     # -- L3 ----------------------------------------------------------------------------------------
     def has_room(self, pages: int) -> bool:
-        """Every rank's host pool (and side pool, in an SWA world) has room to stage a
-        ``pages``-page backup (tickets hold the rest)."""
+        """Every rank's host pool (and side pool, in an SWA or Mamba world) has room to stage
+        a ``pages``-page backup (tickets hold the rest)."""
         need = pages * self.page
         kv = all(int(c.mem_pool_host.available_size()) >= need for c in self.cc)
-        return kv and all(
-            not self.swa_window or int(side_pool_of(c).available_size()) >= need for c in self.cc
-        )
+        return kv and all(not self.swa_window or side_room(c, pages) for c in self.cc)
 
     def back_up(self, pages: int) -> Chain:
         """Store a new chain of ``pages`` pages on every rank (each rank's own bytes)."""
@@ -197,7 +197,7 @@ class PpTree:
                 data = ramp + page_value(rank, index, page)
                 pool.set_from_flat_data_page(first, data)
                 digests.append((rank, page_digest(data)))
-            side = None  # an SWA world's side source: the chain's SWA pages, the rank's bytes
+            side = None  # the side source: the chain's SWA pages (its Mamba state), the rank's
             if self.swa_window:
                 keys = page_keys_of(tokens, self.page, controller)
                 side = fill_side(controller, (rank, index), keys, self.page, self.expected_side)
@@ -272,8 +272,9 @@ class PpTree:
         key = RadixKey(array("q", tokens)).page_aligned(self.page)
         assumed = {"assume_stored": True} if assume_stored and self.assumes else {}
         sidecars = sidecar_transfers() if controller._harness_sidecar() else None
-        if self.swa_window:  # the SWA window's placeholder keys, no slots (num_slots 0)
-            sidecars = window_transfer(len(tokens) // self.page, self.swa_window, start == 0)
+        if self.swa_window:  # the window's placeholder keys, no slots (num_slots 0)
+            span = len(tokens) // self.page
+            sidecars = window_transfer(controller, span, self.swa_window, start == 0)
         submission = controller.submit_prefetch(
             handle, key, last_hash, prefix_keys, list(chain.tokens[:start]), sidecars, **assumed
         )
@@ -463,9 +464,10 @@ class PpTree:
             self.books[rank], self.cc[rank], (rank, rid, self.epoch), (hit, done),
             span_keys, self.windows[rid], operation,
         )  # fmt: skip
-        faults = self.storage.ranks[rank].faults
-        pool = side_pool_of(self.cc[rank])
-        self.side_windows.append(window_record(taken, self.page, pool, self.expected_side, faults))
+        faults, pool = self.storage.ranks[rank].faults, side_pool_of(self.cc[rank])
+        name = window_pool(self.cc[rank])
+        record = window_record(taken, self.page, pool, self.expected_side, faults, name)
+        self.side_windows.append(record)
 
     def _await_ready(self, rid: str) -> None:
         """Every rank's ``take_ready_pp_prefetch`` waits on its ticket's ``ready_event``: under
@@ -542,7 +544,9 @@ class PpTree:
                     side_held_tokens=self._side_held(rank, log.request_id)
                     if log.epoch == self.epoch
                     else 0,
-                    side_window_tokens=self.windows.get(log.request_id, 0) * self.page,
+                    side_window_tokens=self.windows.get(log.request_id, 0)
+                    * self.config.side_page_size,
+                    side_pool=self.config.pool_group if self.swa_window else "",
                 )
                 for log in book.tickets
             )

@@ -6,12 +6,15 @@ order a PP world is made:
 - ``pp_config``: the world's ``HarnessConfig``: 2 PP storage ranks over the KV alone
   (``anchor``), with the draft pool riding on the KV's slots (``sidecar``), or with an
   independent SWA side pool of its own slots whose window goes to L3 beside the KV
-  (``swa_window``: ``pool_group="swa"``, ``storage_swa_window``);
+  (``swa_window``: ``pool_group="swa"``, ``storage_swa_window``), or with a Mamba state pool
+  whose one state page per chain goes to L3 under the chain's last page key (``mamba``:
+  ``pool_group="mamba"``, ``storage_swa_window=1``);
 - ``build_pp_world``: the world's ranks, attached to one shared L3, their PP command group
   checked (``PpWorld``); on 0.5.21 - 0.5.22 (``carries_rank_0_hit``) attached as "mooncake",
   the only backend those releases open the command group for;
-- ``Chain``, ``page_keys_of``, ``page_value``, ``side_value``: what the world's backups store
-  (each rank's own bytes, a page's SWA rows too) and under which keys;
+- ``Chain``, ``page_keys_of``, ``page_value``, ``side_value``, ``state_value``: what the
+  world's backups store (each rank's own bytes, a page's SWA rows or a chain's Mamba state too)
+  and under which keys;
 - ``RequestHandle``: the request a ticket names (upstream's ``CacheRequestHandle``).
 """
 
@@ -28,26 +31,33 @@ from hicache_ref.harness.world.world import World, build_world
 
 PP_RANKS = 2
 MOONCAKE = "mooncake"  # 0.5.21 - 0.5.22 enable PP tickets only for a backend of this name
-SIDE_DEVICE_PAGES = 8  # an SWA world's side pool: device pages of its own allocator
-SIDE_HOST_PAGES = 16  # ... and host pages (its own slots; a ticket's window is 3 at most)
+SIDE_DEVICE_PAGES = 8  # an SWA or Mamba world's side pool: device pages of its own allocator
+SIDE_HOST_PAGES = 16  # ... and host pages (its own slots; a ticket's window is 3 pages at most)
 
 
-def pp_config(*, sidecar: bool = False, swa_window: int = 0, **fields: Any) -> HarnessConfig:
+def pp_config(
+    *, sidecar: bool = False, swa_window: int = 0, mamba: bool = False, **fields: Any
+) -> HarnessConfig:
     """A PP world's config: 2 PP storage ranks over a KV-only group, small pools; ``sidecar``:
     with a one-layer draft pool riding on the KV's slots (its pages beside the KV's in L3 and
     on every ticket: the ticket's ``pool_specs``); ``swa_window`` (1 .. 3 pages): with a
     one-layer independent SWA side pool of its own slots, whose window of that many pages every
-    backup stores and every ticket names (a ``TRAILING_PAGES`` pool spec)."""
-    if sidecar and swa_window:
-        raise ValueError("a PP world has a draft sidecar or an SWA side pool, not both")
+    backup stores and every ticket names (a ``TRAILING_PAGES`` pool spec); ``mamba``: with a
+    Mamba state pool (pages of one slot), whose one state page per chain every backup stores
+    under the chain's last page key and every ticket names (a one-key ``TRAILING_PAGES`` spec,
+    as 0.5.23's ``MambaComponent.prepare_prefetch`` names it)."""
+    if sum((sidecar, bool(swa_window), mamba)) > 1:
+        raise ValueError(
+            "a PP world has one of a draft sidecar, an SWA side pool or a Mamba state pool"
+        )
     group: dict[str, Any] = {"pool_group": "sidecar", "draft_layer_num": 1} if sidecar else {}
-    if swa_window:
+    if swa_window or mamba:
         group = {
-            "pool_group": "swa",
+            "pool_group": "mamba" if mamba else "swa",
             "draft_layer_num": 1,
             "side_device_pages": SIDE_DEVICE_PAGES,
             "draft_host_pages": SIDE_HOST_PAGES,
-            "storage_swa_window": swa_window,
+            "storage_swa_window": 1 if mamba else swa_window,
         }
     base: dict[str, Any] = {
         "page_size": 2,
@@ -126,6 +136,12 @@ def side_value(rank: int, chain: int, page: int) -> float:
     """The first element of the SWA side pool's page ``page`` of chain ``chain`` on PP rank
     ``rank`` (its own bytes, never a KV page's)."""
     return -page_value(rank, chain, page)
+
+
+def state_value(rank: int, chain: int) -> float:
+    """The first element of chain ``chain``'s Mamba state on PP rank ``rank`` (the state after
+    its last page: its own bytes, never a KV page's or an SWA page's)."""
+    return -page_value(rank, chain, 0) - 0.5
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ meets it:
 - ``reset`` drops what is in flight; ``clear`` (the clear endpoint, every rank) forgets all.
 
 Each rank's beliefs are the tree's own class (upstream's ``StorageExistenceCache``, handed by
-the controller as ``harness_beliefs``, ``adapters/sglang_buffer.py``), driven as the pipeline
+the controller as ``harness_beliefs``, ``adapters/sglang_buffer.py``; the reference's own
+``StorageExistenceBeliefs``, ``adapters/reference_beliefs.py``), driven as the pipeline
 drives it. Beside it the book keeps the harness's own record of the same world: the keys an
 acked write or an agreed hit taught and no drained query found missing since, with the verdict
 taken from what each rank's backend answered (the recording backend's calls), never from the

@@ -23,8 +23,9 @@ SIDE_POOL_GROUPS = ("swa", "mamba")
 STATE_POOL_GROUPS = ("mamba",)
 """Side pools that hold one state slot per node (a page of one slot), not rows per token."""
 STORAGE_DRAFT_GROUPS = ("none", "sidecar")
-PP_GROUPS = ("anchor", "sidecar", "swa")
-"""The pool groups of a PP world: KV alone, or with the draft pool riding on its slots."""
+PP_GROUPS = ("anchor", "sidecar", "swa", "mamba")
+"""The pool groups of a PP world: KV alone, with the draft pool riding on its slots, or with an
+independent side pool (an SWA window, a Mamba state page) whose window each rank allocates."""
 """How a storage world may carry a draft pool: as a draft pair (the reference) or upstream's
 ``DRAFT`` sidecar; either way its pages are stored beside the KV's (``storage/pool_transfers.py``)."""
 """Pool groups whose side pool has its own device rows and host slots (an independent pool)."""
@@ -140,7 +141,9 @@ class HarnessConfig(BaseModel):
     order (``harness/driver/pp_tree.py``; capability ``storage:pp``; INV-38). Its pool group is
     KV alone (``anchor``), with the draft pool riding on the KV's slots (``sidecar``), or with
     the draft pool as an independent SWA side pool of its own slots (``swa``, with
-    ``storage_swa_window``: each rank allocates a ticket's window itself; INV-38, INV-39)."""
+    ``storage_swa_window``: each rank allocates a ticket's window itself; INV-38, INV-39), or as a
+    Mamba state pool (``mamba``, ``storage_swa_window=1``: every ticket names the one state page,
+    which each rank allocates as one slot of its own; INV-38, INV-39)."""
     storage_swa_window: int = 0
     """In a storage world with an independent side pool (``pool_group="swa"``, capability
     ``storage:swa``): the SWA window in pages (1 .. 3, a chain's most). A backup stores the
@@ -162,10 +165,12 @@ class HarnessConfig(BaseModel):
     the harness models it (``harness/driver/storage_buffer.py``): a backup's host pages are
     staging freed at its storage ack, a write whose pages are believed stored (or in flight) is
     skipped, and each rank's storage existence beliefs (upstream's own
-    ``StorageExistenceCache``) are taught at the storage ack and by a rank-agreed hit, and
-    healed by a drained hit query (INV-41). A storage world of the hybrid controller over the KV
-    pool alone (``pool_group="anchor"``), never a PP one (the PP gate's worlds are buffer_only
-    already). Drawn last, so older traces replay alike."""
+    ``StorageExistenceCache``, or the reference's) are taught at the storage ack and by a
+    rank-agreed hit, and healed by a drained hit query (INV-41). A storage world over the KV pool alone: upstream's
+    hybrid controller's (``pool_group="anchor"``), or the reference's (``pool_group="none"``, no
+    draft or side pool; its controller holds the beliefs for the tree,
+    ``controller/storage/existence_beliefs.py``), never a PP one (the PP gate's worlds are
+    buffer_only already). Drawn last, so older traces replay alike."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -222,7 +227,8 @@ class HarnessConfig(BaseModel):
             raise ValueError(
                 "storage_pp is a world of 2 PP storage ranks over a KV-only pool group, one "
                 "with the draft pool as its KV-derived sidecar, or one with an independent SWA "
-                "side pool (storage_ranks=2, pool_group 'anchor', 'sidecar' or 'swa')"
+                "side pool or Mamba state pool (storage_ranks=2, pool_group 'anchor', "
+                "'sidecar', 'swa' or 'mamba')"
             )
         if self.storage_ranks and (
             self.uses_cp
@@ -252,15 +258,23 @@ class HarnessConfig(BaseModel):
                 "pool's trailing window is one page (one state per node, stored under the "
                 "node's last page key); set storage_swa_window=1"
             )
-        if self.storage_buffer_only and (
-            not self.storage_ranks or self.pool_group != "anchor" or self.storage_pp
-        ):
+        if self.storage_buffer_only and not self.may_run_buffer_only:
             raise ValueError(
-                "storage_buffer_only is a storage world of the hybrid controller over the KV "
-                "pool alone (storage_ranks >= 1, pool_group='anchor'), not a PP one (the PP "
-                "gate's worlds are buffer_only already)"
+                "storage_buffer_only is a storage world over the KV pool alone (storage_ranks "
+                ">= 1; pool_group='anchor' for upstream's hybrid controller, or 'none' with no "
+                "draft or side pool for the reference), not a PP one (the PP gate's worlds are "
+                "buffer_only already)"
             )
         return self
+
+    @property
+    def may_run_buffer_only(self) -> bool:
+        """A storage world over the KV pool alone, not PP: upstream's group's KV pool
+        (``pool_group="anchor"``) or the reference's (``"none"``, no draft or side pool)."""
+        kv_alone = self.pool_group == "anchor" or (
+            self.pool_group == "none" and not self.has_draft and not self.has_side_pools
+        )
+        return bool(self.storage_ranks) and kv_alone and not self.storage_pp
 
     @property
     def uses_cp(self) -> bool:

@@ -171,6 +171,7 @@ def side_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
             "storage_host_pressure": False,
             "storage_swa_window": 0,
             "storage_pp": False,
+            "storage_buffer_only": False,
             "pool_group": group,
             # a drawn Mamba world's copy-on-write loads stay only where the focus keeps Mamba
             "state_cow": config.state_cow and group in STATE_POOL_GROUPS,
@@ -195,6 +196,7 @@ def state_pool_focus(**fields: Any) -> Callable[[HarnessConfig], HarnessConfig]:
             "storage_host_pressure": False,
             "storage_swa_window": 0,
             "storage_pp": False,
+            "storage_buffer_only": False,
         }
         data = {**config.model_dump(), **pages, **without_storage, "storage_ranks": 0}
         return side(HarnessConfig.model_validate(data))

@@ -68,12 +68,15 @@ def storage_fields(draw: st.DrawFn, capabilities: frozenset[str]) -> dict[str, A
 
 def storage_focus(**fields: Any) -> Any:
     """A mutant's ``refine_config``: a storage world (no CP, no draft, no side pool: a drawn
-    side-pool world's pool and window are dropped) with ``fields`` set."""
+    side-pool world's pool and window are dropped) in cache host memory, unless ``fields`` ask
+    for ``storage_buffer_only`` (a drawn buffer world is kept only there), with ``fields``
+    set."""
     from hicache_ref.harness.world.config import HarnessConfig
 
     def focus(config: HarnessConfig) -> HarnessConfig:
         update: dict[str, object] = {"cp_size": 0, "draft_layer_num": 0, "draft_host_pages": 0}
         update["storage_ranks"] = 2
+        update["storage_buffer_only"] = False
         if config.has_side_pools:
             update |= {"pool_group": "none", "side_device_pages": 0, "storage_swa_window": 0}
             update["state_cow"] = False
