@@ -59,6 +59,7 @@ from hicache_ref.pools import (
     make_host_pool,
 )
 from hicache_ref.pools.host_layout import host_row_index
+from hicache_ref.pools.layer_records import LayerRecords
 from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
 from hicache_ref.pools.triton_copy import (
     TRITON_ROWS_DEFAULT,
@@ -226,7 +227,7 @@ def inline_issue() -> Iterator[None]:
         copier.threaded = saved
 
 
-LAYER_EVENTS: dict[int, list[torch.cuda.Event]] = {}
+LAYER_EVENTS: dict[int, LayerRecords] = {}
 """The per-layer events of ``Path_.layers`` loads, by layer count (made once)."""
 
 
@@ -249,13 +250,14 @@ def issue_loads(
     with path.context():
         op_start = time.perf_counter()
         if path.layers:
-            events = LAYER_EVENTS.setdefault(device_pool.layer_num, [])
-            while len(events) < device_pool.layer_num:
-                events.append(new_event(timing=False))
+            records = LAYER_EVENTS.get(device_pool.layer_num)
+            if records is None:  # the controller's shape: one event per layer, kept with its slot
+                events = [new_event(timing=False) for _ in range(device_pool.layer_num)]
+                records = LayerRecords({layer: (event,) for layer, event in enumerate(events)})
+                LAYER_EVENTS[device_pool.layer_num] = records
             host_pool.load_to_device_layers(
-                device_pool, host, device, range(device_pool.layer_num), backend,
-                lambda layer: events[layer].record(),
-            )  # fmt: skip
+                device_pool, host, device, range(device_pool.layer_num), backend, records
+            )
             elapsed = (time.perf_counter() - op_start) * 1e6 / device_pool.layer_num
             if issue_us is not None:
                 issue_us.append(elapsed)

@@ -490,11 +490,8 @@ class HiCacheController(StorageFacade, CpWriteMixin, CpLoadMixin, SidePoolMixin,
             if draft_layers > 0:
                 producer_event.complete_draft(0)
 
-            def after_layer(i: int) -> None:
-                producer_event.complete(i)
-                if i + 1 < draft_layers:
-                    producer_event.complete_draft(i + 1)
-
+            # after target layer i: its event, then draft layer i + 1's (one native call on a GPU)
+            after_layer = producer_event.layer_records()
             if host_indices is not None and device_indices is not None and len(host_indices):
                 self.mem_pool_host.load_to_device_layers(
                     self.mem_pool_device,

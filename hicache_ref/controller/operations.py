@@ -15,6 +15,7 @@ import torch
 
 from hicache_ref.device.protocol import DeviceModule, EventT, StreamT
 from hicache_ref.errors import InvariantViolation, LayerRangeError
+from hicache_ref.pools.layer_records import LayerRecords
 
 
 class LayerLoadingEvent:
@@ -31,9 +32,27 @@ class LayerLoadingEvent:
         # A dedicated finish event, recorded after every target AND draft layer: the seed used
         # load_events[-1], which a longer draft tail lands after (bug class 6, INV-04).
         self.finish_event: EventT = device_module.Event()
+        self._records: LayerRecords | None = None
 
     def set_num_draft_layers(self, num_draft_layers: int) -> None:
         self.draft_load_events = [self._device_module.Event() for _ in range(num_draft_layers)]
+        self._records = None
+
+    def layer_records(self) -> LayerRecords:
+        """What a load without draft copies records after target layer ``i``: its load event,
+        then draft layer ``i + 1``'s (draft layer 0 is recorded before the first copy, the
+        layers past the target's after the last). Kept with the slot, so a CUDA load hands the
+        same handles to the copy engine every time (``pools.layer_records``)."""
+        if self._records is None:
+            drafts = len(self.draft_load_events)
+            self._records = LayerRecords(
+                {
+                    i: (self.load_events[i],)
+                    + ((self.draft_load_events[i + 1],) if i + 1 < drafts else ())
+                    for i in range(self._num_layers)
+                }
+            )
+        return self._records
 
     def complete(self, layer_index: int) -> None:
         """Mark target layer ``layer_index`` landed (recorded on the current = load stream)."""

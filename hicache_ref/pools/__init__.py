@@ -24,7 +24,8 @@ Primitives in the order data flows through them:
    ``fast_transfer``'s two: ``batch``: ``copy_plan`` (index pairs -> byte offsets, once per
    transfer; every layer's addresses in one table) -> ``copy_engine`` (one
    ``cudaMemcpyBatchAsync`` per layer, issued by ``copy_issuer``'s native thread behind two
-   stream operations, or ``memmove`` on the simulator); ``triton``: ``triton_copy`` (a zero-copy kernel over the
+   stream operations, or ``memmove`` on the simulator; a load's layers as one stepped entry,
+   its layer events recorded from C: ``layer_records``); ``triton``: ``triton_copy`` (a zero-copy kernel over the
    pinned host pool; its Triton source: ``triton_kernel``). ``copy_choice`` says which of them the default ``auto`` takes where the
    transfer runs (``gather`` on the CPU; on a GPU ``batch``, ``triton`` or ``runs``).
 

@@ -41,6 +41,7 @@ import torch
 
 from hicache_ref.errors import HiCacheFault, HiCacheInputError
 from hicache_ref.pools.copy_issuer import CopyIssuer, function_address, load_issuer_library
+from hicache_ref.pools.layer_records import LayerRecords
 
 CUDA_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
 CUDA_MEM_LOCATION_TYPE_DEVICE = 1
@@ -291,7 +292,9 @@ class CudaBatchCopier:
         the issuing thread, the rows go to it as one stepped entry (``issue_stepped``): the copy
         engine runs them back to back, and the current stream waits for row ``k``'s *done*
         before ``after_row(k)``, instead of one ready/done round trip through the current stream
-        per row. The last wait is queued even when ``after_row`` raises."""
+        per row. The last wait is queued even when ``after_row`` raises. ``after_row`` given as
+        ``LayerRecords`` whose events all have handles: the waits and the records are one native
+        call (``CopyIssuer.wait_record``)."""
         if stop is None:
             stop = rows.rows_num
         # Verify a non-empty range of the table's rows (the thread reads memory past the end)
@@ -308,12 +311,20 @@ class CudaBatchCopier:
                 self.issue_rows(rows, device, row, row + 1)
                 after_row(row)
             return
+        records = after_row.handles(start, stop) if isinstance(after_row, LayerRecords) else None
+        record = _driver_event_record() if records is not None else 0
         first = issuer.issue_stepped(
             handle, rows.dsts_ptr + start * rows.row_bytes, rows.srcs_ptr + start * rows.row_bytes,
             rows.sizes_ptr, rows.count_num, self._attr_address(rows), keep=rows,
             repeat=stop - start, stride=rows.row_bytes,
         )  # fmt: skip
         self.threaded_batches += stop - start
+        if records is not None and record:
+            # every wait and every layer's event records in one native call (layer_records)
+            issuer.wait_record(
+                handle, first, stop - start, records.address, records.per_step, record
+            )
+            return
         waited = -1
         try:
             for k, row in enumerate(range(start, stop)):
@@ -462,6 +473,16 @@ def _driver_value_functions() -> tuple[int, int, int] | None:
         batched = 0 if memops is None else function_address(memops)
         return function_address(wait), function_address(write), batched
     return None
+
+
+@functools.cache
+def _driver_event_record() -> int:
+    """The address of ``cuEventRecord`` in the driver, or 0 (event records then go through
+    Python, ``LayerRecords.__call__``)."""
+    try:
+        return function_address(ctypes.CDLL("libcuda.so.1").cuEventRecord)
+    except (OSError, AttributeError):
+        return 0
 
 
 _LOADING = threading.Lock()

@@ -10,7 +10,7 @@
  * so S's later work runs after the copies, and the copies after S's earlier work: the same
  * order as a batch issued on S itself. A stepped entry (hc_issue_stepped) of n batches gives S
  * the ready write alone and writes done after each batch; S then waits batch by batch
- * (hc_wait), so the batches follow each other on the side stream with no round trip through S. The thread holds no Python lock, so a caller blocked
+ * (hc_wait, or hc_wait_record: every wait and each layer's event records in one call), so the batches follow each other on the side stream with no round trip through S. The thread holds no Python lock, so a caller blocked
  * on the GPU while holding Python's GIL cannot stall it.
  *
  * Function pointers (the runtime's batch call, the driver's cuStreamWaitValue64_v2,
@@ -30,6 +30,7 @@ typedef int (*batch12_fn)(const void *, const void *, const void *, size_t, void
                           size_t, size_t *, void *);
 typedef int (*value_fn)(void *, uint64_t, uint64_t, unsigned int);
 typedef int (*memops_fn)(void *, unsigned int, void *, unsigned int);
+typedef int (*record_fn)(void *, void *);
 
 /* CUstreamBatchMemOpParams: a 48-byte union; the wait and write members are laid out as
  * operation (4 bytes + 4 padding), address, value64, flags (4 + 4), alias, then padding. */
@@ -237,6 +238,34 @@ int hc_wait(hc_issuer *q, void *caller_stream, uint64_t value) {
     return code;
 }
 
+/* hc_wait for each of the batches first .. first + steps - 1 in turn, each followed by the
+ * records of its step's events on the caller's stream: events[k * per_step + j] (j < per_step,
+ * NULL entries skipped) after batch first + k, with `record` (cuEventRecord's signature). One
+ * call for a whole stepped load: the caller's thread pays two driver calls per layer and no
+ * Python. After a failure the last batch's wait is still queued (no later work on the caller's
+ * stream may pass the copies) and the first error is returned and remembered (stage 4). */
+int hc_wait_record(hc_issuer *q, void *caller_stream, uint64_t first, size_t steps,
+                   void *const *events, size_t per_step, void *record) {
+    value_fn wait = (value_fn)q->wait;
+    record_fn rec = (record_fn)record;
+    int code = 0;
+    size_t k = 0;
+    for (; code == 0 && k < steps; k++) {
+        code = wait(caller_stream, q->done, first + k, 0 /* GEQ */);
+        for (size_t j = 0; code == 0 && j < per_step; j++) {
+            void *event = events[k * per_step + j];
+            if (event != NULL) code = rec(event, caller_stream);
+        }
+    }
+    if (code != 0) {
+        if (steps > 0 && k < steps) wait(caller_stream, q->done, first + steps - 1, 0);
+        pthread_mutex_lock(&q->lock);
+        remember(q, code, 4);
+        pthread_mutex_unlock(&q->lock);
+    }
+    return code;
+}
+
 /* Block until every enqueued batch has been issued (not completed on the GPU). */
 void hc_drain(hc_issuer *q) {
     pthread_mutex_lock(&q->lock);
@@ -285,9 +314,14 @@ int hc_cpu_batch(const void *dsts, const void *srcs, const void *sizes, size_t c
     return 0;
 }
 
+static uint64_t hc_cpu_caller_waited; /* the value of the last wait on a caller's stream */
+
 int hc_cpu_wait(void *stream, uint64_t addr, uint64_t value, unsigned int flags) {
     (void)flags;
-    if (stream != NULL) return 0; /* the caller's stream: a GPU would wait, the CPU must not */
+    if (stream != NULL) { /* the caller's stream: a GPU would wait, the CPU must not */
+        __atomic_store_n(&hc_cpu_caller_waited, value, __ATOMIC_RELEASE);
+        return 0;
+    }
     while ((int64_t)(__atomic_load_n((uint64_t *)addr, __ATOMIC_ACQUIRE) - value) < 0) {
     }
     return 0;
@@ -322,4 +356,22 @@ int hc_cpu_fail(const void *dsts, const void *srcs, const void *sizes, size_t co
     (void)num_attrs;
     (void)stream;
     return 1; /* cudaErrorInvalidValue */
+}
+
+/* An event "record": the event is a uint64 word, and gets the value the caller's stream last
+ * waited for (so a test sees which batch each event was recorded after). */
+int hc_cpu_record(void *event, void *stream) {
+    (void)stream;
+    *(uint64_t *)event = __atomic_load_n(&hc_cpu_caller_waited, __ATOMIC_ACQUIRE);
+    return 0;
+}
+
+uint64_t hc_cpu_last_caller_wait(void) {
+    return __atomic_load_n(&hc_cpu_caller_waited, __ATOMIC_ACQUIRE);
+}
+
+int hc_cpu_record_fail(void *event, void *stream) {
+    (void)event;
+    (void)stream;
+    return 400; /* CUDA_ERROR_INVALID_HANDLE */
 }

@@ -15,7 +15,9 @@ issued on ``S``, with no SM used (stream memory operations run in the GPU's fron
 A *stepped* entry (``issue_stepped``) carries several batches (a load's layers): the caller's
 stream gets the *ready* write alone, the thread issues the batches back to back and writes
 *done* after each, and the caller orders its stream after batch ``k`` with ``wait_done`` (then
-records that layer's event). Per batch, the plain entry's round trip (batch ``k`` waits for
+records that layer's event), or after every batch in one call with ``wait_record``, which also
+records each layer's events (``cuEventRecord``) from C. Per batch, the plain entry's round trip
+(batch ``k`` waits for
 ``S`` to pass batch ``k - 1``'s *done* and write *ready*: two stream memory operations seen by
 two streams) is gone from between the copies.
 
@@ -77,6 +79,8 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
                                          size_t, size_t, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
     library.hc_wait.restype = ctypes.c_int
     library.hc_wait.argtypes = [void_p, void_p, u64]
+    library.hc_wait_record.restype = ctypes.c_int
+    library.hc_wait_record.argtypes = [void_p, void_p, u64, size_t, void_p, size_t, void_p]
     library.hc_drain.restype = None
     library.hc_drain.argtypes = [void_p]
     library.hc_error.restype = ctypes.c_int
@@ -246,6 +250,23 @@ class CopyIssuer:
                 f"queuing a wait for copy batch {value} failed with CUDA error {code}"
             )
 
+    def wait_record(
+        self, caller_stream: int, first: int, steps: int, events: int, per_step: int, record: int
+    ) -> None:
+        """``wait_done(caller_stream, first + k)`` for ``k < steps`` in turn, each followed by
+        the records of its ``per_step`` events (``events``: the address of ``steps * per_step``
+        event handles, ``NULL`` entries skipped) with ``record`` (``cuEventRecord``): one native
+        call. After a failure the last batch's wait is still queued, then the error raised."""
+        code = self.library.hc_wait_record(
+            self.handle, caller_stream, first, steps, events, per_step, record
+        )
+        if code != 0:
+            self.check()
+            raise CopyIssuerError(
+                f"queuing the waits and event records of copy batches {first} .. "
+                f"{first + steps - 1} failed with CUDA error {code}"
+            )
+
     def check(self) -> None:
         """Raise the first failure the thread (or a caller's stream operation) met, if any."""
         stage = ctypes.c_int(0)
@@ -282,6 +303,9 @@ class CpuStandIns:
     write: int
     memops: int
     fail: int
+    record: int
+    """An event record: the event is a uint64 word that gets the caller's last waited value."""
+    record_fail: int
 
 
 def cpu_stand_ins(library: ctypes.CDLL) -> CpuStandIns:
@@ -292,4 +316,6 @@ def cpu_stand_ins(library: ctypes.CDLL) -> CpuStandIns:
         write=function_address(library.hc_cpu_write),
         memops=function_address(library.hc_cpu_memops),
         fail=function_address(library.hc_cpu_fail),
+        record=function_address(library.hc_cpu_record),
+        record_fail=function_address(library.hc_cpu_record_fail),
     )

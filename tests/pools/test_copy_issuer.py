@@ -151,3 +151,60 @@ def test_a_plain_entry_of_several_batches_writes_done_once_after_the_last() -> N
     issuer.drain()
     assert target.tolist() == [0, 0, 0] and flags.tolist() == [1, 1]
     issuer.close()
+
+
+SOURCE = torch.arange(16, dtype=torch.int32)
+TARGET = torch.zeros(16, dtype=torch.int32)
+"""The words a stepped test load copies (alive for the process: the thread writes them)."""
+
+
+def stepped_rows(issuer: CopyIssuer, layers: int) -> tuple[int, RowBatches]:
+    """A stepped entry of ``layers`` one-word batches (each copies word k to word k)."""
+    rows = page_rows(SOURCE, TARGET, [[(k, k)] for k in range(layers)])
+    first = issuer.issue_stepped(
+        CALLER_STREAM, rows.dsts_ptr, rows.srcs_ptr, rows.sizes_ptr, 1, 0,
+        keep=rows, repeat=layers, stride=8,
+    )  # fmt: skip
+    return first, rows
+
+
+def test_one_native_call_waits_for_each_layer_then_records_that_layers_events() -> None:
+    # A load of 3 layers, two events after layer 0 and 1 (its own and the next draft layer's),
+    # one after layer 2. The stand-in record stores the value the caller's stream last waited
+    # for: each event must hold the batch it follows, and a NULL slot records nothing.
+    issuer, flags = cpu_issuer()
+    library, _ = load_issuer_library()
+    assert library is not None
+    stand_ins = cpu_stand_ins(library)
+    first, _rows = stepped_rows(issuer, 3)
+    words = (ctypes.c_uint64 * 5)(*([0] * 5))
+    base = ctypes.addressof(words)
+    handles = [base, base + 8, base + 16, base + 24, base + 32, None]
+    array = (ctypes.c_void_p * 6)(*handles)
+    issuer.wait_record(CALLER_STREAM, first, 3, ctypes.addressof(array), 2, stand_ins.record)
+    issuer.drain()
+    assert list(words) == [first, first, first + 1, first + 1, first + 2]
+    assert flags.tolist() == [first, first + 2]
+    issuer.close()
+
+
+def test_a_failed_record_still_queues_the_last_wait_and_is_raised_in_one_line() -> None:
+    issuer, _ = cpu_issuer()
+    library, _ = load_issuer_library()
+    assert library is not None
+    stand_ins = cpu_stand_ins(library)
+    first, _rows = stepped_rows(issuer, 3)
+    word = (ctypes.c_uint64 * 1)(0)
+    array = (ctypes.c_void_p * 3)(ctypes.addressof(word), None, None)
+    with pytest.raises(CopyIssuerError, match="caller ops failed with CUDA error 400"):
+        issuer.wait_record(
+            CALLER_STREAM, first, 3, ctypes.addressof(array), 1, stand_ins.record_fail
+        )
+    # the record after batch 0 failed, and the last batch's wait was still queued: no later
+    # work on the caller's stream passes the copies
+    last_wait = library.hc_cpu_last_caller_wait
+    last_wait.restype = ctypes.c_uint64
+    assert last_wait() == first + 2
+    with pytest.raises(CopyIssuerError, match="caller ops failed with CUDA error 400"):
+        issuer.check()  # remembered for the issuer's next call
+    issuer.close()

@@ -15,7 +15,9 @@ from hicache_ref.device import CudaDevice, cuda_available
 from hicache_ref.errors import HiCacheInputError
 from hicache_ref.pools import HostKVCache, KVCache, make_host_pool, transfer_checks
 from hicache_ref.pools.copy_engine import load_cuda_batch_copier
+from hicache_ref.pools.copy_issuer import CopyIssuer
 from hicache_ref.pools.host_layout import host_row_index
+from hicache_ref.pools.layer_records import LayerRecords
 from hicache_ref.pools.transfer import PLAN_CACHE, copy_paths_for_layout
 from hicache_ref.pools.triton_copy import (
     TRITON_GRID_DEFAULT,
@@ -405,6 +407,52 @@ def test_layers_loaded_in_one_go_keep_each_layer_event_after_its_copies(
         assert done.eq(device_pool.layer_num + 6.0).all()
     finally:
         copier.threaded = saved
+
+
+def test_a_load_records_its_layer_events_in_one_native_call_once_they_exist(
+    cuda: CudaDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the controller hands its layer events as LayerRecords: the first load creates them through
+    # Python (a CUDA event has no handle before its first record), every later load waits and
+    # records in one native call. A reader stream waiting on layer k's event must see layer k
+    # loaded although the load stream is held behind a spin when the waits are queued.
+    copier = load_cuda_batch_copier()
+    if not copier.threaded:
+        pytest.fail(f"the issuing thread is unavailable here: {copier.threaded_missing}")
+    device_pool, host_pool = gpu_pools(cuda, "mha", "layer_first", 4, "batch")
+    host, _, load_locs = index_pairs("direct", "layer_first", 4)
+    load_cuda = load_locs.cuda()
+    layers = range(device_pool.layer_num)
+    events = [torch.cuda.Event() for _ in layers]
+    records = LayerRecords({layer: (events[layer],) for layer in layers})
+    native: list[int] = []
+    wait_record = CopyIssuer.wait_record
+
+    def counted(self: CopyIssuer, *args: int) -> None:
+        native.append(args[2])  # the layers of the call
+        wait_record(self, *args)
+
+    monkeypatch.setattr(CopyIssuer, "wait_record", counted)
+    stream, reader = cuda.Stream(), cuda.Stream()
+    for value in (7.0, 9.0):
+        for layer in layers:
+            for name in device_pool.component_names():
+                host_pool.write_rows(name, layer, host, torch.tensor(layer + value))
+                device_pool.component_buffer(name, layer)[load_cuda] = -1.0
+        cuda.synchronize()
+        with cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
+            host_pool.load_to_device_layers(device_pool, host, load_locs, layers, "direct", records)
+        seen = []
+        with cuda.stream(reader):
+            for layer in layers:
+                reader.wait_event(events[layer])
+                seen.append(device_pool.component_buffer("v", layer)[load_cuda].clone())
+        assert not events[-1].query()  # behind the spin
+        cuda.synchronize()
+        loaded = [rows.eq(layer + value).all().item() for layer, rows in enumerate(seen)]
+        assert loaded == [True] * len(layers), value
+    assert native == [len(layers)]  # the second load only: one call for every layer
 
 
 def test_batch_inside_graph_capture_is_refused_in_one_line(cuda: CudaDevice) -> None:
