@@ -18,6 +18,7 @@ dir): the files, names and calls are the same, and writing one costs ~40 us ther
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -180,7 +181,6 @@ class StorageWorld:
         self._closer = weakref.finalize(
             self, _close_tiers, [r.controller for r in self.ranks], self.threads
         )
-        _OPEN.add(self)
         self.attached = False
         self.file_tree = _file_backend_tree(implementation)
 
@@ -241,8 +241,12 @@ class StorageWorld:
     def close(self) -> None:
         """Stop every rank's own storage threads and the lockstep threads (idempotent; also run
         when the world goes)."""
-        _OPEN.discard(self)
         self._closer()
+
+    @property
+    def is_open(self) -> bool:
+        """Not closed yet (its threads, if any, still run)."""
+        return self._closer.alive
 
     def reset_peers(self) -> None:
         """The storage peers' half of a tree reset (rank 0 resets with the world)."""
@@ -253,15 +257,13 @@ class StorageWorld:
                 rank.side_host_pool.clear()
 
 
-_OPEN: weakref.WeakSet[StorageWorld] = weakref.WeakSet()
-"""Every storage world not closed yet. Its finalizer alone cannot end its threads: a running
-storage thread holds its tier, and a tier's harness hooks (the lockstep's observer, the
-gate) reach back to the world, so a world whose case forgot ``close`` is never collected."""
-
-
 def close_open_worlds() -> int:
-    """Close every storage world still open (a case that forgot ``Session.close``); how many."""
-    worlds = list(_OPEN)
+    """Close every storage world of this process not closed yet (a case that forgot
+    ``Session.close``); how many. A world's finalizer alone cannot end its threads: a running
+    storage thread holds its tier, and the tier's harness hooks (the lockstep's observer, the
+    gate) reach back to the world, so a forgotten world is never collected. It is found through
+    the collector's objects (no registry: one a thread keeps alive is always there)."""
+    worlds = [o for o in gc.get_objects() if type(o) is StorageWorld and o.is_open]
     for world in worlds:
         world.close()
     return len(worlds)
