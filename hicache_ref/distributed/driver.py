@@ -102,9 +102,26 @@ def drive_case(
     *,
     device: HarnessDevice | None = None,
 ) -> CaseResult:
-    """Run one case on this rank (``source`` is read on rank 0 only) and return what it did."""
+    """Run one case on this rank (``source`` is read on rank 0 only) and return what it did;
+    the rank's session is closed however the case ends."""
     assert (source is not None) == (group.rank == 0), "rank 0, and only rank 0, draws steps"
     case = _Case(group, spec, f"cp_processes={group.world_size} {BACKEND_NOTE}{group.backend}")
+    try:
+        return _drive(case, group, spec, implementation, impl_name, source, device)
+    finally:
+        if case.rank_session is not None:
+            case.rank_session.session.close()
+
+
+def _drive(
+    case: _Case,
+    group: RankGroup,
+    spec: CaseSpec,
+    implementation: Implementation,
+    impl_name: str,
+    source: StepSource | None,
+    device: HarnessDevice | None,
+) -> CaseResult:
     error: RankError | None = None
     try:
         case.rank_session = open_rank_session(
