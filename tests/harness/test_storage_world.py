@@ -22,7 +22,7 @@ from hicache_ref.harness.steps.session import Session
 from hicache_ref.harness.steps.trace import Trace
 from hicache_ref.harness.world.config import HarnessConfig
 from hicache_ref.harness.world.storage_world import close_open_worlds, l3_parent
-from hicache_ref.vectors.generate import STORIES
+from hicache_ref.vectors.stories import STORIES
 from hicache_ref.vectors.storybook import record_story
 
 CORPUS = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "mutants"
