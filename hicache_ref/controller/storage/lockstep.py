@@ -144,8 +144,8 @@ class _RankThread:
                 run_rank(rank)  # catches everything itself (``run_lockstep``'s ``run_rank``)
             finally:
                 done.set()
-                # waiting for the next job, the frame holds nothing of this one: a step's
-                # closure reaches its world, whose collection is what ends these threads
+                # waiting for the next job, the frame holds nothing of this one (a step's
+                # closure reaches its whole world, which would live as long as this thread)
                 del job, run_rank, done
 
     def submit(self, run_rank: Callable[[int], None], rank: int) -> threading.Event:

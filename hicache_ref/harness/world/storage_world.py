@@ -14,6 +14,10 @@ The L3 directory of the file backends lives on the machine's memory-backed files
 (``l3_parent``: ``/dev/shm`` where it is a writable tmpfs with room, else the default temp
 dir): the files, names and calls are the same, and writing one costs ~40 us there instead of
 ~800 us on a disk's filesystem, which was most of a file-backed storage step.
+
+A world is closed by its case (``close``, through ``Session.close``): its storage threads and
+lockstep threads keep it alive, so the collector never ends a forgotten one;
+``close_open_worlds`` finds and closes those (the test suite runs it after each test).
 """
 
 from __future__ import annotations
